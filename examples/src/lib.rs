@@ -1,0 +1,1 @@
+//! Examples of embedding flow pipelines; see `embedded_pipeline.rs`.

@@ -1,0 +1,134 @@
+//! Asynchronous, strictly ordered delivery of a sink partition's sealed batches.
+//!
+//! A `DeliveryQueue` owns one task per sink partition. Batches enter in outbox order (first the
+//! undelivered ones found at open, then each newly committed epoch's) through a bounded channel,
+//! so a slow target applies back-pressure to the epoch loop instead of growing memory. The
+//! [`BatchDeliverer`] sends one batch and acknowledges it in the outbox; the queue never skips a
+//! batch: the first error stops the task and is reported by the next `push` or `drain`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use flow_state::{SealedBatch, SinkPartition, StoredBatch};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use crate::error::SinkError;
+
+/// Batches that may wait in memory for delivery, per sink partition.
+pub const DELIVERY_QUEUE_CAPACITY: usize = 8;
+
+/// Sends one sealed batch to its target and removes it from the outbox
+/// (`StateStore::acknowledge`) once the target holds it.
+#[async_trait]
+pub trait BatchDeliverer: Send + Sync + 'static {
+    async fn deliver(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(), SinkError>;
+}
+
+pub struct DeliveryQueue {
+    key: SinkPartition,
+    tx: Option<mpsc::Sender<(u64, SealedBatch)>>,
+    task: Option<JoinHandle<Result<(), SinkError>>>,
+    stop: watch::Sender<bool>,
+}
+
+impl DeliveryQueue {
+    /// Starts the delivery task; `backlog` are the undelivered batches found in the outbox.
+    pub async fn start(
+        key: SinkPartition,
+        deliverer: Arc<dyn BatchDeliverer>,
+        backlog: Vec<StoredBatch>,
+    ) -> Result<DeliveryQueue, SinkError> {
+        let (tx, mut rx) = mpsc::channel::<(u64, SealedBatch)>(DELIVERY_QUEUE_CAPACITY);
+        let (stop, stop_rx) = watch::channel(false);
+        let task_key = key.clone();
+        let task = tokio::spawn(async move {
+            while let Some((seq, batch)) = rx.recv().await {
+                if *stop_rx.borrow() {
+                    break;
+                }
+                deliverer.deliver(&task_key, seq, &batch, &stop_rx).await?;
+                debug!(
+                    pipeline = %task_key.pipeline,
+                    sink = %task_key.sink,
+                    partition = task_key.partition,
+                    seq,
+                    rows = batch.rows,
+                    "batch delivered"
+                );
+            }
+            Ok(())
+        });
+        let mut queue = DeliveryQueue {
+            key,
+            tx: Some(tx),
+            task: Some(task),
+            stop,
+        };
+        for stored in backlog {
+            queue.push(stored.seq, stored.batch).await?;
+        }
+        Ok(queue)
+    }
+
+    /// Queues a committed batch; waits while the queue is full.
+    pub async fn push(&mut self, seq: u64, batch: SealedBatch) -> Result<(), SinkError> {
+        let Some(tx) = &self.tx else {
+            return Err(SinkError::Delivery {
+                reason: "the delivery queue is closed".to_owned(),
+            });
+        };
+        if tx.send((seq, batch)).await.is_err() {
+            // The task ended early: it failed, and its error explains why.
+            return Err(self.finish().await.err().unwrap_or(SinkError::Delivery {
+                reason: "the delivery task stopped".to_owned(),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Waits until every queued batch is delivered.
+    pub async fn drain(&mut self) -> Result<(), SinkError> {
+        self.tx = None;
+        self.finish().await
+    }
+
+    /// Stops after the batch being delivered (if any); the rest stays in the outbox.
+    pub async fn close(&mut self) -> Result<(), SinkError> {
+        let _ = self.stop.send(true);
+        self.tx = None;
+        self.finish().await
+    }
+
+    async fn finish(&mut self) -> Result<(), SinkError> {
+        self.tx = None;
+        let Some(task) = self.task.take() else {
+            return Ok(());
+        };
+        match task.await {
+            Ok(result) => result,
+            Err(err) => {
+                warn!(pipeline = %self.key.pipeline, sink = %self.key.sink, partition = self.key.partition, error = %err, "delivery task panicked");
+                Err(SinkError::Delivery {
+                    reason: format!("the delivery task failed: {err}"),
+                })
+            }
+        }
+    }
+}
+
+impl Drop for DeliveryQueue {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}

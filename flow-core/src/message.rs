@@ -1,0 +1,410 @@
+//! Messages: ordered ids, values, and `MessageBatch`, the row-major arena that carries an epoch's
+//! messages of one stream without a heap allocation per message.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ValueError;
+use crate::types::{StreamSchema, StreamType};
+
+/// Identifies a message: its partition and its offset in that partition. Ids of one partition are
+/// ordered by offset; the printed form is `<partition>-<offset>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MessageId {
+    pub partition: u32,
+    pub offset: u64,
+}
+
+impl MessageId {
+    pub const fn new(partition: u32, offset: u64) -> Self {
+        MessageId { partition, offset }
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.partition, self.offset)
+    }
+}
+
+impl FromStr for MessageId {
+    type Err = ValueError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || ValueError::BadMessageId {
+            text: text.to_owned(),
+        };
+        let (partition, offset) = text.split_once('-').ok_or_else(bad)?;
+        Ok(MessageId {
+            partition: partition.parse().map_err(|_| bad())?,
+            offset: offset.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// A borrowed view of one value. Integers keep their sign class; dates are days and datetimes are
+/// seconds, both carried as `Uint`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value<'a> {
+    Null,
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+    Bool(bool),
+    Bytes(&'a [u8]),
+}
+
+impl Value<'_> {
+    fn kind(&self) -> &'static str {
+        match self {
+            Value::Null => "null",
+            Value::Int(_) => "a signed integer",
+            Value::Uint(_) => "an unsigned integer",
+            Value::Float(_) => "a floating-point number",
+            Value::Bool(_) => "a boolean",
+            Value::Bytes(_) => "a string",
+        }
+    }
+}
+
+/// The stored form of a value; strings live in the batch arena.
+#[derive(Clone, Copy, Debug)]
+enum Cell {
+    Null,
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+    Bool(bool),
+    Bytes { start: usize, len: usize },
+}
+
+/// The messages of one stream in one epoch, stored row-major: a flat cell vector and one byte arena.
+/// Clearing keeps the capacity, so a partition reuses its batches across epochs.
+#[derive(Clone, Debug)]
+pub struct MessageBatch {
+    schema: Arc<StreamSchema>,
+    ids: Vec<MessageId>,
+    cells: Vec<Cell>,
+    arena: Vec<u8>,
+}
+
+impl MessageBatch {
+    pub fn new(schema: Arc<StreamSchema>) -> Self {
+        MessageBatch {
+            schema,
+            ids: Vec::new(),
+            cells: Vec::new(),
+            arena: Vec::new(),
+        }
+    }
+
+    pub fn schema(&self) -> &Arc<StreamSchema> {
+        &self.schema
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.ids.clear();
+        self.cells.clear();
+        self.arena.clear();
+    }
+
+    pub fn ids(&self) -> &[MessageId] {
+        &self.ids
+    }
+
+    /// Bytes held by string values, a cheap estimate of the batch's weight.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena.len()
+    }
+
+    pub fn row(&self, index: usize) -> Row<'_> {
+        Row { batch: self, index }
+    }
+
+    pub fn rows(&self) -> impl ExactSizeIterator<Item = Row<'_>> + '_ {
+        (0..self.ids.len()).map(move |index| Row { batch: self, index })
+    }
+
+    /// Starts a new message. Values are pushed in schema order and checked against the column
+    /// types; the row is kept only if `finish` is called, so a rejected value leaves the batch as it
+    /// was before the row started.
+    pub fn start_row(&mut self, id: MessageId) -> RowWriter<'_> {
+        let cells_mark = self.cells.len();
+        let arena_mark = self.arena.len();
+        RowWriter {
+            batch: self,
+            id,
+            cells_mark,
+            arena_mark,
+            finished: false,
+        }
+    }
+
+    /// Copies one row of another batch with the same schema.
+    pub fn push_row_from(&mut self, row: Row<'_>) -> Result<(), ValueError> {
+        let mut writer = self.start_row(row.id());
+        for column in 0..row.len() {
+            writer.push(row.get(column))?;
+        }
+        writer.finish()
+    }
+
+    fn value(&self, cell: Cell) -> Value<'_> {
+        match cell {
+            Cell::Null => Value::Null,
+            Cell::Int(v) => Value::Int(v),
+            Cell::Uint(v) => Value::Uint(v),
+            Cell::Float(v) => Value::Float(v),
+            Cell::Bool(v) => Value::Bool(v),
+            Cell::Bytes { start, len } => Value::Bytes(&self.arena[start..start + len]),
+        }
+    }
+}
+
+/// A borrowed row of a batch.
+#[derive(Clone, Copy)]
+pub struct Row<'a> {
+    batch: &'a MessageBatch,
+    index: usize,
+}
+
+impl<'a> Row<'a> {
+    pub fn id(&self) -> MessageId {
+        self.batch.ids[self.index]
+    }
+
+    pub fn len(&self) -> usize {
+        self.batch.schema.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.batch.schema.is_empty()
+    }
+
+    /// The value of column `column` (schema order). Panics on an index outside the schema, which
+    /// is a programming error, never an input error.
+    pub fn get(&self, column: usize) -> Value<'a> {
+        let width = self.batch.schema.len();
+        self.batch
+            .value(self.batch.cells[self.index * width + column])
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = Value<'a>> + 'a {
+        let row = *self;
+        (0..row.len()).map(move |column| row.get(column))
+    }
+}
+
+/// Appends one row; see [`MessageBatch::start_row`].
+pub struct RowWriter<'a> {
+    batch: &'a mut MessageBatch,
+    id: MessageId,
+    cells_mark: usize,
+    arena_mark: usize,
+    finished: bool,
+}
+
+impl RowWriter<'_> {
+    /// Checks `value` against the type of the next column and appends it.
+    pub fn push(&mut self, value: Value<'_>) -> Result<&mut Self, ValueError> {
+        let column_index = self.batch.cells.len() - self.cells_mark;
+        let schema = Arc::clone(&self.batch.schema);
+        let column = schema
+            .columns()
+            .get(column_index)
+            .ok_or(ValueError::TooManyValues {
+                expected: schema.len(),
+            })?;
+        let cell = check_value(&column.ty, value).map_err(|what| ValueError::Invalid {
+            column: column.name.clone(),
+            ty: column.ty.clone(),
+            what,
+        })?;
+        let cell = match (cell, value) {
+            (Cell::Bytes { .. }, Value::Bytes(bytes)) => {
+                let start = self.batch.arena.len();
+                self.batch.arena.extend_from_slice(bytes);
+                Cell::Bytes {
+                    start,
+                    len: bytes.len(),
+                }
+            }
+            (cell, _) => cell,
+        };
+        self.batch.cells.push(cell);
+        Ok(self)
+    }
+
+    /// Keeps the row; every column must have a value.
+    pub fn finish(mut self) -> Result<(), ValueError> {
+        let pushed = self.batch.cells.len() - self.cells_mark;
+        let expected = self.batch.schema.len();
+        if pushed != expected {
+            return Err(ValueError::MissingValues {
+                expected,
+                got: pushed,
+            });
+        }
+        self.batch.ids.push(self.id);
+        self.finished = true;
+        Ok(())
+    }
+}
+
+impl Drop for RowWriter<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.batch.cells.truncate(self.cells_mark);
+            self.batch.arena.truncate(self.arena_mark);
+        }
+    }
+}
+
+/// Validates a value for a column type and returns the cell to store (strings as a placeholder
+/// `Bytes` cell; the writer copies them into the arena). The error says what is wrong.
+fn check_value(ty: &StreamType, value: Value<'_>) -> Result<Cell, String> {
+    if let Value::Null = value {
+        return if ty.is_optional() {
+            Ok(Cell::Null)
+        } else {
+            Err("null in a column that is not optional".to_owned())
+        };
+    }
+    let inner = ty.inner();
+    let out_of_range = |v: &dyn fmt::Display| format!("{v} is out of range for {inner}");
+    match (inner, value) {
+        (StreamType::Float | StreamType::Double, Value::Float(v)) => Ok(Cell::Float(v)),
+        // Integers are accepted where floats are declared: JSON does not tell `1` from `1.0`.
+        (StreamType::Float | StreamType::Double, Value::Int(v)) => Ok(Cell::Float(v as f64)),
+        (StreamType::Float | StreamType::Double, Value::Uint(v)) => Ok(Cell::Float(v as f64)),
+        (StreamType::Boolean, Value::Bool(v)) => Ok(Cell::Bool(v)),
+        (StreamType::String, Value::Bytes(_)) => Ok(Cell::Bytes { start: 0, len: 0 }),
+        (StreamType::Utf8, Value::Bytes(bytes)) => match std::str::from_utf8(bytes) {
+            Ok(_) => Ok(Cell::Bytes { start: 0, len: 0 }),
+            Err(err) => Err(format!("not valid UTF-8 ({err})")),
+        },
+        (_, Value::Int(_) | Value::Uint(_)) if inner.integer_range().is_some() => {
+            let (min, max) = inner.integer_range().unwrap_or((0, 0));
+            let wide: i128 = match value {
+                Value::Int(v) => v.into(),
+                Value::Uint(v) => v.into(),
+                _ => 0,
+            };
+            if wide < min || wide > max {
+                return Err(out_of_range(&wide));
+            }
+            // The range check above makes both conversions lossless.
+            Ok(if inner.is_signed_integer() {
+                Cell::Int(wide as i64)
+            } else {
+                Cell::Uint(wide as u64)
+            })
+        }
+        (expected, got) => Err(format!("expected {expected}, got {}", got.kind())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Column;
+
+    fn schema() -> Arc<StreamSchema> {
+        StreamSchema::new(vec![
+            Column::new("id", StreamType::Uint64),
+            Column::new("small", StreamType::Int8),
+            Column::new("name", StreamType::Optional(Box::new(StreamType::Utf8))),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn message_id_prints_and_parses_as_partition_dash_offset() {
+        let id = MessageId::new(3, 17);
+        assert_eq!(id.to_string(), "3-17");
+        assert_eq!("3-17".parse::<MessageId>().unwrap(), id);
+        assert!("3_17".parse::<MessageId>().is_err());
+        assert!(MessageId::new(0, 9) < MessageId::new(0, 10));
+    }
+
+    #[test]
+    fn rows_round_trip_values_in_schema_order() {
+        let mut batch = MessageBatch::new(schema());
+        let mut row = batch.start_row(MessageId::new(0, 0));
+        row.push(Value::Uint(7)).unwrap();
+        row.push(Value::Int(-5)).unwrap();
+        row.push(Value::Bytes(b"ann")).unwrap();
+        row.finish().unwrap();
+        let mut row = batch.start_row(MessageId::new(0, 1));
+        row.push(Value::Uint(8)).unwrap();
+        row.push(Value::Int(6)).unwrap();
+        row.push(Value::Null).unwrap();
+        row.finish().unwrap();
+        assert_eq!(batch.len(), 2);
+        let values: Vec<Value<'_>> = batch.row(0).values().collect();
+        assert_eq!(
+            values,
+            vec![Value::Uint(7), Value::Int(-5), Value::Bytes(b"ann")]
+        );
+        assert_eq!(batch.row(1).get(2), Value::Null);
+        assert_eq!(batch.row(1).id(), MessageId::new(0, 1));
+    }
+
+    #[test]
+    fn rejected_value_leaves_the_batch_unchanged() {
+        let mut batch = MessageBatch::new(schema());
+        let mut row = batch.start_row(MessageId::new(0, 0));
+        row.push(Value::Uint(1)).unwrap();
+        let err = row.push(Value::Int(300)).map(|_| ()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "column `small` (int8): 300 is out of range for int8"
+        );
+        drop(row);
+        assert_eq!(batch.len(), 0);
+        assert_eq!(batch.cells.len(), 0);
+        assert_eq!(batch.arena_bytes(), 0);
+    }
+
+    #[test]
+    fn null_into_required_column_and_wrong_kind_are_rejected() {
+        let mut batch = MessageBatch::new(schema());
+        let mut row = batch.start_row(MessageId::new(0, 0));
+        let err = row.push(Value::Null).map(|_| ()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "column `id` (uint64): null in a column that is not optional"
+        );
+        let err = row.push(Value::Bytes(b"x")).map(|_| ()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "column `id` (uint64): expected uint64, got a string"
+        );
+        let err = row.push(Value::Int(-1)).map(|_| ()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "column `id` (uint64): -1 is out of range for uint64"
+        );
+    }
+
+    #[test]
+    fn incomplete_row_is_rejected_by_finish() {
+        let mut batch = MessageBatch::new(schema());
+        let mut row = batch.start_row(MessageId::new(0, 0));
+        row.push(Value::Uint(1)).unwrap();
+        let err = row.finish().unwrap_err();
+        assert_eq!(err.to_string(), "row has 1 of 3 values");
+        assert!(batch.is_empty());
+    }
+}

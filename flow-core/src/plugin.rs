@@ -1,0 +1,172 @@
+//! The plugin traits. Each plugin kind is built once per pipeline by a factory (from its spec
+//! parameters, see [`crate::registry`]) and instantiated once per partition. Every trait has one
+//! required method; lifecycle hooks have defaults.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flow_state::{DeadLetter, SealedBatch, SinkPartition, StateStore};
+use tokio::time::Instant;
+
+use crate::error::{ProcessorError, SinkError, SourceError};
+use crate::message::MessageBatch;
+use crate::types::StreamSchema;
+
+/// Builds the per-partition readers of a source.
+pub trait SourceFactory: Send + Sync {
+    /// The id of the stream the source emits (`rows` for the generator).
+    fn stream_id(&self) -> &str;
+    fn schema(&self) -> Arc<StreamSchema>;
+    /// Opens `partition` at a committed `position` (`None`: from the beginning).
+    fn open_partition(
+        &self,
+        partition: u32,
+        position: Option<&[u8]>,
+    ) -> Result<Box<dyn Source>, SourceError>;
+}
+
+/// How much one `read` may return and until when it may wait for data.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadLimits {
+    pub max_messages: usize,
+    pub deadline: Instant,
+}
+
+/// Where a read ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceRead {
+    /// The position just after the last message appended (or skipped as a dead letter). Committed
+    /// with the epoch; the partition restarts from it.
+    pub position: Vec<u8>,
+    /// The partition has no more messages and never will.
+    pub exhausted: bool,
+}
+
+/// Where a source appends what it read.
+pub struct SourceOutput<'a> {
+    pub batch: &'a mut MessageBatch,
+    /// Records that could not be turned into messages, committed with the epoch.
+    pub dead_letters: &'a mut Vec<DeadLetter>,
+}
+
+/// Reads one partition.
+#[async_trait]
+pub trait Source: Send {
+    /// Appends up to `limits.max_messages` messages, returning no later than `limits.deadline`
+    /// (fewer messages is fine). Must not lose or repeat messages between calls.
+    async fn read(
+        &mut self,
+        out: &mut SourceOutput<'_>,
+        limits: ReadLimits,
+    ) -> Result<SourceRead, SourceError>;
+
+    /// Called once when the partition stops reading.
+    async fn close(&mut self) {}
+}
+
+/// Builds the per-partition instances of a processor.
+pub trait ProcessorFactory: Send + Sync {
+    fn output_schema(&self) -> Arc<StreamSchema>;
+    fn create(&self, partition: u32) -> Box<dyn Processor>;
+}
+
+/// Turns an epoch's messages of one stream into messages of another stream.
+#[async_trait]
+pub trait Processor: Send {
+    /// Appends the outputs for `input` to `output` (which is empty and has the output schema).
+    async fn process(
+        &mut self,
+        input: &MessageBatch,
+        output: &mut MessageBatch,
+    ) -> Result<(), ProcessorError>;
+}
+
+/// What a sink instance knows about where it runs.
+#[derive(Clone)]
+pub struct SinkContext {
+    pub pipeline: String,
+    pub sink: String,
+    pub partition: u32,
+    pub partitions: u32,
+    pub store: StateStore,
+    /// The dynamic parameters in force when the instance is created.
+    pub dynamic_parameters: serde_yaml::Value,
+}
+
+impl SinkContext {
+    /// The key of this sink partition's outbox queue, fingerprints and dead letters.
+    pub fn state_key(&self) -> SinkPartition {
+        SinkPartition {
+            pipeline: self.pipeline.clone(),
+            sink: self.sink.clone(),
+            partition: self.partition,
+        }
+    }
+}
+
+/// Builds the per-partition instances of a sink.
+pub trait SinkFactory: Send + Sync {
+    fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError>;
+}
+
+/// The input of one epoch for one sink: a batch per input stream, in `input_stream_ids` order.
+pub struct Epoch<'a> {
+    /// Counts epochs within this run of the partition, from 0; not persisted.
+    pub number: u64,
+    pub inputs: &'a [&'a MessageBatch],
+}
+
+/// What a sink wants committed with the epoch's source position.
+#[derive(Debug, Default)]
+pub struct EpochWrite {
+    /// Sealed batches, appended to the sink partition's outbox in this order.
+    pub batches: Vec<SealedBatch>,
+    pub dead_letters: Vec<DeadLetter>,
+}
+
+#[derive(Debug)]
+pub enum EpochOutcome {
+    Commit(EpochWrite),
+    /// The epoch must not be committed: the runtime rewinds the source to the last committed
+    /// position and replays the epoch after `retry_after`.
+    Veto {
+        reason: String,
+        retry_after: Duration,
+    },
+}
+
+/// One sink instance, owned by one partition.
+#[async_trait]
+pub trait Sink: Send {
+    /// Prepares for the epoch's commit: seals what must be delivered, or vetoes the commit.
+    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError>;
+
+    /// Called once before the first epoch: load persisted state, check guards, start delivery.
+    async fn open(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+
+    /// The epoch's commit is durable; `batches` are the batches the sink returned from
+    /// `write_epoch`, with the outbox sequence numbers they were stored under.
+    async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
+        let _ = batches;
+        Ok(())
+    }
+
+    /// The source is exhausted: deliver everything accepted, then return.
+    async fn drain(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+
+    /// The partition stops without draining; undelivered batches stay in the outbox.
+    async fn close(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+
+    /// New dynamic parameters (already validated by the sink's builder).
+    fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+        let _ = dynamic;
+        Ok(())
+    }
+}

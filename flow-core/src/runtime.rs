@@ -1,0 +1,588 @@
+//! The partition runner. Each partition is a task that repeats one epoch:
+//!
+//! 1. read from the source until `epoch.max_messages` or `epoch.max_duration`;
+//! 2. run the processors, stream by stream;
+//! 3. hand each sink its input streams; a sink seals batches or vetoes the commit;
+//! 4. commit the new source position with every sink's batches and dead letters in ONE state
+//!    transaction (durable before it is reported), then tell the sinks, which deliver
+//!    asynchronously.
+//!
+//! A veto rewinds the source to the committed position and replays the epoch. Partitions run
+//! concurrently and fail alone: a failed partition is reported, the others go on.
+
+use std::sync::Arc;
+
+use flow_state::{DeadLetter, EpochCommit, SinkEpochCommit, StateStore};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use crate::error::{RuntimeError, SinkError, SpecError};
+use crate::message::MessageBatch;
+use crate::plugin::{
+    Epoch, EpochOutcome, Processor, ReadLimits, Sink, SinkContext, Source, SourceOutput,
+};
+use crate::registry::Registry;
+use crate::spec::{PipelineSpec, ValidatedPipeline};
+
+/// How a partition ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartitionEnd {
+    /// The source is exhausted and every sink delivered everything.
+    Drained,
+    /// A shutdown was requested; undelivered batches stay in the outbox.
+    Stopped,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionReport {
+    pub partition: u32,
+    pub end: PartitionEnd,
+    pub epochs_committed: u64,
+    pub messages: u64,
+    pub dead_letters: u64,
+    pub vetoes: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunReport {
+    pub partitions: Vec<PartitionReport>,
+}
+
+impl RunReport {
+    pub fn messages(&self) -> u64 {
+        self.partitions.iter().map(|p| p.messages).sum()
+    }
+}
+
+/// Controls a running pipeline from outside (signal handlers, embedding programs).
+#[derive(Clone)]
+pub struct PipelineControl {
+    shutdown: Arc<watch::Sender<bool>>,
+    dynamic: Arc<Vec<(String, watch::Sender<serde_yaml::Value>)>>,
+    running_spec: Arc<std::sync::Mutex<PipelineSpec>>,
+}
+
+/// What a reload changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ReloadOutcome {
+    /// Sinks whose dynamic parameters were swapped.
+    pub reconfigured: Vec<String>,
+    /// The static part differs from the running spec; it takes effect only after a restart.
+    pub static_changed: bool,
+}
+
+impl PipelineControl {
+    /// Asks every partition to stop after its current epoch.
+    pub fn shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
+    /// Validates `spec` in full and swaps the dynamic parameters of every sink whose
+    /// `dynamic_parameters` changed. Nothing is applied if the spec has a violation.
+    pub fn reload(
+        &self,
+        registry: &Registry,
+        spec: &PipelineSpec,
+    ) -> Result<ReloadOutcome, SpecError> {
+        registry.build(spec)?;
+        let mut outcome = ReloadOutcome::default();
+        let mut running = self
+            .running_spec
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        outcome.static_changed = running.static_part() != spec.static_part();
+        for sink in &spec.sinks {
+            let Some((_, sender)) = self.dynamic.iter().find(|(name, _)| name == &sink.name) else {
+                continue;
+            };
+            if *sender.borrow() != sink.dynamic_parameters {
+                let _ = sender.send(sink.dynamic_parameters.clone());
+                outcome.reconfigured.push(sink.name.clone());
+            }
+        }
+        if !outcome.static_changed {
+            *running = spec.clone();
+        } else {
+            for (running_sink, sink) in running.sinks.iter_mut().zip(&spec.sinks) {
+                if running_sink.name == sink.name {
+                    running_sink.dynamic_parameters = sink.dynamic_parameters.clone();
+                }
+            }
+        }
+        Ok(outcome)
+    }
+}
+
+/// A validated pipeline bound to its state store, ready to run.
+pub struct Pipeline {
+    validated: Arc<ValidatedPipeline>,
+    store: StateStore,
+    control: PipelineControl,
+}
+
+impl Pipeline {
+    pub fn new(validated: ValidatedPipeline, store: StateStore) -> Pipeline {
+        let (shutdown, _) = watch::channel(false);
+        let dynamic = validated
+            .sinks
+            .iter()
+            .map(|s| {
+                (
+                    s.name.clone(),
+                    watch::channel(s.dynamic_parameters.clone()).0,
+                )
+            })
+            .collect();
+        let control = PipelineControl {
+            shutdown: Arc::new(shutdown),
+            dynamic: Arc::new(dynamic),
+            running_spec: Arc::new(std::sync::Mutex::new(validated.spec.clone())),
+        };
+        Pipeline {
+            validated: Arc::new(validated),
+            store,
+            control,
+        }
+    }
+
+    pub fn control(&self) -> PipelineControl {
+        self.control.clone()
+    }
+
+    /// Runs every partition to its end. Fails if any partition failed, after the others ended.
+    pub async fn run(self) -> Result<RunReport, RuntimeError> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for partition in 0..self.validated.partitions {
+            let runner = PartitionRunner {
+                pipeline: Arc::clone(&self.validated),
+                store: self.store.clone(),
+                partition,
+                shutdown: self.control.shutdown.subscribe(),
+                dynamic: self
+                    .control
+                    .dynamic
+                    .iter()
+                    .map(|(_, sender)| sender.subscribe())
+                    .collect(),
+            };
+            tasks.spawn(async move {
+                let result = runner.run().await;
+                (partition, result)
+            });
+        }
+        let mut reports = Vec::new();
+        let mut failures = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((_, Ok(report))) => reports.push(report),
+                Ok((partition, Err(err))) => {
+                    error!(pipeline = %self.validated.name, partition, error = %err, "partition failed");
+                    failures.push(err);
+                }
+                Err(err) => failures.push(RuntimeError::Task {
+                    partition: u32::MAX,
+                    reason: err.to_string(),
+                }),
+            }
+        }
+        if !failures.is_empty() {
+            return Err(RuntimeError::PartitionsFailed(failures));
+        }
+        reports.sort_by_key(|r| r.partition);
+        Ok(RunReport {
+            partitions: reports,
+        })
+    }
+}
+
+struct PartitionRunner {
+    pipeline: Arc<ValidatedPipeline>,
+    store: StateStore,
+    partition: u32,
+    shutdown: watch::Receiver<bool>,
+    dynamic: Vec<watch::Receiver<serde_yaml::Value>>,
+}
+
+struct SinkSlot {
+    name: String,
+    sink: Box<dyn Sink>,
+    /// Indexes into the partition's stream batches, in `input_stream_ids` order.
+    inputs: Vec<usize>,
+}
+
+impl PartitionRunner {
+    async fn committed_position(&self) -> Result<Option<Vec<u8>>, RuntimeError> {
+        let store = self.store.clone();
+        let pipeline = self.pipeline.name.clone();
+        let partition = self.partition;
+        tokio::task::spawn_blocking(move || store.position(&pipeline, partition))
+            .await
+            .map_err(|err| RuntimeError::Task {
+                partition,
+                reason: err.to_string(),
+            })?
+            .map_err(|source| RuntimeError::State { partition, source })
+    }
+
+    fn open_source(&self, position: Option<&[u8]>) -> Result<Box<dyn Source>, RuntimeError> {
+        self.pipeline
+            .source
+            .open_partition(self.partition, position)
+            .map_err(|source| RuntimeError::Source {
+                partition: self.partition,
+                source,
+            })
+    }
+
+    fn sink_error(&self, sink: &str, source: SinkError) -> RuntimeError {
+        RuntimeError::Sink {
+            partition: self.partition,
+            sink: sink.to_owned(),
+            source,
+        }
+    }
+
+    async fn run(mut self) -> Result<PartitionReport, RuntimeError> {
+        let partition = self.partition;
+        let pipeline = Arc::clone(&self.pipeline);
+
+        // Stream batches: the source's first, then one per processor output.
+        let stream_ids: Vec<&str> = std::iter::once(pipeline.source.stream_id())
+            .chain(
+                pipeline
+                    .processors
+                    .iter()
+                    .map(|p| p.output_stream_id.as_str()),
+            )
+            .collect();
+        let index_of = |id: &str| stream_ids.iter().position(|s| *s == id);
+        let mut batches: Vec<MessageBatch> = stream_ids
+            .iter()
+            .map(|id| {
+                MessageBatch::new(
+                    pipeline
+                        .streams
+                        .get(*id)
+                        .cloned()
+                        .unwrap_or_else(|| pipeline.source.schema()),
+                )
+            })
+            .collect();
+        let mut processors: Vec<(String, usize, usize, Box<dyn Processor>)> = Vec::new();
+        for p in &pipeline.processors {
+            let (Some(input), Some(output)) =
+                (index_of(&p.input_stream_id), index_of(&p.output_stream_id))
+            else {
+                return Err(RuntimeError::Task {
+                    partition,
+                    reason: format!("processor `{}` refers to an unknown stream", p.name),
+                });
+            };
+            processors.push((p.name.clone(), input, output, p.factory.create(partition)));
+        }
+
+        let mut sinks: Vec<SinkSlot> = Vec::new();
+        for (s, dynamic) in pipeline.sinks.iter().zip(&self.dynamic) {
+            let ctx = SinkContext {
+                pipeline: pipeline.name.clone(),
+                sink: s.name.clone(),
+                partition,
+                partitions: pipeline.partitions,
+                store: self.store.clone(),
+                dynamic_parameters: dynamic.borrow().clone(),
+            };
+            let sink = s
+                .factory
+                .create(ctx)
+                .map_err(|err| self.sink_error(&s.name, err))?;
+            let inputs = s
+                .input_stream_ids
+                .iter()
+                .filter_map(|id| index_of(id))
+                .collect();
+            sinks.push(SinkSlot {
+                name: s.name.clone(),
+                sink,
+                inputs,
+            });
+        }
+        for slot in &mut sinks {
+            if let Err(err) = slot.sink.open().await {
+                let name = slot.name.clone();
+                close_all(&mut sinks).await;
+                return Err(self.sink_error(&name, err));
+            }
+        }
+        for receiver in &mut self.dynamic {
+            receiver.mark_unchanged();
+        }
+
+        let result = self.epochs(&mut batches, &mut processors, &mut sinks).await;
+        match &result {
+            Ok(report) if report.end == PartitionEnd::Drained => {
+                for slot in &mut sinks {
+                    slot.sink.drain().await.map_err(|err| RuntimeError::Sink {
+                        partition,
+                        sink: slot.name.clone(),
+                        source: err,
+                    })?;
+                }
+            }
+            _ => close_all(&mut sinks).await,
+        }
+        if let Ok(report) = &result {
+            info!(
+                pipeline = %pipeline.name,
+                partition,
+                end = ?report.end,
+                epochs = report.epochs_committed,
+                messages = report.messages,
+                "partition finished"
+            );
+        }
+        result
+    }
+
+    async fn epochs(
+        &mut self,
+        batches: &mut [MessageBatch],
+        processors: &mut [(String, usize, usize, Box<dyn Processor>)],
+        sinks: &mut [SinkSlot],
+    ) -> Result<PartitionReport, RuntimeError> {
+        let partition = self.partition;
+        let pipeline = Arc::clone(&self.pipeline);
+        let mut report = PartitionReport {
+            partition,
+            end: PartitionEnd::Stopped,
+            epochs_committed: 0,
+            messages: 0,
+            dead_letters: 0,
+            vetoes: 0,
+        };
+        let mut committed = self.committed_position().await?;
+        let mut source = self.open_source(committed.as_deref())?;
+        let mut source_dead: Vec<DeadLetter> = Vec::new();
+        let mut epoch_number = 0u64;
+
+        loop {
+            if *self.shutdown.borrow() {
+                source.close().await;
+                return Ok(report);
+            }
+            self.apply_dynamic(sinks)?;
+
+            for batch in batches.iter_mut() {
+                batch.clear();
+            }
+            source_dead.clear();
+            let deadline = Instant::now() + pipeline.epoch.max_duration;
+            let mut position = committed.clone();
+            let mut exhausted = false;
+            loop {
+                let Some(source_batch) = batches.first_mut() else {
+                    break;
+                };
+                let remaining = pipeline
+                    .epoch
+                    .max_messages
+                    .saturating_sub(source_batch.len());
+                if remaining == 0 || Instant::now() >= deadline || *self.shutdown.borrow() {
+                    break;
+                }
+                let mut out = SourceOutput {
+                    batch: source_batch,
+                    dead_letters: &mut source_dead,
+                };
+                let read = source
+                    .read(
+                        &mut out,
+                        ReadLimits {
+                            max_messages: remaining,
+                            deadline,
+                        },
+                    )
+                    .await
+                    .map_err(|source| RuntimeError::Source { partition, source })?;
+                position = Some(read.position);
+                if read.exhausted {
+                    exhausted = true;
+                    break;
+                }
+            }
+
+            let messages = batches.first().map_or(0, MessageBatch::len);
+            if messages == 0 && source_dead.is_empty() && position == committed {
+                if exhausted {
+                    source.close().await;
+                    report.end = PartitionEnd::Drained;
+                    return Ok(report);
+                }
+                continue;
+            }
+
+            for (name, input, output, processor) in processors.iter_mut() {
+                let (input_batch, output_batch) = pair_mut(batches, *input, *output);
+                output_batch.clear();
+                processor
+                    .process(input_batch, output_batch)
+                    .await
+                    .map_err(|source| RuntimeError::Processor {
+                        partition,
+                        processor: name.clone(),
+                        source,
+                    })?;
+            }
+
+            let mut sink_commits = Vec::with_capacity(sinks.len());
+            let mut veto = None;
+            for slot in sinks.iter_mut() {
+                let inputs: Vec<&MessageBatch> = slot.inputs.iter().map(|&i| &batches[i]).collect();
+                let epoch = Epoch {
+                    number: epoch_number,
+                    inputs: &inputs,
+                };
+                match slot.sink.write_epoch(&epoch).await {
+                    Ok(EpochOutcome::Commit(write)) => sink_commits.push(SinkEpochCommit {
+                        sink: slot.name.clone(),
+                        batches: write.batches,
+                        dead_letters: write.dead_letters,
+                    }),
+                    Ok(EpochOutcome::Veto {
+                        reason,
+                        retry_after,
+                    }) => {
+                        veto = Some((slot.name.clone(), reason, retry_after));
+                        break;
+                    }
+                    Err(err) => return Err(self.sink_error(&slot.name, err)),
+                }
+            }
+            epoch_number += 1;
+
+            if let Some((sink, reason, retry_after)) = veto {
+                report.vetoes += 1;
+                warn!(
+                    pipeline = %pipeline.name,
+                    partition,
+                    sink = %sink,
+                    reason = %reason,
+                    retry_after_ms = retry_after.as_millis() as u64,
+                    "epoch vetoed; replaying it from the committed position"
+                );
+                source.close().await;
+                let mut shutdown = self.shutdown.clone();
+                tokio::select! {
+                    _ = tokio::time::sleep(retry_after) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => {}
+                }
+                source = self.open_source(committed.as_deref())?;
+                continue;
+            }
+
+            let kept: Vec<Vec<flow_state::SealedBatch>> =
+                sink_commits.iter().map(|c| c.batches.clone()).collect();
+            let dead_count = source_dead.len()
+                + sink_commits
+                    .iter()
+                    .map(|c| c.dead_letters.len())
+                    .sum::<usize>();
+            let new_position = position.clone().unwrap_or_default();
+            let receipt = self
+                .store
+                .commit(EpochCommit {
+                    pipeline: pipeline.name.clone(),
+                    partition,
+                    position: new_position,
+                    source_dead_letters: std::mem::take(&mut source_dead),
+                    sinks: sink_commits,
+                })
+                .await
+                .map_err(|source| RuntimeError::State { partition, source })?;
+            committed = position;
+            report.epochs_committed += 1;
+            report.messages += messages as u64;
+            report.dead_letters += dead_count as u64;
+
+            for (slot, batches_of_sink) in sinks.iter_mut().zip(kept) {
+                let seqs = receipt
+                    .batch_seqs
+                    .iter()
+                    .find(|(sink, _)| sink == &slot.name)
+                    .map(|(_, seqs)| seqs.clone())
+                    .unwrap_or_default();
+                if seqs.len() != batches_of_sink.len() {
+                    return Err(self.sink_error(
+                        &slot.name,
+                        SinkError::Delivery {
+                            reason: format!(
+                                "the outbox stored {} batch(es) but the sink sealed {}",
+                                seqs.len(),
+                                batches_of_sink.len()
+                            ),
+                        },
+                    ));
+                }
+                slot.sink
+                    .committed(seqs.into_iter().zip(batches_of_sink).collect())
+                    .await
+                    .map_err(|err| RuntimeError::Sink {
+                        partition,
+                        sink: slot.name.clone(),
+                        source: err,
+                    })?;
+            }
+
+            if exhausted {
+                source.close().await;
+                report.end = PartitionEnd::Drained;
+                return Ok(report);
+            }
+        }
+    }
+
+    fn apply_dynamic(&mut self, sinks: &mut [SinkSlot]) -> Result<(), RuntimeError> {
+        let partition = self.partition;
+        for (receiver, slot) in self.dynamic.iter_mut().zip(sinks.iter_mut()) {
+            if receiver.has_changed().unwrap_or(false) {
+                let value = receiver.borrow_and_update().clone();
+                slot.sink
+                    .reconfigure(&value)
+                    .map_err(|source| RuntimeError::Sink {
+                        partition,
+                        sink: slot.name.clone(),
+                        source,
+                    })?;
+                info!(pipeline = %self.pipeline.name, partition, sink = %slot.name, "dynamic parameters applied");
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn close_all(sinks: &mut [SinkSlot]) {
+    for slot in sinks {
+        if let Err(err) = slot.sink.close().await {
+            warn!(sink = %slot.name, error = %err, "sink close failed; its undelivered batches stay in the outbox");
+        }
+    }
+}
+
+/// Borrows batch `input` shared and batch `output` mutably; processors never read their output.
+fn pair_mut(
+    batches: &mut [MessageBatch],
+    input: usize,
+    output: usize,
+) -> (&MessageBatch, &mut MessageBatch) {
+    if input < output {
+        let (left, right) = batches.split_at_mut(output);
+        (&left[input], &mut right[0])
+    } else {
+        let (left, right) = batches.split_at_mut(input);
+        (&right[0], &mut left[output])
+    }
+}

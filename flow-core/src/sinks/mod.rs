@@ -1,0 +1,9 @@
+//! Built-in sinks.
+
+pub mod debug;
+
+use crate::registry::Registry;
+
+pub(crate) fn register(registry: &mut Registry) {
+    registry.register_sink("DebugSink", std::sync::Arc::new(debug::build));
+}

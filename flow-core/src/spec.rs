@@ -1,0 +1,652 @@
+//! The pipeline spec: serde types (`PipelineSpec`), parsed so that every structural mistake is
+//! reported with its path, then validated and built into a [`ValidatedPipeline`] — the only form the
+//! runtime accepts. Static parameters need a restart to change; `dynamic_parameters` of a sink can
+//! be swapped while the pipeline runs.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{SpecError, Violation};
+use crate::plugin::{ProcessorFactory, SinkFactory, SourceFactory};
+use crate::registry::{ProcessorBuildContext, Registry, SinkBuildContext, SourceBuildContext};
+use crate::types::StreamSchema;
+
+pub const MAX_PARTITIONS: u32 = 1024;
+pub const MAX_EPOCH_MESSAGES: u64 = 10_000_000;
+pub const MAX_EPOCH_DURATION_MS: u64 = 3_600_000;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// `[A-Za-z0-9_-]+`; namespaces the pipeline's state.
+    pub pipeline: String,
+    #[serde(default = "default_partitions")]
+    pub partitions: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub epoch: EpochSpec,
+    pub source: SourceSpec,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processors: Vec<ProcessorSpec>,
+    pub sinks: Vec<SinkSpec>,
+}
+
+fn default_partitions() -> u32 {
+    1
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EpochSpec {
+    /// An epoch ends after this many source messages...
+    #[serde(default = "default_max_messages")]
+    pub max_messages: u64,
+    /// ...or after this long, whichever comes first.
+    #[serde(default = "default_max_duration_ms")]
+    pub max_duration_ms: u64,
+}
+
+fn default_max_messages() -> u64 {
+    10_000
+}
+
+fn default_max_duration_ms() -> u64 {
+    500
+}
+
+impl Default for EpochSpec {
+    fn default() -> Self {
+        EpochSpec {
+            max_messages: default_max_messages(),
+            max_duration_ms: default_max_duration_ms(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSpec {
+    pub class: String,
+    #[serde(default)]
+    pub parameters: serde_yaml::Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessorSpec {
+    pub name: String,
+    pub class: String,
+    pub input_stream_id: String,
+    pub output_stream_id: String,
+    #[serde(default)]
+    pub parameters: serde_yaml::Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkSpec {
+    /// Unique within the pipeline; names the sink's state.
+    pub name: String,
+    pub sink_class_name: String,
+    pub input_stream_ids: Vec<String>,
+    /// Static: a change needs a restart.
+    #[serde(default)]
+    pub parameters: serde_yaml::Value,
+    /// Reloadable while the pipeline runs.
+    #[serde(default)]
+    pub dynamic_parameters: serde_yaml::Value,
+}
+
+const TOP_LEVEL_FIELDS: &[&str] = &[
+    "pipeline",
+    "partitions",
+    "state_dir",
+    "epoch",
+    "source",
+    "processors",
+    "sinks",
+];
+
+impl PipelineSpec {
+    /// Parses YAML, reporting every structural mistake (unknown field, wrong type, missing
+    /// field) of each section with its path, not just the first one.
+    pub fn from_yaml(text: &str) -> Result<PipelineSpec, SpecError> {
+        let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|err| SpecError {
+            violations: vec![Violation::new("", format!("not valid YAML: {err}"))],
+        })?;
+        let serde_yaml::Value::Mapping(map) = value else {
+            return Err(SpecError {
+                violations: vec![Violation::new("", "the spec must be a YAML mapping")],
+            });
+        };
+        let mut violations = Vec::new();
+        for key in map.keys() {
+            match key.as_str() {
+                Some(name) if TOP_LEVEL_FIELDS.contains(&name) => {}
+                _ => violations.push(Violation::new(
+                    yaml_key(key),
+                    format!(
+                        "unknown field; expected one of {}",
+                        TOP_LEVEL_FIELDS.join(", ")
+                    ),
+                )),
+            }
+        }
+        let get = |name: &str| map.get(serde_yaml::Value::String(name.to_owned()));
+        let pipeline = required::<String>(get("pipeline"), "pipeline", &mut violations);
+        let partitions = optional::<u32>(get("partitions"), "partitions", &mut violations)
+            .map(|p| p.unwrap_or(1));
+        let state_dir = optional::<PathBuf>(get("state_dir"), "state_dir", &mut violations);
+        let epoch = optional::<EpochSpec>(get("epoch"), "epoch", &mut violations);
+        let source = required::<SourceSpec>(get("source"), "source", &mut violations);
+        let processors = list::<ProcessorSpec>(get("processors"), "processors", &mut violations);
+        let sinks = match get("sinks") {
+            None => {
+                violations.push(Violation::new("sinks", "required field is missing"));
+                None
+            }
+            some => list::<SinkSpec>(some, "sinks", &mut violations),
+        };
+        if !violations.is_empty() {
+            return Err(SpecError { violations });
+        }
+        match (
+            pipeline, partitions, state_dir, epoch, source, processors, sinks,
+        ) {
+            (
+                Some(pipeline),
+                Some(partitions),
+                Some(state_dir),
+                Some(epoch),
+                Some(source),
+                Some(processors),
+                Some(sinks),
+            ) => Ok(PipelineSpec {
+                pipeline,
+                partitions,
+                state_dir,
+                epoch: epoch.unwrap_or_default(),
+                source,
+                processors,
+                sinks,
+            }),
+            // Every `None` above pushed a violation, so this arm is only reached with some.
+            _ => Err(SpecError {
+                violations: vec![Violation::new("", "the spec is incomplete")],
+            }),
+        }
+    }
+
+    /// Reads and parses a spec file.
+    pub fn from_file(path: &Path) -> Result<PipelineSpec, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|err| SpecError {
+            violations: vec![Violation::new(
+                "",
+                format!("cannot read the spec file `{}`: {err}", path.display()),
+            )],
+        })?;
+        PipelineSpec::from_yaml(&text)
+    }
+
+    /// The spec with every `dynamic_parameters` section blanked: two specs with the same static
+    /// part may be swapped at runtime.
+    pub fn static_part(&self) -> PipelineSpec {
+        let mut copy = self.clone();
+        for sink in &mut copy.sinks {
+            sink.dynamic_parameters = serde_yaml::Value::Null;
+        }
+        copy
+    }
+}
+
+fn yaml_key(key: &serde_yaml::Value) -> String {
+    match key {
+        serde_yaml::Value::String(s) => s.clone(),
+        other => serde_yaml::to_string(other)
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| "?".to_owned()),
+    }
+}
+
+fn parse_at<T: DeserializeOwned>(
+    value: &serde_yaml::Value,
+    path: &str,
+    violations: &mut Vec<Violation>,
+) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+        Ok(parsed) => Some(parsed),
+        Err(err) => {
+            let inner = err.path().to_string();
+            let full = if inner == "." || inner.is_empty() {
+                path.to_owned()
+            } else {
+                format!("{path}.{inner}")
+            };
+            violations.push(Violation::new(full, err.into_inner().to_string()));
+            None
+        }
+    }
+}
+
+fn required<T: DeserializeOwned>(
+    value: Option<&serde_yaml::Value>,
+    path: &str,
+    violations: &mut Vec<Violation>,
+) -> Option<T> {
+    match value {
+        Some(value) => parse_at(value, path, violations),
+        None => {
+            violations.push(Violation::new(path, "required field is missing"));
+            None
+        }
+    }
+}
+
+/// `Some(None)` when absent, `Some(Some(v))` when valid, `None` after a violation.
+fn optional<T: DeserializeOwned>(
+    value: Option<&serde_yaml::Value>,
+    path: &str,
+    violations: &mut Vec<Violation>,
+) -> Option<Option<T>> {
+    match value {
+        None | Some(serde_yaml::Value::Null) => Some(None),
+        Some(value) => parse_at(value, path, violations).map(Some),
+    }
+}
+
+/// Parses each element on its own, so a mistake in `sinks[0]` does not hide one in `sinks[1]`.
+fn list<T: DeserializeOwned>(
+    value: Option<&serde_yaml::Value>,
+    path: &str,
+    violations: &mut Vec<Violation>,
+) -> Option<Vec<T>> {
+    match value {
+        None | Some(serde_yaml::Value::Null) => Some(Vec::new()),
+        Some(serde_yaml::Value::Sequence(items)) => {
+            let before = violations.len();
+            let parsed: Vec<T> = items
+                .iter()
+                .enumerate()
+                .filter_map(|(i, item)| parse_at(item, &format!("{path}[{i}]"), violations))
+                .collect();
+            (violations.len() == before).then_some(parsed)
+        }
+        Some(_) => {
+            violations.push(Violation::new(path, "expected a list"));
+            None
+        }
+    }
+}
+
+/// Epoch bounds after validation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpochSettings {
+    pub max_messages: usize,
+    pub max_duration: Duration,
+}
+
+pub struct ValidatedProcessor {
+    pub name: String,
+    pub factory: Arc<dyn ProcessorFactory>,
+    pub input_stream_id: String,
+    pub output_stream_id: String,
+}
+
+pub struct ValidatedSink {
+    pub name: String,
+    pub class: String,
+    pub factory: Arc<dyn SinkFactory>,
+    pub input_stream_ids: Vec<String>,
+    pub dynamic_parameters: serde_yaml::Value,
+}
+
+/// A spec that passed validation, with every plugin built (none has connected anywhere yet).
+pub struct ValidatedPipeline {
+    pub name: String,
+    pub partitions: u32,
+    pub state_dir: Option<PathBuf>,
+    pub epoch: EpochSettings,
+    pub source: Arc<dyn SourceFactory>,
+    pub processors: Vec<ValidatedProcessor>,
+    pub sinks: Vec<ValidatedSink>,
+    pub streams: BTreeMap<String, Arc<StreamSchema>>,
+    pub spec: PipelineSpec,
+}
+
+/// `[A-Za-z0-9_-]+`, the alphabet of names that end up in state keys and tokens.
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl Registry {
+    /// Validates a parsed spec and builds its plugins, reporting every violation with its path.
+    pub fn build(&self, spec: &PipelineSpec) -> Result<ValidatedPipeline, SpecError> {
+        let mut violations = Vec::new();
+        if !is_valid_name(&spec.pipeline) {
+            violations.push(Violation::new(
+                "pipeline",
+                format!(
+                    "`{}` is not a valid pipeline name: use letters, digits, `_` and `-`",
+                    spec.pipeline
+                ),
+            ));
+        }
+        if spec.partitions == 0 || spec.partitions > MAX_PARTITIONS {
+            violations.push(Violation::new(
+                "partitions",
+                format!("{} is out of range 1..={MAX_PARTITIONS}", spec.partitions),
+            ));
+        }
+        if spec.epoch.max_messages == 0 || spec.epoch.max_messages > MAX_EPOCH_MESSAGES {
+            violations.push(Violation::new(
+                "epoch.max_messages",
+                format!(
+                    "{} is out of range 1..={MAX_EPOCH_MESSAGES}",
+                    spec.epoch.max_messages
+                ),
+            ));
+        }
+        if spec.epoch.max_duration_ms == 0 || spec.epoch.max_duration_ms > MAX_EPOCH_DURATION_MS {
+            violations.push(Violation::new(
+                "epoch.max_duration_ms",
+                format!(
+                    "{} is out of range 1..={MAX_EPOCH_DURATION_MS}",
+                    spec.epoch.max_duration_ms
+                ),
+            ));
+        }
+        let partitions = spec.partitions.clamp(1, MAX_PARTITIONS);
+
+        let mut streams: BTreeMap<String, Arc<StreamSchema>> = BTreeMap::new();
+        let source = match self.source(&spec.source.class) {
+            None => {
+                violations.push(Violation::new(
+                    "source.class",
+                    format!(
+                        "unknown source class `{}`; known classes: {}",
+                        spec.source.class,
+                        self.source_classes().join(", ")
+                    ),
+                ));
+                None
+            }
+            Some(builder) => {
+                let ctx = SourceBuildContext {
+                    pipeline: &spec.pipeline,
+                    partitions,
+                };
+                match builder(&ctx, &spec.source.parameters) {
+                    Ok(factory) => {
+                        streams.insert(factory.stream_id().to_owned(), factory.schema());
+                        Some(factory)
+                    }
+                    Err(errs) => {
+                        violations.extend(errs.into_iter().map(|v| v.under("source")));
+                        None
+                    }
+                }
+            }
+        };
+
+        let mut processors = Vec::new();
+        let mut processor_names = HashSet::new();
+        for (i, p) in spec.processors.iter().enumerate() {
+            let path = format!("processors[{i}]");
+            if !is_valid_name(&p.name) {
+                violations.push(Violation::new(
+                    format!("{path}.name"),
+                    format!(
+                        "`{}` is not a valid name: use letters, digits, `_` and `-`",
+                        p.name
+                    ),
+                ));
+            } else if !processor_names.insert(p.name.as_str()) {
+                violations.push(Violation::new(
+                    format!("{path}.name"),
+                    format!("processor name `{}` is used twice", p.name),
+                ));
+            }
+            let Some(input_schema) = streams.get(&p.input_stream_id).cloned() else {
+                violations.push(Violation::new(
+                    format!("{path}.input_stream_id"),
+                    format!(
+                        "unknown stream `{}`; streams defined before this processor: {}",
+                        p.input_stream_id,
+                        known(&streams)
+                    ),
+                ));
+                continue;
+            };
+            if streams.contains_key(&p.output_stream_id) {
+                violations.push(Violation::new(
+                    format!("{path}.output_stream_id"),
+                    format!("stream `{}` is already defined", p.output_stream_id),
+                ));
+                continue;
+            }
+            let Some(builder) = self.processor(&p.class) else {
+                violations.push(Violation::new(
+                    format!("{path}.class"),
+                    format!(
+                        "unknown processor class `{}`; known classes: {}",
+                        p.class,
+                        self.processor_classes().join(", ")
+                    ),
+                ));
+                continue;
+            };
+            let ctx = ProcessorBuildContext {
+                pipeline: &spec.pipeline,
+                name: &p.name,
+                input_schema: &input_schema,
+            };
+            match builder(&ctx, &p.parameters) {
+                Ok(factory) => {
+                    streams.insert(p.output_stream_id.clone(), factory.output_schema());
+                    processors.push(ValidatedProcessor {
+                        name: p.name.clone(),
+                        factory,
+                        input_stream_id: p.input_stream_id.clone(),
+                        output_stream_id: p.output_stream_id.clone(),
+                    });
+                }
+                Err(errs) => violations.extend(errs.into_iter().map(|v| v.under(&path))),
+            }
+        }
+
+        if spec.sinks.is_empty() {
+            violations.push(Violation::new(
+                "sinks",
+                "a pipeline needs at least one sink",
+            ));
+        }
+        let mut sinks = Vec::new();
+        let mut sink_names = HashSet::new();
+        for (i, s) in spec.sinks.iter().enumerate() {
+            let path = format!("sinks[{i}]");
+            if !is_valid_name(&s.name) {
+                violations.push(Violation::new(
+                    format!("{path}.name"),
+                    format!(
+                        "`{}` is not a valid sink name: use letters, digits, `_` and `-`",
+                        s.name
+                    ),
+                ));
+            } else if !sink_names.insert(s.name.as_str()) {
+                violations.push(Violation::new(
+                    format!("{path}.name"),
+                    format!(
+                        "sink name `{}` is used twice; each sink names its own state",
+                        s.name
+                    ),
+                ));
+            }
+            let mut inputs = Vec::new();
+            if s.input_stream_ids.is_empty() {
+                violations.push(Violation::new(
+                    format!("{path}.input_stream_ids"),
+                    "a sink needs at least one input stream",
+                ));
+            }
+            let mut resolved = true;
+            for (j, id) in s.input_stream_ids.iter().enumerate() {
+                match streams.get(id) {
+                    Some(schema) => inputs.push((id.clone(), Arc::clone(schema))),
+                    None => {
+                        resolved = false;
+                        // An unknown source class already explains a missing stream.
+                        if source.is_some() {
+                            violations.push(Violation::new(
+                                format!("{path}.input_stream_ids[{j}]"),
+                                format!(
+                                    "unknown stream `{id}`; known streams: {}",
+                                    known(&streams)
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+            let Some(builder) = self.sink(&s.sink_class_name) else {
+                violations.push(Violation::new(
+                    format!("{path}.sink_class_name"),
+                    format!(
+                        "unknown sink class `{}`; known classes: {}",
+                        s.sink_class_name,
+                        self.sink_classes().join(", ")
+                    ),
+                ));
+                continue;
+            };
+            if !resolved {
+                continue;
+            }
+            let ctx = SinkBuildContext {
+                pipeline: &spec.pipeline,
+                sink: &s.name,
+                class: &s.sink_class_name,
+                partitions,
+                inputs: &inputs,
+            };
+            match builder(&ctx, &s.parameters, &s.dynamic_parameters) {
+                Ok(factory) => sinks.push(ValidatedSink {
+                    name: s.name.clone(),
+                    class: s.sink_class_name.clone(),
+                    factory,
+                    input_stream_ids: s.input_stream_ids.clone(),
+                    dynamic_parameters: s.dynamic_parameters.clone(),
+                }),
+                Err(errs) => violations.extend(errs.into_iter().map(|v| v.under(&path))),
+            }
+        }
+
+        match source {
+            Some(source) if violations.is_empty() => Ok(ValidatedPipeline {
+                name: spec.pipeline.clone(),
+                partitions,
+                state_dir: spec.state_dir.clone(),
+                epoch: EpochSettings {
+                    max_messages: usize::try_from(spec.epoch.max_messages).unwrap_or(usize::MAX),
+                    max_duration: Duration::from_millis(spec.epoch.max_duration_ms),
+                },
+                source,
+                processors,
+                sinks,
+                streams,
+                spec: spec.clone(),
+            }),
+            _ => Err(SpecError { violations }),
+        }
+    }
+
+    /// Parses and builds a spec from YAML text.
+    pub fn build_yaml(&self, text: &str) -> Result<ValidatedPipeline, SpecError> {
+        self.build(&PipelineSpec::from_yaml(text)?)
+    }
+}
+
+fn known(streams: &BTreeMap<String, Arc<StreamSchema>>) -> String {
+    if streams.is_empty() {
+        "none".to_owned()
+    } else {
+        streams.keys().cloned().collect::<Vec<_>>().join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paths(err: &SpecError) -> Vec<&str> {
+        err.violations.iter().map(|v| v.path.as_str()).collect()
+    }
+
+    #[test]
+    fn minimal_spec_gets_documented_defaults() {
+        let spec = PipelineSpec::from_yaml(
+            "pipeline: p\nsource: {class: generator}\nsinks:\n  - {name: out, sink_class_name: DebugSink, input_stream_ids: [rows]}\n",
+        )
+        .unwrap();
+        assert_eq!(spec.partitions, 1);
+        assert_eq!(
+            spec.epoch,
+            EpochSpec {
+                max_messages: 10_000,
+                max_duration_ms: 500
+            }
+        );
+        assert_eq!(spec.state_dir, None);
+    }
+
+    #[test]
+    fn structural_mistakes_in_separate_sections_are_all_reported() {
+        let err = PipelineSpec::from_yaml(
+            "pipeline: p\npartitions: many\nbogus: 1\nsource: {class: generator, params: {}}\nsinks:\n  - {name: a, sink_class_name: DebugSink, input_stream_ids: rows}\n  - {name: b, sink_class_name: DebugSink, input_stream_ids: [rows], extra: 1}\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            paths(&err),
+            vec![
+                "bogus",
+                "partitions",
+                "source.params",
+                "sinks[0].input_stream_ids",
+                "sinks[1].extra"
+            ]
+        );
+        assert!(
+            err.violations[2].message.contains("unknown field `params`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn semantic_mistakes_are_all_reported_with_paths() {
+        let registry = Registry::with_builtins();
+        let spec = PipelineSpec::from_yaml(
+            "pipeline: 'bad name'\npartitions: 0\nepoch: {max_messages: 0}\nsource: {class: generator, parameters: {count: 5}}\nsinks:\n  - {name: a, sink_class_name: Nope, input_stream_ids: [rows]}\n  - {name: a, sink_class_name: DebugSink, input_stream_ids: [nope]}\n",
+        )
+        .unwrap();
+        let err = registry.build(&spec).err().unwrap();
+        assert_eq!(
+            paths(&err),
+            vec![
+                "pipeline",
+                "partitions",
+                "epoch.max_messages",
+                "sinks[0].sink_class_name",
+                "sinks[1].name",
+                "sinks[1].input_stream_ids[0]"
+            ]
+        );
+    }
+}

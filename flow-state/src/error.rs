@@ -1,0 +1,133 @@
+//! Typed errors of the state store.
+
+use std::path::PathBuf;
+
+use crate::types::SinkPartition;
+
+/// Everything that can go wrong in the state store. Every variant names the operation and the
+/// input (directory, key, sequence number) it failed on.
+#[derive(thiserror::Error, Debug)]
+pub enum StateError {
+    /// sled could not open (or create) the database directory.
+    #[error("cannot open state store in {dir}: {source}")]
+    Open {
+        dir: PathBuf,
+        #[source]
+        source: sled::Error,
+    },
+    /// A sled operation (read, transaction, flush, open tree) failed.
+    #[error("sled {op} failed for {target}: {source}")]
+    Sled {
+        op: &'static str,
+        target: String,
+        #[source]
+        source: sled::Error,
+    },
+    /// A file-system operation done by the store itself (fsync of the data file, a blob, a directory).
+    #[error("{what} failed for {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A stored value could not be decoded (corruption or incompatible format).
+    #[error("cannot decode {what} stored at key {key}: {detail}")]
+    Decode {
+        what: &'static str,
+        key: String,
+        detail: String,
+    },
+    /// A value could not be encoded before the transaction.
+    #[error("cannot encode {what} for {context}: {detail}")]
+    Encode {
+        what: &'static str,
+        context: String,
+        detail: String,
+    },
+    /// `acknowledge` was called for a batch that is not the oldest batch of its queue
+    /// (`expected` is the oldest sequence number, `None` when the queue is empty).
+    #[error(
+        "cannot acknowledge batch {got} of {key}: the oldest undelivered batch is {expected:?}"
+    )]
+    NotOldestBatch {
+        key: SinkPartition,
+        expected: Option<u64>,
+        got: u64,
+    },
+    /// A pipeline, sink or value name cannot be used as part of a key.
+    #[error("invalid {what} name {name:?}: {reason}")]
+    InvalidName {
+        what: &'static str,
+        name: String,
+        reason: &'static str,
+    },
+    /// A request was made after `close` (or the committer thread stopped).
+    #[error("state store is closed; the committer thread no longer accepts requests")]
+    Closed,
+    /// The committer thread panicked (reported by `close`).
+    #[error("state store committer thread panicked")]
+    CommitterPanicked,
+    /// A sequence counter would overflow.
+    #[error("sequence counter overflow for {target}")]
+    Overflow { target: String },
+}
+
+impl StateError {
+    pub(crate) fn sled(op: &'static str, target: impl Into<String>, source: sled::Error) -> Self {
+        StateError::Sled {
+            op,
+            target: target.into(),
+            source,
+        }
+    }
+
+    /// A copy of the error to hand to every request of a commit group whose flush/fsync failed.
+    pub(crate) fn duplicate(&self) -> StateError {
+        match self {
+            StateError::Sled { op, target, source } => StateError::Sled {
+                op,
+                target: target.clone(),
+                source: source.clone(),
+            },
+            StateError::Io { what, path, source } => StateError::Io {
+                what,
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            StateError::Open { dir, source } => StateError::Open {
+                dir: dir.clone(),
+                source: source.clone(),
+            },
+            StateError::Decode { what, key, detail } => StateError::Decode {
+                what,
+                key: key.clone(),
+                detail: detail.clone(),
+            },
+            StateError::Encode {
+                what,
+                context,
+                detail,
+            } => StateError::Encode {
+                what,
+                context: context.clone(),
+                detail: detail.clone(),
+            },
+            StateError::NotOldestBatch { key, expected, got } => StateError::NotOldestBatch {
+                key: key.clone(),
+                expected: *expected,
+                got: *got,
+            },
+            StateError::InvalidName { what, name, reason } => StateError::InvalidName {
+                what,
+                name: name.clone(),
+                reason,
+            },
+            StateError::Closed => StateError::Closed,
+            StateError::CommitterPanicked => StateError::CommitterPanicked,
+            StateError::Overflow { target } => StateError::Overflow {
+                target: target.clone(),
+            },
+        }
+    }
+}

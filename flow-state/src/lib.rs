@@ -1,0 +1,441 @@
+//! `flow-state`: a persisted transactional outbox for flow pipelines, stored in sled 0.34.
+//!
+//! **Key layout.** One sled tree per kind of data; names are joined with a NUL byte and integers
+//! are big-endian so iteration order is numeric order:
+//! `positions` (`pipeline\0 partition` -> opaque source position),
+//! `batches` (`pipeline\0 sink\0 partition seq` -> `[1][header_len][bincode header][payload]`),
+//! `batch_seq` (`pipeline\0 sink\0 partition` -> queue bounds `head..next`, so a queue is always
+//! the contiguous range of sequence numbers `head..next` and seqs are never reused),
+//! `fingerprints` (`pipeline\0 sink\0 partition` -> bincode map), `dead_letters`
+//! (`pipeline\0 owner\0 partition seq`, owner = sink name or `"source"`), `dead_letter_seq`
+//! (next dead-letter seq per owner/partition) and `sink_values` (`pipeline\0 sink\0 name`).
+//!
+//! **Commit protocol.** Callers encode everything (batches, dead letters, fingerprints) on their
+//! own thread and send the request to a dedicated committer thread. Each request is applied in
+//! its own multi-tree sled transaction whose closure only reads and inserts pre-encoded bytes (sled
+//! may rerun it). A batch leaves its queue only through `acknowledge`, which accepts only the
+//! oldest batch (`NotOldestBatch` otherwise).
+//!
+//! **Group commit + fsync.** The committer drains every queued request, applies each, then makes
+//! the whole group durable at once: one `db.flush()` (sled's `sync_file_range`, which survives a
+//! killed process but not a power cut, sled issue 1452), then an fsync of new sled blob files
+//! (`blobs/<lsn>`, written by sled without any sync) and their directory, ONE fsync of sled's data
+//! file `db` through our own file handle, and an fsync of the store directory if its entries
+//! changed. Only then is every request of the group answered. Reads (`position`, `undelivered`,
+//! ...) read sled directly and may observe a commit that is still being made durable.
+
+mod codec;
+mod committer;
+mod error;
+mod summary;
+mod types;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+pub use codec::SOURCE_OWNER;
+pub use error::StateError;
+pub use summary::{
+    BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, PipelineSummary, PositionInfo,
+    SinkPartitionSummary, StateSummary, RECENT_DEAD_LETTERS,
+};
+pub use types::{
+    CommitReceipt, DeadLetter, EpochCommit, SealedBatch, SinkEpochCommit, SinkPartition,
+    StoreOptions, StoreStats, StoredBatch,
+};
+
+use codec::{check_name, show_key};
+use committer::{
+    Committer, Durability, Op, Outcome, PreparedAck, PreparedCommit, PreparedDeadLetters,
+    PreparedFingerprints, PreparedSink, Reply, Request, StatCounters, Trees,
+};
+
+/// Handle to an open store. Cheap to clone; the committer thread stops (after pending requests,
+/// with a final flush + fsync) on [`StateStore::close`] or when the last clone is dropped.
+#[derive(Clone)]
+pub struct StateStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    trees: Trees,
+    tx: mpsc::Sender<Request>,
+    thread: Mutex<Option<JoinHandle<Result<(), StateError>>>>,
+    stats: Arc<StatCounters>,
+}
+
+impl Inner {
+    fn send(&self, op: Op, reply: Reply) -> Result<(), StateError> {
+        self.tx
+            .send(Request { op, reply })
+            .map_err(|_| StateError::Closed)
+    }
+
+    fn submit_blocking(&self, op: Op) -> Result<Outcome, StateError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send(
+            op,
+            Box::new(move |result| {
+                let _ = tx.send(result);
+            }),
+        )?;
+        rx.recv().map_err(|_| StateError::Closed)?
+    }
+
+    async fn submit(&self, op: Op) -> Result<Outcome, StateError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(
+            op,
+            Box::new(move |result| {
+                let _ = tx.send(result);
+            }),
+        )?;
+        rx.await.map_err(|_| StateError::Closed)?
+    }
+
+    fn shutdown(&self) -> Result<(), StateError> {
+        let handle = match self.thread.lock() {
+            Ok(mut guard) => guard.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        let Some(handle) = handle else {
+            return Ok(());
+        };
+        // Errors if the thread already stopped; joining reports why.
+        let _ = self.send(Op::Shutdown, Box::new(|_| {}));
+        match handle.join() {
+            Ok(result) => result,
+            Err(_) => Err(StateError::CommitterPanicked),
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!(dir = %self.dir.display(), error = %e, "closing state store failed");
+        }
+    }
+}
+
+fn receipt(outcome: Outcome) -> CommitReceipt {
+    match outcome {
+        Outcome::Commit(receipt) => receipt,
+        Outcome::Done => CommitReceipt::default(),
+    }
+}
+
+impl StateStore {
+    /// Opens or creates the store in `dir` (blocking), with fsync on. Starts the committer thread.
+    pub fn open(dir: &Path) -> Result<StateStore, StateError> {
+        StateStore::open_with(dir, StoreOptions::default())
+    }
+
+    /// Opens or creates the store in `dir` with explicit options.
+    pub fn open_with(dir: &Path, options: StoreOptions) -> Result<StateStore, StateError> {
+        let db = sled::Config::new()
+            .path(dir)
+            .open()
+            .map_err(|source| StateError::Open {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
+        let trees = Trees::open(db)?;
+        let durability = Durability::new(dir, options.fsync)?;
+        let stats = Arc::new(StatCounters::default());
+        let (tx, rx) = mpsc::channel();
+        let committer = Committer {
+            trees: trees.clone(),
+            durability,
+            stats: stats.clone(),
+            max_group: options.max_group,
+        };
+        let thread = std::thread::Builder::new()
+            .name("flow-state-committer".to_owned())
+            .spawn(move || committer.run(rx))
+            .map_err(|source| StateError::Io {
+                what: "spawn of committer thread",
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        tracing::info!(dir = %dir.display(), fsync = options.fsync, "state store opened");
+        Ok(StateStore {
+            inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
+                trees,
+                tx,
+                thread: Mutex::new(Some(thread)),
+                stats,
+            }),
+        })
+    }
+
+    /// The directory the store lives in.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Durable atomic commit of one partition's epoch; resolves after the data is durable.
+    pub async fn commit(&self, commit: EpochCommit) -> Result<CommitReceipt, StateError> {
+        let op = Op::Commit(prepare_commit(&commit)?);
+        self.inner.submit(op).await.map(receipt)
+    }
+
+    /// Blocking form of [`StateStore::commit`] (not from inside an async task).
+    pub fn commit_blocking(&self, commit: EpochCommit) -> Result<CommitReceipt, StateError> {
+        let op = Op::Commit(prepare_commit(&commit)?);
+        self.inner.submit_blocking(op).map(receipt)
+    }
+
+    /// Removes the oldest batch of the queue (which must have sequence `seq`) and sets the given
+    /// sink-wide values, in one transaction, durably.
+    pub async fn acknowledge(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        sink_values: Vec<(String, Vec<u8>)>,
+    ) -> Result<(), StateError> {
+        let op = Op::Ack(prepare_ack(key, seq, sink_values)?);
+        self.inner.submit(op).await.map(|_| ())
+    }
+
+    /// Blocking form of [`StateStore::acknowledge`].
+    pub fn acknowledge_blocking(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        sink_values: Vec<(String, Vec<u8>)>,
+    ) -> Result<(), StateError> {
+        let op = Op::Ack(prepare_ack(key, seq, sink_values)?);
+        self.inner.submit_blocking(op).map(|_| ())
+    }
+
+    /// Durably replaces the fingerprints of a sink partition (an empty map removes them).
+    pub async fn set_fingerprints(
+        &self,
+        key: &SinkPartition,
+        fingerprints: BTreeMap<String, String>,
+    ) -> Result<(), StateError> {
+        let op = Op::SetFingerprints(prepare_fingerprints(key, &fingerprints)?);
+        self.inner.submit(op).await.map(|_| ())
+    }
+
+    /// Blocking form of [`StateStore::set_fingerprints`].
+    pub fn set_fingerprints_blocking(
+        &self,
+        key: &SinkPartition,
+        fingerprints: BTreeMap<String, String>,
+    ) -> Result<(), StateError> {
+        let op = Op::SetFingerprints(prepare_fingerprints(key, &fingerprints)?);
+        self.inner.submit_blocking(op).map(|_| ())
+    }
+
+    /// Committed source position of a partition.
+    pub fn position(&self, pipeline: &str, partition: u32) -> Result<Option<Vec<u8>>, StateError> {
+        let key = codec::position_key(pipeline, partition);
+        self.inner
+            .trees
+            .positions
+            .get(&key)
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| StateError::sled("get position", show_key(&key), e))
+    }
+
+    /// Undelivered batches of a queue, ascending seq.
+    pub fn undelivered(&self, key: &SinkPartition) -> Result<Vec<StoredBatch>, StateError> {
+        let prefix = codec::sink_queue_key(key);
+        let mut out = Vec::new();
+        for item in self.inner.trees.batches.scan_prefix(&prefix) {
+            let (k, v) = item.map_err(|e| StateError::sled("scan batches", key.to_string(), e))?;
+            let seq = codec::parse_seq_suffix("batch key", &k)?;
+            out.push(StoredBatch {
+                seq,
+                batch: codec::decode_batch(&k, &v)?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The oldest undelivered batch of a queue (the only one `acknowledge` accepts).
+    pub fn oldest_undelivered(
+        &self,
+        key: &SinkPartition,
+    ) -> Result<Option<StoredBatch>, StateError> {
+        let prefix = codec::sink_queue_key(key);
+        match self.inner.trees.batches.scan_prefix(&prefix).next() {
+            None => Ok(None),
+            Some(Err(e)) => Err(StateError::sled("scan batches", key.to_string(), e)),
+            Some(Ok((k, v))) => Ok(Some(StoredBatch {
+                seq: codec::parse_seq_suffix("batch key", &k)?,
+                batch: codec::decode_batch(&k, &v)?,
+            })),
+        }
+    }
+
+    /// Fingerprints of a sink partition (empty when none were set).
+    pub fn fingerprints(
+        &self,
+        key: &SinkPartition,
+    ) -> Result<BTreeMap<String, String>, StateError> {
+        let k = codec::sink_queue_key(key);
+        match self.inner.trees.fingerprints.get(&k) {
+            Ok(Some(v)) => codec::decode_fingerprints(&k, &v),
+            Ok(None) => Ok(BTreeMap::new()),
+            Err(e) => Err(StateError::sled("get fingerprints", key.to_string(), e)),
+        }
+    }
+
+    /// Dead letters of an owner (a sink name, or [`SOURCE_OWNER`]) for a partition, oldest first.
+    pub fn dead_letters(
+        &self,
+        pipeline: &str,
+        owner: &str,
+        partition: u32,
+    ) -> Result<Vec<DeadLetter>, StateError> {
+        let prefix = codec::queue_key(pipeline, owner, partition);
+        let mut out = Vec::new();
+        for item in self.inner.trees.dead_letters.scan_prefix(&prefix) {
+            let (k, v) =
+                item.map_err(|e| StateError::sled("scan dead letters", show_key(&prefix), e))?;
+            out.push(codec::decode_dead_letter(&k, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// A sink-wide value set by [`StateStore::acknowledge`].
+    pub fn sink_value(
+        &self,
+        pipeline: &str,
+        sink: &str,
+        name: &str,
+    ) -> Result<Option<Vec<u8>>, StateError> {
+        let key = codec::sink_value_key(pipeline, sink, name);
+        self.inner
+            .trees
+            .sink_values
+            .get(&key)
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| StateError::sled("get sink value", show_key(&key), e))
+    }
+
+    /// Everything, for `flow-worker status`.
+    pub fn summary(&self) -> Result<StateSummary, StateError> {
+        summary::build(&self.inner.trees)
+    }
+
+    /// Stops the committer thread after the requests already sent (for every clone of this
+    /// handle: later requests fail with [`StateError::Closed`]) and makes everything durable.
+    pub fn close(self) -> Result<(), StateError> {
+        self.inner.shutdown()
+    }
+
+    /// Committer statistics.
+    pub fn stats(&self) -> StoreStats {
+        self.inner.stats.snapshot()
+    }
+}
+
+fn prepare_dead_letters(
+    pipeline: &str,
+    owner: &str,
+    partition: u32,
+    items: &[DeadLetter],
+) -> Result<PreparedDeadLetters, StateError> {
+    let counter_key = codec::queue_key(pipeline, owner, partition);
+    let context = show_key(&counter_key);
+    let items = items
+        .iter()
+        .map(|dl| codec::encode_dead_letter(dl, &context))
+        .collect::<Result<_, _>>()?;
+    Ok(PreparedDeadLetters { counter_key, items })
+}
+
+fn prepare_commit(c: &EpochCommit) -> Result<PreparedCommit, StateError> {
+    check_name("pipeline", &c.pipeline)?;
+    let mut sinks = Vec::with_capacity(c.sinks.len());
+    for sink in &c.sinks {
+        check_name("sink", &sink.sink)?;
+        let queue_key = codec::queue_key(&c.pipeline, &sink.sink, c.partition);
+        let context = show_key(&queue_key);
+        let batches = sink
+            .batches
+            .iter()
+            .map(|b| codec::encode_batch(b, &context))
+            .collect::<Result<_, _>>()?;
+        sinks.push(PreparedSink {
+            sink: sink.sink.clone(),
+            queue_key,
+            batches,
+            dead_letters: prepare_dead_letters(
+                &c.pipeline,
+                &sink.sink,
+                c.partition,
+                &sink.dead_letters,
+            )?,
+        });
+    }
+    Ok(PreparedCommit {
+        pipeline: c.pipeline.clone(),
+        partition: c.partition,
+        position_key: codec::position_key(&c.pipeline, c.partition),
+        position: c.position.clone(),
+        source_dead_letters: prepare_dead_letters(
+            &c.pipeline,
+            SOURCE_OWNER,
+            c.partition,
+            &c.source_dead_letters,
+        )?,
+        sinks,
+    })
+}
+
+fn check_key(key: &SinkPartition) -> Result<(), StateError> {
+    check_name("pipeline", &key.pipeline)?;
+    check_name("sink", &key.sink)
+}
+
+fn prepare_ack(
+    key: &SinkPartition,
+    seq: u64,
+    sink_values: Vec<(String, Vec<u8>)>,
+) -> Result<PreparedAck, StateError> {
+    check_key(key)?;
+    let mut values = Vec::with_capacity(sink_values.len());
+    for (name, value) in sink_values {
+        check_name("sink value", &name)?;
+        values.push((
+            codec::sink_value_key(&key.pipeline, &key.sink, &name),
+            value,
+        ));
+    }
+    Ok(PreparedAck {
+        key: key.clone(),
+        queue_key: codec::sink_queue_key(key),
+        seq,
+        sink_values: values,
+    })
+}
+
+fn prepare_fingerprints(
+    key: &SinkPartition,
+    fingerprints: &BTreeMap<String, String>,
+) -> Result<PreparedFingerprints, StateError> {
+    check_key(key)?;
+    let encoded = if fingerprints.is_empty() {
+        None
+    } else {
+        Some(codec::encode_fingerprints(fingerprints, &key.to_string())?)
+    };
+    Ok(PreparedFingerprints {
+        key: key.clone(),
+        queue_key: codec::sink_queue_key(key),
+        encoded,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,221 @@
+//! `StateStore::summary`: everything in the store, for `flow-worker status`.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::codec::{self, Bounds, SOURCE_OWNER};
+use crate::committer::Trees;
+use crate::error::StateError;
+
+/// How many of the newest dead letters are shown per owner and partition.
+pub const RECENT_DEAD_LETTERS: usize = 5;
+const PREVIEW_BYTES: usize = 200;
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct StateSummary {
+    /// Per pipeline name.
+    pub pipelines: BTreeMap<String, PipelineSummary>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct PipelineSummary {
+    /// Committed source position per partition.
+    pub positions: BTreeMap<u32, PositionInfo>,
+    /// Per sink and partition, ordered by (sink, partition).
+    pub sinks: Vec<SinkPartitionSummary>,
+    /// Dead letters of the source (owner `"source"`), per partition.
+    pub source_dead_letters: Vec<DeadLetterGroupSummary>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct PositionInfo {
+    /// The position as text when it is UTF-8.
+    pub text: Option<String>,
+    /// The position bytes in hex.
+    pub hex: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct SinkPartitionSummary {
+    pub sink: String,
+    pub partition: u32,
+    /// Sequence number the next batch will get.
+    pub next_seq: u64,
+    pub undelivered: u64,
+    pub rows: u64,
+    /// Payload bytes of the undelivered batches.
+    pub bytes: u64,
+    pub oldest: Option<BatchInfo>,
+    pub newest: Option<BatchInfo>,
+    pub fingerprints: BTreeMap<String, String>,
+    pub dead_letter_count: u64,
+    /// The newest dead letters, newest last.
+    pub recent_dead_letters: Vec<DeadLetterInfo>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct BatchInfo {
+    pub seq: u64,
+    pub target: String,
+    pub format: String,
+    pub shard: String,
+    pub token: String,
+    pub first_offset: u64,
+    pub last_offset: u64,
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct DeadLetterGroupSummary {
+    pub partition: u32,
+    pub count: u64,
+    pub recent: Vec<DeadLetterInfo>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct DeadLetterInfo {
+    pub seq: u64,
+    pub partition: u32,
+    pub offset: Option<u64>,
+    pub reason: String,
+    pub payload_len: u64,
+    /// The first bytes of the payload, lossily decoded as UTF-8.
+    pub payload_preview: String,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sled_err(op: &'static str, tree: &'static str) -> impl FnOnce(sled::Error) -> StateError {
+    move |e| StateError::sled(op, tree, e)
+}
+
+fn sink_entry(
+    map: &mut BTreeMap<(String, String, u32), SinkPartitionSummary>,
+    pipeline: String,
+    sink: String,
+    partition: u32,
+) -> &mut SinkPartitionSummary {
+    map.entry((pipeline, sink.clone(), partition))
+        .or_insert_with(|| SinkPartitionSummary {
+            sink,
+            partition,
+            ..SinkPartitionSummary::default()
+        })
+}
+
+fn recent_dead_letters(trees: &Trees, prefix: &[u8]) -> Result<Vec<DeadLetterInfo>, StateError> {
+    let mut out = Vec::new();
+    for item in trees
+        .dead_letters
+        .scan_prefix(prefix)
+        .rev()
+        .take(RECENT_DEAD_LETTERS)
+    {
+        let (k, v) = item.map_err(sled_err("scan", "dead_letters"))?;
+        let dl = codec::decode_dead_letter(&k, &v)?;
+        let shown = &dl.payload[..dl.payload.len().min(PREVIEW_BYTES)];
+        out.push(DeadLetterInfo {
+            seq: codec::parse_seq_suffix("dead letter key", &k)?,
+            partition: dl.partition,
+            offset: dl.offset,
+            reason: dl.reason,
+            payload_len: dl.payload.len() as u64,
+            payload_preview: String::from_utf8_lossy(shown).into_owned(),
+        });
+    }
+    out.reverse();
+    Ok(out)
+}
+
+pub(crate) fn build(trees: &Trees) -> Result<StateSummary, StateError> {
+    let mut summary = StateSummary::default();
+    for item in trees.positions.iter() {
+        let (k, v) = item.map_err(sled_err("scan", "positions"))?;
+        let (pipeline, partition) = codec::parse_position_key(&k)?;
+        summary
+            .pipelines
+            .entry(pipeline)
+            .or_default()
+            .positions
+            .insert(
+                partition,
+                PositionInfo {
+                    text: std::str::from_utf8(&v).ok().map(str::to_owned),
+                    hex: hex(&v),
+                },
+            );
+    }
+
+    let mut sinks: BTreeMap<(String, String, u32), SinkPartitionSummary> = BTreeMap::new();
+    for item in trees.batch_seq.iter() {
+        let (k, v) = item.map_err(sled_err("scan", "batch_seq"))?;
+        let (pipeline, sink, partition) = codec::parse_queue_key("queue key", &k)?;
+        let bounds = Bounds::decode(&k, &v)?;
+        let entry = sink_entry(&mut sinks, pipeline, sink, partition);
+        entry.next_seq = bounds.next;
+        for item in trees.batches.scan_prefix(&k) {
+            let (bk, bv) = item.map_err(sled_err("scan", "batches"))?;
+            let (header, payload) = codec::decode_batch_parts(&bk, &bv)?;
+            let info = BatchInfo {
+                seq: codec::parse_seq_suffix("batch key", &bk)?,
+                target: header.target,
+                format: header.format,
+                shard: header.shard,
+                token: header.token,
+                first_offset: header.first_offset,
+                last_offset: header.last_offset,
+                rows: header.rows,
+                bytes: payload.len() as u64,
+            };
+            entry.undelivered += 1;
+            entry.rows += info.rows;
+            entry.bytes += info.bytes;
+            if entry.oldest.is_none() {
+                entry.oldest = Some(info.clone());
+            }
+            entry.newest = Some(info);
+        }
+    }
+    for item in trees.fingerprints.iter() {
+        let (k, v) = item.map_err(sled_err("scan", "fingerprints"))?;
+        let (pipeline, sink, partition) = codec::parse_queue_key("fingerprints key", &k)?;
+        sink_entry(&mut sinks, pipeline, sink, partition).fingerprints =
+            codec::decode_fingerprints(&k, &v)?;
+    }
+    for item in trees.dead_letter_seq.iter() {
+        let (k, v) = item.map_err(sled_err("scan", "dead_letter_seq"))?;
+        let (pipeline, owner, partition) = codec::parse_queue_key("dead letter counter key", &k)?;
+        let count = codec::decode_counter(&k, &v)?;
+        let recent = recent_dead_letters(trees, &k)?;
+        if owner == SOURCE_OWNER {
+            summary
+                .pipelines
+                .entry(pipeline)
+                .or_default()
+                .source_dead_letters
+                .push(DeadLetterGroupSummary {
+                    partition,
+                    count,
+                    recent,
+                });
+        } else {
+            let entry = sink_entry(&mut sinks, pipeline, owner, partition);
+            entry.dead_letter_count = count;
+            entry.recent_dead_letters = recent;
+        }
+    }
+    for ((pipeline, _, _), entry) in sinks {
+        summary
+            .pipelines
+            .entry(pipeline)
+            .or_default()
+            .sinks
+            .push(entry);
+    }
+    tracing::trace!(pipelines = summary.pipelines.len(), "state summary built");
+    Ok(summary)
+}

@@ -1,0 +1,149 @@
+//! Public data types exchanged with the state store.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// One queue of sealed batches: a sink of a pipeline, for one source partition.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SinkPartition {
+    pub pipeline: String,
+    pub sink: String,
+    pub partition: u32,
+}
+
+impl SinkPartition {
+    pub fn new(pipeline: impl Into<String>, sink: impl Into<String>, partition: u32) -> Self {
+        SinkPartition {
+            pipeline: pipeline.into(),
+            sink: sink.into(),
+            partition,
+        }
+    }
+}
+
+impl fmt::Display for SinkPartition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.pipeline, self.sink, self.partition)
+    }
+}
+
+/// Everything one partition produced during one epoch, committed atomically.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct EpochCommit {
+    pub pipeline: String,
+    pub partition: u32,
+    /// Opaque source position after the epoch.
+    pub position: Vec<u8>,
+    /// Stored under owner `"source"`.
+    pub source_dead_letters: Vec<DeadLetter>,
+    pub sinks: Vec<SinkEpochCommit>,
+}
+
+/// The part of an epoch commit that belongs to one sink.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct SinkEpochCommit {
+    pub sink: String,
+    /// Appended in order to the (sink, partition) queue; sequence numbers are assigned inside the
+    /// transaction and returned in the [`CommitReceipt`].
+    pub batches: Vec<SealedBatch>,
+    /// Stored under owner = sink name.
+    pub dead_letters: Vec<DeadLetter>,
+}
+
+/// A batch ready to send: the exact bytes plus everything needed to resend them identically.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedBatch {
+    /// e.g. `default.events` or a file path.
+    pub target: String,
+    /// Column list the bytes are encoded for.
+    pub columns: Vec<String>,
+    /// e.g. `RowBinary`, `JSONEachRow`.
+    pub format: String,
+    /// Deduplication token.
+    pub token: String,
+    /// Shard name (`""` when unsharded).
+    pub shard: String,
+    /// Message-id bounds within the partition.
+    pub first_offset: u64,
+    pub last_offset: u64,
+    pub rows: u64,
+    /// The exact bytes to send.
+    pub payload: Vec<u8>,
+}
+
+/// A batch as stored in a queue, with its sequence number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredBatch {
+    pub seq: u64,
+    pub batch: SealedBatch,
+}
+
+/// Sequence numbers assigned by a commit, per sink (in the order of [`EpochCommit::sinks`]).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct CommitReceipt {
+    pub batch_seqs: Vec<(String, Vec<u64>)>,
+}
+
+impl CommitReceipt {
+    /// The sequence numbers assigned to the batches of `sink` (empty if the sink was not part of
+    /// the commit).
+    pub fn seqs(&self, sink: &str) -> &[u64] {
+        self.batch_seqs
+            .iter()
+            .find(|(name, _)| name == sink)
+            .map(|(_, seqs)| seqs.as_slice())
+            .unwrap_or(&[])
+    }
+}
+
+/// A message (or row) that could not be processed, with the reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    pub partition: u32,
+    pub offset: Option<u64>,
+    pub reason: String,
+    pub payload: Vec<u8>,
+}
+
+/// Options of [`crate::StateStore::open_with`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// fsync sled's data file (and new blob files / directories) once per commit group after
+    /// `db.flush()`. Without it a commit survives a killed process but not a power cut.
+    pub fsync: bool,
+    /// Maximum number of requests applied in one commit group.
+    pub max_group: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            fsync: true,
+            max_group: 1024,
+        }
+    }
+}
+
+/// Counters of the committer thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StoreStats {
+    /// Commit groups that wrote something (each one flush + one data-file fsync).
+    pub groups: u64,
+    /// fsyncs of sled's data file (`db`): one per group when `fsync` is on.
+    pub fsyncs: u64,
+    /// fsyncs of sled blob files (values larger than sled's blob threshold).
+    pub blob_fsyncs: u64,
+    /// fsyncs of directories (blob directory after new blobs, store directory after new files).
+    pub dir_fsyncs: u64,
+    /// `db.flush()` calls.
+    pub flushes: u64,
+    /// Requests handled (commits + acknowledgements + fingerprint updates).
+    pub requests: u64,
+    /// Successful epoch commits.
+    pub commits: u64,
+    /// Successful acknowledgements.
+    pub acknowledgements: u64,
+    /// Requests answered with an error.
+    pub failed_requests: u64,
+}

@@ -1,0 +1,475 @@
+//! Crash test: a child process commits epochs and acknowledges batches in a loop and is killed
+//! with SIGKILL at a random moment; the parent reopens the store and checks that everything the
+//! child reported durable is there, consistent, in order and bit-identical.
+
+// Test code: a failed unwrap is a failed test (helpers outside #[test] fns are not covered by
+// clippy.toml's allow-unwrap-in-tests).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flow_state::{
+    DeadLetter, EpochCommit, SealedBatch, SinkEpochCommit, SinkPartition, StateStore, SOURCE_OWNER,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const CHILD_DIR_ENV: &str = "FLOW_STATE_CRASH_CHILD_DIR";
+const CHILD_SEED_ENV: &str = "FLOW_STATE_CRASH_CHILD_SEED";
+const SEED_ENV: &str = "FLOW_STATE_CRASH_SEED";
+const ITERATIONS_ENV: &str = "FLOW_STATE_CRASH_ITERATIONS";
+const DEFAULT_SEED: u64 = 0x5EED_F10E;
+const DEFAULT_ITERATIONS: u32 = 60;
+const TEST_NAME: &str = "sigkill_during_commits_never_loses_or_reorders_durable_state";
+
+const PIPELINE: &str = "pipe";
+const PARTITIONS: [u32; 2] = [0, 1];
+const SINKS: [&str; 2] = ["ch", "file"];
+
+// ---------- deterministic content ----------
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn sink_index(sink: &str) -> u64 {
+    SINKS.iter().position(|s| *s == sink).unwrap() as u64
+}
+
+fn hash(partition: u32, epoch: u64, sink: &str, i: u64, what: u64) -> u64 {
+    let mut h = splitmix(u64::from(partition) ^ 0xA5A5);
+    h = splitmix(h ^ epoch);
+    h = splitmix(h ^ sink_index(sink));
+    h = splitmix(h ^ i);
+    splitmix(h ^ what)
+}
+
+/// Number of batches epoch `epoch` of `partition` produces for `sink` (0..=2).
+fn batch_count(partition: u32, epoch: u64, sink: &str) -> u64 {
+    hash(partition, epoch, sink, 0, 1) % 3
+}
+
+fn payload_len(partition: u32, epoch: u64, sink: &str, i: u64) -> usize {
+    let h = hash(partition, epoch, sink, i, 2);
+    if h.is_multiple_of(10) {
+        // Above 64 KiB, and often above sled's blob threshold (~128 KiB).
+        65 * 1024 + (h >> 8) as usize % (240 * 1024)
+    } else {
+        (h >> 8) as usize % 4000
+    }
+}
+
+fn expected_batch(partition: u32, epoch: u64, sink: &str, i: u64) -> SealedBatch {
+    let len = payload_len(partition, epoch, sink, i);
+    let mut state = hash(partition, epoch, sink, i, 3);
+    let mut payload = Vec::with_capacity(len + 8);
+    while payload.len() < len {
+        state = splitmix(state);
+        payload.extend_from_slice(&state.to_le_bytes());
+    }
+    payload.truncate(len);
+    SealedBatch {
+        target: format!("default.{sink}"),
+        columns: vec!["id".to_owned(), format!("c{}", i)],
+        format: "RowBinary".to_owned(),
+        token: format!("{sink}-{partition}-{epoch}-{i}"),
+        shard: if i.is_multiple_of(2) {
+            String::new()
+        } else {
+            "s2".to_owned()
+        },
+        first_offset: epoch * 1000 + i * 10,
+        last_offset: epoch * 1000 + i * 10 + 9,
+        rows: 10 + i,
+        payload,
+    }
+}
+
+fn expected_source_dead_letters(partition: u32, epoch: u64) -> Vec<DeadLetter> {
+    if !epoch.is_multiple_of(5) {
+        return Vec::new();
+    }
+    vec![DeadLetter {
+        partition,
+        offset: Some(epoch * 1000),
+        reason: format!("epoch {epoch} undecodable"),
+        payload: epoch.to_be_bytes().to_vec(),
+    }]
+}
+
+fn epoch_commit(partition: u32, epoch: u64) -> EpochCommit {
+    EpochCommit {
+        pipeline: PIPELINE.to_owned(),
+        partition,
+        position: format!("epoch-{epoch}").into_bytes(),
+        source_dead_letters: expected_source_dead_letters(partition, epoch),
+        sinks: SINKS
+            .iter()
+            .map(|sink| SinkEpochCommit {
+                sink: (*sink).to_owned(),
+                batches: (0..batch_count(partition, epoch, sink))
+                    .map(|i| expected_batch(partition, epoch, sink, i))
+                    .collect(),
+                dead_letters: Vec::new(),
+            })
+            .collect(),
+    }
+}
+
+fn parse_epoch(position: &[u8]) -> u64 {
+    let text = std::str::from_utf8(position).unwrap();
+    text.strip_prefix("epoch-").unwrap().parse().unwrap()
+}
+
+fn key(sink: &str, partition: u32) -> SinkPartition {
+    SinkPartition::new(PIPELINE, sink, partition)
+}
+
+fn acked_value_name(partition: u32) -> String {
+    format!("acked-{partition}")
+}
+
+// ---------- child ----------
+
+fn child_partition_loop(store: StateStore, partition: u32, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ u64::from(partition));
+    let mut next_epoch = store
+        .position(PIPELINE, partition)
+        .unwrap()
+        .map(|p| parse_epoch(&p) + 1)
+        .unwrap_or(0);
+    loop {
+        let receipt = store
+            .commit_blocking(epoch_commit(partition, next_epoch))
+            .unwrap();
+        let seqs: Vec<String> = receipt
+            .batch_seqs
+            .iter()
+            .map(|(sink, seqs)| format!("{sink}:{seqs:?}"))
+            .collect();
+        println!("@@ COMMITTED {partition} {next_epoch} {}", seqs.join(" "));
+        next_epoch += 1;
+        for sink in SINKS {
+            for _ in 0..rng.gen_range(0..=3) {
+                let k = key(sink, partition);
+                let Some(oldest) = store.oldest_undelivered(&k).unwrap() else {
+                    break;
+                };
+                let value = (
+                    acked_value_name(partition),
+                    oldest.seq.to_be_bytes().to_vec(),
+                );
+                store
+                    .acknowledge_blocking(&k, oldest.seq, vec![value])
+                    .unwrap();
+                println!("@@ ACKED {sink} {partition} {}", oldest.seq);
+            }
+        }
+    }
+}
+
+fn run_child(dir: &Path, seed: u64) -> ! {
+    let store = StateStore::open(dir).unwrap();
+    println!("@@ OPENED");
+    let threads: Vec<_> = PARTITIONS
+        .iter()
+        .map(|&partition| {
+            let store = store.clone();
+            std::thread::spawn(move || child_partition_loop(store, partition, seed))
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    unreachable!("the child loops until it is killed");
+}
+
+// ---------- parent ----------
+
+/// What the children printed as durable, over all runs.
+#[derive(Default)]
+struct Printed {
+    committed: HashMap<u32, u64>,
+    acked: HashMap<(String, u32), u64>,
+    commits: u64,
+    acks: u64,
+}
+
+impl Printed {
+    fn absorb(&mut self, line: &str) {
+        // libtest may print "test <name> ... " on the same line before the child's output.
+        let Some(start) = line.find("@@ ") else {
+            return;
+        };
+        let words: Vec<&str> = line[start..].split_whitespace().collect();
+        match words.as_slice() {
+            ["@@", "COMMITTED", partition, epoch, ..] => {
+                let partition: u32 = partition.parse().unwrap();
+                let epoch: u64 = epoch.parse().unwrap();
+                let previous = self.committed.insert(partition, epoch);
+                assert!(
+                    previous.is_none_or(|p| p < epoch),
+                    "epochs printed out of order: {line}"
+                );
+                self.commits += 1;
+            }
+            ["@@", "ACKED", sink, partition, seq] => {
+                let k = ((*sink).to_owned(), partition.parse().unwrap());
+                let seq: u64 = seq.parse().unwrap();
+                let previous = self.acked.insert(k, seq);
+                assert!(
+                    previous.is_none_or(|p| p < seq),
+                    "acks printed out of order: {line}"
+                );
+                self.acks += 1;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What the previous check found durable (must never go backwards).
+#[derive(Default, Clone)]
+struct Durable {
+    epoch: HashMap<u32, u64>,
+    head: HashMap<(String, u32), u64>,
+}
+
+/// Checks every invariant; returns the durable state found.
+fn check_invariants(
+    store: &StateStore,
+    printed: &Printed,
+    before: &Durable,
+    round: u32,
+) -> Durable {
+    let mut now = Durable::default();
+    for partition in PARTITIONS {
+        let epoch = store
+            .position(PIPELINE, partition)
+            .unwrap()
+            .map(|p| parse_epoch(&p));
+        // Nothing reported durable is missing; at most the one in-flight commit is extra.
+        // Known durable: printed by a child, or found by the previous check (a commit that became
+        // durable just before a kill is never printed). At most the one in-flight commit of the
+        // last child may be durable beyond that.
+        let known = match (
+            printed.committed.get(&partition),
+            before.epoch.get(&partition),
+        ) {
+            (Some(a), Some(b)) => Some(*a.max(b)),
+            (a, b) => a.or(b).copied(),
+        };
+        match (known, epoch) {
+            (None, None) => {}
+            (None, Some(e)) => assert_eq!(
+                e, 0,
+                "round {round}: partition {partition} at {e}, nothing known durable"
+            ),
+            (Some(k), None) => {
+                panic!("round {round}: partition {partition}: epoch {k} known durable, no position")
+            }
+            (Some(k), Some(e)) => assert!(
+                e == k || e == k + 1,
+                "round {round}: partition {partition}: position epoch {e}, known durable {k} \
+                 (printed {:?}, previous check {:?})",
+                printed.committed.get(&partition),
+                before.epoch.get(&partition)
+            ),
+        }
+        // Dead letters: exactly those of the committed epochs, in order.
+        let expected_dls: Vec<DeadLetter> = epoch
+            .map(|e| {
+                (0..=e)
+                    .flat_map(|n| expected_source_dead_letters(partition, n))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(
+            store
+                .dead_letters(PIPELINE, SOURCE_OWNER, partition)
+                .unwrap(),
+            expected_dls,
+            "round {round}: source dead letters of partition {partition}"
+        );
+        if let Some(e) = epoch {
+            now.epoch.insert(partition, e);
+        }
+
+        for sink in SINKS {
+            // Every batch ever committed for this queue, in commit order: seq = index.
+            let all: Vec<(u64, u64)> = epoch
+                .map(|e| {
+                    (0..=e)
+                        .flat_map(|n| (0..batch_count(partition, n, sink)).map(move |i| (n, i)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let k = key(sink, partition);
+            let queue = store.undelivered(&k).unwrap();
+            let total = all.len() as u64;
+            let head = queue.first().map(|b| b.seq).unwrap_or(total);
+            // The queue is exactly the contiguous range head..total: from the oldest
+            // unacknowledged batch to the newest batch of the committed epoch.
+            assert_eq!(
+                queue.len() as u64,
+                total.saturating_sub(head),
+                "round {round}: {k}: queue of {} batches starting at {head}, {total} committed",
+                queue.len()
+            );
+            for (j, stored) in queue.iter().enumerate() {
+                let seq = head + j as u64;
+                assert_eq!(
+                    stored.seq, seq,
+                    "round {round}: {k}: reordered or gap at {j}"
+                );
+                let (n, i) = all[seq as usize];
+                let expected = expected_batch(partition, n, sink, i);
+                assert!(
+                    stored.batch == expected,
+                    "round {round}: {k}: batch seq {seq} (epoch {n} #{i}) differs: token {} vs {}, \
+                     payload {} vs {} bytes",
+                    stored.batch.token,
+                    expected.token,
+                    stored.batch.payload.len(),
+                    expected.payload.len()
+                );
+            }
+            // Acknowledged batches: everything printed as acknowledged is gone; at most the one
+            // in-flight acknowledgement is extra; nothing else was removed.
+            let ack_key = (sink.to_owned(), partition);
+            let printed_head = printed.acked.get(&ack_key).map(|s| s + 1).unwrap_or(0);
+            let known_head = printed_head.max(before.head.get(&ack_key).copied().unwrap_or(0));
+            assert!(
+                head == known_head || head == known_head + 1,
+                "round {round}: {k}: oldest batch {head}, known acknowledged up to (excl.) \
+                 {known_head} (printed {printed_head}, previous check {:?})",
+                before.head.get(&ack_key)
+            );
+            // The sink value set by the acknowledgement is atomic with the removal.
+            let value = store
+                .sink_value(PIPELINE, sink, &acked_value_name(partition))
+                .unwrap();
+            let expected_value = head.checked_sub(1).map(|s| s.to_be_bytes().to_vec());
+            assert_eq!(value, expected_value, "round {round}: {k}: acked value");
+            now.head.insert(ack_key, head);
+        }
+    }
+    now
+}
+
+fn spawn_reader<R: Read + Send + 'static>(r: R) -> std::thread::JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(r);
+        let mut lines = Vec::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                // A line cut by the kill has no newline and is ignored.
+                Ok(_) if line.ends_with('\n') => lines.push(line.trim_end().to_owned()),
+                Ok(_) => {}
+            }
+        }
+        lines
+    })
+}
+
+fn dir_size(path: &Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_size(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn sigkill_during_commits_never_loses_or_reorders_durable_state() {
+    if let Ok(dir) = std::env::var(CHILD_DIR_ENV) {
+        let seed = std::env::var(CHILD_SEED_ENV).unwrap().parse().unwrap();
+        run_child(Path::new(&dir), seed);
+    }
+    let seed: u64 = std::env::var(SEED_ENV)
+        .ok()
+        .map(|s| s.parse().unwrap())
+        .unwrap_or(DEFAULT_SEED);
+    let iterations: u32 = std::env::var(ITERATIONS_ENV)
+        .ok()
+        .map(|s| s.parse().unwrap())
+        .unwrap_or(DEFAULT_ITERATIONS);
+    println!("crash test seed = {seed} (set {SEED_ENV} to replay), iterations = {iterations}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let started = Instant::now();
+    let mut printed = Printed::default();
+    let mut durable = Durable::default();
+    let mut killed_after_open = 0;
+    for round in 0..iterations {
+        let child_seed: u64 = rng.gen();
+        let delay = Duration::from_millis(rng.gen_range(3..=300));
+        let mut child = Command::new(&exe)
+            .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
+            .env(CHILD_DIR_ENV, dir.path())
+            .env(CHILD_SEED_ENV, child_seed.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = spawn_reader(child.stdout.take().unwrap());
+        let err = spawn_reader(child.stderr.take().unwrap());
+        std::thread::sleep(delay);
+        if let Some(status) = child.try_wait().unwrap() {
+            let stderr = err.join().unwrap().join("\n");
+            panic!("round {round}: child exited by itself ({status}):\n{stderr}");
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let lines = out.join().unwrap();
+        let _ = err.join();
+        let (commits_before, acks_before) = (printed.commits, printed.acks);
+        for line in &lines {
+            printed.absorb(line);
+        }
+        if lines.iter().any(|l| l.contains("@@ OPENED")) {
+            killed_after_open += 1;
+        }
+        let opening = Instant::now();
+        let store = StateStore::open(dir.path()).unwrap();
+        let open_time = opening.elapsed();
+        durable = check_invariants(&store, &printed, &durable, round);
+        store.close().unwrap();
+        println!(
+            "round {round}: killed after {delay:?}: +{} commits, +{} acks; durable epochs {:?}; \
+             reopen took {open_time:?}, store is {} KiB",
+            printed.commits - commits_before,
+            printed.acks - acks_before,
+            durable.epoch,
+            dir_size(dir.path()) / 1024
+        );
+    }
+    println!(
+        "crash test done: {iterations} kills ({killed_after_open} after the store was open), \
+         {} commits and {} acks reported durable, seed {seed}, {:?}",
+        printed.commits,
+        printed.acks,
+        started.elapsed()
+    );
+    assert!(printed.commits > 0, "the children never committed anything");
+    assert!(printed.acks > 0, "the children never acknowledged anything");
+}

@@ -1,0 +1,51 @@
+# shellcheck shell=bash
+# Shared helpers for the scripts in this directory. Source it; do not run it.
+
+FLOW_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export FLOW_REPO_ROOT
+
+flow_log() {
+    printf '[flow] %s\n' "$*" >&2
+}
+
+flow_die() {
+    printf '[flow] error: %s\n' "$*" >&2
+    exit 1
+}
+
+# Is the Debian package $1 installed?
+flow_pkg_installed() {
+    [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = "install ok installed" ]
+}
+
+# flow_ensure_packages PKG...: apt-get installs the packages that are not installed yet.
+flow_ensure_packages() {
+    local missing=() pkg
+    for pkg in "$@"; do
+        flow_pkg_installed "$pkg" || missing+=("$pkg")
+    done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    command -v apt-get >/dev/null 2>&1 ||
+        flow_die "missing packages (${missing[*]}) and no apt-get to install them"
+    local sudo=()
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null 2>&1 ||
+            flow_die "missing packages (${missing[*]}); run as root or install them yourself"
+        sudo=(sudo)
+    fi
+    flow_log "installing missing packages: ${missing[*]}"
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# The packages the local cluster needs (ClickHouse 18.16, ZooKeeper 3.8 + Java, curl, openssl).
+flow_ensure_cluster_packages() {
+    local need=()
+    command -v clickhouse-server >/dev/null 2>&1 || need+=(clickhouse-server)
+    command -v clickhouse-client >/dev/null 2>&1 || need+=(clickhouse-client)
+    { [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; } || need+=(zookeeper)
+    command -v curl >/dev/null 2>&1 || need+=(curl)
+    command -v openssl >/dev/null 2>&1 || need+=(openssl)
+    [ -d /etc/ssl/certs ] && [ -n "$(ls -A /etc/ssl/certs 2>/dev/null)" ] || need+=(ca-certificates)
+    [ "${#need[@]}" -eq 0 ] || flow_ensure_packages "${need[@]}"
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs every check and test: installs what is missing, starts the local cluster, then
+# `cargo fmt --check`, `cargo clippy -D warnings` and `cargo test --workspace --release`.
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh -- --nocapture`).
+# The local cluster is left running afterwards; stop it with `scripts/cluster.sh down`.
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$FLOW_REPO_ROOT"
+
+# Tools: the cluster packages, plus what crates commonly need to build (C toolchain, pkg-config).
+flow_ensure_cluster_packages
+command -v cc >/dev/null 2>&1 || flow_ensure_packages build-essential
+command -v pkg-config >/dev/null 2>&1 || flow_ensure_packages pkg-config
+
+# Rust: the toolchain is pinned by rust-toolchain.toml; rustup installs it (with rustfmt and clippy)
+# on first use.
+if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
+    # shellcheck source=/dev/null
+    source "$HOME/.cargo/env"
+fi
+command -v cargo >/dev/null 2>&1 ||
+    flow_die "cargo not found: install rustup (https://rustup.rs); rust-toolchain.toml pins the toolchain"
+if command -v rustup >/dev/null 2>&1 && ! rustc --version >/dev/null 2>&1; then
+    rustup toolchain install # no argument: the toolchain of rust-toolchain.toml
+fi
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    rustup component add rustfmt clippy
+fi
+
+flow_log "starting the local cluster"
+bash scripts/cluster.sh up
+
+flow_log "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+flow_log "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+flow_log "cargo test --workspace --release $*"
+cargo test --workspace --release "$@"
+
+flow_log "all checks passed; the local cluster is still running (scripts/cluster.sh down stops it)"
