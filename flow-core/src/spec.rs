@@ -527,9 +527,7 @@ impl Registry {
                 ));
                 continue;
             };
-            if !resolved {
-                continue;
-            }
+            // Build even with an unresolved input, so parameter mistakes are reported too.
             let ctx = SinkBuildContext {
                 pipeline: &spec.pipeline,
                 sink: &s.name,
@@ -538,6 +536,7 @@ impl Registry {
                 inputs: &inputs,
             };
             match builder(&ctx, &s.parameters, &s.dynamic_parameters) {
+                Ok(_) if !resolved => {}
                 Ok(factory) => sinks.push(ValidatedSink {
                     name: s.name.clone(),
                     class: s.sink_class_name.clone(),

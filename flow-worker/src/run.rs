@@ -1,0 +1,116 @@
+//! `flow-worker run`: the pipeline on a multi-threaded tokio runtime, with signal handling.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use flow_core::{Pipeline, PipelineControl, PipelineSpec, Registry};
+use flow_state::StateStore;
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, info, warn};
+
+pub fn run(
+    registry: &Registry,
+    spec_path: &Path,
+    state_dir: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let spec = PipelineSpec::from_file(spec_path)?;
+    let validated = registry.build(&spec)?;
+    let state_dir: PathBuf = match (state_dir, &validated.state_dir) {
+        (Some(dir), _) => dir.to_path_buf(),
+        (None, Some(dir)) => dir.clone(),
+        (None, None) => bail!(
+            "no state directory: set `state_dir` in {} or pass --state-dir",
+            spec_path.display()
+        ),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("flow-worker")
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let dir = state_dir.clone();
+        let store = tokio::task::spawn_blocking(move || StateStore::open(&dir))
+            .await
+            .context("opening the state store")?
+            .with_context(|| {
+                format!(
+                    "cannot open the state directory `{}` (is another worker running on it?)",
+                    state_dir.display()
+                )
+            })?;
+        let pipeline = Pipeline::new(validated, store.clone());
+        let control = pipeline.control();
+        let signals = tokio::spawn(handle_signals(
+            control.clone(),
+            registry.clone(),
+            spec_path.to_path_buf(),
+        ));
+        info!(pipeline = %spec.pipeline, partitions = spec.partitions, state_dir = %state_dir.display(), "pipeline started");
+        let result = pipeline.run().await;
+        signals.abort();
+        let closed = tokio::task::spawn_blocking(move || store.close()).await;
+        match result {
+            Ok(report) => {
+                info!(
+                    pipeline = %spec.pipeline,
+                    messages = report.messages(),
+                    stopped_early = report.partitions.iter().any(|p| p.end == flow_core::PartitionEnd::Stopped),
+                    "pipeline finished"
+                );
+                match closed {
+                    Ok(Ok(())) => Ok(ExitCode::SUCCESS),
+                    Ok(Err(err)) => Err(err).context("closing the state store"),
+                    Err(err) => Err(err).context("closing the state store"),
+                }
+            }
+            Err(err) => {
+                error!(pipeline = %spec.pipeline, error = %err, "pipeline failed");
+                Err(err.into())
+            }
+        }
+    })
+}
+
+/// SIGINT/SIGTERM: graceful stop (a second one exits at once; the outbox makes that safe).
+/// SIGHUP: reload the spec file and apply changed dynamic parameters.
+async fn handle_signals(control: PipelineControl, registry: Registry, spec_path: PathBuf) {
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        warn!("cannot install signal handlers; stop the worker with SIGKILL, which is safe");
+        return;
+    };
+    loop {
+        let stop = tokio::select! {
+            _ = int.recv() => true,
+            _ = term.recv() => true,
+            _ = hup.recv() => false,
+        };
+        if stop {
+            if control.is_shutting_down() {
+                warn!("second stop signal: exiting now; undelivered batches stay in the outbox");
+                std::process::exit(130);
+            }
+            info!("stop signal: finishing the current epoch, then stopping");
+            control.shutdown();
+            continue;
+        }
+        let reloaded =
+            PipelineSpec::from_file(&spec_path).and_then(|spec| control.reload(&registry, &spec));
+        match reloaded {
+            Ok(outcome) => {
+                info!(spec = %spec_path.display(), reconfigured = ?outcome.reconfigured, "spec reloaded");
+                if outcome.static_changed {
+                    warn!(spec = %spec_path.display(), "static parameters changed in the spec; they take effect only after a restart of the worker");
+                }
+            }
+            Err(err) => {
+                warn!(spec = %spec_path.display(), error = %err, "spec reload rejected; the running parameters stay in force. Fix the spec and send SIGHUP again");
+            }
+        }
+    }
+}

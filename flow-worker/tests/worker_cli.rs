@@ -1,0 +1,211 @@
+//! The worker binary as users run it: exit codes, printed violations, crash recovery.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+
+fn worker() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_flow-worker"))
+}
+
+fn write_spec(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("spec.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn generator_spec(output: &Path, partitions: u32, count: u64, rate: u64) -> String {
+    format!(
+        "pipeline: crashy\npartitions: {partitions}\nepoch: {{max_messages: 2000, max_duration_ms: 100}}\nsource:\n  class: generator\n  parameters: {{count: {count}, rate_per_second: {rate}, payload_bytes: 16}}\nsinks:\n  - name: out\n    sink_class_name: DebugSink\n    input_stream_ids: [rows]\n    parameters: {{path: {}}}\n    dynamic_parameters: {{max_rows_per_batch: 500}}\n",
+        output.display()
+    )
+}
+
+#[test]
+fn validate_prints_every_violation_with_its_path_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = write_spec(
+        dir.path(),
+        "pipeline: 'no spaces allowed'\npartitions: 0\nepoch: {max_messages: 10, max_duration_ms: 0}\nsource:\n  class: generator\n  parameters: {count: 10}\nsinks:\n  - name: out\n    sink_class_name: DebugSink\n    input_stream_ids: [rows, missing]\n    parameters: {path: /tmp/x.jsonl}\n    dynamic_parameters: {max_rows_per_batch: 0}\n",
+    );
+    let output = worker().arg("validate").arg(&spec).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let paths: Vec<&str> = stdout
+        .lines()
+        .map(|line| line.split(": ").next().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        vec![
+            "pipeline",
+            "partitions",
+            "epoch.max_duration_ms",
+            "sinks[0].input_stream_ids[1]",
+            "sinks[0].dynamic_parameters.max_rows_per_batch"
+        ],
+        "{stdout}"
+    );
+    assert!(String::from_utf8(output.stderr)
+        .unwrap()
+        .contains("5 violation(s)"));
+}
+
+#[test]
+fn validate_accepts_a_good_spec_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = write_spec(dir.path(), &generator_spec(&dir.path().join("o"), 2, 10, 0));
+    let output = worker().arg("validate").arg(&spec).output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+}
+
+#[test]
+fn run_without_state_dir_is_refused_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = write_spec(dir.path(), &generator_spec(&dir.path().join("o"), 1, 10, 0));
+    let output = worker().arg("run").arg(&spec).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("no state directory"), "{stderr}");
+}
+
+fn count_lines(path: &Path) -> usize {
+    std::fs::File::open(path)
+        .map(|f| BufReader::new(f).lines().count())
+        .unwrap_or(0)
+}
+
+/// Checks that the output holds ids `0..total` each exactly once.
+fn assert_exactly_once(path: &Path, total: u64) {
+    let file = std::fs::File::open(path).unwrap();
+    let mut seen = HashSet::new();
+    let mut lines = 0u64;
+    for line in BufReader::new(file).lines() {
+        let line = line.unwrap();
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let id = value["row"]["id"].as_u64().unwrap();
+        assert!(seen.insert(id), "id {id} appears twice");
+        lines += 1;
+    }
+    assert_eq!(lines, total);
+    assert_eq!(seen.len() as u64, total);
+    assert!((0..total).all(|id| seen.contains(&id)));
+}
+
+#[test]
+fn kill_9_three_times_then_rerun_leaves_every_message_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("out.jsonl");
+    let state = dir.path().join("state");
+    // 4 partitions x 50,000 = 200,000 messages; the rate limit keeps the run long enough to be
+    // killed at several points.
+    let spec = write_spec(dir.path(), &generator_spec(&output, 4, 50_000, 10_000));
+    let seed: u64 = std::env::var("FLOW_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20261130);
+    println!("seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut lines_at_kill = Vec::new();
+    for _ in 0..3 {
+        let mut child = worker()
+            .arg("run")
+            .arg(&spec)
+            .arg("--state-dir")
+            .arg(&state)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let before = count_lines(&output);
+        // Kill once some new output exists, after a random extra delay.
+        let started = Instant::now();
+        while count_lines(&output) <= before && started.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..400)));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        lines_at_kill.push(count_lines(&output));
+    }
+    println!("lines at each kill: {lines_at_kill:?}");
+    assert!(
+        lines_at_kill.iter().all(|&n| n < 200_000),
+        "a kill came too late to test anything: {lines_at_kill:?}"
+    );
+    let status = worker()
+        .arg("run")
+        .arg(&spec)
+        .arg("--state-dir")
+        .arg(&state)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_exactly_once(&output, 200_000);
+
+    let status = worker()
+        .args(["status", "--json", "--state-dir"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(status.status.success());
+    let summary: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let sinks = summary["pipelines"]["crashy"]["sinks"].as_array().unwrap();
+    assert_eq!(sinks.len(), 4);
+    assert!(sinks.iter().all(|s| s["undelivered"] == 0));
+    let positions = summary["pipelines"]["crashy"]["positions"]
+        .as_object()
+        .unwrap();
+    assert_eq!(positions.len(), 4);
+    assert!(positions
+        .values()
+        .all(|p| p["hex"] == format!("{:016x}", 50_000u64)));
+}
+
+#[test]
+fn sigterm_stops_gracefully_with_exit_0_and_a_rerun_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("out.jsonl");
+    let state = dir.path().join("state");
+    let spec = write_spec(dir.path(), &generator_spec(&output, 2, 20_000, 10_000));
+    let child = worker()
+        .arg("run")
+        .arg(&spec)
+        .arg("--state-dir")
+        .arg(&state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while count_lines(&output) == 0 && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    send_signal(child.id(), "TERM");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(count_lines(&output) < 40_000);
+    let status = worker()
+        .arg("run")
+        .arg(&spec)
+        .arg("--state-dir")
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_exactly_once(&output, 40_000);
+}
+
+fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
