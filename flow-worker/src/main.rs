@@ -53,9 +53,9 @@ enum Command {
     },
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -67,7 +67,12 @@ fn init_logging(format: LogFormat) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // `run` reports progress; the inspection commands print results and log only problems.
+    let default_level = match cli.command {
+        Command::Run { .. } => "info",
+        _ => "warn",
+    };
+    init_logging(cli.log_format, default_level);
     let registry = flow_core::Registry::with_builtins();
     let result = match cli.command {
         Command::Run { spec, state_dir } => run::run(&registry, &spec, state_dir.as_deref()),

@@ -1,0 +1,966 @@
+//! End-to-end tests of the partition runner: builtin plugins from YAML specs, a real state store
+//! in a temp dir and the `DebugSink` writing to a temp file. Custom sink classes registered here
+//! simulate crashes, vetoes and failures.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flow_core::registry::{BuildResult, SinkBuildContext};
+use flow_core::runtime::ReloadOutcome;
+use flow_core::sources::generator::{fill_payload, TS_BASE};
+use flow_core::{
+    Epoch, EpochOutcome, EpochWrite, PartitionEnd, Pipeline, PipelineSpec, Registry, RunReport,
+    RuntimeError, Sink, SinkContext, SinkError, SinkFactory, SourceError, Violation,
+};
+use flow_state::{SealedBatch, SinkPartition, StateStore, SOURCE_OWNER};
+use tokio::sync::Notify;
+
+const PIPELINE: &str = "rt";
+
+/// A generator pipeline into one sink `out` of class `class` writing to `out_path`.
+fn generator_yaml(
+    partitions: u32,
+    count: u64,
+    max_messages: u64,
+    class: &str,
+    out_path: &Path,
+) -> String {
+    format!(
+        r#"
+pipeline: {PIPELINE}
+partitions: {partitions}
+epoch: {{max_messages: {max_messages}, max_duration_ms: 60000}}
+source:
+  class: generator
+  parameters: {{count: {count}}}
+sinks:
+  - name: out
+    sink_class_name: {class}
+    input_stream_ids: [rows]
+    parameters: {{path: "{}"}}
+"#,
+        out_path.display()
+    )
+}
+
+fn open_store(dir: &Path) -> StateStore {
+    StateStore::open(dir).expect("open state store")
+}
+
+async fn run_yaml(
+    registry: &Registry,
+    yaml: &str,
+    store: &StateStore,
+) -> Result<RunReport, RuntimeError> {
+    let spec = PipelineSpec::from_yaml(yaml).expect("spec parses");
+    let validated = registry.build(&spec).expect("spec validates");
+    Pipeline::new(validated, store.clone()).run().await
+}
+
+fn read_lines(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().map(str::to_owned).collect()
+}
+
+/// Parses every line as a DebugSink record and returns the generator ids, sorted.
+fn sorted_ids(lines: &[String]) -> Vec<u64> {
+    let mut ids: Vec<u64> = lines
+        .iter()
+        .map(|line| {
+            let json: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+            json["row"]["id"].as_u64().expect("row.id is a u64")
+        })
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+fn assert_each_id_once(path: &Path, total: u64) {
+    let lines = read_lines(path);
+    assert_eq!(lines.len() as u64, total, "line count of {}", path.display());
+    assert_eq!(sorted_ids(&lines), (0..total).collect::<Vec<_>>());
+}
+
+fn position(store: &StateStore, partition: u32) -> Option<u64> {
+    store
+        .position(PIPELINE, partition)
+        .expect("read position")
+        .map(|bytes| u64::from_be_bytes(bytes.as_slice().try_into().expect("8-byte position")))
+}
+
+fn undelivered_rows(store: &StateStore, sink: &str, partition: u32) -> Vec<(u64, u64)> {
+    store
+        .undelivered(&SinkPartition::new(PIPELINE, sink, partition))
+        .expect("read outbox")
+        .into_iter()
+        .map(|b| (b.batch.first_offset, b.batch.last_offset))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Test sink classes.
+
+type WrapFn = dyn Fn(Box<dyn Sink>, &SinkContext) -> Box<dyn Sink> + Send + Sync;
+
+/// Registers `class`: a `DebugSink` whose per-partition instances are wrapped by `wrap`.
+fn register_wrapped_debug_sink(registry: &mut Registry, class: &str, wrap: Arc<WrapFn>) {
+    let inner = registry
+        .sink("DebugSink")
+        .cloned()
+        .expect("DebugSink is a builtin");
+    registry.register_sink(
+        class,
+        Arc::new(
+            move |ctx: &SinkBuildContext<'_>,
+                  parameters: &serde_yaml::Value,
+                  dynamic: &serde_yaml::Value|
+                  -> BuildResult<Arc<dyn SinkFactory>> {
+                let factory = inner(ctx, parameters, dynamic)?;
+                Ok(Arc::new(WrappedFactory {
+                    inner: factory,
+                    wrap: Arc::clone(&wrap),
+                }))
+            },
+        ),
+    );
+}
+
+struct WrappedFactory {
+    inner: Arc<dyn SinkFactory>,
+    wrap: Arc<WrapFn>,
+}
+
+impl SinkFactory for WrappedFactory {
+    fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+        let sink = self.inner.create(ctx.clone())?;
+        Ok((self.wrap)(sink, &ctx))
+    }
+}
+
+/// Forwards everything, except that after `deliver_epochs` committed epochs it stops handing
+/// committed batches to the inner sink: they are durable in the outbox but never delivered, as if
+/// the process died right after the commit.
+struct LosesDeliveries {
+    inner: Box<dyn Sink>,
+    deliver_epochs: u64,
+    committed: u64,
+}
+
+#[async_trait]
+impl Sink for LosesDeliveries {
+    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        self.inner.write_epoch(epoch).await
+    }
+    async fn open(&mut self) -> Result<(), SinkError> {
+        self.inner.open().await
+    }
+    async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
+        self.committed += 1;
+        if self.committed <= self.deliver_epochs {
+            self.inner.committed(batches).await
+        } else {
+            Ok(())
+        }
+    }
+    async fn drain(&mut self) -> Result<(), SinkError> {
+        self.inner.drain().await
+    }
+    async fn close(&mut self) -> Result<(), SinkError> {
+        self.inner.close().await
+    }
+}
+
+/// Seals through the inner sink, then vetoes the first `vetoes` epochs of each partition, so the
+/// sealed batches of those epochs must be discarded.
+struct Vetoes {
+    inner: Box<dyn Sink>,
+    vetoes: u64,
+}
+
+#[async_trait]
+impl Sink for Vetoes {
+    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        let outcome = self.inner.write_epoch(epoch).await?;
+        if epoch.number < self.vetoes {
+            return Ok(EpochOutcome::Veto {
+                reason: format!("target busy (epoch {})", epoch.number),
+                retry_after: Duration::from_millis(1),
+            });
+        }
+        Ok(outcome)
+    }
+    async fn open(&mut self) -> Result<(), SinkError> {
+        self.inner.open().await
+    }
+    async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
+        self.inner.committed(batches).await
+    }
+    async fn drain(&mut self) -> Result<(), SinkError> {
+        self.inner.drain().await
+    }
+    async fn close(&mut self) -> Result<(), SinkError> {
+        self.inner.close().await
+    }
+}
+
+/// A sink class `FailsInPartition` that commits nothing and fails in partition
+/// `parameters.partition` at epoch `parameters.at_epoch`.
+fn register_failing_sink(registry: &mut Registry) {
+    #[derive(serde::Deserialize)]
+    struct Params {
+        partition: u32,
+        at_epoch: u64,
+    }
+    struct Factory {
+        partition: u32,
+        at_epoch: u64,
+    }
+    struct Failing {
+        fail: bool,
+        at_epoch: u64,
+    }
+    impl SinkFactory for Factory {
+        fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+            Ok(Box::new(Failing {
+                fail: ctx.partition == self.partition,
+                at_epoch: self.at_epoch,
+            }))
+        }
+    }
+    #[async_trait]
+    impl Sink for Failing {
+        async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+            if self.fail && epoch.number == self.at_epoch {
+                return Err(SinkError::Refused("the target rejected the epoch".into()));
+            }
+            Ok(EpochOutcome::Commit(EpochWrite::default()))
+        }
+    }
+    registry.register_sink(
+        "FailsInPartition",
+        Arc::new(|_ctx: &SinkBuildContext<'_>, parameters: &serde_yaml::Value, _dynamic: &serde_yaml::Value| -> BuildResult<Arc<dyn SinkFactory>> {
+            let params: Params = flow_core::registry::parse_parameters(parameters, "parameters")
+                .map_err(|v| vec![v])?;
+            Ok(Arc::new(Factory {
+                partition: params.partition,
+                at_epoch: params.at_epoch,
+            }))
+        }),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn generator_3x1000_into_debug_sink_writes_each_message_once_with_contract_values() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let store = open_store(&tmp.path().join("state"));
+    let registry = Registry::with_builtins();
+
+    let report = run_yaml(
+        &registry,
+        &generator_yaml(3, 1000, 256, "DebugSink", &out),
+        &store,
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(report.messages(), 3000);
+    assert_eq!(report.partitions.len(), 3);
+    for (p, part) in report.partitions.iter().enumerate() {
+        assert_eq!(part.partition, p as u32);
+        assert_eq!(part.end, PartitionEnd::Drained);
+        assert_eq!(part.messages, 1000);
+        // 1000 messages in epochs of at most 256: 4 epochs.
+        assert_eq!(part.epochs_committed, 4);
+        assert_eq!(part.dead_letters, 0);
+        assert_eq!(part.vetoes, 0);
+    }
+
+    let lines = read_lines(&out);
+    assert_eq!(lines.len(), 3000);
+    let mut seen = vec![false; 3000];
+    let mut payload = Vec::new();
+    for line in &lines {
+        let json: serde_json::Value = serde_json::from_str(line).unwrap();
+        let object = json.as_object().unwrap();
+        assert_eq!(
+            object.keys().collect::<Vec<_>>(),
+            vec!["message_id", "row", "stream"],
+            "{line}"
+        );
+        assert_eq!(json["stream"], "rows");
+        let row = &json["row"];
+        assert_eq!(row.as_object().unwrap().len(), 6, "{line}");
+        let id = row["id"].as_u64().unwrap();
+        let partition = row["partition"].as_u64().unwrap();
+        let offset = row["offset"].as_u64().unwrap();
+        assert_eq!(json["message_id"], format!("{partition}-{offset}"));
+        assert_eq!(id, offset * 3 + partition);
+        assert_eq!(row["user_id"].as_u64().unwrap(), id % 1000);
+        assert_eq!(row["ts"].as_u64().unwrap(), TS_BASE + id / 1000);
+        fill_payload(id, 16, &mut payload);
+        assert_eq!(row["payload"].as_str().unwrap().as_bytes(), payload.as_slice());
+        assert!(!seen[id as usize], "id {id} written twice");
+        seen[id as usize] = true;
+    }
+    assert!(seen.iter().all(|s| *s));
+
+    for p in 0..3 {
+        assert!(undelivered_rows(&store, "out", p).is_empty());
+        assert_eq!(position(&store, p), Some(1000));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rerun_after_completion_on_the_same_state_dir_adds_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let state = tmp.path().join("state");
+    let registry = Registry::with_builtins();
+    let yaml = generator_yaml(2, 500, 100, "DebugSink", &out);
+
+    let store = open_store(&state);
+    run_yaml(&registry, &yaml, &store).await.unwrap();
+    store.close().unwrap();
+    let first = std::fs::read(&out).unwrap();
+
+    let store = open_store(&state);
+    let report = run_yaml(&registry, &yaml, &store).await.unwrap();
+    assert_eq!(report.messages(), 0);
+    assert!(report
+        .partitions
+        .iter()
+        .all(|p| p.end == PartitionEnd::Drained && p.epochs_committed == 0));
+    assert_eq!(std::fs::read(&out).unwrap(), first);
+    assert_each_id_once(&out, 1000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn committed_but_undelivered_batches_are_delivered_after_a_crash_and_the_torn_tail_is_cut() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let state = tmp.path().join("state");
+    let mut registry = Registry::with_builtins();
+    register_wrapped_debug_sink(
+        &mut registry,
+        "CrashingDebugSink",
+        Arc::new(|inner, _ctx| {
+            Box::new(LosesDeliveries {
+                inner,
+                deliver_epochs: 2,
+                committed: 0,
+            })
+        }),
+    );
+
+    // Run 1: 10 epochs of 100 per partition are committed; only the first 2 are delivered.
+    let store = open_store(&state);
+    run_yaml(
+        &registry,
+        &generator_yaml(3, 1000, 100, "CrashingDebugSink", &out),
+        &store,
+    )
+    .await
+    .unwrap();
+    assert_eq!(read_lines(&out).len(), 3 * 200);
+    for p in 0..3 {
+        assert_eq!(position(&store, p), Some(1000));
+        let pending = undelivered_rows(&store, "out", p);
+        assert_eq!(pending.first(), Some(&(200, 299)));
+        assert_eq!(pending.last(), Some(&(900, 999)));
+        assert_eq!(pending.len(), 8);
+    }
+    store.close().unwrap();
+
+    // The crash tore a write that was never acknowledged.
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&out)
+        .unwrap();
+    file.write_all(b"{\"message_id\":\"1-200\",\"stream\":\"ro")
+        .unwrap();
+    drop(file);
+
+    // Run 2, with the plain DebugSink under the same sink name.
+    let store = open_store(&state);
+    let report = run_yaml(
+        &registry,
+        &generator_yaml(3, 1000, 100, "DebugSink", &out),
+        &store,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.messages(), 0);
+    assert_each_id_once(&out, 3000);
+    for p in 0..3 {
+        assert!(undelivered_rows(&store, "out", p).is_empty());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_mid_run_then_restart_delivers_each_message_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let state = tmp.path().join("state");
+    let registry = Registry::with_builtins();
+    let yaml = format!(
+        r#"
+pipeline: {PIPELINE}
+partitions: 2
+epoch: {{max_messages: 50, max_duration_ms: 20}}
+source: {{class: generator, parameters: {{count: 600, rate_per_second: 2000}}}}
+sinks:
+  - {{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: "{}"}}}}
+"#,
+        out.display()
+    );
+
+    let store = open_store(&state);
+    let spec = PipelineSpec::from_yaml(&yaml).unwrap();
+    let pipeline = Pipeline::new(registry.build(&spec).unwrap(), store.clone());
+    let control = pipeline.control();
+    let running = tokio::spawn(pipeline.run());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    control.shutdown();
+    assert!(control.is_shutting_down());
+    let report = running.await.unwrap().unwrap();
+    for part in &report.partitions {
+        assert_eq!(part.end, PartitionEnd::Stopped);
+        let committed = position(&store, part.partition).unwrap_or(0);
+        assert_eq!(committed, part.messages);
+        assert!(committed < 600, "partition {} finished early", part.partition);
+    }
+    store.close().unwrap();
+
+    let store = open_store(&state);
+    let report = run_yaml(&registry, &yaml, &store).await.unwrap();
+    assert!(report
+        .partitions
+        .iter()
+        .all(|p| p.end == PartitionEnd::Drained));
+    assert_each_id_once(&out, 1200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn vetoed_epochs_are_replayed_from_the_committed_position_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let mut registry = Registry::with_builtins();
+    register_wrapped_debug_sink(
+        &mut registry,
+        "VetoingDebugSink",
+        Arc::new(|inner, _ctx| Box::new(Vetoes { inner, vetoes: 3 })),
+    );
+    let store = open_store(&tmp.path().join("state"));
+
+    let report = run_yaml(
+        &registry,
+        &generator_yaml(2, 300, 100, "VetoingDebugSink", &out),
+        &store,
+    )
+    .await
+    .unwrap();
+
+    for part in &report.partitions {
+        assert_eq!(part.vetoes, 3);
+        assert_eq!(part.epochs_committed, 3);
+        assert_eq!(part.messages, 300);
+        assert_eq!(part.end, PartitionEnd::Drained);
+        assert_eq!(position(&store, part.partition), Some(300));
+    }
+    assert_each_id_once(&out, 600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_partition_fails_alone_and_keeps_what_it_committed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let mut registry = Registry::with_builtins();
+    register_failing_sink(&mut registry);
+    let store = open_store(&tmp.path().join("state"));
+    let yaml = format!(
+        r#"
+pipeline: {PIPELINE}
+partitions: 3
+epoch: {{max_messages: 100, max_duration_ms: 60000}}
+source: {{class: generator, parameters: {{count: 1000}}}}
+sinks:
+  - {{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: "{}"}}}}
+  - {{name: flaky, sink_class_name: FailsInPartition, input_stream_ids: [rows], parameters: {{partition: 1, at_epoch: 2}}}}
+"#,
+        out.display()
+    );
+
+    let err = run_yaml(&registry, &yaml, &store).await.unwrap_err();
+    let RuntimeError::PartitionsFailed(failures) = &err else {
+        panic!("unexpected error: {err}");
+    };
+    assert_eq!(failures.len(), 1, "{err}");
+    match &failures[0] {
+        RuntimeError::Sink {
+            partition, sink, ..
+        } => {
+            assert_eq!(*partition, 1);
+            assert_eq!(sink, "flaky");
+        }
+        other => panic!("unexpected failure: {other}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "1 partition(s) failed:\n  partition 1: sink `flaky`: the target rejected the epoch"
+    );
+
+    assert_eq!(position(&store, 0), Some(1000));
+    assert_eq!(position(&store, 2), Some(1000));
+    // Partition 1 committed epochs 0 and 1, failed in epoch 2.
+    assert_eq!(position(&store, 1), Some(200));
+    assert!(undelivered_rows(&store, "out", 0).is_empty());
+    assert!(undelivered_rows(&store, "out", 2).is_empty());
+
+    // Partition 1's committed messages are in the file or still in its outbox, never both.
+    let lines = read_lines(&out);
+    let ids = sorted_ids(&lines);
+    let mut delivered_1: Vec<u64> = ids
+        .iter()
+        .filter(|id| *id % 3 == 1)
+        .map(|id| id / 3)
+        .collect();
+    delivered_1.sort_unstable();
+    let mut pending_1: Vec<u64> = undelivered_rows(&store, "out", 1)
+        .into_iter()
+        .flat_map(|(first, last)| first..=last)
+        .collect();
+    let mut all_1 = delivered_1.clone();
+    all_1.append(&mut pending_1);
+    assert_eq!(all_1, (0..200).collect::<Vec<_>>());
+    let others: Vec<u64> = ids.iter().copied().filter(|id| id % 3 != 1).collect();
+    assert_eq!(
+        others,
+        (0..3000).filter(|id| id % 3 != 1).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reload_swaps_dynamic_parameters_reports_static_changes_and_rejects_invalid_values() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let registry = Registry::with_builtins();
+    let store = open_store(&tmp.path().join("state"));
+    let yaml = |path: &Path, max_rows: u64| {
+        format!(
+            r#"
+pipeline: {PIPELINE}
+epoch: {{max_messages: 100, max_duration_ms: 60000}}
+source: {{class: generator, parameters: {{count: 20}}}}
+sinks:
+  - name: out
+    sink_class_name: DebugSink
+    input_stream_ids: [rows]
+    parameters: {{path: "{}"}}
+    dynamic_parameters: {{max_rows_per_batch: {max_rows}}}
+"#,
+            path.display()
+        )
+    };
+    let spec = |path: &Path, max_rows: u64| PipelineSpec::from_yaml(&yaml(path, max_rows)).unwrap();
+
+    let pipeline = Pipeline::new(registry.build(&spec(&out, 1000)).unwrap(), store.clone());
+    let control = pipeline.control();
+
+    assert_eq!(
+        control.reload(&registry, &spec(&out, 1)).unwrap(),
+        ReloadOutcome {
+            reconfigured: vec!["out".to_owned()],
+            static_changed: false,
+        }
+    );
+    // Same parameters again: nothing to do.
+    assert_eq!(
+        control.reload(&registry, &spec(&out, 1)).unwrap(),
+        ReloadOutcome::default()
+    );
+    assert_eq!(
+        control
+            .reload(&registry, &spec(&tmp.path().join("other.jsonl"), 1))
+            .unwrap(),
+        ReloadOutcome {
+            reconfigured: vec![],
+            static_changed: true,
+        }
+    );
+    let err = control.reload(&registry, &spec(&out, 0)).unwrap_err();
+    assert_eq!(
+        err.violations,
+        vec![Violation::new(
+            "sinks[0].dynamic_parameters.max_rows_per_batch",
+            "0 is out of range 1..=1000000"
+        )]
+    );
+    // Nothing of the rejected spec was applied.
+    assert_eq!(
+        control.reload(&registry, &spec(&out, 1)).unwrap(),
+        ReloadOutcome::default()
+    );
+
+    // The reloaded `max_rows_per_batch: 1` is in force: one batch (one acknowledgement) per row.
+    let report = pipeline.run().await.unwrap();
+    assert_eq!(report.messages(), 20);
+    assert_eq!(store.stats().acknowledgements, 20);
+    assert_each_id_once(&out, 20);
+    assert!(!tmp.path().join("other.jsonl").exists());
+}
+
+/// A sink class `Recording` with dynamic parameter `tag` that records the tag in force at each
+/// epoch, and blocks epoch 0 until `go` is notified.
+struct Recorder {
+    seen: Arc<Mutex<Vec<(u64, String)>>>,
+    started: Arc<Notify>,
+    go: Arc<Notify>,
+}
+
+fn register_recording_sink(registry: &mut Registry, recorder: Arc<Recorder>) {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Dynamic {
+        tag: String,
+    }
+    fn parse(value: &serde_yaml::Value) -> Result<String, Violation> {
+        let d: Dynamic = flow_core::registry::parse_parameters(value, "dynamic_parameters")?;
+        if d.tag.is_empty() {
+            return Err(Violation::new("dynamic_parameters.tag", "must not be empty"));
+        }
+        Ok(d.tag)
+    }
+    struct Factory(Arc<Recorder>);
+    impl SinkFactory for Factory {
+        fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+            let tag =
+                parse(&ctx.dynamic_parameters).map_err(|v| SinkError::Refused(v.to_string()))?;
+            Ok(Box::new(Recording {
+                recorder: Arc::clone(&self.0),
+                tag,
+            }))
+        }
+    }
+    struct Recording {
+        recorder: Arc<Recorder>,
+        tag: String,
+    }
+    #[async_trait]
+    impl Sink for Recording {
+        async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+            self.recorder
+                .seen
+                .lock()
+                .unwrap()
+                .push((epoch.number, self.tag.clone()));
+            if epoch.number == 0 {
+                self.recorder.started.notify_one();
+                self.recorder.go.notified().await;
+            }
+            Ok(EpochOutcome::Commit(EpochWrite::default()))
+        }
+        fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+            self.tag = parse(dynamic).map_err(|v| SinkError::Refused(v.to_string()))?;
+            Ok(())
+        }
+    }
+    registry.register_sink(
+        "Recording",
+        Arc::new(
+            move |_ctx: &SinkBuildContext<'_>,
+                  _parameters: &serde_yaml::Value,
+                  dynamic: &serde_yaml::Value|
+                  -> BuildResult<Arc<dyn SinkFactory>> {
+                parse(dynamic).map_err(|v| vec![v])?;
+                Ok(Arc::new(Factory(Arc::clone(&recorder))))
+            },
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reload_while_running_reconfigures_the_sink_before_the_next_epoch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recorder = Arc::new(Recorder {
+        seen: Arc::default(),
+        started: Arc::default(),
+        go: Arc::default(),
+    });
+    let mut registry = Registry::with_builtins();
+    register_recording_sink(&mut registry, Arc::clone(&recorder));
+    let store = open_store(&tmp.path().join("state"));
+    let yaml = |tag: &str| {
+        format!(
+            r#"
+pipeline: {PIPELINE}
+epoch: {{max_messages: 100, max_duration_ms: 60000}}
+source: {{class: generator, parameters: {{count: 300}}}}
+sinks:
+  - {{name: rec, sink_class_name: Recording, input_stream_ids: [rows], dynamic_parameters: {{tag: "{tag}"}}}}
+"#
+        )
+    };
+    let spec = PipelineSpec::from_yaml(&yaml("a")).unwrap();
+    let pipeline = Pipeline::new(registry.build(&spec).unwrap(), store.clone());
+    let control = pipeline.control();
+    let running = tokio::spawn(pipeline.run());
+
+    recorder.started.notified().await;
+    let err = control
+        .reload(&registry, &PipelineSpec::from_yaml(&yaml("")).unwrap())
+        .unwrap_err();
+    assert_eq!(err.violations[0].path, "sinks[0].dynamic_parameters.tag");
+    let outcome = control
+        .reload(&registry, &PipelineSpec::from_yaml(&yaml("b")).unwrap())
+        .unwrap();
+    assert_eq!(outcome.reconfigured, vec!["rec".to_owned()]);
+    assert!(!outcome.static_changed);
+    recorder.go.notify_one();
+
+    let report = running.await.unwrap().unwrap();
+    assert_eq!(report.messages(), 300);
+    assert_eq!(
+        *recorder.seen.lock().unwrap(),
+        vec![(0, "a".to_owned()), (1, "b".to_owned()), (2, "b".to_owned())]
+    );
+}
+
+fn jsonl_yaml(files: &[PathBuf], out: &Path, on_bad_record: Option<&str>) -> String {
+    let files: Vec<String> = files
+        .iter()
+        .map(|f| format!("\"{}\"", f.display()))
+        .collect();
+    let on_bad = on_bad_record
+        .map(|v| format!(", on_bad_record: {v}"))
+        .unwrap_or_default();
+    format!(
+        r#"
+pipeline: {PIPELINE}
+partitions: {}
+source:
+  class: jsonl_file
+  parameters: {{files: [{}], schema: [{{name: id, type: uint64}}, {{name: name, type: utf8}}]{on_bad}}}
+sinks:
+  - {{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: "{}"}}}}
+"#,
+        files.len(),
+        files.join(", "),
+        out.display()
+    )
+}
+
+fn write_jsonl_inputs(dir: &Path) -> Vec<PathBuf> {
+    let a = dir.join("a.jsonl");
+    let b = dir.join("b.jsonl");
+    std::fs::write(
+        &a,
+        "{\"id\":1,\"name\":\"one\"}\n{\"id\":-2,\"name\":\"two\"}\n{\"id\":3,\"name\":\"three\"}\n",
+    )
+    .unwrap();
+    std::fs::write(&b, "{\"id\":10,\"name\":\"ten\"}\n{\"id\":11,\"name\":\"eleven\"}\n").unwrap();
+    vec![a, b]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jsonl_bad_line_becomes_a_source_dead_letter_and_good_lines_are_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let files = write_jsonl_inputs(tmp.path());
+    let store = open_store(&tmp.path().join("state"));
+    let registry = Registry::with_builtins();
+
+    let report = run_yaml(
+        &registry,
+        &jsonl_yaml(&files, &out, Some("dead_letter")),
+        &store,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.messages(), 4);
+    assert_eq!(report.partitions[0].dead_letters, 1);
+    assert_eq!(report.partitions[1].dead_letters, 0);
+
+    let mut lines = read_lines(&out);
+    lines.sort();
+    assert_eq!(
+        lines,
+        vec![
+            r#"{"message_id":"0-0","stream":"rows","row":{"id":1,"name":"one"}}"#,
+            r#"{"message_id":"0-2","stream":"rows","row":{"id":3,"name":"three"}}"#,
+            r#"{"message_id":"1-0","stream":"rows","row":{"id":10,"name":"ten"}}"#,
+            r#"{"message_id":"1-1","stream":"rows","row":{"id":11,"name":"eleven"}}"#,
+        ]
+    );
+
+    let dead = store.dead_letters(PIPELINE, SOURCE_OWNER, 0).unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].partition, 0);
+    assert_eq!(dead[0].offset, Some(1));
+    assert_eq!(dead[0].payload, br#"{"id":-2,"name":"two"}"#);
+    assert_eq!(
+        dead[0].reason,
+        format!(
+            "{}:2: column `id` (uint64): -2 is out of range for uint64",
+            files[0].display()
+        )
+    );
+    assert!(store
+        .dead_letters(PIPELINE, SOURCE_OWNER, 1)
+        .unwrap()
+        .is_empty());
+    // Lines are messages 0..3 of partition 0: the position is (bytes of the file, 3 lines).
+    let len = std::fs::metadata(&files[0]).unwrap().len();
+    let mut expected = len.to_be_bytes().to_vec();
+    expected.extend_from_slice(&3u64.to_be_bytes());
+    assert_eq!(store.position(PIPELINE, 0).unwrap(), Some(expected));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jsonl_bad_line_stops_its_partition_with_file_line_and_column_by_default() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let files = write_jsonl_inputs(tmp.path());
+    let store = open_store(&tmp.path().join("state"));
+    let registry = Registry::with_builtins();
+
+    let err = run_yaml(&registry, &jsonl_yaml(&files, &out, None), &store)
+        .await
+        .unwrap_err();
+    let RuntimeError::PartitionsFailed(failures) = &err else {
+        panic!("unexpected error: {err}");
+    };
+    assert_eq!(failures.len(), 1);
+    let RuntimeError::Source {
+        partition: 0,
+        source: SourceError::BadRecord { location, what },
+    } = &failures[0]
+    else {
+        panic!("unexpected failure: {}", failures[0]);
+    };
+    assert_eq!(location, &format!("{}:2", files[0].display()));
+    assert_eq!(what, "column `id` (uint64): -2 is out of range for uint64");
+    assert_eq!(
+        failures[0].to_string(),
+        format!(
+            "partition 0: source: {}:2: column `id` (uint64): -2 is out of range for uint64",
+            files[0].display()
+        )
+    );
+    // Partition 1 is unaffected; partition 0 committed nothing.
+    assert_eq!(store.position(PIPELINE, 0).unwrap(), None);
+    assert!(store.position(PIPELINE, 1).unwrap().is_some());
+    let lines = read_lines(&out);
+    assert_eq!(lines.len(), 2);
+    assert!(lines.iter().all(|l| l.starts_with(r#"{"message_id":"1-"#)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn project_processor_keeps_only_the_listed_columns_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let store = open_store(&tmp.path().join("state"));
+    let registry = Registry::with_builtins();
+    let yaml = format!(
+        r#"
+pipeline: {PIPELINE}
+partitions: 2
+source: {{class: generator, parameters: {{count: 50}}}}
+processors:
+  - {{name: slim, class: project, input_stream_id: rows, output_stream_id: slim_rows, parameters: {{columns: [user_id, id]}}}}
+sinks:
+  - {{name: out, sink_class_name: DebugSink, input_stream_ids: [slim_rows], parameters: {{path: "{}"}}}}
+"#,
+        out.display()
+    );
+
+    let report = run_yaml(&registry, &yaml, &store).await.unwrap();
+    assert_eq!(report.messages(), 100);
+
+    let mut lines = read_lines(&out);
+    lines.sort();
+    let mut expected: Vec<String> = (0..2u64)
+        .flat_map(|p| (0..50u64).map(move |o| (p, o)))
+        .map(|(p, o)| {
+            let id = o * 2 + p;
+            format!(
+                r#"{{"message_id":"{p}-{o}","stream":"slim_rows","row":{{"user_id":{},"id":{id}}}}}"#,
+                id % 1000
+            )
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(lines, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_sink_can_read_the_source_stream_and_a_processor_stream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let store = open_store(&tmp.path().join("state"));
+    let registry = Registry::with_builtins();
+    let yaml = format!(
+        r#"
+pipeline: {PIPELINE}
+source: {{class: generator, parameters: {{count: 10, payload_bytes: 0}}}}
+processors:
+  - {{name: ids, class: project, input_stream_id: rows, output_stream_id: ids, parameters: {{columns: [id]}}}}
+sinks:
+  - {{name: out, sink_class_name: DebugSink, input_stream_ids: [rows, ids], parameters: {{path: "{}"}}}}
+"#,
+        out.display()
+    );
+    run_yaml(&registry, &yaml, &store).await.unwrap();
+    let mut per_stream: BTreeMap<String, usize> = BTreeMap::new();
+    for line in read_lines(&out) {
+        let json: serde_json::Value = serde_json::from_str(&line).unwrap();
+        *per_stream
+            .entry(json["stream"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        per_stream,
+        BTreeMap::from([("ids".to_owned(), 10), ("rows".to_owned(), 10)])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_requested_before_run_stops_every_partition_before_its_first_epoch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let store = open_store(&tmp.path().join("state"));
+    let registry = Registry::with_builtins();
+    // An endless source: only the shutdown can end this run.
+    let yaml = format!(
+        r#"
+pipeline: {PIPELINE}
+partitions: 2
+source: {{class: generator, parameters: {{count: 0}}}}
+sinks:
+  - {{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: "{}"}}}}
+"#,
+        out.display()
+    );
+    let spec = PipelineSpec::from_yaml(&yaml).unwrap();
+    let pipeline = Pipeline::new(registry.build(&spec).unwrap(), store.clone());
+    let control = pipeline.control();
+    control.shutdown();
+    assert!(control.is_shutting_down());
+    let report = tokio::time::timeout(Duration::from_secs(10), pipeline.run())
+        .await
+        .expect("the shutdown requested before run() was lost")
+        .unwrap();
+    assert_eq!(report.messages(), 0);
+    assert!(report
+        .partitions
+        .iter()
+        .all(|p| p.end == PartitionEnd::Stopped && p.epochs_committed == 0));
+    assert_eq!(position(&store, 0), None);
+}
