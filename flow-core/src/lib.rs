@@ -34,6 +34,8 @@ pub use plugin::{
     SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,
 };
 pub use registry::Registry;
-pub use runtime::{PartitionEnd, PartitionReport, Pipeline, PipelineControl, RunReport};
+pub use runtime::{
+    PartitionEnd, PartitionReport, Pipeline, PipelineControl, ReloadOutcome, RunReport,
+};
 pub use spec::{PipelineSpec, ValidatedPipeline};
 pub use types::{Column, StreamSchema, StreamType};

@@ -75,7 +75,9 @@ pub struct ReloadOutcome {
 impl PipelineControl {
     /// Asks every partition to stop after its current epoch.
     pub fn shutdown(&self) {
-        let _ = self.shutdown.send(true);
+        // `send_replace`, not `send`: `send` drops the value when no receiver exists yet (before
+        // `run`) or any more, which would lose the request.
+        self.shutdown.send_replace(true);
     }
 
     pub fn is_shutting_down(&self) -> bool {
@@ -100,8 +102,18 @@ impl PipelineControl {
             let Some((_, sender)) = self.dynamic.iter().find(|(name, _)| name == &sink.name) else {
                 continue;
             };
+            // A sink whose class changed runs on with its old class until a restart; the new
+            // dynamic parameters were validated for the new class and mean nothing to it.
+            let same_class = running
+                .sinks
+                .iter()
+                .any(|r| r.name == sink.name && r.sink_class_name == sink.sink_class_name);
+            if !same_class {
+                continue;
+            }
             if *sender.borrow() != sink.dynamic_parameters {
-                let _ = sender.send(sink.dynamic_parameters.clone());
+                // Stored even with no receiver (before `run`): partitions created later read it.
+                sender.send_replace(sink.dynamic_parameters.clone());
                 outcome.reconfigured.push(sink.name.clone());
             }
         }
@@ -109,7 +121,9 @@ impl PipelineControl {
             *running = spec.clone();
         } else {
             for (running_sink, sink) in running.sinks.iter_mut().zip(&spec.sinks) {
-                if running_sink.name == sink.name {
+                if running_sink.name == sink.name
+                    && running_sink.sink_class_name == sink.sink_class_name
+                {
                     running_sink.dynamic_parameters = sink.dynamic_parameters.clone();
                 }
             }
@@ -325,12 +339,16 @@ impl PartitionRunner {
         let result = self.epochs(&mut batches, &mut processors, &mut sinks).await;
         match &result {
             Ok(report) if report.end == PartitionEnd::Drained => {
-                for slot in &mut sinks {
-                    slot.sink.drain().await.map_err(|err| RuntimeError::Sink {
-                        partition,
-                        sink: slot.name.clone(),
-                        source: err,
-                    })?;
+                for index in 0..sinks.len() {
+                    if let Err(err) = sinks[index].sink.drain().await {
+                        // The other sinks stop cleanly; their undelivered batches stay in the outbox.
+                        close_all(&mut sinks[index + 1..]).await;
+                        return Err(RuntimeError::Sink {
+                            partition,
+                            sink: sinks[index].name.clone(),
+                            source: err,
+                        });
+                    }
                 }
             }
             _ => close_all(&mut sinks).await,
@@ -383,10 +401,7 @@ impl PartitionRunner {
             let deadline = Instant::now() + pipeline.epoch.max_duration;
             let mut position = committed.clone();
             let mut exhausted = false;
-            loop {
-                let Some(source_batch) = batches.first_mut() else {
-                    break;
-                };
+            while let Some(source_batch) = batches.first_mut() {
                 let remaining = pipeline
                     .epoch
                     .max_messages

@@ -644,7 +644,9 @@ mod tests {
                 "epoch.max_messages",
                 "sinks[0].sink_class_name",
                 "sinks[1].name",
-                "sinks[1].input_stream_ids[0]"
+                "sinks[1].input_stream_ids[0]",
+                // Built despite the unknown input, so its missing `path` is reported too.
+                "sinks[1].parameters"
             ]
         );
     }

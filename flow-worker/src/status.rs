@@ -29,7 +29,7 @@ pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
 
 /// Built-in sources encode positions as big-endian u64 words; show those as numbers.
 fn position_text(hex: &str) -> String {
-    if hex.len() % 16 != 0 || hex.is_empty() {
+    if !hex.len().is_multiple_of(16) || hex.is_empty() {
         return format!("0x{hex}");
     }
     let words: Option<Vec<String>> = (0..hex.len())
