@@ -1,0 +1,231 @@
+//! HTTP clients of one sink: one `clickhouse::Client` per endpoint, grouped by shard, with
+//! metadata queries (JSONEachRow) and raw RowBinary inserts. Every failure comes back classified.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Map, Value as Json};
+
+use crate::classify::ClassifiedError;
+use crate::params::{ClickHouseParams, Endpoint, HostSelectionPolicy};
+use crate::tls::{self, TlsOptions};
+
+/// Connect timeout of every endpoint; the per-operation timeout is `write_timeout`.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One server of a shard.
+#[derive(Clone)]
+pub struct EndpointClient {
+    pub endpoint: Endpoint,
+    client: clickhouse::Client,
+}
+
+/// The endpoints of one shard, in failover order.
+pub struct ShardClients {
+    /// `""` for the unsharded forms.
+    pub name: String,
+    pub endpoints: Vec<EndpointClient>,
+    /// The endpoint to try first; moves on after a failure so the next attempt fails over.
+    cursor: AtomicUsize,
+}
+
+impl ShardClients {
+    /// The endpoint to use for the next attempt.
+    pub fn current(&self) -> &EndpointClient {
+        let index = self.cursor.load(Ordering::Relaxed) % self.endpoints.len().max(1);
+        &self.endpoints[index]
+    }
+
+    /// Fails over to the next endpoint (round robin).
+    pub fn advance(&self) {
+        self.cursor.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Builds the clients of every shard. The password is read from its environment variable now.
+pub fn build_shards(params: &ClickHouseParams) -> Result<Vec<ShardClients>, String> {
+    let options = TlsOptions {
+        enable_tls: params.enable_tls,
+        ca_files: params.tls_ca_files.clone(),
+        ca_directory: (!params.tls_ca_directory.is_empty())
+            .then(|| std::path::PathBuf::from(&params.tls_ca_directory)),
+        skip_verification: params.tls_skip_verification,
+    };
+    let base = tls::base_client(&options, CONNECT_TIMEOUT).map_err(|err| err.to_string())?;
+    let password = params.password()?;
+    let scheme = tls::scheme(&options);
+    let mut base = base
+        .with_validation(false)
+        .with_user(params.user.clone())
+        .with_compression(match params.codec {
+            crate::params::Codec::Lz4 => clickhouse::Compression::Lz4,
+            crate::params::Codec::None => clickhouse::Compression::None,
+        });
+    if let Some(password) = password {
+        base = base.with_password(password);
+    }
+    let shards = params
+        .shards()
+        .into_iter()
+        .map(|shard| {
+            let endpoints: Vec<EndpointClient> = shard
+                .endpoints
+                .into_iter()
+                .map(|endpoint| EndpointClient {
+                    client: base.clone().with_url(format!(
+                        "{scheme}://{}:{}",
+                        url_host(&endpoint.host),
+                        endpoint.port
+                    )),
+                    endpoint,
+                })
+                .collect();
+            let start = match params.host_selection_policy {
+                HostSelectionPolicy::OrderedRoundRobin => 0,
+                HostSelectionPolicy::RandomStart => {
+                    rand::random::<usize>() % endpoints.len().max(1)
+                }
+            };
+            ShardClients {
+                name: shard.name,
+                endpoints,
+                cursor: AtomicUsize::new(start),
+            }
+        })
+        .collect();
+    Ok(shards)
+}
+
+fn url_host(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+/// Quotes a string literal for SQL.
+pub fn quote_literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('\'');
+    for c in text.chars() {
+        match c {
+            '\'' => out.push_str("\\'"),
+            '\\' => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// Quotes an identifier for SQL.
+pub fn quote_ident(name: &str) -> String {
+    format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
+}
+
+impl EndpointClient {
+    /// Runs a query and returns its rows as JSON objects.
+    pub async fn query_json(
+        &self,
+        sql: &str,
+        timeout: Duration,
+    ) -> Result<Vec<Map<String, Json>>, ClassifiedError> {
+        let run = async {
+            let mut cursor = self
+                .client
+                .query(sql)
+                .fetch_bytes("JSONEachRow")
+                .map_err(|err| ClassifiedError::from_clickhouse(&err))?;
+            let mut body = Vec::new();
+            while let Some(chunk) = cursor
+                .next()
+                .await
+                .map_err(|err| ClassifiedError::from_clickhouse(&err))?
+            {
+                body.extend_from_slice(&chunk);
+            }
+            let mut rows = Vec::new();
+            for line in body.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+                let row: Map<String, Json> = serde_json::from_slice(line).map_err(|err| {
+                    ClassifiedError::from_server(
+                        None,
+                        format!("unexpected response to `{sql}`: {err}"),
+                    )
+                })?;
+                rows.push(row);
+            }
+            Ok(rows)
+        };
+        match tokio::time::timeout(timeout, run).await {
+            Ok(result) => result,
+            Err(_) => Err(ClassifiedError::network(format!(
+                "no answer from {} within {}",
+                self.endpoint,
+                humantime::format_duration(timeout)
+            ))),
+        }
+    }
+
+    /// Sends one INSERT with `payload` as its data. Succeeds only when the server acknowledged it.
+    pub async fn insert(
+        &self,
+        sql: &str,
+        settings: &[(&'static str, String)],
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<(), ClassifiedError> {
+        let mut insert = self
+            .client
+            .insert_formatted_with(sql.to_owned())
+            .with_timeouts(Some(timeout), Some(timeout));
+        for (name, value) in settings {
+            insert = insert.with_setting(*name, value.clone());
+        }
+        insert
+            .send(payload)
+            .await
+            .map_err(|err| ClassifiedError::from_clickhouse(&err))?;
+        insert
+            .end()
+            .await
+            .map_err(|err| ClassifiedError::from_clickhouse(&err))
+    }
+}
+
+/// Reads a JSON field as text (18.16 quotes 64-bit integers in JSON output).
+pub fn json_text(row: &Map<String, Json>, field: &str) -> String {
+    match row.get(field) {
+        Some(Json::String(s)) => s.clone(),
+        Some(Json::Null) | None => String::new(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Reads a JSON field as an unsigned integer (quoted or not).
+pub fn json_u64(row: &Map<String, Json>, field: &str) -> Option<u64> {
+    match row.get(field) {
+        Some(Json::String(s)) => s.parse().ok(),
+        Some(Json::Number(n)) => n.as_u64(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_and_identifiers_are_quoted() {
+        assert_eq!(quote_literal("it's"), "'it\\'s'");
+        assert_eq!(quote_literal("a\\b"), "'a\\\\b'");
+        assert_eq!(quote_ident("we`ird"), "`we\\`ird`");
+    }
+
+    #[test]
+    fn ipv6_hosts_are_bracketed_in_urls() {
+        assert_eq!(url_host("::1"), "[::1]");
+        assert_eq!(url_host("127.0.0.1"), "127.0.0.1");
+    }
+}

@@ -1,0 +1,1020 @@
+//! ClickHouse's RowBinary format: little-endian fixed-width numbers, strings as an unsigned LEB128
+//! length and the bytes, `FixedString(N)` as exactly N bytes, `Nullable` as a marker byte
+//! (1 = null, 0 = present) followed by the value when present, `LowCardinality(T)` as T,
+//! `Bool` as one byte, `Date` as u16 days and `DateTime` as u32 seconds.
+
+use flow_core::{Row, Value};
+
+use crate::chtype::ChType;
+
+/// One column to encode: where its value is in the stream row and the table type to encode it as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedColumn {
+    pub name: String,
+    pub stream_index: usize,
+    pub ty: ChType,
+}
+
+/// Encodes rows in ClickHouse's RowBinary format for an
+/// `INSERT INTO t (names...) FORMAT RowBinary`, columns in the plan order.
+#[derive(Clone, Debug)]
+pub struct RowBinaryEncoder {
+    columns: Vec<EncodedColumn>,
+}
+
+/// Why a row could not be encoded.
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+#[error("column `{column}`: {reason}")]
+pub struct EncodeError {
+    pub column: String,
+    pub reason: String,
+}
+
+impl RowBinaryEncoder {
+    pub fn new(columns: Vec<EncodedColumn>) -> RowBinaryEncoder {
+        RowBinaryEncoder { columns }
+    }
+
+    /// The table column names in encoding order, for the `INSERT INTO t (names...)` clause.
+    pub fn column_names(&self) -> Vec<String> {
+        self.columns.iter().map(|c| c.name.clone()).collect()
+    }
+
+    pub fn columns(&self) -> &[EncodedColumn] {
+        &self.columns
+    }
+
+    /// Appends one row to `out`. On error `out` is truncated back to its length before the call
+    /// (nothing partial is left) and the error names the column and why: null into a
+    /// non-Nullable column; a FixedString(N) value longer than N bytes (shorter ones are
+    /// zero-padded, as ClickHouse does); a value out of the column's range (e.g. Date beyond
+    /// 65535 days, any int outside the target width); a value of the wrong kind. Never silently
+    /// replaces a value. No heap allocation per row (beyond `out` growing).
+    pub fn encode_row(&self, row: &Row<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        let mark = out.len();
+        for column in &self.columns {
+            let result = if column.stream_index < row.len() {
+                encode_value(&column.ty, row.get(column.stream_index), out)
+            } else {
+                Err(Reason::StreamIndex {
+                    index: column.stream_index,
+                    width: row.len(),
+                })
+            };
+            if let Err(reason) = result {
+                out.truncate(mark);
+                return Err(EncodeError {
+                    column: column.name.clone(),
+                    reason: reason.describe(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The failure of one value, kept allocation-free until it is reported.
+#[derive(Debug)]
+enum Reason<'t> {
+    Null(&'t ChType),
+    TooLong { len: usize, ty: &'t ChType },
+    IntOutOfRange { value: i128, ty: &'t ChType },
+    FloatOutOfRange { value: f64, ty: &'t ChType },
+    WrongKind { kind: &'static str, ty: &'t ChType },
+    Unsupported(&'t ChType),
+    StreamIndex { index: usize, width: usize },
+}
+
+impl Reason<'_> {
+    fn describe(&self) -> String {
+        match self {
+            Reason::Null(ty) => format!("null, but the column type {ty} is not Nullable"),
+            Reason::TooLong { len, ty } => {
+                format!("a value of {len} bytes is longer than {ty} allows")
+            }
+            Reason::IntOutOfRange { value, ty } => format!("{value} is out of range for {ty}"),
+            Reason::FloatOutOfRange { value, ty } => format!("{value:e} is out of range for {ty}"),
+            Reason::WrongKind { kind, ty } => format!("{kind} cannot be written to {ty}"),
+            Reason::Unsupported(ty) => format!("the type {ty} cannot be encoded"),
+            Reason::StreamIndex { index, width } => {
+                format!("stream column index {index} is outside the row of {width} values")
+            }
+        }
+    }
+}
+
+fn kind(value: Value<'_>) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Int(_) => "a signed integer",
+        Value::Uint(_) => "an unsigned integer",
+        Value::Float(_) => "a floating-point number",
+        Value::Bool(_) => "a boolean",
+        Value::Bytes(_) => "a string",
+    }
+}
+
+fn encode_value<'t>(ty: &'t ChType, value: Value<'_>, out: &mut Vec<u8>) -> Result<(), Reason<'t>> {
+    match ty {
+        ChType::Nullable(inner) => {
+            if let Value::Null = value {
+                out.push(1);
+                return Ok(());
+            }
+            out.push(0);
+            return encode_value(inner, value, out);
+        }
+        ChType::LowCardinality(inner) => return encode_value(inner, value, out),
+        ChType::Unsupported(_) => return Err(Reason::Unsupported(ty)),
+        _ => {}
+    }
+    if let Value::Null = value {
+        return Err(Reason::Null(ty));
+    }
+    let wrong_kind = || Reason::WrongKind {
+        kind: kind(value),
+        ty,
+    };
+    match ty {
+        ChType::Int8 => out.extend_from_slice(&narrow::<i8>(ty, value)?.to_le_bytes()),
+        ChType::Int16 => out.extend_from_slice(&narrow::<i16>(ty, value)?.to_le_bytes()),
+        ChType::Int32 => out.extend_from_slice(&narrow::<i32>(ty, value)?.to_le_bytes()),
+        ChType::Int64 => out.extend_from_slice(&narrow::<i64>(ty, value)?.to_le_bytes()),
+        ChType::UInt8 => out.extend_from_slice(&narrow::<u8>(ty, value)?.to_le_bytes()),
+        ChType::UInt16 | ChType::Date => {
+            out.extend_from_slice(&narrow::<u16>(ty, value)?.to_le_bytes())
+        }
+        ChType::UInt32 | ChType::DateTime => {
+            out.extend_from_slice(&narrow::<u32>(ty, value)?.to_le_bytes())
+        }
+        ChType::UInt64 => out.extend_from_slice(&narrow::<u64>(ty, value)?.to_le_bytes()),
+        ChType::Float32 => {
+            let Value::Float(v) = value else {
+                return Err(wrong_kind());
+            };
+            // Rounding to the nearest f32 is the meaning of `float`; turning a finite value
+            // into an infinity is not.
+            let narrow = v as f32;
+            if v.is_finite() && !narrow.is_finite() {
+                return Err(Reason::FloatOutOfRange { value: v, ty });
+            }
+            out.extend_from_slice(&narrow.to_le_bytes());
+        }
+        ChType::Float64 => {
+            let Value::Float(v) = value else {
+                return Err(wrong_kind());
+            };
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        ChType::Bool => {
+            let Value::Bool(v) = value else {
+                return Err(wrong_kind());
+            };
+            out.push(u8::from(v));
+        }
+        ChType::String => {
+            let Value::Bytes(bytes) = value else {
+                return Err(wrong_kind());
+            };
+            write_leb128(bytes.len() as u64, out);
+            out.extend_from_slice(bytes);
+        }
+        ChType::FixedString(n) => {
+            let Value::Bytes(bytes) = value else {
+                return Err(wrong_kind());
+            };
+            if bytes.len() > *n {
+                return Err(Reason::TooLong {
+                    len: bytes.len(),
+                    ty,
+                });
+            }
+            out.extend_from_slice(bytes);
+            out.resize(out.len() + (n - bytes.len()), 0);
+        }
+        // Handled above.
+        ChType::Nullable(_) | ChType::LowCardinality(_) | ChType::Unsupported(_) => {
+            return Err(Reason::Unsupported(ty))
+        }
+    }
+    Ok(())
+}
+
+/// An integer value converted to the column's width, or the reason it cannot be.
+fn narrow<'t, T: TryFrom<i128>>(ty: &'t ChType, value: Value<'_>) -> Result<T, Reason<'t>> {
+    let wide: i128 = match value {
+        Value::Int(v) => v.into(),
+        Value::Uint(v) => v.into(),
+        other => {
+            return Err(Reason::WrongKind {
+                kind: kind(other),
+                ty,
+            })
+        }
+    };
+    T::try_from(wide).map_err(|_| Reason::IntOutOfRange { value: wide, ty })
+}
+
+/// Unsigned LEB128, the length prefix of RowBinary strings.
+fn write_leb128(mut value: u64, out: &mut Vec<u8>) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use flow_core::{Column, MessageBatch, MessageId, StreamSchema, StreamType};
+
+    use super::*;
+
+    fn opt(ty: StreamType) -> StreamType {
+        StreamType::Optional(Box::new(ty))
+    }
+
+    fn nullable(ty: ChType) -> ChType {
+        ChType::Nullable(Box::new(ty))
+    }
+
+    fn low(ty: ChType) -> ChType {
+        ChType::LowCardinality(Box::new(ty))
+    }
+
+    /// A batch with one column per `(stream type, value)`, and one row.
+    fn one_row(cells: &[(StreamType, Value<'_>)]) -> MessageBatch {
+        let columns = cells
+            .iter()
+            .enumerate()
+            .map(|(i, (ty, _))| Column::new(format!("s{i}"), ty.clone()))
+            .collect();
+        let mut batch = MessageBatch::new(StreamSchema::new(columns).unwrap());
+        let mut writer = batch.start_row(MessageId::new(0, 0));
+        for (_, value) in cells {
+            writer.push(*value).unwrap();
+        }
+        writer.finish().unwrap();
+        batch
+    }
+
+    /// Encodes the single value of a one-column batch as `ty`.
+    fn encode_one(
+        stream: StreamType,
+        value: Value<'_>,
+        ty: ChType,
+    ) -> Result<Vec<u8>, EncodeError> {
+        let batch = one_row(&[(stream, value)]);
+        let encoder = RowBinaryEncoder::new(vec![EncodedColumn {
+            name: "c".to_owned(),
+            stream_index: 0,
+            ty,
+        }]);
+        let mut out = Vec::new();
+        encoder.encode_row(&batch.row(0), &mut out)?;
+        Ok(out)
+    }
+
+    fn reason(err: EncodeError) -> String {
+        assert_eq!(err.column, "c");
+        err.reason
+    }
+
+    #[test]
+    fn integers_are_little_endian_at_the_column_width() {
+        let cases: Vec<(StreamType, Value<'_>, ChType, Vec<u8>)> = vec![
+            (StreamType::Int8, Value::Int(-2), ChType::Int8, vec![0xfe]),
+            (
+                StreamType::Int16,
+                Value::Int(-2),
+                ChType::Int16,
+                vec![0xfe, 0xff],
+            ),
+            (
+                StreamType::Int32,
+                Value::Int(0x0102_0304),
+                ChType::Int32,
+                vec![4, 3, 2, 1],
+            ),
+            (
+                StreamType::Int64,
+                Value::Int(i64::MIN),
+                ChType::Int64,
+                vec![0, 0, 0, 0, 0, 0, 0, 0x80],
+            ),
+            (
+                StreamType::Uint8,
+                Value::Uint(255),
+                ChType::UInt8,
+                vec![0xff],
+            ),
+            (
+                StreamType::Uint16,
+                Value::Uint(0x0102),
+                ChType::UInt16,
+                vec![2, 1],
+            ),
+            (
+                StreamType::Uint32,
+                Value::Uint(u32::MAX.into()),
+                ChType::UInt32,
+                vec![0xff; 4],
+            ),
+            (
+                StreamType::Uint64,
+                Value::Uint(u64::MAX),
+                ChType::UInt64,
+                vec![0xff; 8],
+            ),
+        ];
+        for (stream, value, ty, bytes) in cases {
+            assert_eq!(
+                encode_one(stream, value, ty.clone()).unwrap(),
+                bytes,
+                "{ty}"
+            );
+        }
+    }
+
+    #[test]
+    fn floats_bools_dates_and_datetimes() {
+        assert_eq!(
+            encode_one(StreamType::Float, Value::Float(1.5), ChType::Float32).unwrap(),
+            1.5f32.to_le_bytes()
+        );
+        assert_eq!(
+            encode_one(StreamType::Float, Value::Float(1.5), ChType::Float32).unwrap(),
+            vec![0, 0, 0xc0, 0x3f]
+        );
+        assert_eq!(
+            encode_one(StreamType::Double, Value::Float(-2.25), ChType::Float64).unwrap(),
+            vec![0, 0, 0, 0, 0, 0, 0x02, 0xc0]
+        );
+        assert_eq!(
+            encode_one(StreamType::Boolean, Value::Bool(true), ChType::Bool).unwrap(),
+            vec![1]
+        );
+        assert_eq!(
+            encode_one(StreamType::Boolean, Value::Bool(false), ChType::Bool).unwrap(),
+            vec![0]
+        );
+        assert_eq!(
+            encode_one(StreamType::Date, Value::Uint(19_000), ChType::Date).unwrap(),
+            vec![0x38, 0x4a]
+        );
+        assert_eq!(
+            encode_one(StreamType::Date, Value::Uint(65_535), ChType::Date).unwrap(),
+            vec![0xff, 0xff]
+        );
+        assert_eq!(
+            encode_one(
+                StreamType::Datetime,
+                Value::Uint(1_700_000_000),
+                ChType::DateTime
+            )
+            .unwrap(),
+            vec![0x00, 0xf1, 0x53, 0x65]
+        );
+    }
+
+    #[test]
+    fn non_finite_floats_pass_but_finite_overflow_of_float32_is_rejected() {
+        let nan = encode_one(StreamType::Double, Value::Float(f64::NAN), ChType::Float32).unwrap();
+        assert!(f32::from_le_bytes([nan[0], nan[1], nan[2], nan[3]]).is_nan());
+        assert_eq!(
+            encode_one(
+                StreamType::Double,
+                Value::Float(f64::INFINITY),
+                ChType::Float32
+            )
+            .unwrap(),
+            f32::INFINITY.to_le_bytes()
+        );
+        let err = encode_one(StreamType::Double, Value::Float(1e300), ChType::Float32).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "column `c`: 1e300 is out of range for Float32"
+        );
+    }
+
+    #[test]
+    fn strings_have_a_leb128_length_prefix() {
+        assert_eq!(
+            encode_one(StreamType::String, Value::Bytes(b""), ChType::String).unwrap(),
+            vec![0]
+        );
+        assert_eq!(
+            encode_one(StreamType::Utf8, Value::Bytes(b"abc"), ChType::String).unwrap(),
+            vec![3, b'a', b'b', b'c']
+        );
+        for (len, prefix) in [
+            (127usize, vec![0x7f]),
+            (128, vec![0x80, 0x01]),
+            (300, vec![0xac, 0x02]),
+            (16_383, vec![0xff, 0x7f]),
+            (16_384, vec![0x80, 0x80, 0x01]),
+        ] {
+            let text = vec![b'x'; len];
+            let out = encode_one(StreamType::String, Value::Bytes(&text), ChType::String).unwrap();
+            assert_eq!(&out[..prefix.len()], prefix.as_slice(), "{len}");
+            assert_eq!(&out[prefix.len()..], text.as_slice());
+        }
+    }
+
+    #[test]
+    fn leb128_of_large_values() {
+        let mut out = Vec::new();
+        write_leb128(u64::MAX, &mut out);
+        assert_eq!(
+            out,
+            vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]
+        );
+        out.clear();
+        write_leb128(624_485, &mut out);
+        assert_eq!(out, vec![0xe5, 0x8e, 0x26]);
+    }
+
+    #[test]
+    fn fixed_string_is_zero_padded_to_its_width() {
+        assert_eq!(
+            encode_one(
+                StreamType::String,
+                Value::Bytes(b"ab"),
+                ChType::FixedString(4)
+            )
+            .unwrap(),
+            vec![b'a', b'b', 0, 0]
+        );
+        assert_eq!(
+            encode_one(
+                StreamType::String,
+                Value::Bytes(b"abcd"),
+                ChType::FixedString(4)
+            )
+            .unwrap(),
+            b"abcd".to_vec()
+        );
+        assert_eq!(
+            encode_one(
+                StreamType::String,
+                Value::Bytes(b""),
+                ChType::FixedString(2)
+            )
+            .unwrap(),
+            vec![0, 0]
+        );
+    }
+
+    #[test]
+    fn too_long_fixed_string_is_rejected_and_out_is_truncated() {
+        let batch = one_row(&[
+            (StreamType::Uint32, Value::Uint(7)),
+            (StreamType::Utf8, Value::Bytes(b"hello")),
+        ]);
+        let encoder = RowBinaryEncoder::new(vec![
+            EncodedColumn {
+                name: "id".to_owned(),
+                stream_index: 0,
+                ty: ChType::UInt32,
+            },
+            EncodedColumn {
+                name: "code".to_owned(),
+                stream_index: 1,
+                ty: ChType::FixedString(4),
+            },
+        ]);
+        let mut out = vec![0xaa, 0xbb];
+        let err = encoder.encode_row(&batch.row(0), &mut out).unwrap_err();
+        assert_eq!(
+            err,
+            EncodeError {
+                column: "code".to_owned(),
+                reason: "a value of 5 bytes is longer than FixedString(4) allows".to_owned(),
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "column `code`: a value of 5 bytes is longer than FixedString(4) allows"
+        );
+        assert_eq!(out, vec![0xaa, 0xbb]);
+    }
+
+    #[test]
+    fn nullable_writes_a_marker_then_the_value() {
+        let ty = nullable(ChType::UInt16);
+        assert_eq!(
+            encode_one(opt(StreamType::Uint16), Value::Null, ty.clone()).unwrap(),
+            vec![1]
+        );
+        assert_eq!(
+            encode_one(opt(StreamType::Uint16), Value::Uint(0x0102), ty.clone()).unwrap(),
+            vec![0, 2, 1]
+        );
+        // A non-optional stream column into a Nullable table column.
+        assert_eq!(
+            encode_one(StreamType::Uint16, Value::Uint(5), ty).unwrap(),
+            vec![0, 5, 0]
+        );
+        assert_eq!(
+            encode_one(
+                opt(StreamType::String),
+                Value::Bytes(b"x"),
+                nullable(ChType::FixedString(3))
+            )
+            .unwrap(),
+            vec![0, b'x', 0, 0]
+        );
+        assert_eq!(
+            encode_one(
+                opt(StreamType::String),
+                Value::Null,
+                nullable(ChType::FixedString(3))
+            )
+            .unwrap(),
+            vec![1]
+        );
+    }
+
+    #[test]
+    fn low_cardinality_is_encoded_as_its_inner_type() {
+        assert_eq!(
+            encode_one(StreamType::String, Value::Bytes(b"ab"), low(ChType::String)).unwrap(),
+            vec![2, b'a', b'b']
+        );
+        let ty = low(nullable(ChType::String));
+        assert_eq!(
+            encode_one(opt(StreamType::String), Value::Null, ty.clone()).unwrap(),
+            vec![1]
+        );
+        assert_eq!(
+            encode_one(opt(StreamType::String), Value::Bytes(b"ab"), ty).unwrap(),
+            vec![0, 2, b'a', b'b']
+        );
+    }
+
+    #[test]
+    fn null_into_a_non_nullable_column_is_rejected() {
+        let err = encode_one(opt(StreamType::Uint64), Value::Null, ChType::UInt64).unwrap_err();
+        assert_eq!(
+            reason(err),
+            "null, but the column type UInt64 is not Nullable"
+        );
+        let err =
+            encode_one(opt(StreamType::String), Value::Null, low(ChType::String)).unwrap_err();
+        assert_eq!(
+            reason(err),
+            "null, but the column type String is not Nullable"
+        );
+    }
+
+    #[test]
+    fn integers_outside_the_column_width_are_rejected() {
+        let cases = [
+            (
+                StreamType::Int64,
+                Value::Int(128),
+                ChType::Int8,
+                "128 is out of range for Int8",
+            ),
+            (
+                StreamType::Int64,
+                Value::Int(-129),
+                ChType::Int8,
+                "-129 is out of range for Int8",
+            ),
+            (
+                StreamType::Int64,
+                Value::Int(40_000),
+                ChType::Int16,
+                "40000 is out of range for Int16",
+            ),
+            (
+                StreamType::Int64,
+                Value::Int(i64::from(i32::MAX) + 1),
+                ChType::Int32,
+                "2147483648 is out of range for Int32",
+            ),
+            (
+                StreamType::Uint64,
+                Value::Uint(u64::MAX),
+                ChType::Int64,
+                "18446744073709551615 is out of range for Int64",
+            ),
+            (
+                StreamType::Int64,
+                Value::Int(-1),
+                ChType::UInt8,
+                "-1 is out of range for UInt8",
+            ),
+            (
+                StreamType::Uint64,
+                Value::Uint(256),
+                ChType::UInt8,
+                "256 is out of range for UInt8",
+            ),
+            (
+                StreamType::Uint64,
+                Value::Uint(65_536),
+                ChType::UInt16,
+                "65536 is out of range for UInt16",
+            ),
+            (
+                StreamType::Uint64,
+                Value::Uint(1 << 32),
+                ChType::UInt32,
+                "4294967296 is out of range for UInt32",
+            ),
+            (
+                StreamType::Int64,
+                Value::Int(-1),
+                ChType::UInt64,
+                "-1 is out of range for UInt64",
+            ),
+            (
+                StreamType::Uint64,
+                Value::Uint(65_536),
+                ChType::Date,
+                "65536 is out of range for Date",
+            ),
+            (
+                StreamType::Uint64,
+                Value::Uint(1 << 32),
+                ChType::DateTime,
+                "4294967296 is out of range for DateTime",
+            ),
+            (
+                opt(StreamType::Uint64),
+                Value::Uint(300),
+                nullable(ChType::UInt8),
+                "300 is out of range for UInt8",
+            ),
+        ];
+        for (stream, value, ty, expected) in cases {
+            let err = encode_one(stream, value, ty).unwrap_err();
+            assert_eq!(reason(err), expected);
+        }
+        // In-range values of the other sign class are written.
+        assert_eq!(
+            encode_one(StreamType::Uint64, Value::Uint(5), ChType::Int8).unwrap(),
+            vec![5]
+        );
+        assert_eq!(
+            encode_one(StreamType::Int64, Value::Int(5), ChType::UInt8).unwrap(),
+            vec![5]
+        );
+    }
+
+    #[test]
+    fn values_of_the_wrong_kind_are_rejected() {
+        let cases = [
+            (
+                StreamType::String,
+                Value::Bytes(b"1"),
+                ChType::UInt8,
+                "a string cannot be written to UInt8",
+            ),
+            (
+                StreamType::Double,
+                Value::Float(1.0),
+                ChType::Int32,
+                "a floating-point number cannot be written to Int32",
+            ),
+            (
+                StreamType::Uint8,
+                Value::Uint(1),
+                ChType::Bool,
+                "an unsigned integer cannot be written to Bool",
+            ),
+            (
+                StreamType::Boolean,
+                Value::Bool(true),
+                ChType::UInt8,
+                "a boolean cannot be written to UInt8",
+            ),
+            (
+                StreamType::Int64,
+                Value::Int(1),
+                ChType::String,
+                "a signed integer cannot be written to String",
+            ),
+            (
+                StreamType::Uint32,
+                Value::Uint(1),
+                ChType::FixedString(4),
+                "an unsigned integer cannot be written to FixedString(4)",
+            ),
+            (
+                StreamType::Boolean,
+                Value::Bool(true),
+                ChType::Float64,
+                "a boolean cannot be written to Float64",
+            ),
+            (
+                StreamType::String,
+                Value::Bytes(b"x"),
+                ChType::Float32,
+                "a string cannot be written to Float32",
+            ),
+            (
+                StreamType::String,
+                Value::Bytes(b"x"),
+                ChType::Unsupported("UUID".to_owned()),
+                "the type UUID cannot be encoded",
+            ),
+        ];
+        for (stream, value, ty, expected) in cases {
+            let err = encode_one(stream, value, ty).unwrap_err();
+            assert_eq!(reason(err), expected);
+        }
+    }
+
+    #[test]
+    fn columns_follow_the_plan_order_and_pick_their_stream_index() {
+        let batch = one_row(&[
+            (StreamType::Uint8, Value::Uint(1)),
+            (StreamType::Utf8, Value::Bytes(b"z")),
+            (StreamType::Int16, Value::Int(-1)),
+        ]);
+        let encoder = RowBinaryEncoder::new(vec![
+            EncodedColumn {
+                name: "c".to_owned(),
+                stream_index: 2,
+                ty: ChType::Int16,
+            },
+            EncodedColumn {
+                name: "a".to_owned(),
+                stream_index: 0,
+                ty: ChType::UInt8,
+            },
+            EncodedColumn {
+                name: "b".to_owned(),
+                stream_index: 1,
+                ty: ChType::String,
+            },
+        ]);
+        assert_eq!(encoder.column_names(), vec!["c", "a", "b"]);
+        let mut out = Vec::new();
+        encoder.encode_row(&batch.row(0), &mut out).unwrap();
+        encoder.encode_row(&batch.row(0), &mut out).unwrap();
+        let row = vec![0xff, 0xff, 1, 1, b'z'];
+        assert_eq!(out, [row.clone(), row].concat());
+    }
+
+    #[test]
+    fn a_stream_index_outside_the_row_is_an_error_not_a_panic() {
+        let batch = one_row(&[(StreamType::Uint8, Value::Uint(1))]);
+        let encoder = RowBinaryEncoder::new(vec![
+            EncodedColumn {
+                name: "a".to_owned(),
+                stream_index: 0,
+                ty: ChType::UInt8,
+            },
+            EncodedColumn {
+                name: "b".to_owned(),
+                stream_index: 3,
+                ty: ChType::UInt8,
+            },
+        ]);
+        let mut out = Vec::new();
+        let err = encoder.encode_row(&batch.row(0), &mut out).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "column `b`: stream column index 3 is outside the row of 1 values"
+        );
+        assert!(out.is_empty());
+    }
+
+    /// Round trip through a real ClickHouse (see `/work/shared/design/ENVIRONMENT.md`):
+    /// `cargo test -p flow-clickhouse rowbinary -- --ignored`. Uses `CLICKHOUSE_HTTP`
+    /// (default `127.0.0.1:18123`).
+    #[test]
+    #[ignore = "needs a ClickHouse server on CLICKHOUSE_HTTP (default 127.0.0.1:18123)"]
+    fn round_trip_through_a_real_clickhouse() {
+        let addr =
+            std::env::var("CLICKHOUSE_HTTP").unwrap_or_else(|_| "127.0.0.1:18123".to_owned());
+        let table = format!("default.rb_check_{}", std::process::id());
+        // (name, table type, stream type)
+        let columns: Vec<(&str, &str, StreamType)> = vec![
+            ("i8", "Int8", StreamType::Int8),
+            ("i16", "Int16", StreamType::Int16),
+            ("i32", "Int32", StreamType::Int32),
+            ("i64", "Int64", StreamType::Int64),
+            ("u8", "UInt8", StreamType::Uint8),
+            ("u16", "UInt16", StreamType::Uint16),
+            ("u32", "UInt32", StreamType::Uint32),
+            ("u64", "UInt64", StreamType::Uint64),
+            ("f32", "Float32", StreamType::Float),
+            ("f64", "Float64", StreamType::Double),
+            ("s", "String", StreamType::Utf8),
+            ("fs", "FixedString(4)", StreamType::String),
+            ("lc", "LowCardinality(String)", StreamType::Utf8),
+            (
+                "lcn",
+                "LowCardinality(Nullable(String))",
+                opt(StreamType::Utf8),
+            ),
+            ("d", "Date", StreamType::Date),
+            ("dt", "DateTime('UTC')", StreamType::Datetime),
+            ("ni", "Nullable(Int32)", opt(StreamType::Int32)),
+            ("nfs", "Nullable(FixedString(3))", opt(StreamType::String)),
+            ("ns", "Nullable(String)", StreamType::String),
+        ];
+        let long = "L".repeat(200);
+        let rows: Vec<Vec<Value<'_>>> = vec![
+            vec![
+                Value::Int(-128),
+                Value::Int(-32768),
+                Value::Int(-2_147_483_648),
+                Value::Int(i64::MIN),
+                Value::Uint(255),
+                Value::Uint(65535),
+                Value::Uint(4_294_967_295),
+                Value::Uint(u64::MAX),
+                Value::Float(1.5),
+                Value::Float(-2.25),
+                Value::Bytes("héllo".as_bytes()),
+                Value::Bytes(b"ab"),
+                Value::Bytes(b"red"),
+                Value::Null,
+                Value::Uint(19_000),
+                Value::Uint(1_700_000_000),
+                Value::Null,
+                Value::Null,
+                Value::Bytes(long.as_bytes()),
+            ],
+            vec![
+                Value::Int(127),
+                Value::Int(32767),
+                Value::Int(2_147_483_647),
+                Value::Int(i64::MAX),
+                Value::Uint(0),
+                Value::Uint(0),
+                Value::Uint(0),
+                Value::Uint(0),
+                Value::Float(0.0),
+                Value::Float(1e300),
+                Value::Bytes(b""),
+                Value::Bytes(b"abcd"),
+                Value::Bytes(b""),
+                Value::Bytes(b"x"),
+                Value::Uint(65_535),
+                Value::Uint(u32::MAX.into()),
+                Value::Int(-7),
+                Value::Bytes(b"xyz"),
+                Value::Bytes(b"tab\there"),
+            ],
+        ];
+        let schema: Arc<StreamSchema> = StreamSchema::new(
+            columns
+                .iter()
+                .map(|(name, _, ty)| Column::new(*name, ty.clone()))
+                .collect(),
+        )
+        .unwrap();
+        let mut batch = MessageBatch::new(schema);
+        for (offset, values) in rows.iter().enumerate() {
+            let mut writer = batch.start_row(MessageId::new(0, offset as u64));
+            for value in values {
+                writer.push(*value).unwrap();
+            }
+            writer.finish().unwrap();
+        }
+        let plan: Vec<EncodedColumn> = columns
+            .iter()
+            .enumerate()
+            .map(|(i, (name, ty, stream))| {
+                let ty = ChType::parse(ty);
+                crate::chtype::check_mapping(name, stream, &ty).unwrap();
+                EncodedColumn {
+                    name: (*name).to_owned(),
+                    stream_index: i,
+                    ty,
+                }
+            })
+            .collect();
+        let encoder = RowBinaryEncoder::new(plan);
+        let mut body = Vec::new();
+        for row in batch.rows() {
+            encoder.encode_row(&row, &mut body).unwrap();
+        }
+
+        let ddl: Vec<String> = columns
+            .iter()
+            .map(|(name, ty, _)| format!("{name} {ty}"))
+            .collect();
+        post(
+            &addr,
+            "",
+            &format!("DROP TABLE IF EXISTS {table}").into_bytes(),
+        );
+        post(
+            &addr,
+            "allow_experimental_low_cardinality_type=1",
+            &format!(
+                "CREATE TABLE {table} ({}) ENGINE = MergeTree ORDER BY tuple()",
+                ddl.join(", ")
+            )
+            .into_bytes(),
+        );
+        let mut insert = format!(
+            "INSERT INTO {table} ({}) FORMAT RowBinary\n",
+            encoder.column_names().join(", ")
+        )
+        .into_bytes();
+        insert.extend_from_slice(&body);
+        post(&addr, "", &insert);
+        // Dates and datetimes as their stored numbers (18.16 cannot print dates past 2105), and
+        // once as text to show the days / seconds meaning.
+        let select: Vec<String> = encoder
+            .column_names()
+            .into_iter()
+            .map(|name| match name.as_str() {
+                "d" => "toUInt16(d)".to_owned(),
+                "dt" => "toUInt32(dt)".to_owned(),
+                _ => name,
+            })
+            .collect();
+        let select = format!(
+            "SELECT {} FROM {table} ORDER BY i8 FORMAT TabSeparated",
+            select.join(", ")
+        );
+        let got = post(&addr, "", select.as_bytes());
+        let dates = post(
+            &addr,
+            "",
+            format!("SELECT d, dt FROM {table} WHERE i8 = -128 FORMAT TabSeparated").as_bytes(),
+        );
+        let types = post(
+            &addr,
+            "",
+            format!(
+                "SELECT type FROM system.columns WHERE database = 'default' AND table = '{}' \
+                 FORMAT TabSeparatedRaw",
+                table.trim_start_matches("default.")
+            )
+            .as_bytes(),
+        );
+        post(&addr, "", &format!("DROP TABLE {table}").into_bytes());
+        println!("types: {types}");
+        println!("rows:\n{got}");
+        println!("dates: {dates}");
+        let expected = format!(
+            "-128\t-32768\t-2147483648\t-9223372036854775808\t255\t65535\t4294967295\t\
+             18446744073709551615\t1.5\t-2.25\th\u{e9}llo\tab\\0\\0\tred\t\\N\t19000\t\
+             1700000000\t\\N\t\\N\t{long}\n\
+             127\t32767\t2147483647\t9223372036854775807\t0\t0\t0\t0\t0\t1e300\t\tabcd\t\tx\t\
+             65535\t4294967295\t-7\txyz\ttab\\there\n"
+        );
+        assert_eq!(got, expected);
+        // The types as system.columns prints them parse to what the encoder used.
+        let parsed: Vec<ChType> = types.lines().map(ChType::parse).collect();
+        let planned: Vec<ChType> = encoder.columns().iter().map(|c| c.ty.clone()).collect();
+        assert_eq!(parsed, planned);
+        assert_eq!(dates, "2022-01-08\t2023-11-14 22:13:20\n");
+    }
+
+    /// A minimal HTTP/1.1 POST (the crate has no HTTP client for tests); panics on a non-200.
+    fn post(addr: &str, query: &str, body: &[u8]) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        let head = format!(
+            "POST /?{query} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        stream.write_all(body).unwrap();
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).unwrap();
+        let response = String::from_utf8(response).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{body}");
+        if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body)
+        } else {
+            body.to_owned()
+        }
+    }
+
+    fn dechunk(mut body: &str) -> String {
+        let mut out = String::new();
+        loop {
+            let (size, rest) = body.split_once("\r\n").unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            if size == 0 {
+                return out;
+            }
+            out.push_str(&rest[..size]);
+            body = &rest[size + 2..];
+        }
+    }
+}

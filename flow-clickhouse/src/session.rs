@@ -1,0 +1,613 @@
+//! The writer session: created lazily on the first write, it connects to every endpoint and proves
+//! that they expose one logical table the stream can be written to — engine, complete ordered
+//! schema, replication identity, server capabilities, dedup window — before anything is sent.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flow_core::StreamSchema;
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::chtype::{check_mapping, ChType};
+use crate::classify::{ClassifiedError, ErrorClass};
+use crate::client::{
+    build_shards, json_text, json_u64, quote_ident, quote_literal, EndpointClient, ShardClients,
+};
+use crate::fingerprint::{endpoint_target_fingerprint, replicated_target_fingerprint, target_key};
+use crate::params::{ClickHouseDynamicParams, ClickHouseParams, SinkClass};
+use crate::rowbinary::{EncodedColumn, RowBinaryEncoder};
+
+/// Functions whose value differs between two executions of the same INSERT. A DEFAULT or
+/// MATERIALIZED expression using one makes two replays of a batch different blocks.
+const NON_DETERMINISTIC_FUNCTIONS: &[&str] = &[
+    "now(",
+    "now64(",
+    "nowinblock(",
+    "today(",
+    "yesterday(",
+    "rand(",
+    "rand32(",
+    "rand64(",
+    "randconstant(",
+    "randcanonical(",
+    "randomstring(",
+    "randomfixedstring(",
+    "randomprintableascii(",
+    "randomstringutf8(",
+    "fuzzbits(",
+    "generateuuidv4(",
+    "generateuuidv7(",
+    "generateulid(",
+    "generatesnowflakeid(",
+    "rownumberinblock(",
+    "rownumberinallblocks(",
+    "blocknumber(",
+    "hostname(",
+    "uptime(",
+    "serveruuid(",
+    "currentuser(",
+    "querythreadid(",
+    "queryid(",
+    "initialqueryid(",
+];
+
+#[derive(Error, Debug)]
+pub enum SessionError {
+    /// An endpoint did not answer; the session start is retried.
+    #[error("endpoint {endpoint} is not reachable: {cause}")]
+    Unreachable {
+        endpoint: String,
+        cause: ClassifiedError,
+    },
+    /// The target cannot be written as configured; the message says why and what to do.
+    #[error("Refusing to start the ClickHouse sink for {database}.{table}: {reason}")]
+    Refused {
+        database: String,
+        table: String,
+        reason: String,
+    },
+}
+
+impl SessionError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, SessionError::Unreachable { .. })
+    }
+}
+
+/// What the servers can do, probed from `system.settings` and `system.columns` (the minimum over
+/// every endpoint).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    pub insert_deduplication_token: bool,
+    pub async_insert: bool,
+    pub async_insert_deduplicate: bool,
+    pub insert_deduplicate: bool,
+    pub replicas_zookeeper_name: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ColumnMeta {
+    pub name: String,
+    pub type_text: String,
+    pub default_kind: String,
+    pub default_expression: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EngineKind {
+    Replicated,
+    Shared,
+    Plain,
+}
+
+#[derive(Clone, Debug)]
+struct EndpointMetadata {
+    engine: String,
+    kind: EngineKind,
+    columns: Vec<ColumnMeta>,
+    zookeeper_name: Option<String>,
+    zookeeper_path: Option<String>,
+    capabilities: Capabilities,
+    merge_tree_settings: BTreeMap<String, u64>,
+}
+
+/// A started session, shared by every partition of one sink.
+pub struct WriterSession {
+    /// Sorted by shard name; one entry named `""` for the unsharded forms.
+    pub shards: Vec<ShardClients>,
+    pub encoder: RowBinaryEncoder,
+    pub insert_sql: String,
+    pub capabilities: Capabilities,
+    /// `target:<shard>` → logical target fingerprint.
+    pub target_fingerprints: BTreeMap<String, String>,
+    pub database: String,
+    pub table: String,
+}
+
+impl WriterSession {
+    pub fn shard(&self, name: &str) -> Option<&ShardClients> {
+        self.shards.iter().find(|s| s.name == name)
+    }
+
+    /// Connects to every endpoint and validates the target; see the module doc.
+    pub async fn start(
+        class: SinkClass,
+        params: &ClickHouseParams,
+        dynamic: &ClickHouseDynamicParams,
+        stream: &Arc<StreamSchema>,
+    ) -> Result<WriterSession, SessionError> {
+        let refused = |reason: String| SessionError::Refused {
+            database: params.database.clone(),
+            table: params.table.clone(),
+            reason,
+        };
+        let shards = build_shards(params).map_err(refused)?;
+        let timeout = dynamic.write_timeout;
+
+        let mut first: Option<(String, EndpointMetadata)> = None;
+        let mut capabilities = Capabilities {
+            insert_deduplication_token: true,
+            async_insert: true,
+            async_insert_deduplicate: true,
+            insert_deduplicate: true,
+            replicas_zookeeper_name: true,
+        };
+        let mut target_fingerprints = BTreeMap::new();
+        for shard in &shards {
+            let mut shard_first: Option<(String, EndpointMetadata)> = None;
+            for endpoint in &shard.endpoints {
+                let meta = probe(endpoint, params, timeout).await?;
+                let here = describe(&shard.name, endpoint);
+                capabilities = min_capabilities(capabilities, meta.capabilities);
+                if let Some((there, reference)) = &shard_first {
+                    if reference.engine != meta.engine {
+                        return Err(refused(format!(
+                            "{here} has engine {} but {there} has {}; every host of a shard must expose the same table",
+                            meta.engine, reference.engine
+                        )));
+                    }
+                    if meta.kind == EngineKind::Replicated
+                        && (reference.zookeeper_path != meta.zookeeper_path
+                            || reference.zookeeper_name != meta.zookeeper_name)
+                    {
+                        return Err(refused(format!(
+                            "{here} replicates through ZooKeeper path {:?} but {there} through {:?}: they are different tables, not replicas of one. Point every host of the shard at replicas sharing one zookeeper_path",
+                            meta.zookeeper_path.as_deref().unwrap_or(""),
+                            reference.zookeeper_path.as_deref().unwrap_or("")
+                        )));
+                    }
+                } else {
+                    shard_first = Some((here.clone(), meta.clone()));
+                }
+                if let Some((there, reference)) = &first {
+                    if let Some(diff) = schema_difference(&reference.columns, &meta.columns) {
+                        return Err(refused(format!(
+                            "the schema on {here} differs from the one on {there}: {diff}. Make the tables identical (name, type, default kind and expression, in order)"
+                        )));
+                    }
+                } else {
+                    first = Some((here, meta));
+                }
+            }
+            let Some((_, meta)) = shard_first else {
+                return Err(refused(format!("shard `{}` has no host", shard.name)));
+            };
+            if meta.kind != EngineKind::Replicated && shard.endpoints.len() > 1 {
+                return Err(refused(format!(
+                    "{} is a {} table, which does not replicate: the sink cannot prove that the {} hosts of shard `{}` expose one logical table. Use ReplicatedMergeTree, or list one host",
+                    params.table, meta.engine, shard.endpoints.len(), shard.name
+                )));
+            }
+            if meta.kind == EngineKind::Plain && class.is_exactly_once() {
+                warn!(
+                    database = %params.database,
+                    table = %params.table,
+                    shard = %shard.name,
+                    engine = %meta.engine,
+                    "the target is a non-replicated {} without block deduplication by default: exactly-once degrades to at-least-once. Set the table setting non_replicated_deduplication_window (e.g. 1000) to enable deduplication",
+                    meta.engine
+                );
+            }
+            let fingerprint = match meta.kind {
+                EngineKind::Replicated => replicated_target_fingerprint(
+                    meta.zookeeper_name.as_deref().unwrap_or("default"),
+                    meta.zookeeper_path.as_deref().unwrap_or(""),
+                ),
+                EngineKind::Shared | EngineKind::Plain => {
+                    let hosts: Vec<String> = shard
+                        .endpoints
+                        .iter()
+                        .map(|e| e.endpoint.to_string())
+                        .collect();
+                    endpoint_target_fingerprint(
+                        &params.database,
+                        &params.table,
+                        params.port,
+                        &hosts,
+                    )
+                }
+            };
+            target_fingerprints.insert(target_key(&shard.name), fingerprint);
+            check_dedup_window(params, dynamic, &meta);
+        }
+        let Some((_, reference)) = first else {
+            return Err(refused("no endpoint is configured".to_owned()));
+        };
+
+        if dynamic.async_insert && !capabilities.async_insert {
+            return Err(refused(
+                "`async_insert: true` is set but the server does not know the setting `async_insert` (ClickHouse before 21.11). Set `async_insert: false`".to_owned(),
+            ));
+        }
+        let encoder = plan_columns(class, params, stream, &reference.columns, capabilities)
+            .map_err(refused)?;
+        if class.is_exactly_once() && !capabilities.insert_deduplication_token {
+            warn!(
+                database = %params.database,
+                table = %params.table,
+                "the server has no `insert_deduplication_token`: exactly-once rests on ClickHouse's content-hash deduplication of bit-identical replays. Two distinct batches with identical rows would collapse into one; make rows unique (e.g. include the message id) or upgrade ClickHouse"
+            );
+        }
+        let columns: Vec<String> = encoder.column_names();
+        let insert_sql = format!(
+            "INSERT INTO {}.{} ({}) FORMAT RowBinary",
+            quote_ident(&params.database),
+            quote_ident(&params.table),
+            columns
+                .iter()
+                .map(|c| quote_ident(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        info!(
+            database = %params.database,
+            table = %params.table,
+            shards = shards.len(),
+            columns = columns.len(),
+            tokens = capabilities.insert_deduplication_token,
+            "ClickHouse writer session started"
+        );
+        Ok(WriterSession {
+            shards,
+            encoder,
+            insert_sql,
+            capabilities,
+            target_fingerprints,
+            database: params.database.clone(),
+            table: params.table.clone(),
+        })
+    }
+}
+
+fn describe(shard: &str, endpoint: &EndpointClient) -> String {
+    if shard.is_empty() {
+        format!("host {}", endpoint.endpoint)
+    } else {
+        format!("host {} of shard `{shard}`", endpoint.endpoint)
+    }
+}
+
+fn min_capabilities(a: Capabilities, b: Capabilities) -> Capabilities {
+    Capabilities {
+        insert_deduplication_token: a.insert_deduplication_token && b.insert_deduplication_token,
+        async_insert: a.async_insert && b.async_insert,
+        async_insert_deduplicate: a.async_insert_deduplicate && b.async_insert_deduplicate,
+        insert_deduplicate: a.insert_deduplicate && b.insert_deduplicate,
+        replicas_zookeeper_name: a.replicas_zookeeper_name && b.replicas_zookeeper_name,
+    }
+}
+
+/// Reads everything the session checks from one endpoint.
+async fn probe(
+    endpoint: &EndpointClient,
+    params: &ClickHouseParams,
+    timeout: Duration,
+) -> Result<EndpointMetadata, SessionError> {
+    let fail = |cause: ClassifiedError| -> SessionError {
+        if cause.class == ErrorClass::Retryable || cause.code.is_none() {
+            SessionError::Unreachable {
+                endpoint: endpoint.endpoint.to_string(),
+                cause,
+            }
+        } else {
+            SessionError::Refused {
+                database: params.database.clone(),
+                table: params.table.clone(),
+                reason: format!("{} answered: {cause}", endpoint.endpoint),
+            }
+        }
+    };
+    let db = quote_literal(&params.database);
+    let table = quote_literal(&params.table);
+    let refused = |reason: String| SessionError::Refused {
+        database: params.database.clone(),
+        table: params.table.clone(),
+        reason,
+    };
+
+    let tables = endpoint
+        .query_json(
+            &format!("SELECT engine FROM system.tables WHERE database = {db} AND name = {table}"),
+            timeout,
+        )
+        .await
+        .map_err(fail)?;
+    let Some(row) = tables.first() else {
+        return Err(refused(format!(
+            "the table does not exist on {}. Create `{}`.`{}` on every host of every shard",
+            endpoint.endpoint, params.database, params.table
+        )));
+    };
+    let engine = json_text(row, "engine");
+    let kind = if engine == "Distributed" {
+        return Err(refused(format!(
+            "{} is a Distributed table on {}. The sink routes rows to shards itself and needs each shard's local table; a Distributed target would forward blocks on its own and break the link between deduplication token and shard. Set `table` to the local table and list the shards in `shard_hosts`",
+            params.table, endpoint.endpoint
+        )));
+    } else if engine.starts_with("Replicated") && engine.ends_with("MergeTree") {
+        EngineKind::Replicated
+    } else if engine.starts_with("Shared") && engine.ends_with("MergeTree") {
+        EngineKind::Shared
+    } else if engine.ends_with("MergeTree") {
+        EngineKind::Plain
+    } else {
+        return Err(refused(format!(
+            "{} has engine {engine} on {}; only the MergeTree family is supported (ReplicatedMergeTree recommended), since exactly-once needs its block deduplication",
+            params.table, endpoint.endpoint
+        )));
+    };
+
+    let columns = endpoint
+        .query_json(
+            &format!(
+                "SELECT name, type, default_kind, default_expression FROM system.columns WHERE database = {db} AND table = {table}"
+            ),
+            timeout,
+        )
+        .await
+        .map_err(fail)?
+        .iter()
+        .map(|row| ColumnMeta {
+            name: json_text(row, "name"),
+            type_text: json_text(row, "type"),
+            default_kind: json_text(row, "default_kind"),
+            default_expression: json_text(row, "default_expression"),
+        })
+        .collect();
+
+    let settings: Vec<String> = endpoint
+        .query_json(
+            "SELECT name FROM system.settings WHERE name IN ('insert_deduplication_token', 'async_insert', 'async_insert_deduplicate', 'insert_deduplicate')",
+            timeout,
+        )
+        .await
+        .map_err(fail)?
+        .iter()
+        .map(|row| json_text(row, "name"))
+        .collect();
+    let has = |name: &str| settings.iter().any(|s| s == name);
+    let replicas_zookeeper_name = !endpoint
+        .query_json(
+            "SELECT name FROM system.columns WHERE database = 'system' AND table = 'replicas' AND name = 'zookeeper_name'",
+            timeout,
+        )
+        .await
+        .map_err(fail)?
+        .is_empty();
+    let capabilities = Capabilities {
+        insert_deduplication_token: has("insert_deduplication_token"),
+        async_insert: has("async_insert"),
+        async_insert_deduplicate: has("async_insert_deduplicate"),
+        insert_deduplicate: has("insert_deduplicate"),
+        replicas_zookeeper_name,
+    };
+
+    let (mut zookeeper_name, mut zookeeper_path) = (None, None);
+    if kind == EngineKind::Replicated {
+        let name_column = if replicas_zookeeper_name {
+            ", zookeeper_name"
+        } else {
+            ""
+        };
+        let replicas = endpoint
+            .query_json(
+                &format!(
+                    "SELECT zookeeper_path, replica_name{name_column} FROM system.replicas WHERE database = {db} AND table = {table}"
+                ),
+                timeout,
+            )
+            .await
+            .map_err(fail)?;
+        let Some(replica) = replicas.first() else {
+            return Err(refused(format!(
+                "{} is {engine} on {} but system.replicas has no entry for it",
+                params.table, endpoint.endpoint
+            )));
+        };
+        zookeeper_path = Some(json_text(replica, "zookeeper_path"));
+        zookeeper_name = Some(if replicas_zookeeper_name {
+            json_text(replica, "zookeeper_name")
+        } else {
+            "default".to_owned()
+        });
+    }
+
+    let merge_tree_settings = endpoint
+        .query_json(
+            "SELECT name, value FROM system.merge_tree_settings WHERE name IN ('replicated_deduplication_window_seconds', 'replicated_deduplication_window_seconds_for_async_inserts', 'non_replicated_deduplication_window')",
+            timeout,
+        )
+        .await
+        .map_err(fail)?
+        .iter()
+        .filter_map(|row| Some((json_text(row, "name"), json_u64(row, "value")?)))
+        .collect();
+
+    Ok(EndpointMetadata {
+        engine,
+        kind,
+        columns,
+        zookeeper_name,
+        zookeeper_path,
+        capabilities,
+        merge_tree_settings,
+    })
+}
+
+/// The first difference between two schemas, if any.
+fn schema_difference(a: &[ColumnMeta], b: &[ColumnMeta]) -> Option<String> {
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        if x != y {
+            return Some(format!(
+                "column {} is `{}` {} {} {:?} there but `{}` {} {} {:?} here",
+                i + 1,
+                x.name,
+                x.type_text,
+                x.default_kind,
+                x.default_expression,
+                y.name,
+                y.type_text,
+                y.default_kind,
+                y.default_expression
+            ));
+        }
+    }
+    (a.len() != b.len()).then(|| format!("{} columns there, {} here", a.len(), b.len()))
+}
+
+/// Maps stream columns to table columns and builds the encoder.
+fn plan_columns(
+    class: SinkClass,
+    params: &ClickHouseParams,
+    stream: &Arc<StreamSchema>,
+    table: &[ColumnMeta],
+    capabilities: Capabilities,
+) -> Result<RowBinaryEncoder, String> {
+    let mut problems = Vec::new();
+    let mut plan = Vec::new();
+    for (stream_index, column) in stream.columns().iter().enumerate() {
+        let Some(target) = table.iter().find(|c| c.name == column.name) else {
+            problems.push(format!(
+                "the stream column `{}` is not a column of {}.{}; add it to the table or drop it from the stream (e.g. with a `project` processor)",
+                column.name, params.database, params.table
+            ));
+            continue;
+        };
+        if target.default_kind == "MATERIALIZED" || target.default_kind == "ALIAS" {
+            problems.push(format!(
+                "the stream column `{}` is a {} column of the table, which ClickHouse computes itself; drop it from the stream",
+                column.name, target.default_kind
+            ));
+            continue;
+        }
+        let ty = ChType::parse(&target.type_text);
+        if let Err(reason) = check_mapping(&column.name, &column.ty, &ty) {
+            problems.push(reason);
+            continue;
+        }
+        plan.push(EncodedColumn {
+            name: column.name.clone(),
+            stream_index,
+            ty,
+        });
+    }
+    if class.is_exactly_once() && !capabilities.insert_deduplication_token {
+        for column in table {
+            let sent = stream.index_of(&column.name).is_some();
+            let computed_on_insert = (!sent && column.default_kind == "DEFAULT")
+                || column.default_kind == "MATERIALIZED";
+            if computed_on_insert && is_non_deterministic(&column.default_expression) {
+                problems.push(format!(
+                    "the column `{}` is filled by {} {} on every insert, so a replayed batch would not be bit-identical and this server (no insert_deduplication_token) could not recognise it as a replay; exactly-once is impossible. Send the column from the stream, make its default deterministic, or use AtLeastOnceClickHouseSink",
+                    column.name, column.default_kind, column.default_expression
+                ));
+            }
+        }
+    }
+    if plan.is_empty() && problems.is_empty() {
+        problems.push("the stream has no column to send".to_owned());
+    }
+    if problems.is_empty() {
+        Ok(RowBinaryEncoder::new(plan))
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+fn is_non_deterministic(expression: &str) -> bool {
+    let compact: String = expression
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .flat_map(char::to_lowercase)
+        .collect();
+    NON_DETERMINISTIC_FUNCTIONS
+        .iter()
+        .any(|f| compact.contains(f))
+}
+
+fn check_dedup_window(
+    params: &ClickHouseParams,
+    dynamic: &ClickHouseDynamicParams,
+    meta: &EndpointMetadata,
+) {
+    if meta.kind != EngineKind::Replicated {
+        return;
+    }
+    let setting = if dynamic.async_insert {
+        "replicated_deduplication_window_seconds_for_async_inserts"
+    } else {
+        "replicated_deduplication_window_seconds"
+    };
+    let Some(&window) = meta.merge_tree_settings.get(setting) else {
+        return;
+    };
+    let horizon = dynamic.replay_horizon.as_secs();
+    if window < horizon {
+        warn!(
+            Database = %params.database,
+            Table = %params.table,
+            DedupWindowSetting = setting,
+            ReplayHorizon = horizon,
+            DedupWindow = window,
+            "the server's deduplication window is shorter than replay_horizon: a batch replayed later than {window} s after its first attempt would be inserted twice. Raise {setting} on the table (with a margin) or lower replay_horizon"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_deterministic_defaults_are_recognised() {
+        assert!(is_non_deterministic("now()"));
+        assert!(is_non_deterministic("toDate(NOW ())"));
+        assert!(is_non_deterministic("generateUUIDv4()"));
+        assert!(is_non_deterministic("rand() % 10"));
+        assert!(!is_non_deterministic("toDate(ts)"));
+        assert!(!is_non_deterministic("''"));
+    }
+
+    #[test]
+    fn schema_difference_names_the_first_differing_column() {
+        let col = |name: &str, ty: &str| ColumnMeta {
+            name: name.to_owned(),
+            type_text: ty.to_owned(),
+            default_kind: String::new(),
+            default_expression: String::new(),
+        };
+        let a = vec![col("id", "UInt64"), col("x", "String")];
+        let b = vec![col("id", "UInt64"), col("x", "UInt8")];
+        assert_eq!(
+            schema_difference(&a, &b).unwrap(),
+            "column 2 is `x` String  \"\" there but `x` UInt8  \"\" here"
+        );
+        assert_eq!(schema_difference(&a, &a), None);
+        assert_eq!(
+            schema_difference(&a, &a[..1]).unwrap(),
+            "2 columns there, 1 here"
+        );
+    }
+}

@@ -1,0 +1,19 @@
+//! `flow-worker`: runs, validates and inspects flow pipelines described by a YAML spec.
+//!
+//! `run` executes the pipeline until its finite sources are drained (or a signal stops it),
+//! `validate` reports every violation of a spec without connecting anywhere, and `status` reads a
+//! state directory and shows positions, undelivered batches, fingerprints and dead letters. The
+//! CLI lives in this library so that test harnesses can ship the same binary under their own name.
+
+mod cli;
+mod run;
+mod status;
+
+pub use cli::main;
+
+/// Every plugin class the worker knows: flow-core's built-ins and the ClickHouse sinks.
+pub fn registry() -> flow_core::Registry {
+    let mut registry = flow_core::Registry::with_builtins();
+    flow_clickhouse::register(&mut registry);
+    registry
+}
