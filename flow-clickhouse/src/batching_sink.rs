@@ -270,7 +270,8 @@ impl BatchingSink {
                 first_offset,
                 last_offset,
                 rows,
-                payload: std::mem::take(buffer),
+                // The next batch is likely as large: reserve that instead of regrowing.
+                payload: Bytes::from(std::mem::replace(buffer, Vec::with_capacity(buffer.len()))),
             });
         }
     }
@@ -419,7 +420,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 batch.shard
             )));
         };
-        let payload = Bytes::copy_from_slice(&batch.payload);
+        let payload = batch.payload.clone();
         let mut attempts = 0u32;
         let mut stop = stop.clone();
         loop {

@@ -28,7 +28,7 @@ fn commit(partition: u32, n: u64, payload: &[u8]) -> EpochCommit {
                 first_offset: n,
                 last_offset: n,
                 rows: 1,
-                payload: payload.to_vec(),
+                payload: payload.to_vec().into(),
             }],
             dead_letters: Vec::new(),
         }],

@@ -280,7 +280,7 @@ pub(crate) fn decode_batch(key: &[u8], value: &[u8]) -> Result<SealedBatch, Stat
         first_offset: h.first_offset,
         last_offset: h.last_offset,
         rows: h.rows,
-        payload: payload.to_vec(),
+        payload: bytes::Bytes::copy_from_slice(payload),
     })
 }
 
@@ -336,7 +336,7 @@ mod tests {
             first_offset: 7,
             last_offset: 9,
             rows: 3,
-            payload,
+            payload: payload.into(),
         }
     }
 

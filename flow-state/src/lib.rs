@@ -139,6 +139,7 @@ impl StateStore {
     pub fn open_with(dir: &Path, options: StoreOptions) -> Result<StateStore, StateError> {
         let db = sled::Config::new()
             .path(dir)
+            .cache_capacity(options.cache_capacity)
             .open()
             .map_err(|source| StateError::Open {
                 dir: dir.to_path_buf(),

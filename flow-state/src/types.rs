@@ -68,8 +68,8 @@ pub struct SealedBatch {
     pub first_offset: u64,
     pub last_offset: u64,
     pub rows: u64,
-    /// The exact bytes to send.
-    pub payload: Vec<u8>,
+    /// The exact bytes to send (shared, so handing a batch to delivery copies nothing).
+    pub payload: bytes::Bytes,
 }
 
 /// A batch as stored in a queue, with its sequence number.
@@ -114,6 +114,9 @@ pub struct StoreOptions {
     pub fsync: bool,
     /// Maximum number of requests applied in one commit group.
     pub max_group: usize,
+    /// sled's page cache in bytes. The outbox is written once and read back only after a
+    /// restart, so a small cache keeps memory flat (sled's own default is 1 GiB).
+    pub cache_capacity: u64,
 }
 
 impl Default for StoreOptions {
@@ -121,6 +124,7 @@ impl Default for StoreOptions {
         StoreOptions {
             fsync: true,
             max_group: 1024,
+            cache_capacity: 64 << 20,
         }
     }
 }

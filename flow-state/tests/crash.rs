@@ -89,7 +89,7 @@ fn expected_batch(partition: u32, epoch: u64, sink: &str, i: u64) -> SealedBatch
         first_offset: epoch * 1000 + i * 10,
         last_offset: epoch * 1000 + i * 10 + 9,
         rows: 10 + i,
-        payload,
+        payload: payload.into(),
     }
 }
 

@@ -250,7 +250,7 @@ fn encode_batch(
         first_offset: first.offset,
         last_offset: last.offset,
         rows: range.len() as u64,
-        payload,
+        payload: payload.into(),
     }
 }
 

@@ -1,0 +1,162 @@
+//! Throughput of the exactly-once path against a hand-written `clickhouse::Inserter` loop on the
+//! same rows, on the local cluster (`scripts/cluster.sh up`).
+//!
+//! `cargo bench -p flow-clickhouse --bench exactly_once_vs_inserter` (rows: `FLOW_BENCH_ROWS`,
+//! default 2,000,000). Both write the generator's rows to node a1 of a fresh ReplicatedMergeTree
+//! table with lz4; flow goes through epochs, the sled outbox (fsync per commit group) and ordered
+//! delivery. Prints rows/s of each, their ratio and the process's peak resident memory.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Instant;
+
+use flow_core::sources::generator::{fill_payload, row_values};
+use flow_core::{Pipeline, PipelineSpec, Registry};
+use flow_state::StateStore;
+
+#[derive(clickhouse::Row, serde::Serialize)]
+struct GeneratorRow<'a> {
+    id: u64,
+    partition: u32,
+    offset: u64,
+    user_id: u64,
+    ts: u32,
+    payload: &'a [u8],
+}
+
+const A1: &str = "http://127.0.0.1:18123";
+const A2: &str = "http://127.0.0.1:18124";
+
+async fn exec(url: &str, sql: &str) {
+    clickhouse::Client::default()
+        .with_url(url)
+        .with_validation(false)
+        .query(sql)
+        .execute()
+        .await
+        .unwrap_or_else(|e| {
+            panic!("`{sql}` on {url}: {e} (is the cluster up? scripts/cluster.sh up)")
+        });
+}
+
+async fn fresh_table(name: &str) {
+    for url in [A1, A2] {
+        exec(url, &format!("DROP TABLE IF EXISTS default.{name}")).await;
+    }
+    for url in [A1, A2] {
+        exec(url, &format!("CREATE TABLE default.{name} (id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{{shard}}/default.{name}', '{{replica}}') ORDER BY id")).await;
+    }
+}
+
+async fn count(name: &str) -> u64 {
+    clickhouse::Client::default()
+        .with_url(A1)
+        .with_validation(false)
+        .query(&format!("SELECT count() FROM default.{name}"))
+        .fetch_one::<u64>()
+        .await
+        .unwrap()
+}
+
+async fn inserter_loop(rows: u64, partitions: u32, batch: u64) -> f64 {
+    fresh_table("bench_inserter").await;
+    let client = clickhouse::Client::default()
+        .with_url(A1)
+        .with_validation(false)
+        .with_compression(clickhouse::Compression::Lz4);
+    let mut inserter = client
+        .inserter::<GeneratorRow<'_>>("bench_inserter")
+        .with_max_rows(batch);
+    let per_partition = rows / u64::from(partitions);
+    let mut payload = Vec::with_capacity(16);
+    let started = Instant::now();
+    for offset in 0..per_partition {
+        for partition in 0..partitions {
+            let (id, user_id, ts) = row_values(partition, offset, partitions);
+            fill_payload(id, 16, &mut payload);
+            inserter
+                .write(&GeneratorRow {
+                    id,
+                    partition,
+                    offset,
+                    user_id,
+                    ts: ts as u32,
+                    payload: &payload,
+                })
+                .await
+                .unwrap();
+            inserter.commit().await.unwrap();
+        }
+    }
+    inserter.end().await.unwrap();
+    let seconds = started.elapsed().as_secs_f64();
+    assert_eq!(
+        count("bench_inserter").await,
+        per_partition * u64::from(partitions)
+    );
+    seconds
+}
+
+async fn flow_pipeline(rows: u64, partitions: u32, batch: u64) -> f64 {
+    fresh_table("bench_flow").await;
+    let state = tempfile::tempdir().unwrap();
+    let spec = format!(
+        "pipeline: bench\npartitions: {partitions}\nepoch: {{max_messages: {batch}, max_duration_ms: 2000}}\nsource:\n  class: generator\n  parameters: {{count: {}, payload_bytes: 16}}\nsinks:\n  - name: ch\n    sink_class_name: ClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{host: '127.0.0.1:18123', table: bench_flow}}\n    dynamic_parameters: {{max_rows_per_batch: {batch}, max_bytes_per_batch: 268435456}}\n",
+        rows / u64::from(partitions)
+    );
+    let mut registry = Registry::with_builtins();
+    flow_clickhouse::register(&mut registry);
+    let pipeline = registry
+        .build(&PipelineSpec::from_yaml(&spec).unwrap())
+        .unwrap();
+    let store = StateStore::open(state.path()).unwrap();
+    let started = Instant::now();
+    let report = Pipeline::new(pipeline, store.clone()).run().await.unwrap();
+    let seconds = started.elapsed().as_secs_f64();
+    assert_eq!(report.messages(), rows);
+    assert_eq!(count("bench_flow").await, rows);
+    println!("flow outbox: {:?}", store.stats());
+    seconds
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+fn main() {
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let partitions = env("FLOW_BENCH_PARTITIONS", 2) as u32;
+    let batch = env("FLOW_BENCH_BATCH", 100_000);
+    let rows = env("FLOW_BENCH_ROWS", 2_000_000);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let flow = flow_pipeline(rows, partitions, batch).await;
+        let flow_rss = peak_rss_mib();
+        let baseline = inserter_loop(rows, partitions, batch).await;
+        let flow_rate = rows as f64 / flow;
+        let baseline_rate = rows as f64 / baseline;
+        println!("rows: {rows}, batch: {batch}, partitions: {partitions}");
+        println!("clickhouse::Inserter loop: {baseline:.2} s, {baseline_rate:.0} rows/s");
+        println!("flow exactly-once:         {flow:.2} s, {flow_rate:.0} rows/s (peak RSS {flow_rss:.0} MiB)");
+        println!("ratio flow / inserter:     {:.2}", flow_rate / baseline_rate);
+        for name in ["bench_inserter", "bench_flow"] {
+            for url in [A1, A2] {
+                exec(url, &format!("DROP TABLE IF EXISTS default.{name}")).await;
+            }
+        }
+    });
+}
