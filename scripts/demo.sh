@@ -33,19 +33,20 @@ ORDER BY id
 SQL
 done
 
-SPEC="$DEMO_DIR/quickstart.yaml"
-sed "s#@DEMO_DIR@#$DEMO_DIR#g" examples/specs/quickstart-debug.yaml >"$SPEC"
+SPEC="$FLOW_REPO_ROOT/examples/specs/quickstart.yaml"
 flow_log "validating $SPEC"
 "$WORKER" validate "$SPEC"
-flow_log "running the quickstart pipeline (4 partitions x 25,000 generated messages)"
+flow_log "running the quickstart pipeline (4 partitions x 25,000 generated messages, sharded exactly-once)"
 RUST_LOG="${RUST_LOG:-warn}" "$WORKER" run "$SPEC" --state-dir "$DEMO_DIR/state"
 
-OUT="$DEMO_DIR/events.jsonl"
 echo
-echo "Landed in $OUT (the debug sink; the ClickHouse sinks replace it in a later release):"
-echo "  lines:        $(wc -l <"$OUT")"
-echo "  distinct ids: $(grep -o '"id":[0-9]*' "$OUT" | sort -u | wc -l)"
-echo "  first line:   $(head -n 1 "$OUT")"
+echo "Landed in default.events (count, distinct ids, distinct user_ids per replica):"
+for node in a1:18123 a2:18124 b1:18125 b2:18126; do
+    port="${node#*:}"
+    curl -sS --fail-with-body "http://127.0.0.1:$port/" --data-binary "SYSTEM SYNC REPLICA default.events" >/dev/null
+    printf '  shard %s replica %s: %s\n' "${node:0:1}" "${node%%:*}" \
+        "$(curl -sS --fail-with-body "http://127.0.0.1:$port/" --data-binary "SELECT count(), uniqExact(id), uniqExact(user_id) FROM default.events" | tr '\t' ' ')"
+done
 echo
 echo "Pipeline state:"
 "$WORKER" status --state-dir "$DEMO_DIR/state"
