@@ -24,8 +24,9 @@ use tokio::sync::{watch, OnceCell};
 use tracing::{error, warn};
 
 use crate::classify::{log_unknown, should_retry, ErrorClass};
+use crate::compress::{compress_lz4, LZ4_FORMAT_SUFFIX};
 use crate::fingerprint::{check_topology, topology_fingerprint, TopologyDecision, ROUTING_KEY};
-use crate::params::{self, ClickHouseDynamicParams, ClickHouseParams, SinkClass};
+use crate::params::{self, ClickHouseDynamicParams, ClickHouseParams, Codec, SinkClass};
 use crate::routing::{routing_key, RendezvousRouter};
 use crate::session::WriterSession;
 
@@ -254,13 +255,31 @@ impl BatchingSink {
                 token.push_str(&shard);
             }
             let rows = std::mem::take(&mut self.rows[index]);
+            let (format, payload) = match self.shared.params.codec {
+                Codec::Lz4 => {
+                    let mut compressed = Vec::with_capacity(buffer.len() / 2);
+                    compress_lz4(buffer, &mut compressed);
+                    // The encode buffer keeps its capacity for the next batch.
+                    buffer.clear();
+                    (
+                        format!("RowBinary{LZ4_FORMAT_SUFFIX}"),
+                        Bytes::from(compressed),
+                    )
+                }
+                Codec::None => {
+                    // The next batch is likely as large: reserve that instead of regrowing.
+                    let capacity = buffer.len();
+                    let raw = std::mem::replace(buffer, Vec::with_capacity(capacity));
+                    ("RowBinary".to_owned(), Bytes::from(raw))
+                }
+            };
             write.batches.push(SealedBatch {
                 target: format!(
                     "{}.{}",
                     self.shared.params.database, self.shared.params.table
                 ),
                 columns: session_columns.clone(),
-                format: "RowBinary".to_owned(),
+                format,
                 token,
                 shard: if self.shared.sharded {
                     shard
@@ -270,8 +289,7 @@ impl BatchingSink {
                 first_offset,
                 last_offset,
                 rows,
-                // The next batch is likely as large: reserve that instead of regrowing.
-                payload: Bytes::from(std::mem::replace(buffer, Vec::with_capacity(buffer.len()))),
+                payload,
             });
         }
     }
@@ -421,6 +439,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
             )));
         };
         let payload = batch.payload.clone();
+        let compressed = batch.format.ends_with(LZ4_FORMAT_SUFFIX);
         let mut attempts = 0u32;
         let mut stop = stop.clone();
         loop {
@@ -444,6 +463,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
                     &session.insert_sql,
                     &settings,
                     payload.clone(),
+                    compressed,
                     dynamic.write_timeout,
                 )
                 .await;

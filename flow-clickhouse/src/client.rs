@@ -55,13 +55,11 @@ pub fn build_shards(params: &ClickHouseParams) -> Result<Vec<ShardClients>, Stri
     let base = tls::base_client(&options, CONNECT_TIMEOUT).map_err(|err| err.to_string())?;
     let password = params.password()?;
     let scheme = tls::scheme(&options);
+    // Batches are compressed once when sealed (see `compress`), so the client never compresses.
     let mut base = base
         .with_validation(false)
         .with_user(params.user.clone())
-        .with_compression(match params.codec {
-            crate::params::Codec::Lz4 => clickhouse::Compression::Lz4,
-            crate::params::Codec::None => clickhouse::Compression::None,
-        });
+        .with_compression(clickhouse::Compression::None);
     if let Some(password) = password {
         base = base.with_password(password);
     }
@@ -168,18 +166,23 @@ impl EndpointClient {
         }
     }
 
-    /// Sends one INSERT with `payload` as its data. Succeeds only when the server acknowledged it.
+    /// Sends one INSERT with `payload` as its data (in ClickHouse's compression framing when
+    /// `compressed`). Succeeds only when the server acknowledged it.
     pub async fn insert(
         &self,
         sql: &str,
         settings: &[(&'static str, String)],
         payload: Bytes,
+        compressed: bool,
         timeout: Duration,
     ) -> Result<(), ClassifiedError> {
         let mut insert = self
             .client
             .insert_formatted_with(sql.to_owned())
             .with_timeouts(Some(timeout), Some(timeout));
+        if compressed {
+            insert = insert.with_setting("decompress", "1");
+        }
         for (name, value) in settings {
             insert = insert.with_setting(*name, value.clone());
         }

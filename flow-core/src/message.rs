@@ -219,18 +219,21 @@ impl RowWriter<'_> {
     /// Checks `value` against the type of the next column and appends it.
     pub fn push(&mut self, value: Value<'_>) -> Result<&mut Self, ValueError> {
         let column_index = self.batch.cells.len() - self.cells_mark;
-        let schema = Arc::clone(&self.batch.schema);
-        let column = schema
-            .columns()
-            .get(column_index)
-            .ok_or(ValueError::TooManyValues {
-                expected: schema.len(),
-            })?;
-        let cell = check_value(&column.ty, value).map_err(|what| ValueError::Invalid {
-            column: column.name.clone(),
-            ty: column.ty.clone(),
-            what,
-        })?;
+        // Borrow the schema only for the check: no reference-count traffic per value.
+        let cell = {
+            let schema = &*self.batch.schema;
+            let column = schema
+                .columns()
+                .get(column_index)
+                .ok_or(ValueError::TooManyValues {
+                    expected: schema.len(),
+                })?;
+            check_value(&column.ty, value).map_err(|what| ValueError::Invalid {
+                column: column.name.clone(),
+                ty: column.ty.clone(),
+                what,
+            })?
+        };
         let cell = match (cell, value) {
             (Cell::Bytes { .. }, Value::Bytes(bytes)) => {
                 let start = self.batch.arena.len();
