@@ -219,6 +219,8 @@ fn scalar_matches(stream: &StreamType, table: &ChType) -> bool {
                 ChType::String | ChType::FixedString(_)
             )
             | (StreamType::Boolean, ChType::Bool)
+            // Servers before 21.12 have no Bool; UInt8 is how a boolean is stored there.
+            | (StreamType::Boolean, ChType::UInt8)
             | (StreamType::Date, ChType::Date)
             | (StreamType::Datetime, ChType::DateTime)
     )
@@ -420,6 +422,7 @@ mod tests {
             (StreamType::String, low(ChType::String)),
             (StreamType::Utf8, low(ChType::String)),
             (StreamType::Boolean, ChType::Bool),
+            (StreamType::Boolean, ChType::UInt8),
             (StreamType::Date, ChType::Date),
             (StreamType::Datetime, ChType::DateTime),
         ];
@@ -483,10 +486,10 @@ mod tests {
                 .to_owned())
         );
         assert_eq!(
-            check_mapping("flag", &StreamType::Boolean, &ChType::UInt8),
+            check_mapping("flag", &StreamType::Boolean, &ChType::UInt16),
             Err(
-                "column `flag`: the stream has boolean but the table has UInt8; declare the \
-                 stream column as uint8 or change the table column to Bool"
+                "column `flag`: the stream has boolean but the table has UInt16; declare the \
+                 stream column as uint16 or change the table column to Bool"
                     .to_owned()
             )
         );

@@ -140,6 +140,10 @@ fn encode_value<'t>(ty: &'t ChType, value: Value<'_>, out: &mut Vec<u8>) -> Resu
         ChType::Int16 => out.extend_from_slice(&narrow::<i16>(ty, value)?.to_le_bytes()),
         ChType::Int32 => out.extend_from_slice(&narrow::<i32>(ty, value)?.to_le_bytes()),
         ChType::Int64 => out.extend_from_slice(&narrow::<i64>(ty, value)?.to_le_bytes()),
+        // ClickHouse before 21.12 has no Bool: booleans are stored as UInt8 0/1 there.
+        ChType::UInt8 if matches!(value, Value::Bool(_)) => {
+            out.push(u8::from(value == Value::Bool(true)))
+        }
         ChType::UInt8 => out.extend_from_slice(&narrow::<u8>(ty, value)?.to_le_bytes()),
         ChType::UInt16 | ChType::Date => {
             out.extend_from_slice(&narrow::<u16>(ty, value)?.to_le_bytes())
@@ -344,6 +348,14 @@ mod tests {
 
     #[test]
     fn floats_bools_dates_and_datetimes() {
+        assert_eq!(
+            encode_one(StreamType::Boolean, Value::Bool(true), ChType::UInt8).unwrap(),
+            vec![1]
+        );
+        assert_eq!(
+            encode_one(StreamType::Boolean, Value::Bool(false), ChType::UInt8).unwrap(),
+            vec![0]
+        );
         assert_eq!(
             encode_one(StreamType::Float, Value::Float(1.5), ChType::Float32).unwrap(),
             1.5f32.to_le_bytes()
@@ -690,12 +702,6 @@ mod tests {
                 Value::Uint(1),
                 ChType::Bool,
                 "an unsigned integer cannot be written to Bool",
-            ),
-            (
-                StreamType::Boolean,
-                Value::Bool(true),
-                ChType::UInt8,
-                "a boolean cannot be written to UInt8",
             ),
             (
                 StreamType::Int64,
