@@ -196,8 +196,11 @@ impl WriterSession {
             };
             if meta.kind != EngineKind::Replicated && shard.endpoints.len() > 1 {
                 return Err(refused(format!(
-                    "{} is a {} table, which does not replicate: the sink cannot prove that the {} hosts of shard `{}` expose one logical table. Use ReplicatedMergeTree, or list one host",
-                    params.table, meta.engine, shard.endpoints.len(), shard.name
+                    "{} is a {} table, which does not replicate: the sink cannot prove that the {} hosts{} expose one logical table. Use ReplicatedMergeTree, or list one host",
+                    params.table,
+                    meta.engine,
+                    shard.endpoints.len(),
+                    if shard.name.is_empty() { String::new() } else { format!(" of shard `{}`", shard.name) }
                 )));
             }
             if meta.kind == EngineKind::Plain && class.is_exactly_once() {
@@ -306,7 +309,7 @@ async fn probe(
     timeout: Duration,
 ) -> Result<EndpointMetadata, SessionError> {
     let fail = |cause: ClassifiedError| -> SessionError {
-        if cause.class == ErrorClass::Retryable || cause.code.is_none() {
+        if cause.class == ErrorClass::Retryable {
             SessionError::Unreachable {
                 endpoint: endpoint.endpoint.to_string(),
                 cause,

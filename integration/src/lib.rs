@@ -478,6 +478,41 @@ pub fn replicated_table_ddl(database: &str, table: &str, columns: &str, order_by
     )
 }
 
+// ---------------------------------------------------------------------------------------------
+// Helpers added for tests/clickhouse_session.rs (session rejection rules against the cluster).
+
+/// Waits up to `timeout` for every node of the cluster to answer (other test binaries stop and
+/// restart replicas), then behaves like [`require_cluster`].
+pub fn wait_for_cluster(timeout: Duration) -> Result<()> {
+    let _ = wait_until(timeout, || Ok(cluster_available()));
+    require_cluster()
+}
+
+/// Tables created with arbitrary DDL, dropped on their nodes when the guard is dropped (errors
+/// ignored). `add` records `(http port, database.table)`.
+#[derive(Debug, Default)]
+pub struct DropGuard {
+    pub tables: Vec<(u16, String)>,
+}
+
+impl DropGuard {
+    /// Runs `ddl` on the node and records `qualified` for dropping.
+    pub fn create(&mut self, port: u16, qualified: &str, ddl: &str) -> Result<()> {
+        exec(port, ddl).with_context(|| format!("creating {qualified} on port {port}"))?;
+        self.tables.push((port, qualified.to_owned()));
+        Ok(())
+    }
+}
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        // Reverse order: a Distributed table before its local table.
+        for (port, qualified) in self.tables.iter().rev() {
+            let _ = exec(*port, &format!("DROP TABLE IF EXISTS {qualified}"));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,728 @@
+//! Token sending of the exactly-once ClickHouse sinks, seen by a test double.
+//!
+//! ClickHouse 18.16 (the local cluster) has no `insert_deduplication_token`, so the token path can
+//! only be observed against a double: a tiny HTTP/1.1 server (std threads, keep-alive, chunked
+//! request bodies) that imitates a modern ClickHouse — or an 18.16 one — well enough for the
+//! writer session's metadata queries (`flow-clickhouse/src/session.rs`), and records every INSERT
+//! (port, URL query parameters, headers, body). INSERT answers can be scripted to exercise the
+//! retry classification.
+//!
+//! These tests need no cluster.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use flow_clickhouse::routing::RendezvousRouter;
+use flow_core::{Pipeline, PipelineSpec, RunReport, RuntimeError};
+use flow_state::StateStore;
+
+// ---------------------------------------------------------------------------------------------
+// The double.
+
+/// Which server the double imitates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flavor {
+    /// A modern ClickHouse: knows `insert_deduplication_token`, `async_insert`,
+    /// `async_insert_deduplicate`, `insert_deduplicate` and `system.replicas.zookeeper_name`.
+    Modern,
+    /// ClickHouse 18.16: only `insert_deduplicate`, no `zookeeper_name` column.
+    V18,
+}
+
+/// One recorded INSERT request.
+#[derive(Clone, Debug)]
+struct Insert {
+    /// The port of the double that received it.
+    port: u16,
+    /// Decoded URL query parameters, in order.
+    params: Vec<(String, String)>,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Insert {
+    fn param(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn token(&self) -> &str {
+        self.param("insert_deduplication_token")
+            .expect("INSERT without insert_deduplication_token")
+    }
+}
+
+#[derive(Default)]
+struct DoubleState {
+    inserts: Vec<Insert>,
+    /// Every metadata query text received.
+    queries: Vec<String>,
+    /// Answers to the next INSERTs, consumed in order; then `default_insert_answer`.
+    scripted: VecDeque<(u16, String)>,
+    /// `None` answers 200 with an empty body.
+    default_insert_answer: Option<(u16, String)>,
+}
+
+/// A fake ClickHouse listening on one or more ports of 127.0.0.1, sharing its state.
+struct Double {
+    flavor: Flavor,
+    state: Arc<Mutex<DoubleState>>,
+    ports: Vec<u16>,
+}
+
+impl Double {
+    fn start(flavor: Flavor, listeners: usize) -> Double {
+        let state = Arc::new(Mutex::new(DoubleState::default()));
+        let mut ports = Vec::new();
+        for _ in 0..listeners {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = listener.local_addr().unwrap().port();
+            ports.push(port);
+            let state = Arc::clone(&state);
+            // Detached: the accept loop lives as long as the test process.
+            thread::spawn(move || {
+                for stream in listener.incoming() {
+                    let Ok(stream) = stream else { continue };
+                    let state = Arc::clone(&state);
+                    thread::spawn(move || serve_connection(flavor, port, stream, &state));
+                }
+            });
+        }
+        Double {
+            flavor,
+            state,
+            ports,
+        }
+    }
+
+    fn port(&self, i: usize) -> u16 {
+        self.ports[i]
+    }
+
+    fn script_inserts(&self, answers: &[(u16, &str)]) {
+        let mut state = self.state.lock().unwrap();
+        state
+            .scripted
+            .extend(answers.iter().map(|(s, b)| (*s, (*b).to_owned())));
+    }
+
+    fn answer_every_insert_with(&self, status: u16, body: &str) {
+        self.state.lock().unwrap().default_insert_answer = Some((status, body.to_owned()));
+    }
+
+    fn inserts(&self) -> Vec<Insert> {
+        self.state.lock().unwrap().inserts.clone()
+    }
+
+    fn queries(&self) -> Vec<String> {
+        self.state.lock().unwrap().queries.clone()
+    }
+}
+
+fn serve_connection(flavor: Flavor, port: u16, stream: TcpStream, state: &Mutex<DoubleState>) {
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    // HTTP/1.1 keep-alive: serve requests until the client closes the connection.
+    while let Some(request) = read_request(&mut reader) {
+        let (status, body) = answer(flavor, port, request, state);
+        let reason = match status {
+            200 => "OK",
+            404 => "Not Found",
+            _ => "Internal Server Error",
+        };
+        let head = format!(
+            "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=UTF-8\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        if writer.write_all(head.as_bytes()).is_err()
+            || writer.write_all(body.as_bytes()).is_err()
+            || writer.flush().is_err()
+        {
+            return;
+        }
+    }
+}
+
+struct Request {
+    target: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Request> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).ok()? == 0 {
+        return None;
+    }
+    let target = line.split_whitespace().nth(1)?.to_owned();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).ok()? == 0 {
+            return None;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (k, v) = h.split_once(':')?;
+        headers.push((k.trim().to_owned(), v.trim().to_owned()));
+    }
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    let mut body = Vec::new();
+    if header("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked")) {
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size).ok()?;
+            let size = usize::from_str_radix(size.trim().split(';').next()?.trim(), 16).ok()?;
+            if size == 0 {
+                // Trailers (none expected) up to the empty line.
+                loop {
+                    let mut t = String::new();
+                    reader.read_line(&mut t).ok()?;
+                    if t.trim_end().is_empty() {
+                        break;
+                    }
+                }
+                break;
+            }
+            let mut chunk = vec![0; size];
+            reader.read_exact(&mut chunk).ok()?;
+            body.extend_from_slice(&chunk);
+            let mut crlf = [0; 2];
+            reader.read_exact(&mut crlf).ok()?;
+        }
+    } else if let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        body = vec![0; len];
+        reader.read_exact(&mut body).ok()?;
+    }
+    Some(Request {
+        target,
+        headers,
+        body,
+    })
+}
+
+/// Decodes `application/x-www-form-urlencoded` (what the `url` crate writes).
+fn url_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).unwrap());
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).unwrap()
+}
+
+fn query_params(target: &str) -> Vec<(String, String)> {
+    let Some((_, query)) = target.split_once('?') else {
+        return Vec::new();
+    };
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (url_decode(k), url_decode(v))
+        })
+        .collect()
+}
+
+/// The generator's six columns, with the ClickHouse types they map to.
+const COLUMNS: [(&str, &str); 6] = [
+    ("id", "UInt64"),
+    ("partition", "UInt32"),
+    ("offset", "UInt64"),
+    ("user_id", "UInt64"),
+    ("ts", "DateTime"),
+    ("payload", "String"),
+];
+
+fn answer(
+    flavor: Flavor,
+    port: u16,
+    request: Request,
+    state: &Mutex<DoubleState>,
+) -> (u16, String) {
+    let params = query_params(&request.target);
+    let insert_sql = params
+        .iter()
+        .find(|(k, _)| k == "query")
+        .map(|(_, v)| v.clone());
+    if insert_sql.is_some_and(|q| q.starts_with("INSERT")) {
+        let mut state = state.lock().unwrap();
+        state.inserts.push(Insert {
+            port,
+            params,
+            headers: request.headers,
+            body: request.body,
+        });
+        return state
+            .scripted
+            .pop_front()
+            .or_else(|| state.default_insert_answer.clone())
+            .unwrap_or((200, String::new()));
+    }
+    let sql = String::from_utf8_lossy(&request.body).into_owned();
+    state.lock().unwrap().queries.push(sql.clone());
+    let lines: Vec<String> = if sql.contains("FROM system.tables") {
+        vec![r#"{"engine":"ReplicatedMergeTree"}"#.to_owned()]
+    } else if sql.contains("FROM system.columns WHERE database = 'system'") {
+        match flavor {
+            Flavor::Modern => vec![r#"{"name":"zookeeper_name"}"#.to_owned()],
+            Flavor::V18 => Vec::new(),
+        }
+    } else if sql.contains("FROM system.columns") {
+        COLUMNS
+            .iter()
+            .map(|(name, ty)| {
+                format!(
+                    r#"{{"name":"{name}","type":"{ty}","default_kind":"","default_expression":""}}"#
+                )
+            })
+            .collect()
+    } else if sql.contains("FROM system.settings") {
+        let names: &[&str] = match flavor {
+            Flavor::Modern => &[
+                "insert_deduplication_token",
+                "async_insert",
+                "async_insert_deduplicate",
+                "insert_deduplicate",
+            ],
+            Flavor::V18 => &["insert_deduplicate"],
+        };
+        names
+            .iter()
+            .map(|n| format!(r#"{{"name":"{n}"}}"#))
+            .collect()
+    } else if sql.contains("FROM system.replicas") {
+        let zk_name = match flavor {
+            Flavor::Modern => r#","zookeeper_name":"default""#,
+            Flavor::V18 => "",
+        };
+        vec![format!(
+            r#"{{"zookeeper_path":"/clickhouse/tables/double-{port}/default.t","replica_name":"r1"{zk_name}}}"#
+        )]
+    } else if sql.contains("FROM system.merge_tree_settings") {
+        vec![r#"{"name":"replicated_deduplication_window_seconds","value":"604800"}"#.to_owned()]
+    } else {
+        return (
+            500,
+            format!(
+                "Code: 62, e.displayText() = DB::Exception: the double does not understand `{sql}`"
+            ),
+        );
+    };
+    let mut body = lines.join("\n");
+    if !body.is_empty() {
+        body.push('\n');
+    }
+    (200, body)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipelines against the double.
+
+const PIPELINE: &str = "tokpipe";
+const SINK: &str = "out";
+
+/// One partition of `count` generator messages, all in one epoch, into sink `out` of `class`.
+fn spec(class: &str, parameters: &str, dynamic: &str, count: u64) -> String {
+    format!(
+        r#"
+pipeline: {PIPELINE}
+partitions: 1
+epoch: {{max_messages: 1000, max_duration_ms: 60000}}
+source:
+  class: generator
+  parameters: {{count: {count}, payload_bytes: 4}}
+sinks:
+  - name: {SINK}
+    sink_class_name: {class}
+    input_stream_ids: [rows]
+    parameters: {parameters}
+    dynamic_parameters: {dynamic}
+"#
+    )
+}
+
+fn unsharded_params(double: &Double, extra: &str) -> String {
+    format!(
+        "{{host: '127.0.0.1:{}', table: t, codec: none{extra}}}",
+        double.port(0)
+    )
+}
+
+async fn run(yaml: &str) -> Result<RunReport, RuntimeError> {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = flow_worker::registry();
+    let spec = PipelineSpec::from_yaml(yaml).expect("spec parses");
+    let validated = registry.build(&spec).expect("spec validates");
+    let store = StateStore::open(dir.path()).unwrap();
+    let result = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        Pipeline::new(validated, store.clone()).run(),
+    )
+    .await
+    .expect("the pipeline did not finish in time");
+    store.close().unwrap();
+    result
+}
+
+/// The ids of the RowBinary rows of one insert body (the generator's six columns, in order).
+fn decode_ids(mut body: &[u8]) -> Vec<u64> {
+    let mut ids = Vec::new();
+    while !body.is_empty() {
+        let id = u64::from_le_bytes(body[..8].try_into().unwrap());
+        // id u64, partition u32, offset u64, user_id u64, ts u32 (DateTime).
+        body = &body[8 + 4 + 8 + 8 + 4..];
+        // payload: LEB128 length, bytes.
+        let (mut len, mut shift, mut i) = (0usize, 0, 0);
+        loop {
+            let b = body[i];
+            len |= usize::from(b & 0x7f) << shift;
+            shift += 7;
+            i += 1;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        body = &body[i + len..];
+        ids.push(id);
+    }
+    ids
+}
+
+const EXPECTED_INSERT_SQL: &str =
+    "INSERT INTO `default`.`t` (`id`, `partition`, `offset`, `user_id`, `ts`, `payload`) FORMAT RowBinary";
+
+/// Checks what every exactly-once INSERT must carry on a modern server.
+fn assert_modern_insert(insert: &Insert) {
+    assert_eq!(insert.param("query"), Some(EXPECTED_INSERT_SQL));
+    assert_eq!(insert.param("insert_deduplicate"), Some("1"), "{insert:?}");
+    // `codec: none`: the body is plain RowBinary.
+    assert_eq!(insert.param("decompress"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modern_server_gets_one_token_per_batch_named_by_its_last_message() {
+    let double = Double::start(Flavor::Modern, 1);
+    run(&spec(
+        "ClickHouseBatchingSink",
+        &unsharded_params(&double, ""),
+        "{max_rows_per_batch: 4}",
+        10,
+    ))
+    .await
+    .unwrap();
+    let inserts = double.inserts();
+    let tokens: Vec<&str> = inserts.iter().map(Insert::token).collect();
+    assert_eq!(
+        tokens,
+        ["tokpipe.out/0-3", "tokpipe.out/0-7", "tokpipe.out/0-9"]
+    );
+    let ids: Vec<Vec<u64>> = inserts.iter().map(|i| decode_ids(&i.body)).collect();
+    assert_eq!(ids, [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
+    for insert in &inserts {
+        assert_modern_insert(insert);
+        assert_eq!(insert.param("async_insert"), None);
+        assert_eq!(insert.param("wait_for_async_insert"), None);
+        assert_eq!(insert.param("async_insert_deduplicate"), None);
+        assert!(
+            insert
+                .headers
+                .iter()
+                .any(|(k, v)| k.eq_ignore_ascii_case("X-ClickHouse-User") && v == "default"),
+            "{:?}",
+            insert.headers
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_tokens_carry_the_shard_and_go_to_that_shard() {
+    // Two "shards", each a port of the same double.
+    let double = Double::start(Flavor::Modern, 2);
+    let (pa, pb) = (double.port(0), double.port(1));
+    run(&spec(
+        "ShardedClickHouseBatchingSink",
+        &format!(
+            "{{shard_hosts: {{a: ['127.0.0.1:{pa}'], b: ['127.0.0.1:{pb}']}}, \
+             sharding_key_columns: [user_id], table: t, codec: none}}"
+        ),
+        "{max_rows_per_batch: 4}",
+        10,
+    ))
+    .await
+    .unwrap();
+
+    // The expected parts, computed from the routing rule: key = tag 2 + user_id (u64 LE),
+    // user_id = id % 1000 = id here; batches [0..=3], [4..=7], [8..=9].
+    let router = RendezvousRouter::new(&["a".to_owned(), "b".to_owned()]);
+    let mut expected: Vec<(String, u16, Vec<u64>)> = Vec::new();
+    for (first, last) in [(0u64, 3u64), (4, 7), (8, 9)] {
+        for (index, shard) in ["a", "b"].iter().enumerate() {
+            let ids: Vec<u64> = (first..=last)
+                .filter(|id| {
+                    let mut key = vec![2u8];
+                    key.extend_from_slice(&id.to_le_bytes());
+                    router.route(&key) == index
+                })
+                .collect();
+            if !ids.is_empty() {
+                let port = if *shard == "a" { pa } else { pb };
+                expected.push((format!("tokpipe.out/0-{last}:{shard}"), port, ids));
+            }
+        }
+    }
+    assert!(
+        expected.len() > 3,
+        "both shards should get rows: {expected:?}"
+    );
+
+    let inserts = double.inserts();
+    // Delivery is ordered per partition: the parts arrive in batch order, shard a before b.
+    let got: Vec<(String, u16, Vec<u64>)> = inserts
+        .iter()
+        .map(|i| (i.token().to_owned(), i.port, decode_ids(&i.body)))
+        .collect();
+    assert_eq!(got, expected);
+    for insert in &inserts {
+        assert_modern_insert(insert);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_insert_adds_wait_and_deduplicate_settings() {
+    let double = Double::start(Flavor::Modern, 1);
+    run(&spec(
+        "ClickHouseBatchingSink",
+        &unsharded_params(&double, ""),
+        "{max_rows_per_batch: 4, async_insert: true}",
+        10,
+    ))
+    .await
+    .unwrap();
+    let inserts = double.inserts();
+    assert_eq!(inserts.len(), 3);
+    for insert in &inserts {
+        assert_modern_insert(insert);
+        assert_eq!(insert.param("async_insert"), Some("1"));
+        assert_eq!(insert.param("wait_for_async_insert"), Some("1"));
+        assert_eq!(insert.param("async_insert_deduplicate"), Some("1"));
+    }
+    let tokens: Vec<&str> = inserts.iter().map(Insert::token).collect();
+    assert_eq!(
+        tokens,
+        ["tokpipe.out/0-3", "tokpipe.out/0-7", "tokpipe.out/0-9"]
+    );
+    // The async window is the one checked.
+    assert!(double
+        .queries()
+        .iter()
+        .any(|q| q.contains("replicated_deduplication_window_seconds_for_async_inserts")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_namespace_replaces_the_pipeline_and_sink_prefix() {
+    let double = Double::start(Flavor::Modern, 1);
+    run(&spec(
+        "ClickHouseBatchingSink",
+        &unsharded_params(&double, ", token_namespace: 'team-a/v2.'"),
+        "{max_rows_per_batch: 4}",
+        10,
+    ))
+    .await
+    .unwrap();
+    let tokens: Vec<String> = double
+        .inserts()
+        .iter()
+        .map(|i| i.token().to_owned())
+        .collect();
+    assert_eq!(tokens, ["team-a/v2.0-3", "team-a/v2.0-7", "team-a/v2.0-9"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_without_the_token_setting_gets_no_token() {
+    let double = Double::start(Flavor::V18, 1);
+    assert_eq!(double.flavor, Flavor::V18);
+    run(&spec(
+        "ClickHouseBatchingSink",
+        &unsharded_params(&double, ""),
+        "{max_rows_per_batch: 4}",
+        10,
+    ))
+    .await
+    .unwrap();
+    let inserts = double.inserts();
+    assert_eq!(inserts.len(), 3);
+    for insert in &inserts {
+        assert!(
+            !insert.params.iter().any(
+                |(k, v)| k.contains("deduplication_token") || v.contains("deduplication_token")
+            ),
+            "{insert:?}"
+        );
+        assert_eq!(insert.param("insert_deduplicate"), Some("1"));
+        assert_eq!(insert.param("async_insert"), None);
+        assert_eq!(insert.param("query"), Some(EXPECTED_INSERT_SQL));
+    }
+    // The 18.16 double has no system.replicas.zookeeper_name: the session must not ask for it.
+    assert!(double
+        .queries()
+        .iter()
+        .any(|q| q.starts_with("SELECT zookeeper_path, replica_name FROM system.replicas")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_insert_is_refused_at_session_start_by_a_server_without_it() {
+    let double = Double::start(Flavor::V18, 1);
+    let err = run(&spec(
+        "ClickHouseBatchingSink",
+        &unsharded_params(&double, ""),
+        "{async_insert: true}",
+        10,
+    ))
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains(
+            "Refusing to start the ClickHouse sink for default.t: `async_insert: true` is set but \
+             the server does not know the setting `async_insert` (ClickHouse before 21.11). Set \
+             `async_insert: false`"
+        ),
+        "{err}"
+    );
+    assert!(double.inserts().is_empty());
+}
+
+const TOO_MANY_PARTS: &str = "Code: 252, e.displayText() = DB::Exception: Too many parts (300). \
+                              Merges are processing significantly slower than inserts., e.what() = DB::Exception";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_parts_is_retried_with_the_same_token_and_bytes() {
+    let double = Double::start(Flavor::Modern, 1);
+    double.script_inserts(&[(500, TOO_MANY_PARTS), (500, TOO_MANY_PARTS)]);
+    run(&spec(
+        "ClickHouseBatchingSink",
+        &unsharded_params(&double, ""),
+        // max_insert_attempts does not bound retryable errors.
+        "{max_rows_per_batch: 4, retry_backoff: 10ms, max_insert_attempts: 1}",
+        4,
+    ))
+    .await
+    .unwrap();
+    let inserts = double.inserts();
+    assert_eq!(
+        inserts.len(),
+        3,
+        "two refused attempts, then the accepted one"
+    );
+    for insert in &inserts {
+        assert_eq!(insert.token(), "tokpipe.out/0-3");
+        assert_eq!(insert.body, inserts[0].body);
+        assert_modern_insert(insert);
+    }
+    assert_eq!(decode_ids(&inserts[0].body), [0, 1, 2, 3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_table_is_permanent_and_given_up_after_one_attempt() {
+    let double = Double::start(Flavor::Modern, 1);
+    double.answer_every_insert_with(
+        404,
+        "Code: 60, e.displayText() = DB::Exception: Table default.t doesn't exist., e.what() = DB::Exception",
+    );
+    let err = run(&spec(
+        "ClickHouseBatchingSink",
+        &unsharded_params(&double, ""),
+        "{max_rows_per_batch: 4, retry_backoff: 1ms}",
+        4,
+    ))
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("Giving up insert into ClickHouse"), "{err}");
+    assert!(
+        err.contains("after 1 attempt(s), token tokpipe.out/0-3"),
+        "{err}"
+    );
+    assert!(err.contains("code 60 UNKNOWN_TABLE"), "{err}");
+    assert_eq!(double.inserts().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unclassified_code_is_tried_max_insert_attempts_times() {
+    let double = Double::start(Flavor::Modern, 1);
+    double.answer_every_insert_with(
+        500,
+        "Code: 62, e.displayText() = DB::Exception: Syntax error: failed at position 1, e.what() = DB::Exception",
+    );
+    let err = run(&spec(
+        "ClickHouseBatchingSink",
+        &unsharded_params(&double, ""),
+        "{max_rows_per_batch: 4, retry_backoff: 1ms, max_insert_attempts: 3}",
+        4,
+    ))
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("Giving up insert into ClickHouse"), "{err}");
+    assert!(err.contains("after 3 attempt(s)"), "{err}");
+    assert!(
+        err.contains("unclassified error (code 62 SYNTAX_ERROR)"),
+        "{err}"
+    );
+    let inserts = double.inserts();
+    assert_eq!(inserts.len(), 3);
+    for insert in &inserts {
+        assert_eq!(insert.token(), "tokpipe.out/0-3");
+        assert_eq!(insert.body, inserts[0].body);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lz4_retries_resend_identical_compressed_bytes() {
+    let double = Double::start(Flavor::Modern, 1);
+    double.script_inserts(&[(500, TOO_MANY_PARTS)]);
+    run(&spec(
+        "ClickHouseBatchingSink",
+        // codec defaults to lz4.
+        &format!("{{host: '127.0.0.1:{}', table: t}}", double.port(0)),
+        "{max_rows_per_batch: 4, retry_backoff: 10ms}",
+        4,
+    ))
+    .await
+    .unwrap();
+    let inserts = double.inserts();
+    assert_eq!(inserts.len(), 2);
+    for insert in &inserts {
+        assert_eq!(insert.param("decompress"), Some("1"));
+        assert_eq!(insert.token(), "tokpipe.out/0-3");
+        assert_eq!(insert.body, inserts[0].body);
+    }
+    // ClickHouse's compressed block framing: 16-byte checksum, then method byte 0x82 (LZ4).
+    assert_eq!(inserts[0].body.get(16), Some(&0x82));
+}
