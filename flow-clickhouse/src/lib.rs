@@ -13,6 +13,7 @@ pub mod batching_sink;
 pub mod chtype;
 pub mod classify;
 pub mod client;
+pub mod common;
 pub mod compress;
 pub mod fingerprint;
 pub mod params;

@@ -92,6 +92,9 @@ pub struct SinkContext {
     pub store: StateStore,
     /// The dynamic parameters in force when the instance is created.
     pub dynamic_parameters: serde_yaml::Value,
+    /// Becomes `true` when the pipeline is asked to stop: a sink waiting inside `write_epoch`
+    /// (retrying a target, say) should give up waiting and veto the epoch.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 impl SinkContext {

@@ -309,6 +309,7 @@ impl PartitionRunner {
                 partitions: pipeline.partitions,
                 store: self.store.clone(),
                 dynamic_parameters: dynamic.borrow().clone(),
+                shutdown: self.shutdown.clone(),
             };
             let sink = s
                 .factory
