@@ -9,6 +9,8 @@
 //! [`fingerprint`]s, and deliver in order over HTTP ([`client`], [`tls`]), retrying by the error
 //! class of [`classify`].
 
+pub mod at_least_once_sink;
+pub mod at_most_once_sink;
 pub mod batching_sink;
 pub mod chtype;
 pub mod classify;
@@ -29,10 +31,14 @@ use params::SinkClass;
 
 /// Registers the ClickHouse sink classes (and their `NYT::NFlow::T…` aliases) in `registry`.
 pub fn register(registry: &mut Registry) {
-    for class in [SinkClass::Batching, SinkClass::ShardedBatching] {
+    for class in SinkClass::ALL {
         let builder: flow_core::registry::SinkBuilder =
-            Arc::new(move |ctx, parameters, dynamic| {
-                batching_sink::build(class, ctx, parameters, dynamic)
+            Arc::new(move |ctx, parameters, dynamic| match class {
+                SinkClass::Batching | SinkClass::ShardedBatching => {
+                    batching_sink::build(class, ctx, parameters, dynamic)
+                }
+                SinkClass::AtLeastOnce => at_least_once_sink::build(ctx, parameters, dynamic),
+                SinkClass::AtMostOnce => at_most_once_sink::build(ctx, parameters, dynamic),
             });
         registry.register_sink(class.class_name(), Arc::clone(&builder));
         registry.register_sink(&class.reference_name(), builder);

@@ -1,0 +1,121 @@
+//! `AtLeastOnceClickHouseSink`: writes each epoch synchronously while it is processed, with no
+//! outbox and no token. The epoch commits only after every part was inserted; a failed write vetoes
+//! the commit, so the runtime replays the epoch from the committed position — nothing is lost, and
+//! a part inserted before the failure may be inserted again (a duplicate). Retryable errors are
+//! retried without limit, unknown ones up to `max_insert_attempts` attempts before the veto,
+//! permanent ones fail the partition at once. Accepts all three host forms; `shard_hosts` routes
+//! like the sharded exactly-once sink. It takes no part in the topology guard.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use flow_core::registry::{BuildResult, SinkBuildContext};
+use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
+use tracing::warn;
+
+use crate::common::{
+    build_shared, insert_part, BatchCutter, InsertFailure, InsertRequest, RetryPolicy, SinkShared,
+};
+use crate::params::SinkClass;
+
+pub fn build(
+    ctx: &SinkBuildContext<'_>,
+    parameters: &serde_yaml::Value,
+    dynamic: &serde_yaml::Value,
+) -> BuildResult<Arc<dyn SinkFactory>> {
+    Ok(Arc::new(AtLeastOnceFactory {
+        shared: build_shared(SinkClass::AtLeastOnce, ctx, parameters, dynamic)?,
+    }))
+}
+
+struct AtLeastOnceFactory {
+    shared: Arc<SinkShared>,
+}
+
+impl SinkFactory for AtLeastOnceFactory {
+    fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+        Ok(Box::new(AtLeastOnceSink {
+            shared: Arc::clone(&self.shared),
+            ctx,
+            cutter: BatchCutter::default(),
+        }))
+    }
+}
+
+struct AtLeastOnceSink {
+    shared: Arc<SinkShared>,
+    ctx: SinkContext,
+    cutter: BatchCutter,
+}
+
+#[async_trait]
+impl Sink for AtLeastOnceSink {
+    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        let session = self.shared.session().await?;
+        let mut parts = Vec::new();
+        for batch in epoch.inputs {
+            self.cutter.cut(&self.shared, &session, batch, &mut parts)?;
+        }
+        let mut stop = self.ctx.shutdown.clone();
+        for part in &parts {
+            let request = InsertRequest {
+                shard: &part.shard,
+                token: None,
+                payload: &part.payload,
+                compressed: part.compressed(),
+            };
+            let result = insert_part(
+                &self.shared,
+                &session,
+                request,
+                RetryPolicy::ByClass,
+                &mut stop,
+            )
+            .await;
+            let retry_after = self.shared.dynamic().retry_backoff;
+            match result {
+                Ok(_) => {}
+                Err(InsertFailure::Stopped) => {
+                    return Ok(EpochOutcome::Veto {
+                        reason: "the pipeline is stopping before the epoch was written".to_owned(),
+                        retry_after,
+                    })
+                }
+                Err(InsertFailure::GaveUp {
+                    error,
+                    attempts,
+                    endpoint,
+                }) if error.class == crate::classify::ErrorClass::Permanent => {
+                    return Err(SinkError::Delivery {
+                        reason: format!(
+                            "Giving up insert into ClickHouse: {}.{} shard `{}` via {endpoint} after {attempts} attempt(s): {error}",
+                            session.database, session.table, part.shard
+                        ),
+                    });
+                }
+                Err(InsertFailure::GaveUp {
+                    error, attempts, ..
+                }) => {
+                    warn!(
+                        database = %session.database,
+                        table = %session.table,
+                        shard = %part.shard,
+                        partition = self.ctx.partition,
+                        attempts,
+                        error = %error,
+                        "insert failed {attempts} time(s); the epoch is not committed and will be replayed, so rows already inserted in it may be duplicated"
+                    );
+                    return Ok(EpochOutcome::Veto {
+                        reason: format!("insert into shard `{}` failed: {error}", part.shard),
+                        retry_after,
+                    });
+                }
+            }
+        }
+        Ok(EpochOutcome::Commit(EpochWrite::default()))
+    }
+
+    fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+        self.shared.reconfigure(dynamic)
+    }
+}

@@ -1,0 +1,446 @@
+//! `AtMostOnceClickHouseSink`: the epoch commits without waiting for ClickHouse, so a crash or a
+//! failed INSERT loses rows but never duplicates them. No outbox, no token, no topology guard.
+//!
+//! * `at_most_once_strategy.enabled: false` (default): each partition keeps its epochs' parts and
+//!   delivers them in order after the commit. A failure before an INSERT starts (the session
+//!   cannot start yet) is waited out; once an INSERT has started, its failure is logged, counted
+//!   in `lost_rows` and never retried.
+//! * `enabled: true`: every message goes into one bounded in-memory queue per sink and the epoch
+//!   does not wait for delivery. `total_queue_bytes_limit` (dynamic) bounds the queued plus
+//!   in-flight encoded bytes; a message that does not fit is dropped, counted in `dropped_rows`,
+//!   with a rate-limited warning.
+//!
+//! The counters are logged (`at-most-once sink counters`) when a partition drains or stops.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use flow_core::registry::{BuildResult, SinkBuildContext};
+use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
+use flow_state::SealedBatch;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::common::{
+    build_shared, insert_part, BatchCutter, InsertFailure, InsertRequest, Part, RetryPolicy,
+    SinkShared,
+};
+use crate::compress::{compress_lz4, LZ4_FORMAT_SUFFIX};
+use crate::params::{Codec, SinkClass, DEFAULT_TOTAL_QUEUE_BYTES_LIMIT};
+use crate::routing::routing_key;
+
+/// Parts a partition may keep waiting for ordered delivery before its epochs wait.
+const PENDING_PARTS: usize = 8;
+/// At most one overflow warning per this interval.
+const DROP_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+pub fn build(
+    ctx: &SinkBuildContext<'_>,
+    parameters: &serde_yaml::Value,
+    dynamic: &serde_yaml::Value,
+) -> BuildResult<Arc<dyn SinkFactory>> {
+    let shared = build_shared(SinkClass::AtMostOnce, ctx, parameters, dynamic)?;
+    let queued = shared
+        .params
+        .at_most_once_strategy
+        .as_ref()
+        .is_some_and(|s| s.enabled);
+    Ok(Arc::new(AtMostOnceFactory {
+        counters: Arc::new(Counters::default()),
+        queue: queued.then(|| Arc::new(SharedQueue::default())),
+        shared,
+    }))
+}
+
+/// Rows by fate, for the whole sink.
+#[derive(Default)]
+pub struct Counters {
+    pub delivered_rows: AtomicU64,
+    pub dropped_rows: AtomicU64,
+    pub lost_rows: AtomicU64,
+}
+
+impl Counters {
+    fn log(&self, shared: &SinkShared, partition: u32) {
+        info!(
+            database = %shared.params.database,
+            table = %shared.params.table,
+            partition,
+            delivered_rows = self.delivered_rows.load(Ordering::Relaxed),
+            dropped_rows = self.dropped_rows.load(Ordering::Relaxed),
+            lost_rows = self.lost_rows.load(Ordering::Relaxed),
+            "at-most-once sink counters"
+        );
+    }
+}
+
+struct AtMostOnceFactory {
+    shared: Arc<SinkShared>,
+    counters: Arc<Counters>,
+    /// The bounded lossy queue (`enabled: true`), shared by every partition.
+    queue: Option<Arc<SharedQueue>>,
+}
+
+impl SinkFactory for AtMostOnceFactory {
+    fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+        if let Some(queue) = &self.queue {
+            queue.ensure_task(&self.shared, &self.counters);
+        }
+        Ok(Box::new(AtMostOnceSink {
+            shared: Arc::clone(&self.shared),
+            counters: Arc::clone(&self.counters),
+            queue: self.queue.clone(),
+            ctx,
+            cutter: BatchCutter::default(),
+            pending: Vec::new(),
+            ordered: None,
+            key: Vec::new(),
+        }))
+    }
+}
+
+struct AtMostOnceSink {
+    shared: Arc<SinkShared>,
+    counters: Arc<Counters>,
+    queue: Option<Arc<SharedQueue>>,
+    ctx: SinkContext,
+    cutter: BatchCutter,
+    /// Parts of the epoch being committed (ordered mode).
+    pending: Vec<Part>,
+    ordered: Option<OrderedDelivery>,
+    key: Vec<u8>,
+}
+
+/// The ordered mode's delivery task of one partition.
+struct OrderedDelivery {
+    tx: Option<mpsc::Sender<Part>>,
+    task: JoinHandle<()>,
+    stop: watch::Sender<bool>,
+}
+
+#[async_trait]
+impl Sink for AtMostOnceSink {
+    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        let session = self.shared.session().await?;
+        match &self.queue {
+            Some(queue) => {
+                let limit = self
+                    .shared
+                    .dynamic()
+                    .at_most_once_strategy
+                    .map_or(DEFAULT_TOTAL_QUEUE_BYTES_LIMIT, |d| {
+                        d.total_queue_bytes_limit
+                    });
+                for batch in epoch.inputs {
+                    queue.enqueue(
+                        &self.shared,
+                        &session,
+                        batch,
+                        limit,
+                        &self.counters,
+                        &mut self.key,
+                    )?;
+                }
+            }
+            None => {
+                self.pending.clear();
+                for batch in epoch.inputs {
+                    self.cutter
+                        .cut(&self.shared, &session, batch, &mut self.pending)?;
+                }
+            }
+        }
+        Ok(EpochOutcome::Commit(EpochWrite::default()))
+    }
+
+    async fn committed(&mut self, _batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let ordered = self.ordered.get_or_insert_with(|| {
+            start_ordered(
+                Arc::clone(&self.shared),
+                Arc::clone(&self.counters),
+                self.ctx.partition,
+            )
+        });
+        for part in self.pending.drain(..) {
+            let rows = part.rows;
+            let sent = match &ordered.tx {
+                Some(tx) => tx.send(part).await.is_ok(),
+                None => false,
+            };
+            if !sent {
+                self.counters.lost_rows.fetch_add(rows, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    async fn drain(&mut self) -> Result<(), SinkError> {
+        if let Some(mut ordered) = self.ordered.take() {
+            ordered.tx = None;
+            let _ = (&mut ordered.task).await;
+        }
+        if let Some(queue) = &self.queue {
+            queue.wait_empty().await;
+        }
+        self.counters.log(&self.shared, self.ctx.partition);
+        Ok(())
+    }
+
+    async fn close(&mut self) -> Result<(), SinkError> {
+        if let Some(mut ordered) = self.ordered.take() {
+            let _ = ordered.stop.send(true);
+            ordered.tx = None;
+            let _ = (&mut ordered.task).await;
+        }
+        self.counters.log(&self.shared, self.ctx.partition);
+        Ok(())
+    }
+
+    fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+        self.shared.reconfigure(dynamic)
+    }
+}
+
+fn start_ordered(
+    shared: Arc<SinkShared>,
+    counters: Arc<Counters>,
+    partition: u32,
+) -> OrderedDelivery {
+    let (tx, mut rx) = mpsc::channel::<Part>(PENDING_PARTS);
+    let (stop, mut stop_rx) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        while let Some(part) = rx.recv().await {
+            if *stop_rx.borrow() {
+                counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
+                continue;
+            }
+            deliver_once(&shared, &counters, &part, partition, &mut stop_rx).await;
+        }
+    });
+    OrderedDelivery {
+        tx: Some(tx),
+        task,
+        stop,
+    }
+}
+
+/// One INSERT attempt; a failure loses the part's rows.
+async fn deliver_once(
+    shared: &SinkShared,
+    counters: &Counters,
+    part: &Part,
+    partition: u32,
+    stop: &mut watch::Receiver<bool>,
+) {
+    let session = match shared.session().await {
+        Ok(session) => session,
+        Err(err) => {
+            counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
+            warn!(partition, rows = part.rows, error = %err, "at-most-once rows lost: the session cannot start");
+            return;
+        }
+    };
+    let request = InsertRequest {
+        shard: &part.shard,
+        token: None,
+        payload: &part.payload,
+        compressed: part.compressed(),
+    };
+    match insert_part(shared, &session, request, RetryPolicy::Never, stop).await {
+        Ok(_) => {
+            counters
+                .delivered_rows
+                .fetch_add(part.rows, Ordering::Relaxed);
+        }
+        Err(InsertFailure::Stopped) => {
+            counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
+        }
+        Err(InsertFailure::GaveUp {
+            error, endpoint, ..
+        }) => {
+            counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
+            warn!(
+                database = %session.database,
+                table = %session.table,
+                shard = %part.shard,
+                endpoint = %endpoint,
+                partition,
+                rows = part.rows,
+                error = %error,
+                "at-most-once insert failed after it started; its rows are lost and not retried"
+            );
+        }
+    }
+}
+
+/// The bounded lossy queue of `enabled: true`: encoded rows per shard, plus the bytes queued
+/// or in flight.
+#[derive(Default)]
+struct SharedQueue {
+    state: Mutex<QueueState>,
+    /// Wakes the delivery task when rows arrive, and drains when the queue empties.
+    changed: Notify,
+    task_started: std::sync::OnceLock<()>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    buffers: Vec<Vec<u8>>,
+    rows: Vec<u64>,
+    /// Queued plus in-flight encoded bytes.
+    bytes: u64,
+    last_drop_warning: Option<Instant>,
+    dropped_since_warning: u64,
+}
+
+impl SharedQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn ensure_task(self: &Arc<Self>, shared: &Arc<SinkShared>, counters: &Arc<Counters>) {
+        let queue = Arc::clone(self);
+        let shared = Arc::clone(shared);
+        let counters = Arc::clone(counters);
+        self.task_started.get_or_init(move || {
+            tokio::spawn(async move { queue.run(shared, counters).await });
+        });
+    }
+
+    /// Encodes every row of `batch` into the queue, dropping rows that do not fit.
+    fn enqueue(
+        &self,
+        shared: &SinkShared,
+        session: &crate::session::WriterSession,
+        batch: &flow_core::MessageBatch,
+        limit: u64,
+        counters: &Counters,
+        key: &mut Vec<u8>,
+    ) -> Result<(), SinkError> {
+        let shards = shared.router.shards().len().max(1);
+        let mut state = self.lock();
+        let state = &mut *state;
+        state.buffers.resize_with(shards, Vec::new);
+        state.rows.resize(shards, 0);
+        let mut queued = 0u64;
+        let mut dropped = 0u64;
+        for row in batch.rows() {
+            let shard = if shared.sharded {
+                routing_key(&row, &shared.key_columns, key);
+                shared.router.route(key)
+            } else {
+                0
+            };
+            let buffer = &mut state.buffers[shard];
+            let before = buffer.len();
+            session
+                .encoder
+                .encode_row(&row, buffer)
+                .map_err(|err| SinkError::Rejected {
+                    message_id: row.id().to_string(),
+                    reason: err.to_string(),
+                })?;
+            let size = (buffer.len() - before) as u64;
+            if state.bytes + size > limit {
+                buffer.truncate(before);
+                dropped += 1;
+                continue;
+            }
+            state.bytes += size;
+            state.rows[shard] += 1;
+            queued += 1;
+        }
+        if dropped > 0 {
+            counters.dropped_rows.fetch_add(dropped, Ordering::Relaxed);
+            state.dropped_since_warning += dropped;
+            let due = state
+                .last_drop_warning
+                .is_none_or(|at| at.elapsed() >= DROP_WARNING_INTERVAL);
+            if due {
+                warn!(
+                    database = %shared.params.database,
+                    table = %shared.params.table,
+                    dropped_rows = state.dropped_since_warning,
+                    total_queue_bytes_limit = limit,
+                    "at-most-once queue full: messages dropped. Raise at_most_once_strategy.total_queue_bytes_limit or slow the source"
+                );
+                state.last_drop_warning = Some(Instant::now());
+                state.dropped_since_warning = 0;
+            }
+        }
+        if queued > 0 {
+            self.changed.notify_waiters();
+            self.changed.notify_one();
+        }
+        Ok(())
+    }
+
+    async fn run(&self, shared: Arc<SinkShared>, counters: Arc<Counters>) {
+        let (_never, mut stop) = watch::channel(false);
+        loop {
+            let taken: Vec<(usize, Vec<u8>, u64)> = {
+                let mut state = self.lock();
+                let state = &mut *state;
+                state
+                    .buffers
+                    .iter_mut()
+                    .zip(state.rows.iter_mut())
+                    .enumerate()
+                    .filter(|(_, (buffer, _))| !buffer.is_empty())
+                    .map(|(index, (buffer, rows))| {
+                        (index, std::mem::take(buffer), std::mem::take(rows))
+                    })
+                    .collect()
+            };
+            if taken.is_empty() {
+                self.changed.notify_waiters();
+                self.changed.notified().await;
+                continue;
+            }
+            for (index, raw, rows) in taken {
+                let size = raw.len() as u64;
+                let (format, payload) = match shared.params.codec {
+                    Codec::Lz4 => {
+                        let mut compressed = Vec::with_capacity(raw.len() / 2);
+                        compress_lz4(&raw, &mut compressed);
+                        (
+                            format!("RowBinary{LZ4_FORMAT_SUFFIX}"),
+                            Bytes::from(compressed),
+                        )
+                    }
+                    Codec::None => ("RowBinary".to_owned(), Bytes::from(raw)),
+                };
+                let part = Part {
+                    shard: shared.shard_name(index),
+                    first_offset: 0,
+                    last_offset: 0,
+                    rows,
+                    format,
+                    payload,
+                };
+                deliver_once(&shared, &counters, &part, u32::MAX, &mut stop).await;
+                self.lock().bytes -= size;
+            }
+        }
+    }
+
+    /// Waits until nothing is queued or in flight.
+    async fn wait_empty(&self) {
+        loop {
+            let notified = self.changed.notified();
+            if self.lock().bytes == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
