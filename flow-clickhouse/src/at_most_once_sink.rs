@@ -17,7 +17,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
 use flow_state::SealedBatch;
@@ -29,8 +28,8 @@ use crate::common::{
     build_shared, insert_part, BatchCutter, InsertFailure, InsertRequest, Part, RetryPolicy,
     SinkShared,
 };
-use crate::compress::{compress_lz4, LZ4_FORMAT_SUFFIX};
-use crate::params::{Codec, SinkClass, DEFAULT_TOTAL_QUEUE_BYTES_LIMIT};
+use crate::compress::seal;
+use crate::params::{SinkClass, DEFAULT_TOTAL_QUEUE_BYTES_LIMIT};
 use crate::routing::routing_key;
 
 /// Parts a partition may keep waiting for ordered delivery before its epochs wait.
@@ -408,17 +407,7 @@ impl SharedQueue {
             }
             for (index, raw, rows) in taken {
                 let size = raw.len() as u64;
-                let (format, payload) = match shared.params.codec {
-                    Codec::Lz4 => {
-                        let mut compressed = Vec::with_capacity(raw.len() / 2);
-                        compress_lz4(&raw, &mut compressed);
-                        (
-                            format!("RowBinary{LZ4_FORMAT_SUFFIX}"),
-                            Bytes::from(compressed),
-                        )
-                    }
-                    Codec::None => ("RowBinary".to_owned(), Bytes::from(raw)),
-                };
+                let (format, payload) = seal(shared.params.codec, &raw);
                 let part = Part {
                     shard: shared.shard_name(index),
                     first_offset: 0,

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use crate::common::{
     build_shared, insert_part, BatchCutter, InsertFailure, InsertRequest, RetryPolicy, SinkShared,
 };
-use crate::compress::LZ4_FORMAT_SUFFIX;
+use crate::compress::is_framed;
 use crate::fingerprint::{check_topology, TopologyDecision};
 use crate::params::SinkClass;
 
@@ -218,7 +218,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 shard: &batch.shard,
                 token: Some(&batch.token),
                 payload: &batch.payload,
-                compressed: batch.format.ends_with(LZ4_FORMAT_SUFFIX),
+                compressed: is_framed(&batch.format),
             },
             RetryPolicy::ByClass,
             &mut stop,

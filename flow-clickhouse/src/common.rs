@@ -14,9 +14,9 @@ use tokio::sync::{watch, OnceCell};
 use tracing::{error, warn};
 
 use crate::classify::{log_unknown, should_retry, ClassifiedError, ErrorClass};
-use crate::compress::{compress_lz4, LZ4_FORMAT_SUFFIX};
+use crate::compress::{is_framed, seal};
 use crate::fingerprint::{topology_fingerprint, ROUTING_KEY};
-use crate::params::{self, ClickHouseDynamicParams, ClickHouseParams, Codec, SinkClass};
+use crate::params::{self, ClickHouseDynamicParams, ClickHouseParams, SinkClass};
 use crate::routing::{routing_key, RendezvousRouter};
 use crate::session::WriterSession;
 
@@ -197,7 +197,7 @@ pub struct Part {
 
 impl Part {
     pub fn compressed(&self) -> bool {
-        self.format.ends_with(LZ4_FORMAT_SUFFIX)
+        is_framed(&self.format)
     }
 }
 
@@ -273,24 +273,9 @@ impl BatchCutter {
                 continue;
             }
             let rows = std::mem::take(&mut self.rows[index]);
-            let (format, payload) = match shared.params.codec {
-                Codec::Lz4 => {
-                    let mut compressed = Vec::with_capacity(buffer.len() / 2);
-                    compress_lz4(buffer, &mut compressed);
-                    // The encode buffer keeps its capacity for the next batch.
-                    buffer.clear();
-                    (
-                        format!("RowBinary{LZ4_FORMAT_SUFFIX}"),
-                        Bytes::from(compressed),
-                    )
-                }
-                Codec::None => {
-                    // The next batch is likely as large: reserve that instead of regrowing.
-                    let capacity = buffer.len();
-                    let raw = std::mem::replace(buffer, Vec::with_capacity(capacity));
-                    ("RowBinary".to_owned(), Bytes::from(raw))
-                }
-            };
+            let (format, payload) = seal(shared.params.codec, buffer);
+            // The encode buffer keeps its capacity for the next batch.
+            buffer.clear();
             parts.push(Part {
                 shard: shared.shard_name(index),
                 first_offset,

@@ -1,80 +1,142 @@
-//! ClickHouse's native compression framing (LZ4), applied once when a batch is sealed.
+//! ClickHouse's native compression framing, applied once when a batch is sealed.
 //!
-//! The outbox stores the compressed bytes, which are exactly what is sent (`decompress=1`): the
-//! outbox writes and fsyncs several times fewer bytes, and a delivery or replay only copies a
-//! reference. Each frame is `checksum (16 B, CityHash128 v1.0.2 of the rest) | 0x82 | compressed
-//! size incl. this 9-byte header (u32 LE) | uncompressed size (u32 LE) | LZ4 block`.
+//! The outbox stores framed bytes, which are exactly what is sent (`decompress=1`). Every batch
+//! is **one frame**, with or without compression, because ClickHouse 18.16 commits the rows it has
+//! parsed when a client's connection closes cleanly in the middle of an INSERT body: a plain
+//! RowBinary body cut at a row boundary would land as a partial block, which a replay could not
+//! deduplicate. A cut frame fails its size and checksum checks, so nothing lands. With LZ4 the
+//! outbox also writes and fsyncs several times fewer bytes.
+//!
+//! A frame is `checksum (16 B, CityHash128 v1.0.2 of the rest) | method (0x82 LZ4, 0x02 none) |
+//! frame size incl. this 9-byte header (u32 LE) | data size (u32 LE) | data`.
 
-/// Uncompressed bytes per frame, as ClickHouse's own clients use.
-pub const FRAME_BYTES: usize = 1 << 20;
+use bytes::Bytes;
+
+use crate::params::Codec;
 
 const CHECKSUM_SIZE: usize = 16;
 const HEADER_SIZE: usize = 9;
-const LZ4_METHOD: u8 = 0x82;
+const METHOD_LZ4: u8 = 0x82;
+const METHOD_NONE: u8 = 0x02;
 
-/// The suffix of `SealedBatch::format` for payloads in this framing.
+/// ClickHouse refuses frames above 1 GiB; batches are capped far below (256 MiB).
+pub const MAX_FRAME_BYTES: usize = 1 << 30;
+
+/// The suffix of `SealedBatch::format` for LZ4-compressed frames.
 pub const LZ4_FORMAT_SUFFIX: &str = ";lz4";
+/// The suffix of `SealedBatch::format` for uncompressed frames.
+pub const NONE_FORMAT_SUFFIX: &str = ";framed";
 
-/// Appends `data` compressed as a sequence of LZ4 frames to `out`.
-pub fn compress_lz4(data: &[u8], out: &mut Vec<u8>) {
-    for chunk in data.chunks(FRAME_BYTES) {
-        let start = out.len();
-        let bound = lz4_flex::block::get_maximum_output_size(chunk.len());
-        out.resize(start + CHECKSUM_SIZE + HEADER_SIZE + bound, 0);
-        let body = start + CHECKSUM_SIZE + HEADER_SIZE;
-        // The buffer holds the maximum output size, so compression cannot run out of room.
-        let written = lz4_flex::block::compress_into(chunk, &mut out[body..]).unwrap_or(0);
-        out.truncate(body + written);
-        let frame_len = (HEADER_SIZE + written) as u32;
-        let header = start + CHECKSUM_SIZE;
-        out[header] = LZ4_METHOD;
-        out[header + 1..header + 5].copy_from_slice(&frame_len.to_le_bytes());
-        out[header + 5..header + 9].copy_from_slice(&(chunk.len() as u32).to_le_bytes());
-        let checksum = cityhash_rs::cityhash_102_128(&out[header..]).rotate_right(64);
-        out[start..header].copy_from_slice(&checksum.to_le_bytes());
+/// Whether a stored format is framed (sent with `decompress=1`).
+pub fn is_framed(format: &str) -> bool {
+    format.ends_with(LZ4_FORMAT_SUFFIX) || format.ends_with(NONE_FORMAT_SUFFIX)
+}
+
+/// Frames encoded RowBinary rows for the outbox: returns the stored format and the bytes to send.
+pub fn seal(codec: Codec, rows: &[u8]) -> (String, Bytes) {
+    match codec {
+        Codec::Lz4 => {
+            let mut framed = Vec::with_capacity(rows.len() / 2 + CHECKSUM_SIZE + HEADER_SIZE);
+            frame_lz4(rows, &mut framed);
+            (format!("RowBinary{LZ4_FORMAT_SUFFIX}"), Bytes::from(framed))
+        }
+        Codec::None => {
+            let mut framed = Vec::with_capacity(rows.len() + CHECKSUM_SIZE + HEADER_SIZE);
+            frame_none(rows, &mut framed);
+            (
+                format!("RowBinary{NONE_FORMAT_SUFFIX}"),
+                Bytes::from(framed),
+            )
+        }
     }
+}
+
+/// Appends `data` as one LZ4 frame to `out`.
+pub fn frame_lz4(data: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
+    let body = start + CHECKSUM_SIZE + HEADER_SIZE;
+    out.resize(
+        body + lz4_flex::block::get_maximum_output_size(data.len()),
+        0,
+    );
+    // The buffer holds the maximum output size, so compression cannot run out of room.
+    let written = lz4_flex::block::compress_into(data, &mut out[body..]).unwrap_or(0);
+    out.truncate(body + written);
+    finish_frame(out, start, METHOD_LZ4, data.len());
+}
+
+/// Appends `data` as one uncompressed frame to `out`.
+pub fn frame_none(data: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
+    out.resize(start + CHECKSUM_SIZE + HEADER_SIZE, 0);
+    out.extend_from_slice(data);
+    finish_frame(out, start, METHOD_NONE, data.len());
+}
+
+fn finish_frame(out: &mut [u8], start: usize, method: u8, data_len: usize) {
+    let header = start + CHECKSUM_SIZE;
+    let frame_len = (out.len() - header) as u32;
+    out[header] = method;
+    out[header + 1..header + 5].copy_from_slice(&frame_len.to_le_bytes());
+    out[header + 5..header + 9].copy_from_slice(&(data_len as u32).to_le_bytes());
+    let checksum = cityhash_rs::cityhash_102_128(&out[header..]).rotate_right(64);
+    out[start..header].copy_from_slice(&checksum.to_le_bytes());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn decompress(mut framed: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        while !framed.is_empty() {
-            let header = &framed[CHECKSUM_SIZE..CHECKSUM_SIZE + HEADER_SIZE];
-            assert_eq!(header[0], LZ4_METHOD);
-            let frame_len = u32::from_le_bytes(header[1..5].try_into().unwrap()) as usize;
-            let raw_len = u32::from_le_bytes(header[5..9].try_into().unwrap()) as usize;
-            let checksum = u128::from_le_bytes(framed[..CHECKSUM_SIZE].try_into().unwrap());
-            let frame = &framed[CHECKSUM_SIZE..CHECKSUM_SIZE + frame_len];
-            assert_eq!(
-                checksum,
-                cityhash_rs::cityhash_102_128(frame).rotate_right(64)
-            );
-            out.extend(lz4_flex::block::decompress(&frame[HEADER_SIZE..], raw_len).unwrap());
-            framed = &framed[CHECKSUM_SIZE + frame_len..];
+    /// Decodes one frame, checking everything ClickHouse checks.
+    fn unframe(framed: &[u8]) -> Vec<u8> {
+        let header = &framed[CHECKSUM_SIZE..CHECKSUM_SIZE + HEADER_SIZE];
+        let frame_len = u32::from_le_bytes(header[1..5].try_into().unwrap()) as usize;
+        let raw_len = u32::from_le_bytes(header[5..9].try_into().unwrap()) as usize;
+        assert_eq!(
+            framed.len(),
+            CHECKSUM_SIZE + frame_len,
+            "one frame, nothing after"
+        );
+        let checksum = u128::from_le_bytes(framed[..CHECKSUM_SIZE].try_into().unwrap());
+        let frame = &framed[CHECKSUM_SIZE..];
+        assert_eq!(
+            checksum,
+            cityhash_rs::cityhash_102_128(frame).rotate_right(64)
+        );
+        match header[0] {
+            METHOD_LZ4 => lz4_flex::block::decompress(&frame[HEADER_SIZE..], raw_len).unwrap(),
+            METHOD_NONE => frame[HEADER_SIZE..].to_vec(),
+            other => panic!("unknown method {other:#x}"),
         }
-        out
     }
 
     #[test]
-    fn frames_round_trip_and_split_at_one_mebibyte() {
-        let data: Vec<u8> = (0..(FRAME_BYTES * 2 + 123))
-            .map(|i| (i % 251) as u8)
-            .collect();
+    fn a_batch_is_one_lz4_frame_that_round_trips() {
+        let data: Vec<u8> = (0..(3 << 20) + 123).map(|i| (i % 251) as u8).collect();
         let mut framed = Vec::new();
-        compress_lz4(&data, &mut framed);
+        frame_lz4(&data, &mut framed);
         assert!(framed.len() < data.len() / 4);
-        assert_eq!(decompress(&framed), data);
+        assert_eq!(framed[16], METHOD_LZ4);
+        assert_eq!(unframe(&framed), data);
     }
 
     #[test]
-    fn compression_is_deterministic() {
+    fn uncompressed_frame_carries_the_bytes_verbatim() {
+        let data = b"rowbinary bytes".to_vec();
+        let mut framed = Vec::new();
+        frame_none(&data, &mut framed);
+        assert_eq!(framed.len(), 25 + data.len());
+        assert_eq!(framed[16], METHOD_NONE);
+        assert_eq!(&framed[25..], &data[..]);
+        assert_eq!(unframe(&framed), data);
+    }
+
+    #[test]
+    fn framing_is_deterministic() {
         let data = b"the same bytes give the same frames".repeat(1000);
         let (mut a, mut b) = (Vec::new(), Vec::new());
-        compress_lz4(&data, &mut a);
-        compress_lz4(&data, &mut b);
+        frame_lz4(&data, &mut a);
+        frame_lz4(&data, &mut b);
         assert_eq!(a, b);
     }
 }

@@ -9,6 +9,8 @@
 //! The HTTP client here is deliberately tiny (blocking, `std::net` only) so that any test, sync or
 //! async, can use it to set up tables and check results.
 
+pub mod proxy;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
