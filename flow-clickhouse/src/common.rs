@@ -105,6 +105,13 @@ impl SinkShared {
                     .join("; "),
             )
         })?;
+        if let Some(session) = self.session.get() {
+            if let Err(reason) = session.check_dynamic(&self.params, &parsed) {
+                // A reload must not stop a running pipeline: keep the parameters in force.
+                warn!(database = %self.params.database, table = %self.params.table, reason = %reason, "dynamic parameters rejected by the running session; the previous ones stay in force. Fix the spec and send SIGHUP again");
+                return Ok(());
+            }
+        }
         *self
             .dynamic
             .write()

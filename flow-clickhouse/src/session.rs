@@ -53,6 +53,8 @@ const NON_DETERMINISTIC_FUNCTIONS: &[&str] = &[
     "initialqueryid(",
 ];
 
+const ASYNC_INSERT_UNSUPPORTED: &str = "`async_insert: true` is set but the server does not know the setting `async_insert` (ClickHouse before 21.11). Set `async_insert: false`";
+
 #[derive(Error, Debug)]
 pub enum SessionError {
     /// An endpoint did not answer; the session start is retried.
@@ -124,9 +126,27 @@ pub struct WriterSession {
     pub target_fingerprints: BTreeMap<String, String>,
     pub database: String,
     pub table: String,
+    /// The dedup-window settings of each replicated shard, for re-checks on reload.
+    dedup_windows: Vec<BTreeMap<String, u64>>,
 }
 
 impl WriterSession {
+    /// Re-checks what depends on dynamic parameters after a reload: `async_insert` needs the
+    /// server's support, and the dedup window is compared with the new `replay_horizon`.
+    pub fn check_dynamic(
+        &self,
+        params: &ClickHouseParams,
+        dynamic: &ClickHouseDynamicParams,
+    ) -> Result<(), String> {
+        if dynamic.async_insert && !self.capabilities.async_insert {
+            return Err(ASYNC_INSERT_UNSUPPORTED.to_owned());
+        }
+        for settings in &self.dedup_windows {
+            check_dedup_window(params, dynamic, settings);
+        }
+        Ok(())
+    }
+
     pub fn shard(&self, name: &str) -> Option<&ShardClients> {
         self.shards.iter().find(|s| s.name == name)
     }
@@ -155,6 +175,7 @@ impl WriterSession {
             replicas_zookeeper_name: true,
         };
         let mut target_fingerprints = BTreeMap::new();
+        let mut dedup_windows = Vec::new();
         for shard in &shards {
             let mut shard_first: Option<(String, EndpointMetadata)> = None;
             for endpoint in &shard.endpoints {
@@ -233,16 +254,17 @@ impl WriterSession {
                 }
             };
             target_fingerprints.insert(target_key(&shard.name), fingerprint);
-            check_dedup_window(params, dynamic, &meta);
+            if meta.kind == EngineKind::Replicated {
+                check_dedup_window(params, dynamic, &meta.merge_tree_settings);
+                dedup_windows.push(meta.merge_tree_settings.clone());
+            }
         }
         let Some((_, reference)) = first else {
             return Err(refused("no endpoint is configured".to_owned()));
         };
 
         if dynamic.async_insert && !capabilities.async_insert {
-            return Err(refused(
-                "`async_insert: true` is set but the server does not know the setting `async_insert` (ClickHouse before 21.11). Set `async_insert: false`".to_owned(),
-            ));
+            return Err(refused(ASYNC_INSERT_UNSUPPORTED.to_owned()));
         }
         let encoder = plan_columns(class, params, stream, &reference.columns, capabilities)
             .map_err(refused)?;
@@ -280,6 +302,7 @@ impl WriterSession {
             target_fingerprints,
             database: params.database.clone(),
             table: params.table.clone(),
+            dedup_windows,
         })
     }
 }
@@ -550,20 +573,18 @@ fn is_non_deterministic(expression: &str) -> bool {
         .any(|f| compact.contains(f))
 }
 
+/// Warns when a replicated table's dedup window is shorter than `replay_horizon`.
 fn check_dedup_window(
     params: &ClickHouseParams,
     dynamic: &ClickHouseDynamicParams,
-    meta: &EndpointMetadata,
+    settings: &BTreeMap<String, u64>,
 ) {
-    if meta.kind != EngineKind::Replicated {
-        return;
-    }
     let setting = if dynamic.async_insert {
         "replicated_deduplication_window_seconds_for_async_inserts"
     } else {
         "replicated_deduplication_window_seconds"
     };
-    let Some(&window) = meta.merge_tree_settings.get(setting) else {
+    let Some(&window) = settings.get(setting) else {
         return;
     };
     let horizon = dynamic.replay_horizon.as_secs();
