@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use flow_core::delivery::{BatchDeliverer, DeliveryQueue};
+use flow_core::delivery::{load_backlog, BatchDeliverer, OutboxDelivery};
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
 use flow_state::{SealedBatch, SinkPartition, StateStore};
@@ -45,7 +45,7 @@ impl SinkFactory for BatchingSinkFactory {
         Ok(Box::new(BatchingSink {
             shared: Arc::clone(&self.shared),
             ctx,
-            queue: None,
+            delivery: OutboxDelivery::default(),
             fingerprints_checked: false,
             cutter: BatchCutter::default(),
         }))
@@ -55,7 +55,7 @@ impl SinkFactory for BatchingSinkFactory {
 struct BatchingSink {
     shared: Arc<SinkShared>,
     ctx: SinkContext,
-    queue: Option<DeliveryQueue>,
+    delivery: OutboxDelivery,
     /// Whether the persisted fingerprints were compared with (or replaced by) the current ones.
     fingerprints_checked: bool,
     cutter: BatchCutter,
@@ -96,20 +96,13 @@ impl BatchingSink {
         self.fingerprints_checked = true;
         Ok(())
     }
-
-    fn queue(&mut self) -> Result<&mut DeliveryQueue, SinkError> {
-        self.queue.as_mut().ok_or_else(|| SinkError::Delivery {
-            reason: "the sink was not opened".to_owned(),
-        })
-    }
 }
 
 #[async_trait]
 impl Sink for BatchingSink {
     async fn open(&mut self) -> Result<(), SinkError> {
-        let store = self.ctx.store.clone();
         let key = self.ctx.state_key();
-        let backlog = blocking(move || store.undelivered(&key)).await?;
+        let backlog = load_backlog(&self.ctx.store, &key).await?;
         if let Some(oldest) = backlog.first() {
             let bound = format!("{}-{}", self.ctx.partition, oldest.batch.last_offset);
             self.check_fingerprints(backlog.len() as u64, Some(bound))
@@ -119,8 +112,7 @@ impl Sink for BatchingSink {
             shared: Arc::clone(&self.shared),
             store: self.ctx.store.clone(),
         });
-        self.queue = Some(DeliveryQueue::start(self.ctx.state_key(), deliverer, backlog).await?);
-        Ok(())
+        self.delivery.open(key, deliverer, backlog).await
     }
 
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
@@ -170,22 +162,15 @@ impl Sink for BatchingSink {
     }
 
     async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
-        let queue = self.queue()?;
-        for (seq, batch) in batches {
-            queue.push(seq, batch).await?;
-        }
-        Ok(())
+        self.delivery.committed(batches).await
     }
 
     async fn drain(&mut self) -> Result<(), SinkError> {
-        self.queue()?.drain().await
+        self.delivery.drain().await
     }
 
     async fn close(&mut self) -> Result<(), SinkError> {
-        match self.queue.as_mut() {
-            Some(queue) => queue.close().await,
-            None => Ok(()),
-        }
+        self.delivery.close().await
     }
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {

@@ -132,3 +132,66 @@ impl Drop for DeliveryQueue {
         }
     }
 }
+
+/// The delivery side of an outbox sink partition: the [`DeliveryQueue`] once opened, with the
+/// `Sink` lifecycle calls every outbox sink makes.
+#[derive(Default)]
+pub struct OutboxDelivery {
+    queue: Option<DeliveryQueue>,
+}
+
+impl OutboxDelivery {
+    /// Starts delivering, first the undelivered `backlog` (see [`load_backlog`]).
+    pub async fn open(
+        &mut self,
+        key: SinkPartition,
+        deliverer: Arc<dyn BatchDeliverer>,
+        backlog: Vec<StoredBatch>,
+    ) -> Result<(), SinkError> {
+        self.queue = Some(DeliveryQueue::start(key, deliverer, backlog).await?);
+        Ok(())
+    }
+
+    fn queue(&mut self) -> Result<&mut DeliveryQueue, SinkError> {
+        self.queue.as_mut().ok_or_else(|| SinkError::Delivery {
+            reason: "the sink was not opened".to_owned(),
+        })
+    }
+
+    /// Queues the batches of a durable commit (`Sink::committed`).
+    pub async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
+        let queue = self.queue()?;
+        for (seq, batch) in batches {
+            queue.push(seq, batch).await?;
+        }
+        Ok(())
+    }
+
+    /// Delivers everything queued (`Sink::drain`).
+    pub async fn drain(&mut self) -> Result<(), SinkError> {
+        self.queue()?.drain().await
+    }
+
+    /// Stops after the batch in flight (`Sink::close`).
+    pub async fn close(&mut self) -> Result<(), SinkError> {
+        match self.queue.as_mut() {
+            Some(queue) => queue.close().await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// The undelivered batches of a sink partition, read off the runtime threads.
+pub async fn load_backlog(
+    store: &flow_state::StateStore,
+    key: &SinkPartition,
+) -> Result<Vec<StoredBatch>, SinkError> {
+    let store = store.clone();
+    let key = key.clone();
+    tokio::task::spawn_blocking(move || store.undelivered(&key))
+        .await
+        .map_err(|err| SinkError::Delivery {
+            reason: format!("loading undelivered batches: {err}"),
+        })?
+        .map_err(SinkError::from)
+}

@@ -18,7 +18,7 @@ use flow_state::{SealedBatch, SinkPartition, StateStore};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Mutex};
 
-use crate::delivery::{BatchDeliverer, DeliveryQueue};
+use crate::delivery::{load_backlog, BatchDeliverer, OutboxDelivery};
 use crate::error::{SinkError, Violation};
 use crate::message::{MessageBatch, Value};
 use crate::plugin::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkFactory};
@@ -111,7 +111,7 @@ impl SinkFactory for DebugSinkFactory {
             stream_ids: self.stream_ids.clone(),
             dynamic,
             ctx,
-            queue: None,
+            delivery: OutboxDelivery::default(),
         }))
     }
 }
@@ -129,34 +129,19 @@ struct DebugSink {
     stream_ids: Vec<String>,
     dynamic: DebugSinkDynamicParams,
     ctx: SinkContext,
-    queue: Option<DeliveryQueue>,
-}
-
-impl DebugSink {
-    fn queue(&mut self) -> Result<&mut DeliveryQueue, SinkError> {
-        self.queue.as_mut().ok_or_else(|| SinkError::Delivery {
-            reason: "the sink was not opened".to_owned(),
-        })
-    }
+    delivery: OutboxDelivery,
 }
 
 #[async_trait]
 impl Sink for DebugSink {
     async fn open(&mut self) -> Result<(), SinkError> {
-        let store = self.ctx.store.clone();
         let key = self.ctx.state_key();
-        let backlog_key = key.clone();
-        let backlog = tokio::task::spawn_blocking(move || store.undelivered(&backlog_key))
-            .await
-            .map_err(|err| SinkError::Delivery {
-                reason: format!("loading undelivered batches: {err}"),
-            })??;
+        let backlog = load_backlog(&self.ctx.store, &key).await?;
         let deliverer: Arc<dyn BatchDeliverer> = Arc::new(FileDeliverer {
             target: Arc::clone(&self.target),
             store: self.ctx.store.clone(),
         });
-        self.queue = Some(DeliveryQueue::start(key, deliverer, backlog).await?);
-        Ok(())
+        self.delivery.open(key, deliverer, backlog).await
     }
 
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
@@ -186,22 +171,15 @@ impl Sink for DebugSink {
     }
 
     async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
-        let queue = self.queue()?;
-        for (seq, batch) in batches {
-            queue.push(seq, batch).await?;
-        }
-        Ok(())
+        self.delivery.committed(batches).await
     }
 
     async fn drain(&mut self) -> Result<(), SinkError> {
-        self.queue()?.drain().await
+        self.delivery.drain().await
     }
 
     async fn close(&mut self) -> Result<(), SinkError> {
-        match self.queue.as_mut() {
-            Some(queue) => queue.close().await,
-            None => Ok(()),
-        }
+        self.delivery.close().await
     }
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
