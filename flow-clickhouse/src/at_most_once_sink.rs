@@ -402,7 +402,15 @@ impl SharedQueue {
             };
             if taken.is_empty() {
                 self.changed.notify_waiters();
-                self.changed.notified().await;
+                // Register before re-checking: rows enqueued between the take above and this
+                // point would otherwise only `notify_one`, which a waiting `wait_empty` can
+                // consume instead of this task, leaving the rows (and the drain) stuck.
+                let notified = self.changed.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.lock().buffers.iter().all(Vec::is_empty) {
+                    notified.await;
+                }
                 continue;
             }
             for (index, raw, rows) in taken {

@@ -395,6 +395,10 @@ pub async fn insert_part(
         }
         let retry = policy == RetryPolicy::ByClass
             && should_retry(err.class, attempts, dynamic.max_insert_attempts);
+        // Fail over whether or not this part is retried: with `RetryPolicy::Never` the next
+        // part must not go to the host that just failed (at-most-once would lose every later
+        // part while a live replica waits).
+        shard.advance();
         if !retry {
             return Err(InsertFailure::GaveUp {
                 error: err,
@@ -412,7 +416,6 @@ pub async fn insert_part(
             error = %err,
             "insert failed; retrying on the next host of the shard"
         );
-        shard.advance();
         tokio::select! {
             _ = tokio::time::sleep(dynamic.retry_backoff) => {}
             _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),

@@ -515,6 +515,42 @@ impl Drop for DropGuard {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Helpers added for tests/guarantee_cases.rs.
+
+/// The server log of a node: `<cluster dir>/<name>/log/clickhouse-server.log`.
+pub fn server_log(node: Node) -> PathBuf {
+    cluster_dir()
+        .join(node.name)
+        .join("log")
+        .join("clickhouse-server.log")
+}
+
+/// Lines of the node's server log that contain every one of `needles` (0 if the log cannot be
+/// read). The log is appended to by the server and may be rotated when large.
+pub fn server_log_lines(node: Node, needles: &[&str]) -> usize {
+    let Ok(bytes) = std::fs::read(server_log(node)) else {
+        return 0;
+    };
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .filter(|line| needles.iter().all(|n| line.contains(n)))
+        .count()
+}
+
+/// How many INSERT blocks into `db_table` the node recognised as already inserted and ignored
+/// (ReplicatedMergeTree block deduplication), read from its server log: the lines
+/// `<db_table> (Replicated OutputStream): Block with ID ... already exists; ignoring it.`
+pub fn deduplicated_blocks_logged(node: Node, db_table: &str) -> usize {
+    server_log_lines(
+        node,
+        &[
+            &format!(" {db_table} (Replicated OutputStream): "),
+            "already exists; ignoring it",
+        ],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
