@@ -1,7 +1,8 @@
 //! Throughput of the exactly-once path against a hand-written `clickhouse::Inserter` loop on the
 //! same rows, on the local cluster (`scripts/cluster.sh up`).
 //!
-//! `cargo bench -p flow-clickhouse --bench exactly_once_vs_inserter` (rows: `FLOW_BENCH_ROWS`,
+//! `cargo bench -p flow-clickhouse --bench exactly_once_vs_inserter` (`FLOW_BENCH_REPETITIONS`,
+//! default 5; rows: `FLOW_BENCH_ROWS`,
 //! default 2,000,000). Both write the generator's rows to node a1 of a fresh ReplicatedMergeTree
 //! table with lz4; flow goes through epochs, the sled outbox (fsync per commit group) and ordered
 //! delivery. Prints rows/s of each, their ratio and the process's peak resident memory.
@@ -114,7 +115,6 @@ async fn flow_pipeline(rows: u64, partitions: u32, batch: u64) -> f64 {
     let seconds = started.elapsed().as_secs_f64();
     assert_eq!(report.messages(), rows);
     assert_eq!(count("bench_flow").await, rows);
-    println!("flow outbox: {:?}", store.stats());
     seconds
 }
 
@@ -143,16 +143,27 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let repetitions = env("FLOW_BENCH_REPETITIONS", 5);
     runtime.block_on(async {
-        let flow = flow_pipeline(rows, partitions, batch).await;
-        let flow_rss = peak_rss_mib();
-        let baseline = inserter_loop(rows, partitions, batch).await;
+        // Alternate the two so that drift on a shared machine hits both alike; report medians.
+        let (mut flow_times, mut baseline_times) = (Vec::new(), Vec::new());
+        for _ in 0..repetitions {
+            flow_times.push(flow_pipeline(rows, partitions, batch).await);
+            baseline_times.push(inserter_loop(rows, partitions, batch).await);
+        }
+        let median = |times: &mut Vec<f64>| {
+            times.sort_by(f64::total_cmp);
+            times[times.len() / 2]
+        };
+        let flow = median(&mut flow_times);
+        let baseline = median(&mut baseline_times);
         let flow_rate = rows as f64 / flow;
         let baseline_rate = rows as f64 / baseline;
-        println!("rows: {rows}, batch: {batch}, partitions: {partitions}");
-        println!("clickhouse::Inserter loop: {baseline:.2} s, {baseline_rate:.0} rows/s");
-        println!("flow exactly-once:         {flow:.2} s, {flow_rate:.0} rows/s (peak RSS {flow_rss:.0} MiB)");
+        println!("rows: {rows}, batch: {batch}, partitions: {partitions}, repetitions: {repetitions} (medians)");
+        println!("clickhouse::Inserter loop: {baseline:.2} s, {baseline_rate:.0} rows/s  {baseline_times:.2?}");
+        println!("flow exactly-once:         {flow:.2} s, {flow_rate:.0} rows/s  {flow_times:.2?}");
         println!("ratio flow / inserter:     {:.2}", flow_rate / baseline_rate);
+        println!("peak RSS of the process:   {:.0} MiB", peak_rss_mib());
         for name in ["bench_inserter", "bench_flow"] {
             for url in [A1, A2] {
                 exec(url, &format!("DROP TABLE IF EXISTS default.{name}")).await;
