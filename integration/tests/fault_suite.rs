@@ -1,0 +1,912 @@
+//! The fault suite: each ClickHouse sink class through a seeded random schedule of faults, against
+//! the local cluster (`scripts/cluster.sh up`).
+//!
+//! Every test runs the worker binary on a generator (short schedule: 4 partitions x 75,000
+//! messages, rate-limited to ~60 s undisturbed) into a fresh ReplicatedMergeTree table. Every
+//! ClickHouse endpoint of the sink sits behind its own [`FaultProxy`] and the spec lists the proxy
+//! addresses (the replicated target fingerprint is the ZooKeeper path, so the proxies do not change
+//! it). While the worker runs, a schedule drawn from a seeded RNG applies faults one after another,
+//! each held for a short random time and then reverted:
+//!
+//! * on one proxy: `Refuse`, `CutRequestAfter(n)` (random n), a lost acknowledgement
+//!   (`set_once(CutResponse)`), `Latency(50..300 ms)`, `Stall` (held past the spec's 2 s
+//!   `write_timeout`, so it becomes a timeout);
+//! * the worker `kill -9`ed and restarted on the same state directory;
+//! * a replica stopped (`cluster.sh stop a2`, or `b2` for the sharded classes) and started again.
+//!   The stop runs in the background: ClickHouse 18.16 keeps serving keep-alive connections after
+//!   SIGTERM, so a graceful stop of a replica the sink writes to can take until cluster.sh's KILL
+//!   (30 s); the schedule goes on meanwhile;
+//! * long schedule only: ZooKeeper stopped and started (replicated tables turn read-only, code 242,
+//!   for ~10 s after it is back; too slow for CI).
+//!
+//! The first faults of a schedule are one of each kind (shuffled), the rest random. After the
+//! schedule, every proxy is set to `Pass`, `cluster.sh up` runs, the worker runs to completion
+//! (exit 0), `SYSTEM SYNC REPLICA` runs on every replica and the class's promise is checked:
+//!
+//! | class | end state |
+//! | --- | --- |
+//! | `ClickHouseBatchingSink`, `ShardedClickHouseBatchingSink` | every id exactly once, identical replicas, (sharded) on the shard its user_id routes to |
+//! | `AtLeastOnceClickHouseSink` | every id at least once; duplicates counted and printed |
+//! | `AtMostOnceClickHouseSink` | no id twice; losses counted and printed |
+//!
+//! Short schedule (default, CI): 24 faults per class (at least 20 required). Long schedule
+//! (`FLOW_FAULT_LONG=1`): 100 faults per class, 4 x 250,000 messages, ZooKeeper faults included.
+//! The seed is printed first (default 20261130); `FLOW_FAULT_SEED=<u64>` replays a schedule (the
+//! timing of the worker relative to the faults still varies from run to run).
+//!
+//! The tests stop replicas, so they are serialised by a mutex, and a guard runs `cluster.sh up`
+//! whatever happens.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use flow_clickhouse::routing::RendezvousRouter;
+use flow_integration::proxy::{Fault, FaultProxy};
+use flow_integration::*;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+const PARTITIONS: u64 = 4;
+const DEFAULT_SEED: u64 = 20_261_130;
+const COLUMNS: &str =
+    "id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String";
+
+/// The tests stop replicas: never two at once.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+// ---------------------------------------------------------------------------------------------
+// Schedule parameters
+
+struct Schedule {
+    long: bool,
+    faults: usize,
+    per_partition: u64,
+    rate_per_partition: u64,
+    /// How long the last run may take to finish.
+    finish_timeout: Duration,
+}
+
+impl Schedule {
+    fn from_env() -> Schedule {
+        let long = std::env::var("FLOW_FAULT_LONG").is_ok_and(|v| !v.is_empty() && v != "0");
+        if long {
+            // ~250 s undisturbed per class; 100 faults take ~200 s plus the ZooKeeper outages.
+            Schedule {
+                long,
+                faults: 100,
+                per_partition: 250_000,
+                rate_per_partition: 1_000,
+                finish_timeout: Duration::from_secs(900),
+            }
+        } else {
+            // ~60 s undisturbed per class; 24 faults take ~35-45 s.
+            Schedule {
+                long,
+                faults: 24,
+                per_partition: 75_000,
+                rate_per_partition: 1_250,
+                finish_timeout: Duration::from_secs(300),
+            }
+        }
+    }
+
+    fn total(&self) -> u64 {
+        PARTITIONS * self.per_partition
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("FLOW_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(DEFAULT_SEED)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The classes
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(clippy::enum_variant_names)]
+enum Promise {
+    ExactlyOnce,
+    AtLeastOnce,
+    AtMostOnce,
+}
+
+struct Class {
+    /// `sink_class_name`, also the name the failures carry.
+    name: &'static str,
+    /// Pipeline name (and table prefix).
+    pipeline: &'static str,
+    /// Salt mixed into the seed so that the four classes draw different schedules.
+    salt: u64,
+    promise: Promise,
+    /// (shard, replicas); one entry `("", [a1, a2])` for the `hosts` form.
+    shards: Vec<(&'static str, Vec<Node>)>,
+    /// Route by `user_id` (checked at the end).
+    keyed: bool,
+    /// Replicas the replica fault may stop.
+    stoppable: Vec<Node>,
+}
+
+impl Class {
+    fn nodes(&self) -> Vec<Node> {
+        self.shards
+            .iter()
+            .flat_map(|(_, nodes)| nodes.iter().copied())
+            .collect()
+    }
+
+    /// The host parameters with every node replaced by its proxy.
+    fn host_parameters(&self, proxies: &Proxies) -> String {
+        let addr = |n: &Node| format!("\"{}\"", proxies.addr(n.name));
+        let list = |nodes: &[Node]| nodes.iter().map(addr).collect::<Vec<_>>().join(", ");
+        if self.shards.len() == 1 && self.shards[0].0.is_empty() {
+            format!("hosts: [{}]", list(&self.shards[0].1))
+        } else {
+            let shards: Vec<String> = self
+                .shards
+                .iter()
+                .map(|(s, nodes)| format!("{s}: [{}]", list(nodes)))
+                .collect();
+            let mut text = format!("shard_hosts: {{{}}}", shards.join(", "));
+            if self.keyed {
+                text.push_str("\n      sharding_key_columns: [user_id]");
+            }
+            text
+        }
+    }
+
+    fn spec(&self, table: &str, schedule: &Schedule, proxies: &Proxies) -> String {
+        format!(
+            "pipeline: {pipeline}\n\
+             partitions: {PARTITIONS}\n\
+             epoch: {{max_messages: 5000, max_duration_ms: 500}}\n\
+             source:\n  class: generator\n  parameters: {{count: {count}, rate_per_second: {rate}, payload_bytes: 16}}\n\
+             sinks:\n  - name: events\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters:\n      {hosts}\n      database: default\n      table: {table}\n    dynamic_parameters: {{max_rows_per_batch: 2000, retry_backoff: 200ms, write_timeout: 2s}}\n",
+            pipeline = self.pipeline,
+            count = schedule.per_partition,
+            rate = schedule.rate_per_partition,
+            class = self.name,
+            hosts = self.host_parameters(proxies),
+        )
+    }
+}
+
+fn batching() -> Class {
+    Class {
+        name: "ClickHouseBatchingSink",
+        pipeline: "fs_batching",
+        salt: 1,
+        promise: Promise::ExactlyOnce,
+        shards: vec![("", SHARD_A.to_vec())],
+        keyed: false,
+        stoppable: vec![A2],
+    }
+}
+
+fn sharded_batching() -> Class {
+    Class {
+        name: "ShardedClickHouseBatchingSink",
+        pipeline: "fs_sharded",
+        salt: 2,
+        promise: Promise::ExactlyOnce,
+        shards: vec![("a", SHARD_A.to_vec()), ("b", SHARD_B.to_vec())],
+        keyed: true,
+        stoppable: vec![A2, B2],
+    }
+}
+
+fn at_least_once() -> Class {
+    Class {
+        name: "AtLeastOnceClickHouseSink",
+        pipeline: "fs_at_least_once",
+        salt: 3,
+        promise: Promise::AtLeastOnce,
+        shards: vec![("a", SHARD_A.to_vec()), ("b", SHARD_B.to_vec())],
+        keyed: false,
+        stoppable: vec![A2, B2],
+    }
+}
+
+fn at_most_once() -> Class {
+    Class {
+        name: "AtMostOnceClickHouseSink",
+        pipeline: "fs_at_most_once",
+        salt: 4,
+        promise: Promise::AtMostOnce,
+        shards: vec![("", SHARD_A.to_vec())],
+        keyed: false,
+        stoppable: vec![A2],
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes, proxies and the cluster
+
+/// Restores the cluster (`cluster.sh up`) when dropped, even after a failed assertion.
+struct ClusterGuard;
+
+impl Drop for ClusterGuard {
+    fn drop(&mut self) {
+        match cluster_sh(&["up"]) {
+            Ok(_) => println!("cluster restored (cluster.sh up)"),
+            Err(err) => eprintln!("restoring the cluster failed: {err:#}"),
+        }
+    }
+}
+
+/// A running worker; SIGKILLed when dropped (so a failing test leaves no process behind).
+struct Worker {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Worker {
+    fn spawn(spec: &Path, state: &Path, log: PathBuf) -> Worker {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_flow-worker-it"))
+            .arg("run")
+            .arg(spec)
+            .arg("--state-dir")
+            .arg(state)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Worker {
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// The exit code if the worker has exited.
+    fn exited(&mut self) -> Option<Option<i32>> {
+        let status = self.child.as_mut()?.try_wait().unwrap()?;
+        self.child = None;
+        Some(status.code())
+    }
+
+    fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    fn kill_9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // std's kill() is SIGKILL on Unix.
+            let _ = child.kill();
+            child.wait().unwrap();
+        }
+    }
+
+    /// Waits for the worker to exit on its own and returns its exit code.
+    fn wait_exit(&mut self, timeout: Duration, tag: &str) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(code) = self.exited() {
+                return code;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{tag}: the last run did not finish within {timeout:?}\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let start = lines.len().saturating_sub(40);
+        format!(
+            "--- last lines of {} ---\n{}",
+            self.log.display(),
+            lines[start..].join("\n")
+        )
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill_9();
+    }
+}
+
+/// One proxy per node of the class, on a runtime of their own.
+struct Proxies {
+    runtime: tokio::runtime::Runtime,
+    by_node: Vec<(&'static str, FaultProxy)>,
+}
+
+impl Proxies {
+    fn start(nodes: &[Node]) -> Proxies {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let by_node = nodes
+            .iter()
+            .map(|n| {
+                let upstream = n.http_addr().parse().unwrap();
+                (
+                    n.name,
+                    runtime.block_on(FaultProxy::start(upstream)).unwrap(),
+                )
+            })
+            .collect();
+        Proxies { runtime, by_node }
+    }
+
+    fn get(&self, node: &str) -> &FaultProxy {
+        &self.by_node.iter().find(|(n, _)| *n == node).unwrap().1
+    }
+
+    fn addr(&self, node: &str) -> String {
+        self.get(node).addr().to_string()
+    }
+
+    /// The node whose proxy saw the most requests since the last call (`seen` holds the counts
+    /// of that call); `None` if none saw any.
+    fn busiest(&self, seen: &mut [u64]) -> Option<Node> {
+        let mut best: Option<(u64, &str)> = None;
+        for ((name, p), last) in self.by_node.iter().zip(seen.iter_mut()) {
+            let now = p.stats().requests;
+            let delta = now - *last;
+            *last = now;
+            if delta > 0 && best.is_none_or(|(d, _)| delta > d) {
+                best = Some((delta, name));
+            }
+        }
+        best.and_then(|(_, name)| NODES.iter().copied().find(|n| n.name == name))
+    }
+
+    fn all_pass(&self) {
+        for (_, p) in &self.by_node {
+            p.set(Fault::Pass);
+        }
+    }
+
+    fn stats(&self) -> String {
+        self.by_node
+            .iter()
+            .map(|(n, p)| {
+                let s = p.stats();
+                format!(
+                    "{n}: {} conn, {} req, {} refused, {} cut, {} stalled, {} upstream errors",
+                    s.connections, s.requests, s.refused, s.cuts, s.stalled, s.upstream_errors
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+impl Drop for Proxies {
+    fn drop(&mut self) {
+        let by_node = std::mem::take(&mut self.by_node);
+        self.runtime.block_on(async move {
+            for (_, p) in by_node {
+                p.stop().await;
+            }
+        });
+    }
+}
+
+/// A replica fault running in the background: stop, hold, start.
+#[derive(Default)]
+struct ReplicaFault {
+    handle: Option<JoinHandle<String>>,
+}
+
+impl ReplicaFault {
+    fn busy(&self) -> bool {
+        self.handle.as_ref().is_some_and(|h| !h.is_finished())
+    }
+
+    fn start(
+        &mut self,
+        node: Node,
+        hold: Duration,
+        started: Instant,
+        log: Arc<Mutex<Vec<String>>>,
+    ) {
+        self.join();
+        self.handle = Some(std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let stop = cluster_sh(&["stop", node.name]);
+            let stopped_in = t0.elapsed();
+            std::thread::sleep(hold);
+            let start = cluster_sh(&["start", node.name]);
+            let note = format!(
+                "replica {}: stop at {:.1}s took {:.1}s ({}), down {:.1}s, start took {:.1}s ({})",
+                node.name,
+                (t0 - started).as_secs_f64(),
+                stopped_in.as_secs_f64(),
+                if stop.is_ok() { "ok" } else { "failed" },
+                hold.as_secs_f64(),
+                (t0.elapsed() - stopped_in - hold).as_secs_f64(),
+                match &start {
+                    Ok(_) => "ok".to_owned(),
+                    Err(e) => format!("failed: {e:#}"),
+                }
+            );
+            log.lock().unwrap().push(note.clone());
+            note
+        }));
+    }
+
+    /// Waits for a fault in progress to end.
+    fn join(&mut self) {
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for ReplicaFault {
+    fn drop(&mut self) {
+        self.join();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Faults
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Refuse,
+    CutRequest,
+    LostAck,
+    Latency,
+    Stall,
+    WorkerKill,
+    ReplicaRestart,
+    ZooKeeperRestart,
+}
+
+impl Kind {
+    fn label(self) -> &'static str {
+        match self {
+            Kind::Refuse => "proxy Refuse",
+            Kind::CutRequest => "proxy CutRequestAfter",
+            Kind::LostAck => "proxy CutResponse (lost ack)",
+            Kind::Latency => "proxy Latency",
+            Kind::Stall => "proxy Stall",
+            Kind::WorkerKill => "worker kill -9",
+            Kind::ReplicaRestart => "replica stop/start",
+            Kind::ZooKeeperRestart => "ZooKeeper stop/start",
+        }
+    }
+}
+
+fn kinds(long: bool) -> Vec<Kind> {
+    let mut k = vec![
+        Kind::Refuse,
+        Kind::CutRequest,
+        Kind::LostAck,
+        Kind::Latency,
+        Kind::Stall,
+        Kind::WorkerKill,
+        Kind::ReplicaRestart,
+    ];
+    if long {
+        k.push(Kind::ZooKeeperRestart);
+    }
+    k
+}
+
+/// `SELECT count(), uniqExact(id) FROM t` on one node.
+fn counts(node: Node, qualified: &str) -> (u64, u64) {
+    let line = query_text(
+        node.http_port,
+        &format!("SELECT count(), uniqExact(id) FROM {qualified} FORMAT TSV"),
+    )
+    .unwrap();
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    (n[0], n[1])
+}
+
+fn distinct_ids(node: Node, qualified: &str) -> Vec<u64> {
+    let sql = format!("SELECT DISTINCT id FROM {qualified} FORMAT TSV");
+    query_text(node.http_port, &sql)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect()
+}
+
+/// Committed positions from `flow-worker-it status --json` (the worker must not be running).
+fn positions(state: &Path, pipeline: &str) -> (Vec<u64>, u64) {
+    let out = Command::new(env!("CARGO_BIN_EXE_flow-worker-it"))
+        .args(["status", "--json", "--state-dir"])
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "status failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pipeline = &summary["pipelines"][pipeline];
+    let undelivered = pipeline["sinks"]
+        .as_array()
+        .map(|sinks| sinks.iter().filter_map(|s| s["undelivered"].as_u64()).sum())
+        .unwrap_or(0);
+    let positions = pipeline["positions"]
+        .as_object()
+        .map(|p| {
+            p.values()
+                .map(|v| u64::from_str_radix(v["hex"].as_str().unwrap(), 16).unwrap())
+                .collect()
+        })
+        .unwrap_or_default();
+    (positions, undelivered)
+}
+
+fn run_class(class: &Class) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    wait_for_cluster(Duration::from_secs(120)).unwrap();
+    let schedule = Schedule::from_env();
+    let seed = seed();
+    let tag = format!("[{} seed {seed}]", class.name);
+    println!(
+        "{tag} fault suite, {} schedule: {} faults over {} messages (replay with FLOW_FAULT_SEED={seed}{})",
+        if schedule.long { "long" } else { "short" },
+        schedule.faults,
+        schedule.total(),
+        if schedule.long { " FLOW_FAULT_LONG=1" } else { "" }
+    );
+    let mut rng = StdRng::seed_from_u64(seed ^ class.salt.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let total = schedule.total();
+
+    let name = unique_name(class.pipeline);
+    let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &class.nodes()).unwrap();
+    let qualified = table.qualified();
+    let dir = tempfile::tempdir().unwrap();
+    let proxies = Proxies::start(&class.nodes());
+    let spec = dir.path().join("spec.yaml");
+    std::fs::write(&spec, class.spec(&name, &schedule, &proxies)).unwrap();
+    let state = dir.path().join("state");
+    // Dropped in reverse order: the worker dies, the replica fault ends, the cluster is restored,
+    // then the proxies stop and the table is dropped on a whole cluster.
+    let _restore = ClusterGuard;
+    let mut replica = ReplicaFault::default();
+
+    let started = Instant::now();
+    let notes = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut runs = 0usize;
+    let spawn = |runs: &mut usize| {
+        *runs += 1;
+        Worker::spawn(&spec, &state, dir.path().join(format!("worker-{runs}.log")))
+    };
+    let mut worker = spawn(&mut runs);
+
+    // One of each kind first (shuffled), then random ones.
+    let all = kinds(schedule.long);
+    let mut plan: Vec<Kind> = all.clone();
+    plan.shuffle(&mut rng);
+    let mut applied: BTreeMap<Kind, usize> = BTreeMap::new();
+    let mut applied_total = 0usize;
+    let mut finished_early = false;
+    let mut i = 0usize;
+    let mut last_requests: Vec<u64> = vec![0; class.nodes().len()];
+    while applied_total < schedule.faults {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(200..800)));
+        if let Some(code) = worker.exited() {
+            assert_eq!(
+                code,
+                Some(0),
+                "{tag}: the worker failed during the schedule (after {applied_total} faults)\n{}",
+                worker.log_tail()
+            );
+            finished_early = true;
+            break;
+        }
+        let mut kind = plan
+            .get(i)
+            .copied()
+            .unwrap_or_else(|| *all.choose(&mut rng).unwrap());
+        i += 1;
+        // Never two cluster faults at once.
+        while (kind == Kind::ReplicaRestart || kind == Kind::ZooKeeperRestart) && replica.busy() {
+            kind = *all.choose(&mut rng).unwrap();
+        }
+        let at = started.elapsed().as_secs_f64();
+        // Three proxy faults in four hit the endpoint that carried the most requests since the
+        // last fault (the host the sink is writing to), the others a random one.
+        let nodes = class.nodes();
+        let random = nodes[rng.gen_range(0..nodes.len())];
+        let endpoint = if rng.gen_bool(0.75) {
+            proxies.busiest(&mut last_requests).unwrap_or(random)
+        } else {
+            proxies.busiest(&mut last_requests);
+            random
+        };
+        let proxy = proxies.get(endpoint.name);
+        let detail = match kind {
+            Kind::Refuse | Kind::CutRequest | Kind::Latency | Kind::Stall => {
+                let (fault, hold) = match kind {
+                    Kind::Refuse => (Fault::Refuse, rng.gen_range(300..1_500)),
+                    Kind::CutRequest => (
+                        Fault::CutRequestAfter(rng.gen_range(1..12_000)),
+                        rng.gen_range(300..1_500),
+                    ),
+                    Kind::Latency => (
+                        Fault::Latency(Duration::from_millis(rng.gen_range(50..=300))),
+                        rng.gen_range(500..2_000),
+                    ),
+                    // Held past the 2 s write_timeout.
+                    _ => (Fault::Stall, rng.gen_range(2_300..3_500)),
+                };
+                let text = format!("{fault:?} on {} for {hold} ms", endpoint.name);
+                proxy.set(fault);
+                std::thread::sleep(Duration::from_millis(hold));
+                proxy.set(Fault::Pass);
+                text
+            }
+            Kind::LostAck => {
+                let hold = rng.gen_range(500..2_000);
+                let cuts = proxy.stats().cuts;
+                proxy.set_once(Fault::CutResponse);
+                std::thread::sleep(Duration::from_millis(hold));
+                let hit = proxy.stats().cuts > cuts;
+                proxy.set(Fault::Pass);
+                format!(
+                    "CutResponse once on {} ({} within {hold} ms)",
+                    endpoint.name,
+                    if hit {
+                        "a response was cut"
+                    } else {
+                        "not consumed"
+                    }
+                )
+            }
+            Kind::WorkerKill => {
+                let down = rng.gen_range(100..800);
+                worker.kill_9();
+                std::thread::sleep(Duration::from_millis(down));
+                worker = spawn(&mut runs);
+                format!("restarted after {down} ms (run #{runs})")
+            }
+            Kind::ReplicaRestart => {
+                let node = *class.stoppable.choose(&mut rng).unwrap();
+                let hold = Duration::from_millis(rng.gen_range(2_000..6_000));
+                replica.start(node, hold, started, Arc::clone(&notes));
+                format!(
+                    "stop {} (in the background), start again {:.1}s after it is down",
+                    node.name,
+                    hold.as_secs_f64()
+                )
+            }
+            Kind::ZooKeeperRestart => {
+                let hold = rng.gen_range(2_000..5_000);
+                cluster_sh(&["stop", "zk"]).unwrap();
+                std::thread::sleep(Duration::from_millis(hold));
+                cluster_sh(&["start", "zk"]).unwrap();
+                format!("ZooKeeper down for {hold} ms")
+            }
+        };
+        applied_total += 1;
+        *applied.entry(kind).or_default() += 1;
+        println!(
+            "{tag} fault #{applied_total} at {at:.1}s: {}: {detail}",
+            kind.label()
+        );
+    }
+    let schedule_took = started.elapsed();
+    assert!(
+        !finished_early && applied_total >= schedule.faults.min(20),
+        "{tag}: the worker finished after only {applied_total} faults; the schedule needs a slower rate"
+    );
+
+    // --- the end: no fault, every node up, the last run to completion -----------------------
+    proxies.all_pass();
+    replica.join();
+    cluster_sh(&["up"]).unwrap();
+    if !worker.running() {
+        worker = spawn(&mut runs);
+    }
+    let code = worker.wait_exit(schedule.finish_timeout, &tag);
+    assert_eq!(
+        code,
+        Some(0),
+        "{tag}: the last run failed\n{}",
+        worker.log_tail()
+    );
+    let (committed, undelivered) = positions(&state, class.pipeline);
+    assert_eq!(
+        committed,
+        vec![schedule.per_partition; PARTITIONS as usize],
+        "{tag}: committed positions after the last run"
+    );
+    if class.promise == Promise::ExactlyOnce {
+        assert_eq!(
+            undelivered, 0,
+            "{tag}: undelivered batches after a clean exit"
+        );
+    }
+    let run_took = started.elapsed();
+
+    // --- the end state on every replica --------------------------------------------------------
+    cluster_sh(&["up"]).unwrap();
+    for node in class.nodes() {
+        wait_until(Duration::from_secs(90), || {
+            query_u64(
+                node.http_port,
+                &format!(
+                    "SELECT is_readonly FROM system.replicas WHERE database = 'default' AND table = '{name}'"
+                ),
+            )
+            .map(|readonly| readonly == 0)
+        })
+        .unwrap();
+        sync_replica(node.http_port, &qualified).unwrap();
+    }
+    let mut report = String::new();
+    let mut seen = vec![0u32; total as usize];
+    let mut duplicates = 0u64;
+    let mut rows = 0u64;
+    for (shard, nodes) in &class.shards {
+        let per_replica: Vec<(&str, u64, u64)> = nodes
+            .iter()
+            .map(|n| {
+                let (count, unique) = counts(*n, &qualified);
+                (n.name, count, unique)
+            })
+            .collect();
+        let _ = writeln!(
+            report,
+            "shard `{shard}`: (replica, count, uniqExact(id)) {per_replica:?}"
+        );
+        assert!(
+            per_replica
+                .windows(2)
+                .all(|w| (w[0].1, w[0].2) == (w[1].1, w[1].2)),
+            "{tag}: the replicas of shard `{shard}` differ: {per_replica:?}"
+        );
+        let (_, count, unique) = per_replica[0];
+        rows += count;
+        duplicates += count - unique;
+        if class.promise != Promise::AtLeastOnce {
+            assert_eq!(
+                count, unique,
+                "{tag}: shard `{shard}` has {count} rows but {unique} distinct ids: duplicates"
+            );
+        }
+        for id in distinct_ids(nodes[0], &qualified) {
+            assert!(id < total, "{tag}: unexpected id {id} on shard `{shard}`");
+            seen[id as usize] += 1;
+            assert!(
+                seen[id as usize] == 1,
+                "{tag}: id {id} is on shard `{shard}` and on another shard"
+            );
+        }
+    }
+    let distinct = seen.iter().filter(|&&s| s > 0).count() as u64;
+    let losses = total - distinct;
+    match class.promise {
+        Promise::ExactlyOnce | Promise::AtLeastOnce => {
+            let missing: Vec<usize> = (0..seen.len()).filter(|&i| seen[i] == 0).take(10).collect();
+            assert!(
+                missing.is_empty(),
+                "{tag}: {losses} ids missing, e.g. {missing:?}"
+            );
+        }
+        Promise::AtMostOnce => {}
+    }
+    if class.promise == Promise::ExactlyOnce {
+        assert_eq!(duplicates, 0, "{tag}: duplicates");
+        assert_eq!(rows, total, "{tag}: rows over all shards");
+    }
+    if class.keyed {
+        check_routing(class, &qualified, &tag);
+        let _ = writeln!(report, "every user_id is on the shard it routes to");
+    }
+
+    // --- summary ---------------------------------------------------------------------------------
+    println!("{tag} summary");
+    println!(
+        "  seed {seed} (FLOW_FAULT_SEED={seed}), {} schedule, {total} messages",
+        if schedule.long { "long" } else { "short" }
+    );
+    println!(
+        "  {applied_total} faults in {:.1}s, {runs} worker runs; finished at {:.1}s; elapsed with checks {:.1}s",
+        schedule_took.as_secs_f64(),
+        run_took.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    let by_kind: Vec<String> = applied
+        .iter()
+        .map(|(k, n)| format!("{}: {n}", k.label()))
+        .collect();
+    println!("  faults by kind: {}", by_kind.join(", "));
+    println!("  proxies: {}", proxies.stats());
+    for note in notes.lock().unwrap().iter() {
+        println!("  {note}");
+    }
+    print!(
+        "{}",
+        report
+            .lines()
+            .map(|l| format!("  {l}\n"))
+            .collect::<String>()
+    );
+    match class.promise {
+        Promise::ExactlyOnce => println!("  all {total} ids exactly once: {rows} rows, 0 duplicates, 0 losses"),
+        Promise::AtLeastOnce => println!(
+            "  every id at least once: {rows} rows, {distinct} distinct, duplicates {duplicates} (count() - uniqExact(id))"
+        ),
+        Promise::AtMostOnce => println!(
+            "  no id twice: {rows} rows, {distinct} distinct, losses {losses} ({total} - uniqExact(id))"
+        ),
+    }
+    assert!(
+        applied_total >= 20 || schedule.faults < 20,
+        "{tag}: only {applied_total} faults applied"
+    );
+}
+
+/// Each user_id lands on the shard the rendezvous router picks for its routing key (tag 2 + u64
+/// LE, the encoding tests/exactly_once_faults.rs checks against `routing_key`).
+fn check_routing(class: &Class, qualified: &str, tag: &str) {
+    let encode = |user: u64| {
+        let mut k = vec![2u8];
+        k.extend_from_slice(&user.to_le_bytes());
+        k
+    };
+    let names: Vec<String> = class.shards.iter().map(|(s, _)| (*s).to_owned()).collect();
+    let router = RendezvousRouter::new(&names);
+    for (shard, nodes) in &class.shards {
+        let expected: BTreeSet<u64> = (0..1000u64)
+            .filter(|&u| router.shards()[router.route(&encode(u))] == *shard)
+            .collect();
+        for node in nodes {
+            let actual: BTreeSet<u64> = query_text(
+                node.http_port,
+                &format!("SELECT DISTINCT user_id FROM {qualified} FORMAT TSV"),
+            )
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+            assert_eq!(
+                actual, expected,
+                "{tag}: user_ids on shard `{shard}` ({}) differ from the routing",
+                node.name
+            );
+        }
+    }
+}
+
+#[test]
+fn fault_suite_batching_sink_exactly_once() {
+    run_class(&batching());
+}
+
+#[test]
+fn fault_suite_sharded_batching_sink_exactly_once() {
+    run_class(&sharded_batching());
+}
+
+#[test]
+fn fault_suite_at_least_once_sink() {
+    run_class(&at_least_once());
+}
+
+#[test]
+fn fault_suite_at_most_once_sink() {
+    run_class(&at_most_once());
+}
