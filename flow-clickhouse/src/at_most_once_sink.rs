@@ -10,7 +10,9 @@
 //!   in-flight encoded bytes; a message that does not fit is dropped, counted in `dropped_rows`,
 //!   with a rate-limited warning.
 //!
-//! The counters are logged (`at-most-once sink counters`) when a partition drains or stops.
+//! The counters are logged (`at-most-once sink counters`) when a partition drains or stops; on a
+//! stop the queue gets one `write_timeout` to empty and the rows still queued are logged as
+//! `queued_rows`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,7 +66,8 @@ pub struct Counters {
 }
 
 impl Counters {
-    fn log(&self, shared: &SinkShared, partition: u32) {
+    /// `queued_rows`: rows still in the lossy queue, lost if the process ends now.
+    fn log(&self, shared: &SinkShared, partition: u32, queued_rows: u64) {
         info!(
             database = %shared.params.database,
             table = %shared.params.table,
@@ -72,6 +75,7 @@ impl Counters {
             delivered_rows = self.delivered_rows.load(Ordering::Relaxed),
             dropped_rows = self.dropped_rows.load(Ordering::Relaxed),
             lost_rows = self.lost_rows.load(Ordering::Relaxed),
+            queued_rows,
             "at-most-once sink counters"
         );
     }
@@ -188,7 +192,7 @@ impl Sink for AtMostOnceSink {
         if let Some(queue) = &self.queue {
             queue.wait_empty().await;
         }
-        self.counters.log(&self.shared, self.ctx.partition);
+        self.counters.log(&self.shared, self.ctx.partition, 0);
         Ok(())
     }
 
@@ -198,7 +202,16 @@ impl Sink for AtMostOnceSink {
             ordered.tx = None;
             let _ = (&mut ordered.task).await;
         }
-        self.counters.log(&self.shared, self.ctx.partition);
+        let mut queued_rows = 0;
+        if let Some(queue) = &self.queue {
+            // A graceful stop gives the queue one write timeout to empty; whatever is left is
+            // reported, and lost if the process ends.
+            let grace = self.shared.dynamic().write_timeout;
+            let _ = tokio::time::timeout(grace, queue.wait_empty()).await;
+            queued_rows = queue.queued_rows();
+        }
+        self.counters
+            .log(&self.shared, self.ctx.partition, queued_rows);
         Ok(())
     }
 
@@ -428,6 +441,11 @@ impl SharedQueue {
                 self.lock().bytes -= size;
             }
         }
+    }
+
+    /// Rows waiting in the queue (not in flight).
+    fn queued_rows(&self) -> u64 {
+        self.lock().rows.iter().sum()
     }
 
     /// Waits until nothing is queued or in flight.
