@@ -10,6 +10,7 @@
 //! async, can use it to set up tables and check results.
 
 pub mod proxy;
+pub mod worker;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -305,6 +306,18 @@ pub fn query_u64(port: u16, sql: &str) -> Result<u64> {
         .with_context(|| format!("`{sql}` returned {text:?}, not a number"))
 }
 
+/// Runs a query returning numbers separated by white space (columns of a row, or rows of one
+/// column), e.g. `SELECT count(), uniqExact(id) ...` or `SELECT id ...`.
+pub fn query_u64s(port: u16, sql: &str) -> Result<Vec<u64>> {
+    let text = query_text(port, sql)?;
+    text.split_whitespace()
+        .map(|n| {
+            n.parse()
+                .with_context(|| format!("`{sql}` returned {n:?}, not a number"))
+        })
+        .collect()
+}
+
 /// POSTs `data` to `INSERT INTO ... FORMAT ...` given in `insert_sql` (sent in the URL).
 pub fn insert_formatted(port: u16, insert_sql: &str, data: &[u8]) -> Result<()> {
     let path = format!("/?query={}", url_encode(insert_sql));
@@ -503,6 +516,25 @@ impl DropGuard {
         exec(port, ddl).with_context(|| format!("creating {qualified} on port {port}"))?;
         self.tables.push((port, qualified.to_owned()));
         Ok(())
+    }
+
+    /// Creates the plain (non-replicated) `CREATE TABLE database.table (columns) ENGINE = MergeTree
+    /// ORDER BY order_by` on the node and records it for dropping.
+    pub fn create_merge_tree(
+        &mut self,
+        node: Node,
+        database: &str,
+        table: &str,
+        columns: &str,
+        order_by: &str,
+    ) -> Result<()> {
+        self.create(
+            node.http_port,
+            &format!("{database}.{table}"),
+            &format!(
+                "CREATE TABLE {database}.{table} ({columns}) ENGINE = MergeTree ORDER BY {order_by}"
+            ),
+        )
     }
 }
 

@@ -14,24 +14,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{
-    Epoch, EpochOutcome, Pipeline, PipelineSpec, Registry, RunReport, RuntimeError, Sink,
-    SinkContext, SinkError, SinkFactory,
+    Epoch, EpochOutcome, Registry, RunReport, RuntimeError, Sink, SinkContext, SinkError,
+    SinkFactory,
 };
+use flow_integration::worker::*;
 use flow_integration::*;
-use flow_state::{SealedBatch, StateStore};
-
-/// The table columns matching the generator's stream.
-const GEN_COLUMNS: &str =
-    "id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String";
+use flow_state::SealedBatch;
 
 const ROWS: u64 = 100;
 
@@ -41,22 +36,14 @@ fn cluster() {
 
 /// One partition of `count` generator messages into sink `out`.
 fn spec(pipeline: &str, class: &str, parameters: &str, dynamic: &str, count: u64) -> String {
-    format!(
-        r#"
-pipeline: {pipeline}
-partitions: 1
-epoch: {{max_messages: 1000, max_duration_ms: 500}}
-source:
-  class: generator
-  parameters: {{count: {count}, payload_bytes: 8}}
-sinks:
-  - name: out
-    sink_class_name: {class}
-    input_stream_ids: [rows]
-    parameters: {parameters}
-    dynamic_parameters: {dynamic}
-"#
-    )
+    GeneratorSpec::new(pipeline, class, parameters)
+        .partitions(1)
+        .epoch(1000, 500)
+        .count(count)
+        .payload_bytes(8)
+        .sink_name("out")
+        .dynamic(dynamic)
+        .yaml()
 }
 
 /// An unsharded exactly-once sink on a1 writing `table`.
@@ -71,16 +58,9 @@ fn a1_spec(table: &str) -> String {
 }
 
 async fn run_with(registry: &Registry, yaml: &str, dir: &Path) -> Result<RunReport, RuntimeError> {
-    let spec = PipelineSpec::from_yaml(yaml).expect("spec parses");
-    let validated = registry.build(&spec).expect("spec validates");
-    let store = StateStore::open(dir).unwrap();
-    // Unreachable endpoints are waited for without limit: bound the run so that a node stopped
-    // by another test binary fails this test instead of hanging it.
-    let result = tokio::time::timeout(RUN_TIMEOUT, Pipeline::new(validated, store.clone()).run())
+    run_pipeline(registry, yaml, dir, RUN_TIMEOUT)
         .await
-        .expect("the pipeline did not finish in time (is a cluster node down?)");
-    store.close().unwrap();
-    result
+        .unwrap()
 }
 
 async fn run(yaml: &str) -> Result<RunReport, RuntimeError> {
@@ -124,47 +104,9 @@ fn count(port: u16, table: &str, filter: &str) -> u64 {
 // ---------------------------------------------------------------------------------------------
 // The worker binary.
 
-struct WorkerOutput {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
 /// Runs `flow-worker-it ARGS` with extra environment, killing it after `timeout`.
 fn worker(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> WorkerOutput {
-    let dir = tempfile::tempdir().unwrap();
-    let (out_path, err_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
-    let mut command = Command::new(env!("CARGO_BIN_EXE_flow-worker-it"));
-    command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(File::create(&out_path).unwrap())
-        .stderr(File::create(&err_path).unwrap());
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let mut child = command.spawn().unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "flow-worker-it {} did not finish within {timeout:?}; stderr:\n{}",
-                args.join(" "),
-                std::fs::read_to_string(&err_path).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    WorkerOutput {
-        code: status.code(),
-        stdout: std::fs::read_to_string(&out_path).unwrap(),
-        stderr: std::fs::read_to_string(&err_path).unwrap(),
-    }
+    run_worker(worker_bin!(), args, env, timeout).unwrap_or_else(|err| panic!("{err:#}"))
 }
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
@@ -200,7 +142,8 @@ async fn distributed_target_is_refused_with_the_reason() {
     cluster();
     let local = unique_name("it_sess_local");
     let dist = unique_name("it_sess_dist");
-    let local_table = ReplicatedTable::create("default", &local, GEN_COLUMNS, "id", &[A1]).unwrap();
+    let local_table =
+        ReplicatedTable::create("default", &local, GENERATOR_COLUMNS, "id", &[A1]).unwrap();
     let mut guard = DropGuard::default();
     guard
         .create(
@@ -236,7 +179,7 @@ async fn log_engine_is_refused_only_the_merge_tree_family() {
         .create(
             A1.http_port,
             &format!("default.{t}"),
-            &format!("CREATE TABLE default.{t} ({GEN_COLUMNS}) ENGINE = Log"),
+            &format!("CREATE TABLE default.{t} ({GENERATOR_COLUMNS}) ENGINE = Log"),
         )
         .unwrap();
     let text = refusal(&a1_spec(&t), &t).await;
@@ -288,7 +231,7 @@ async fn hosts_replicating_through_different_zookeeper_paths_are_refused() {
                 node.http_port,
                 &format!("default.{t}"),
                 &format!(
-                    "CREATE TABLE default.{t} ({GEN_COLUMNS}) ENGINE = \
+                    "CREATE TABLE default.{t} ({GENERATOR_COLUMNS}) ENGINE = \
                      ReplicatedMergeTree('{}', 'r') ORDER BY id",
                     path(n)
                 ),
@@ -326,11 +269,7 @@ async fn plain_merge_tree_on_several_hosts_is_refused_but_one_host_is_accepted()
     let mut guard = DropGuard::default();
     for node in [A1, A2] {
         guard
-            .create(
-                node.http_port,
-                &format!("default.{t}"),
-                &format!("CREATE TABLE default.{t} ({GEN_COLUMNS}) ENGINE = MergeTree ORDER BY id"),
-            )
+            .create_merge_tree(node, "default", &t, GENERATOR_COLUMNS, "id")
             .unwrap();
     }
     let several = spec(
@@ -420,7 +359,7 @@ async fn table_columns_absent_from_the_stream_are_not_sent() {
     let table = ReplicatedTable::create(
         "default",
         &t,
-        &format!("{GEN_COLUMNS}, note String DEFAULT 'x'"),
+        &format!("{GENERATOR_COLUMNS}, note String DEFAULT 'x'"),
         "id",
         &[A1],
     )
@@ -439,7 +378,7 @@ async fn non_deterministic_default_refuses_exactly_once_without_tokens() {
     let table = ReplicatedTable::create(
         "default",
         &t,
-        &format!("{GEN_COLUMNS}, ins DateTime DEFAULT now()"),
+        &format!("{GENERATOR_COLUMNS}, ins DateTime DEFAULT now()"),
         "id",
         &[A1],
     )
@@ -514,7 +453,7 @@ fn tls_option_without_enable_tls_fails_validation_with_its_path() {
 fn password_from_the_environment_works_and_a_wrong_one_fails_with_code_193() {
     cluster();
     let t = unique_name("it_sess_pw");
-    let table = ReplicatedTable::create("default", &t, GEN_COLUMNS, "id", &[A1]).unwrap();
+    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &[A1]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("spec.yaml");
     std::fs::write(
@@ -556,7 +495,7 @@ fn password_from_the_environment_works_and_a_wrong_one_fails_with_code_193() {
 async fn https_with_the_cluster_ca_runs() {
     cluster();
     let t = unique_name("it_sess_tls");
-    let table = ReplicatedTable::create("default", &t, GEN_COLUMNS, "id", &[A1]).unwrap();
+    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &[A1]).unwrap();
     let yaml = spec(
         "session",
         "ClickHouseBatchingSink",
@@ -638,29 +577,25 @@ fn registry_with_lossy_sink() -> Registry {
 
 /// The sharded spec of the topology test: epochs of 50 messages, one batch per epoch.
 fn topology_spec(class: &str, table: &str, key: &str, count: u64) -> String {
-    format!(
-        r#"
-pipeline: topo
-partitions: 1
-epoch: {{max_messages: 50, max_duration_ms: 60000}}
-source:
-  class: generator
-  parameters: {{count: {count}, payload_bytes: 8}}
-sinks:
-  - name: out
-    sink_class_name: {class}
-    input_stream_ids: [rows]
-    parameters:
-      shard_hosts: {{a: ['{a1}', '{a2}'], b: ['{b1}', '{b2}']}}
-      table: {table}
-      sharding_key_columns: [{key}]
-    dynamic_parameters: {{retry_backoff: 100ms, max_rows_per_batch: 1000}}
-"#,
-        a1 = A1.http_addr(),
-        a2 = A2.http_addr(),
-        b1 = B1.http_addr(),
-        b2 = B2.http_addr(),
+    GeneratorSpec::new(
+        "topo",
+        class,
+        format!(
+            "{{shard_hosts: {{a: ['{}', '{}'], b: ['{}', '{}']}}, table: {table}, \
+             sharding_key_columns: [{key}]}}",
+            A1.http_addr(),
+            A2.http_addr(),
+            B1.http_addr(),
+            B2.http_addr()
+        ),
     )
+    .partitions(1)
+    .epoch(50, 60_000)
+    .count(count)
+    .payload_bytes(8)
+    .sink_name("out")
+    .dynamic("{retry_backoff: 100ms, max_rows_per_batch: 1000}")
+    .yaml()
 }
 
 /// Rows of the table over both shards and distinct ids among them (after syncing the replicas
@@ -671,10 +606,9 @@ fn total_rows(table: &str) -> (u64, u64) {
     let mut ids = std::collections::BTreeSet::new();
     for node in [A1, B1] {
         sync_replica(node.http_port, &q).unwrap();
-        let text = query_text(node.http_port, &format!("SELECT id FROM {q}")).unwrap();
-        for line in text.lines() {
+        for id in query_u64s(node.http_port, &format!("SELECT id FROM {q}")).unwrap() {
             rows += 1;
-            ids.insert(line.parse::<u64>().unwrap());
+            ids.insert(id);
         }
     }
     (rows, ids.len() as u64)
@@ -691,7 +625,7 @@ fn total_rows(table: &str) -> (u64, u64) {
 async fn topology_change_is_refused_while_batches_are_undelivered_then_adopted_once_drained() {
     cluster();
     let t = unique_name("it_sess_topo");
-    let table = ReplicatedTable::create("default", &t, GEN_COLUMNS, "id", &NODES).unwrap();
+    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &NODES).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let spec_path = dir.path().join("spec.yaml");

@@ -27,16 +27,15 @@
 //! replicas, so they are serialised by a mutex, and a guard runs `cluster.sh up` whatever happens.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use flow_clickhouse::routing::{routing_key, RendezvousRouter};
+use flow_clickhouse::routing::routing_key;
 use flow_core::sources::generator;
 use flow_core::{MessageBatch, MessageId, Value};
+use flow_integration::worker::*;
 use flow_integration::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -47,108 +46,27 @@ const TOTAL: u64 = PARTITIONS * PER_PARTITION;
 /// Per partition: 4 x 2,500 = 10,000 messages a second, so ~30 s undisturbed.
 const RATE_PER_PARTITION: u64 = 2_500;
 const KILLS: usize = 6;
-const COLUMNS: &str =
-    "id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String";
 
 /// The tests stop replicas: never two at once.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Restores the cluster (`cluster.sh up`) when dropped, even after a failed assertion.
-struct ClusterGuard;
-
-impl Drop for ClusterGuard {
-    fn drop(&mut self) {
-        match cluster_sh(&["up"]) {
-            Ok(_) => println!("cluster restored (cluster.sh up)"),
-            Err(err) => eprintln!("restoring the cluster failed: {err:#}"),
-        }
-    }
+/// Panics (with the log's tail) if the worker has exited.
+fn assert_alive(worker: &mut Worker, what: &str) {
+    let status = worker.exited().unwrap();
+    assert!(
+        status.is_none(),
+        "{what}: the worker exited ({status:?}) but should be running\n{}",
+        worker.log_tail()
+    );
 }
 
-/// A running worker; SIGKILLed when dropped (so a failing test leaves no process behind).
-struct Worker {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Worker {
-    fn spawn(spec: &Path, state: &Path, log: PathBuf) -> Worker {
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_flow-worker-it"))
-            .arg("run")
-            .arg(spec)
-            .arg("--state-dir")
-            .arg(state)
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .unwrap();
-        Worker {
-            child: Some(child),
-            log,
-        }
-    }
-
-    /// Panics (with the log's tail) if the worker has exited.
-    fn assert_alive(&mut self, what: &str) {
-        let status = self.child.as_mut().unwrap().try_wait().unwrap();
-        assert!(
-            status.is_none(),
-            "{what}: the worker exited ({status:?}) but should be running\n{}",
-            self.log_tail()
+/// `kill -9`; panics if the worker had already exited.
+fn kill_9(worker: &mut Worker) {
+    if let Some(status) = worker.kill_9().unwrap() {
+        panic!(
+            "the worker had already exited ({status}) when it was to be killed\n{}",
+            worker.log_tail()
         );
-    }
-
-    fn kill_9(&mut self) {
-        let mut child = self.child.take().unwrap();
-        // std's kill() is SIGKILL on Unix.
-        if child.kill().is_err() {
-            let status = child.wait().unwrap();
-            panic!(
-                "the worker had already exited ({status}) when it was to be killed\n{}",
-                self.log_tail()
-            );
-        }
-        child.wait().unwrap();
-    }
-
-    /// Waits for the worker to exit on its own and returns its exit code.
-    fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let child = self.child.as_mut().unwrap();
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                self.child = None;
-                return status.code();
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "the last run did not finish within {timeout:?}\n{}",
-                    self.log_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let start = lines.len().saturating_sub(40);
-        format!(
-            "--- last lines of {} ---\n{}",
-            self.log.display(),
-            lines[start..].join("\n")
-        )
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 
@@ -191,16 +109,22 @@ impl Scenario {
     }
 
     fn spec(&self, table: &str) -> String {
-        format!(
-            "pipeline: {pipeline}\n\
-             partitions: {PARTITIONS}\n\
-             epoch: {{max_messages: 5000, max_duration_ms: 1000}}\n\
-             source:\n  class: generator\n  parameters: {{count: {PER_PARTITION}, rate_per_second: {RATE_PER_PARTITION}, payload_bytes: 16}}\n\
-             sinks:\n  - name: events\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters:\n      {hosts}\n      database: default\n      table: {table}\n    dynamic_parameters: {{max_rows_per_batch: 2000, retry_backoff: 250ms}}\n",
-            pipeline = self.pipeline,
-            class = self.sink_class,
-            hosts = self.host_parameters,
+        GeneratorSpec::new(
+            self.pipeline,
+            self.sink_class,
+            format!(
+                "{{{}, database: default, table: {table}}}",
+                self.host_parameters
+            ),
         )
+        .partitions(PARTITIONS)
+        .epoch(5000, 1000)
+        .count(PER_PARTITION)
+        .rate(RATE_PER_PARTITION)
+        .payload_bytes(16)
+        .sink_name("events")
+        .dynamic("{max_rows_per_batch: 2000, retry_backoff: 250ms}")
+        .yaml()
     }
 }
 
@@ -240,82 +164,21 @@ fn rows_landed(scenario: &Scenario, table: &str) -> u64 {
         .sum()
 }
 
-/// `flow-worker-it status --json` (the worker must not be running): per-partition undelivered
-/// batches and rows, and the committed positions.
-struct Status {
-    /// (partition, undelivered batches, undelivered rows)
-    undelivered: Vec<(u64, u64, u64)>,
-    positions: Vec<u64>,
-}
-
-impl Status {
-    fn batches(&self) -> u64 {
-        self.undelivered.iter().map(|u| u.1).sum()
-    }
-    fn rows(&self) -> u64 {
-        self.undelivered.iter().map(|u| u.2).sum()
-    }
-}
-
-fn status(state: &Path, pipeline: &str) -> Status {
-    let out = Command::new(env!("CARGO_BIN_EXE_flow-worker-it"))
-        .args(["status", "--json", "--state-dir"])
-        .arg(state)
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        // Nothing committed yet (a kill before the first epoch): no state directory content.
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains("not a flow state directory"),
-            "status failed: {stderr}"
-        );
-        return Status {
-            undelivered: Vec::new(),
-            positions: Vec::new(),
-        };
-    }
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let pipeline = &summary["pipelines"][pipeline];
-    let undelivered = pipeline["sinks"]
-        .as_array()
-        .map(|sinks| {
-            sinks
-                .iter()
-                .map(|s| {
-                    (
-                        s["partition"].as_u64().unwrap(),
-                        s["undelivered"].as_u64().unwrap(),
-                        s["rows"].as_u64().unwrap(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let positions = pipeline["positions"]
-        .as_object()
-        .map(|p| {
-            p.values()
-                .map(|v| u64::from_str_radix(v["hex"].as_str().unwrap(), 16).unwrap())
-                .collect()
-        })
-        .unwrap_or_default();
-    Status {
-        undelivered,
-        positions,
-    }
+/// `flow-worker-it status --json` (the worker must not be running); empty if nothing was
+/// committed yet (a kill before the first epoch).
+fn status(state: &Path, pipeline: &str) -> PipelineStatus {
+    pipeline_status(worker_bin!(), state, pipeline)
+        .unwrap()
+        .unwrap_or_default()
 }
 
 fn seed() -> u64 {
-    std::env::var("FLOW_FAULT_SEED")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(20_261_130)
-        })
+    fault_seed(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(20_261_130),
+    )
 }
 
 /// One line of the summary.
@@ -342,7 +205,8 @@ fn run_scenario(scenario: &Scenario) {
 
     let name = unique_name(&format!("eo_{}", scenario.pipeline));
     let table =
-        ReplicatedTable::create("default", &name, COLUMNS, "id", &scenario.nodes()).unwrap();
+        ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &scenario.nodes())
+            .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("spec.yaml");
     std::fs::write(&spec, scenario.spec(&name)).unwrap();
@@ -362,13 +226,15 @@ fn run_scenario(scenario: &Scenario) {
     let spawn = |runs: &mut usize| {
         *runs += 1;
         Worker::spawn(
+            worker_bin!(),
             &spec,
             &state,
             dir.path().join(format!("worker-{}.log", *runs)),
         )
+        .unwrap()
     };
     let record_kill = |worker: &mut Worker, note: &'static str, kills: &mut Vec<KillRecord>| {
-        worker.kill_9();
+        kill_9(worker);
         let at = started.elapsed();
         // Let inserts already on the wire settle before counting.
         std::thread::sleep(Duration::from_millis(300));
@@ -402,7 +268,7 @@ fn run_scenario(scenario: &Scenario) {
         if kills.len() == fault_run {
             // --- the replica fault -------------------------------------------------------------
             std::thread::sleep(Duration::from_millis(rng.gen_range(500..2_000)));
-            worker.assert_alive("before the replica fault");
+            assert_alive(&mut worker, "before the replica fault");
             let faulty = scenario.faulty;
             let (shard, replicas) = scenario
                 .shards
@@ -439,7 +305,7 @@ fn run_scenario(scenario: &Scenario) {
                 down_at.elapsed().as_secs_f64()
             ));
             std::thread::sleep(Duration::from_millis(rng.gen_range(500..2_000)));
-            worker.assert_alive("with a replica down");
+            assert_alive(&mut worker, "with a replica down");
             record_kill(&mut worker, "replica down", &mut kills);
 
             // 2. A worker started while a listed replica is down waits for it: nothing lands.
@@ -447,7 +313,7 @@ fn run_scenario(scenario: &Scenario) {
             std::thread::sleep(Duration::from_secs(1));
             let frozen = rows_landed(scenario, &name);
             std::thread::sleep(Duration::from_secs(3));
-            worker.assert_alive("restarted with a replica down");
+            assert_alive(&mut worker, "restarted with a replica down");
             let still = rows_landed(scenario, &name);
             assert_eq!(
                 frozen,
@@ -456,7 +322,7 @@ fn run_scenario(scenario: &Scenario) {
                 faulty.name,
                 worker.log_tail()
             );
-            let waiting_logged = std::fs::read_to_string(&worker.log)
+            let waiting_logged = std::fs::read_to_string(worker.log())
                 .unwrap_or_default()
                 .contains("cannot start the ClickHouse writer session yet");
             notes.push(format!(
@@ -488,7 +354,7 @@ fn run_scenario(scenario: &Scenario) {
                 faulty.name
             ));
             std::thread::sleep(Duration::from_millis(rng.gen_range(100..800)));
-            worker.assert_alive("after the replica came back");
+            assert_alive(&mut worker, "after the replica came back");
             record_kill(&mut worker, "after replica restart", &mut kills);
         } else {
             std::thread::sleep(Duration::from_millis(rng.gen_range(300..2_000)));
@@ -503,7 +369,7 @@ fn run_scenario(scenario: &Scenario) {
             } else {
                 ""
             };
-            worker.assert_alive("before a kill");
+            assert_alive(&mut worker, "before a kill");
             record_kill(&mut worker, note, &mut kills);
         }
     }
@@ -517,7 +383,9 @@ fn run_scenario(scenario: &Scenario) {
     let last_started = Instant::now();
     let before_last = status(&state, scenario.pipeline);
     let mut worker = spawn(&mut runs);
-    let code = worker.wait_exit(Duration::from_secs(150));
+    let code = worker
+        .wait_exit(Duration::from_secs(150))
+        .unwrap_or_else(|err| panic!("the last run: {err:#}"));
     assert_eq!(code, Some(0), "the last run failed\n{}", worker.log_tail());
     let last_run = last_started.elapsed();
     let end = status(&state, scenario.pipeline);
@@ -535,17 +403,7 @@ fn run_scenario(scenario: &Scenario) {
     for node in scenario.nodes() {
         // A replica restarted after a crash may stay read-only until its old ZooKeeper session
         // expires; SYNC REPLICA needs it active.
-        wait_until(Duration::from_secs(90), || {
-            query_u64(
-                node.http_port,
-                &format!(
-                    "SELECT is_readonly FROM system.replicas WHERE database = 'default' AND table = '{name}'"
-                ),
-            )
-            .map(|readonly| readonly == 0)
-        })
-        .unwrap();
-        sync_replica(node.http_port, &qualified).unwrap();
+        sync_when_writable(node, "default", &name, Duration::from_secs(90)).unwrap();
     }
     let mut report = String::new();
     let mut seen = vec![false; TOTAL as usize];
@@ -553,18 +411,7 @@ fn run_scenario(scenario: &Scenario) {
     for (shard, nodes) in &scenario.shards {
         let mut per_replica = Vec::new();
         for node in nodes {
-            let line = query_text(
-                node.http_port,
-                &format!("SELECT count(), uniqExact(id), sum(id) FROM {qualified} FORMAT TSV"),
-            )
-            .unwrap();
-            let numbers: Vec<u64> = line
-                .split_whitespace()
-                .map(|n| n.parse().unwrap())
-                .collect();
-            let [count, unique, sum] = numbers[..] else {
-                panic!("unexpected answer {line:?}")
-            };
+            let (count, unique, sum) = count_uniq_sum(*node, &qualified).unwrap();
             assert_eq!(
                 count, unique,
                 "shard `{shard}` replica {}: {count} rows but {unique} distinct ids: duplicates",
@@ -582,12 +429,12 @@ fn run_scenario(scenario: &Scenario) {
                 .all(|w| (w[0].1, w[0].2) == (w[1].1, w[1].2)),
             "the replicas of shard `{shard}` differ: {per_replica:?}"
         );
-        let ids = query_text(
+        let ids = query_u64s(
             nodes[0].http_port,
             &format!("SELECT id FROM {qualified} FORMAT TSV"),
         )
         .unwrap();
-        for id in ids.lines().map(|l| l.parse::<u64>().unwrap()) {
+        for id in ids {
             assert!(id < TOTAL, "unexpected id {id} on shard `{shard}`");
             assert!(
                 !std::mem::replace(&mut seen[id as usize], true),
@@ -601,7 +448,7 @@ fn run_scenario(scenario: &Scenario) {
     assert!(missing.is_empty(), "ids missing, e.g. {missing:?}");
 
     if scenario.shards.len() > 1 {
-        check_routing(scenario, &qualified);
+        check_user_routing(scenario, &qualified);
         let _ = writeln!(report, "every user_id is on the shard it routes to");
     }
 
@@ -648,7 +495,7 @@ fn run_scenario(scenario: &Scenario) {
 }
 
 /// Each user_id lands on the shard the rendezvous router picks for its routing key (tag 2 + u64 LE).
-fn check_routing(scenario: &Scenario, qualified: &str) {
+fn check_user_routing(scenario: &Scenario, qualified: &str) {
     // The key encoding, checked once against `routing_key` on a real generator row.
     let mut batch = MessageBatch::new(generator::schema());
     let (id, user_id, ts) = generator::row_values(3, 12_345, PARTITIONS as u32);
@@ -664,42 +511,12 @@ fn check_routing(scenario: &Scenario, qualified: &str) {
     let user_column = generator::schema().index_of("user_id").unwrap();
     let mut key = Vec::new();
     routing_key(&batch.row(0), &[user_column], &mut key);
-    let encode = |user: u64| {
-        let mut k = vec![2u8];
-        k.extend_from_slice(&user.to_le_bytes());
-        k
-    };
-    assert_eq!(key, encode(user_id));
+    assert_eq!(key, user_routing_key(user_id));
 
-    let names: Vec<String> = scenario
-        .shards
-        .iter()
-        .map(|(s, _)| (*s).to_owned())
-        .collect();
-    let router = RendezvousRouter::new(&names);
-    for (shard, nodes) in &scenario.shards {
-        let expected: BTreeSet<u64> = (0..1000u64)
-            .filter(|&u| router.shards()[router.route(&encode(u))] == *shard)
-            .collect();
-        for node in nodes {
-            let actual: BTreeSet<u64> = query_text(
-                node.http_port,
-                &format!("SELECT DISTINCT user_id FROM {qualified} FORMAT TSV"),
-            )
-            .unwrap()
-            .lines()
-            .map(|l| l.parse().unwrap())
-            .collect();
-            assert_eq!(
-                actual, expected,
-                "user_ids on shard `{shard}` ({}) differ from the routing",
-                node.name
-            );
-        }
-        println!(
-            "  shard `{shard}` holds {} of the 1000 user_ids, as routed",
-            expected.len()
-        );
+    let held =
+        check_routing(&scenario.shards, qualified, 1000).unwrap_or_else(|err| panic!("{err:#}"));
+    for (shard, users) in held {
+        println!("  shard `{shard}` holds {users} of the 1000 user_ids, as routed");
     }
 }
 
@@ -713,7 +530,7 @@ fn sharded_exactly_once_survives_kill_9_and_a_replica_restart() {
         fault: Fault::Stop,
         sink_class: "ShardedClickHouseBatchingSink",
         host_parameters: format!(
-            "shard_hosts: {{a: [\"{}\", \"{}\"], b: [\"{}\", \"{}\"]}}\n      sharding_key_columns: [user_id]",
+            "shard_hosts: {{a: [\"{}\", \"{}\"], b: [\"{}\", \"{}\"]}}, sharding_key_columns: [user_id]",
             A1.http_addr(),
             A2.http_addr(),
             B1.http_addr(),

@@ -38,16 +38,14 @@
 //! whatever happens.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use flow_clickhouse::routing::RendezvousRouter;
 use flow_integration::proxy::{Fault, FaultProxy};
+use flow_integration::worker::*;
 use flow_integration::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -55,8 +53,6 @@ use rand::{Rng, SeedableRng};
 
 const PARTITIONS: u64 = 4;
 const DEFAULT_SEED: u64 = 20_261_130;
-const COLUMNS: &str =
-    "id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String";
 
 /// The tests stop replicas: never two at once.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -100,13 +96,6 @@ impl Schedule {
     fn total(&self) -> u64 {
         PARTITIONS * self.per_partition
     }
-}
-
-fn seed() -> u64 {
-    std::env::var("FLOW_FAULT_SEED")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(DEFAULT_SEED)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -158,25 +147,29 @@ impl Class {
                 .collect();
             let mut text = format!("shard_hosts: {{{}}}", shards.join(", "));
             if self.keyed {
-                text.push_str("\n      sharding_key_columns: [user_id]");
+                text.push_str(", sharding_key_columns: [user_id]");
             }
             text
         }
     }
 
     fn spec(&self, table: &str, schedule: &Schedule, proxies: &Proxies) -> String {
-        format!(
-            "pipeline: {pipeline}\n\
-             partitions: {PARTITIONS}\n\
-             epoch: {{max_messages: 5000, max_duration_ms: 500}}\n\
-             source:\n  class: generator\n  parameters: {{count: {count}, rate_per_second: {rate}, payload_bytes: 16}}\n\
-             sinks:\n  - name: events\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters:\n      {hosts}\n      database: default\n      table: {table}\n    dynamic_parameters: {{max_rows_per_batch: 2000, retry_backoff: 200ms, write_timeout: 2s}}\n",
-            pipeline = self.pipeline,
-            count = schedule.per_partition,
-            rate = schedule.rate_per_partition,
-            class = self.name,
-            hosts = self.host_parameters(proxies),
+        GeneratorSpec::new(
+            self.pipeline,
+            self.name,
+            format!(
+                "{{{}, database: default, table: {table}}}",
+                self.host_parameters(proxies)
+            ),
         )
+        .partitions(PARTITIONS)
+        .epoch(5000, 500)
+        .count(schedule.per_partition)
+        .rate(schedule.rate_per_partition)
+        .payload_bytes(16)
+        .sink_name("events")
+        .dynamic("{max_rows_per_batch: 2000, retry_backoff: 200ms, write_timeout: 2s}")
+        .yaml()
     }
 }
 
@@ -230,95 +223,6 @@ fn at_most_once() -> Class {
 
 // ---------------------------------------------------------------------------------------------
 // Processes, proxies and the cluster
-
-/// Restores the cluster (`cluster.sh up`) when dropped, even after a failed assertion.
-struct ClusterGuard;
-
-impl Drop for ClusterGuard {
-    fn drop(&mut self) {
-        match cluster_sh(&["up"]) {
-            Ok(_) => println!("cluster restored (cluster.sh up)"),
-            Err(err) => eprintln!("restoring the cluster failed: {err:#}"),
-        }
-    }
-}
-
-/// A running worker; SIGKILLed when dropped (so a failing test leaves no process behind).
-struct Worker {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Worker {
-    fn spawn(spec: &Path, state: &Path, log: PathBuf) -> Worker {
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_flow-worker-it"))
-            .arg("run")
-            .arg(spec)
-            .arg("--state-dir")
-            .arg(state)
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .unwrap();
-        Worker {
-            child: Some(child),
-            log,
-        }
-    }
-
-    /// The exit code if the worker has exited.
-    fn exited(&mut self) -> Option<Option<i32>> {
-        let status = self.child.as_mut()?.try_wait().unwrap()?;
-        self.child = None;
-        Some(status.code())
-    }
-
-    fn running(&self) -> bool {
-        self.child.is_some()
-    }
-
-    fn kill_9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // std's kill() is SIGKILL on Unix.
-            let _ = child.kill();
-            child.wait().unwrap();
-        }
-    }
-
-    /// Waits for the worker to exit on its own and returns its exit code.
-    fn wait_exit(&mut self, timeout: Duration, tag: &str) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(code) = self.exited() {
-                return code;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{tag}: the last run did not finish within {timeout:?}\n{}",
-                self.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let start = lines.len().saturating_sub(40);
-        format!(
-            "--- last lines of {} ---\n{}",
-            self.log.display(),
-            lines[start..].join("\n")
-        )
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.kill_9();
-    }
-}
 
 /// One proxy per node of the class, on a runtime of their own.
 struct Proxies {
@@ -504,63 +408,11 @@ fn kinds(long: bool) -> Vec<Kind> {
     k
 }
 
-/// `SELECT count(), uniqExact(id) FROM t` on one node.
-fn counts(node: Node, qualified: &str) -> (u64, u64) {
-    let line = query_text(
-        node.http_port,
-        &format!("SELECT count(), uniqExact(id) FROM {qualified} FORMAT TSV"),
-    )
-    .unwrap();
-    let n: Vec<u64> = line
-        .split_whitespace()
-        .map(|n| n.parse().unwrap())
-        .collect();
-    (n[0], n[1])
-}
-
-fn distinct_ids(node: Node, qualified: &str) -> Vec<u64> {
-    let sql = format!("SELECT DISTINCT id FROM {qualified} FORMAT TSV");
-    query_text(node.http_port, &sql)
-        .unwrap()
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect()
-}
-
-/// Committed positions from `flow-worker-it status --json` (the worker must not be running).
-fn positions(state: &Path, pipeline: &str) -> (Vec<u64>, u64) {
-    let out = Command::new(env!("CARGO_BIN_EXE_flow-worker-it"))
-        .args(["status", "--json", "--state-dir"])
-        .arg(state)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "status failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let pipeline = &summary["pipelines"][pipeline];
-    let undelivered = pipeline["sinks"]
-        .as_array()
-        .map(|sinks| sinks.iter().filter_map(|s| s["undelivered"].as_u64()).sum())
-        .unwrap_or(0);
-    let positions = pipeline["positions"]
-        .as_object()
-        .map(|p| {
-            p.values()
-                .map(|v| u64::from_str_radix(v["hex"].as_str().unwrap(), 16).unwrap())
-                .collect()
-        })
-        .unwrap_or_default();
-    (positions, undelivered)
-}
-
 fn run_class(class: &Class) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     wait_for_cluster(Duration::from_secs(120)).unwrap();
     let schedule = Schedule::from_env();
-    let seed = seed();
+    let seed = fault_seed(DEFAULT_SEED);
     let tag = format!("[{} seed {seed}]", class.name);
     println!(
         "{tag} fault suite, {} schedule: {} faults over {} messages (replay with FLOW_FAULT_SEED={seed}{})",
@@ -573,7 +425,8 @@ fn run_class(class: &Class) {
     let total = schedule.total();
 
     let name = unique_name(class.pipeline);
-    let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &class.nodes()).unwrap();
+    let table =
+        ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &class.nodes()).unwrap();
     let qualified = table.qualified();
     let dir = tempfile::tempdir().unwrap();
     let proxies = Proxies::start(&class.nodes());
@@ -590,7 +443,13 @@ fn run_class(class: &Class) {
     let mut runs = 0usize;
     let spawn = |runs: &mut usize| {
         *runs += 1;
-        Worker::spawn(&spec, &state, dir.path().join(format!("worker-{runs}.log")))
+        Worker::spawn(
+            worker_bin!(),
+            &spec,
+            &state,
+            dir.path().join(format!("worker-{runs}.log")),
+        )
+        .unwrap()
     };
     let mut worker = spawn(&mut runs);
 
@@ -605,7 +464,7 @@ fn run_class(class: &Class) {
     let mut last_requests: Vec<u64> = vec![0; class.nodes().len()];
     while applied_total < schedule.faults {
         std::thread::sleep(Duration::from_millis(rng.gen_range(200..800)));
-        if let Some(code) = worker.exited() {
+        if let Some(code) = worker.exited().unwrap() {
             assert_eq!(
                 code,
                 Some(0),
@@ -676,7 +535,7 @@ fn run_class(class: &Class) {
             }
             Kind::WorkerKill => {
                 let down = rng.gen_range(100..800);
-                worker.kill_9();
+                worker.kill_9().unwrap();
                 std::thread::sleep(Duration::from_millis(down));
                 worker = spawn(&mut runs);
                 format!("restarted after {down} ms (run #{runs})")
@@ -719,14 +578,19 @@ fn run_class(class: &Class) {
     if !worker.running() {
         worker = spawn(&mut runs);
     }
-    let code = worker.wait_exit(schedule.finish_timeout, &tag);
+    let code = worker
+        .wait_exit(schedule.finish_timeout)
+        .unwrap_or_else(|err| panic!("{tag}: the last run: {err:#}"));
     assert_eq!(
         code,
         Some(0),
         "{tag}: the last run failed\n{}",
         worker.log_tail()
     );
-    let (committed, undelivered) = positions(&state, class.pipeline);
+    let status = pipeline_status(worker_bin!(), &state, class.pipeline)
+        .unwrap()
+        .expect("status failed: not a flow state directory");
+    let (committed, undelivered) = (status.positions.clone(), status.batches());
     assert_eq!(
         committed,
         vec![schedule.per_partition; PARTITIONS as usize],
@@ -743,17 +607,7 @@ fn run_class(class: &Class) {
     // --- the end state on every replica --------------------------------------------------------
     cluster_sh(&["up"]).unwrap();
     for node in class.nodes() {
-        wait_until(Duration::from_secs(90), || {
-            query_u64(
-                node.http_port,
-                &format!(
-                    "SELECT is_readonly FROM system.replicas WHERE database = 'default' AND table = '{name}'"
-                ),
-            )
-            .map(|readonly| readonly == 0)
-        })
-        .unwrap();
-        sync_replica(node.http_port, &qualified).unwrap();
+        sync_when_writable(node, "default", &name, Duration::from_secs(90)).unwrap();
     }
     let mut report = String::new();
     let mut seen = vec![0u32; total as usize];
@@ -763,7 +617,7 @@ fn run_class(class: &Class) {
         let per_replica: Vec<(&str, u64, u64)> = nodes
             .iter()
             .map(|n| {
-                let (count, unique) = counts(*n, &qualified);
+                let (count, unique) = count_uniq(*n, &qualified).unwrap();
                 (n.name, count, unique)
             })
             .collect();
@@ -786,7 +640,12 @@ fn run_class(class: &Class) {
                 "{tag}: shard `{shard}` has {count} rows but {unique} distinct ids: duplicates"
             );
         }
-        for id in distinct_ids(nodes[0], &qualified) {
+        let ids = query_u64s(
+            nodes[0].http_port,
+            &format!("SELECT DISTINCT id FROM {qualified} FORMAT TSV"),
+        )
+        .unwrap();
+        for id in ids {
             assert!(id < total, "{tag}: unexpected id {id} on shard `{shard}`");
             seen[id as usize] += 1;
             assert!(
@@ -812,7 +671,9 @@ fn run_class(class: &Class) {
         assert_eq!(rows, total, "{tag}: rows over all shards");
     }
     if class.keyed {
-        check_routing(class, &qualified, &tag);
+        // The key encoding is checked against `routing_key` in tests/exactly_once_faults.rs.
+        check_routing(&class.shards, &qualified, 1000)
+            .unwrap_or_else(|err| panic!("{tag}: {err:#}"));
         let _ = writeln!(report, "every user_id is on the shard it routes to");
     }
 
@@ -857,38 +718,6 @@ fn run_class(class: &Class) {
         applied_total >= 20 || schedule.faults < 20,
         "{tag}: only {applied_total} faults applied"
     );
-}
-
-/// Each user_id lands on the shard the rendezvous router picks for its routing key (tag 2 + u64
-/// LE, the encoding tests/exactly_once_faults.rs checks against `routing_key`).
-fn check_routing(class: &Class, qualified: &str, tag: &str) {
-    let encode = |user: u64| {
-        let mut k = vec![2u8];
-        k.extend_from_slice(&user.to_le_bytes());
-        k
-    };
-    let names: Vec<String> = class.shards.iter().map(|(s, _)| (*s).to_owned()).collect();
-    let router = RendezvousRouter::new(&names);
-    for (shard, nodes) in &class.shards {
-        let expected: BTreeSet<u64> = (0..1000u64)
-            .filter(|&u| router.shards()[router.route(&encode(u))] == *shard)
-            .collect();
-        for node in nodes {
-            let actual: BTreeSet<u64> = query_text(
-                node.http_port,
-                &format!("SELECT DISTINCT user_id FROM {qualified} FORMAT TSV"),
-            )
-            .unwrap()
-            .lines()
-            .map(|l| l.parse().unwrap())
-            .collect();
-            assert_eq!(
-                actual, expected,
-                "{tag}: user_ids on shard `{shard}` ({}) differ from the routing",
-                node.name
-            );
-        }
-    }
 }
 
 #[test]

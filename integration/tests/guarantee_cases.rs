@@ -24,17 +24,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flow_core::{Pipeline, PipelineSpec, RunReport, RuntimeError};
+use flow_core::{RunReport, RuntimeError};
 use flow_integration::proxy::{Fault, FaultProxy};
+use flow_integration::worker::*;
 use flow_integration::*;
-use flow_state::StateStore;
-
-const GEN_COLUMNS: &str =
-    "id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String";
 
 /// Messages of the lost-ack runs (one partition).
 const N: u64 = 20_000;
@@ -60,37 +55,25 @@ async fn proxy_for(node: Node) -> FaultProxy {
 /// One rate-limited generator partition of `N` messages into sink `out`, epochs of exactly
 /// `BATCH` messages, batches of `BATCH` rows.
 fn lost_ack_spec(pipeline: &str, class: &str, parameters: &str) -> String {
-    format!(
-        r#"
-pipeline: {pipeline}
-partitions: 1
-epoch: {{max_messages: {BATCH}, max_duration_ms: 600000}}
-source:
-  class: generator
-  parameters: {{count: {N}, rate_per_second: {RATE}, payload_bytes: 8}}
-sinks:
-  - name: out
-    sink_class_name: {class}
-    input_stream_ids: [rows]
-    parameters: {parameters}
-    dynamic_parameters: {{retry_backoff: 100ms, max_rows_per_batch: {BATCH}}}
-"#
-    )
+    GeneratorSpec::new(pipeline, class, parameters)
+        .partitions(1)
+        .epoch(BATCH, 600_000)
+        .count(N)
+        .rate(RATE)
+        .payload_bytes(8)
+        .sink_name("out")
+        .dynamic(format!(
+            "{{retry_backoff: 100ms, max_rows_per_batch: {BATCH}}}"
+        ))
+        .yaml()
 }
 
 /// Runs `yaml` in this process (so that the proxies share its runtime), bounded by `RUN_TIMEOUT`.
 async fn run_in_process(yaml: &str) -> Result<RunReport, RuntimeError> {
-    let spec = PipelineSpec::from_yaml(yaml).expect("spec parses");
-    let validated = flow_worker::registry()
-        .build(&spec)
-        .expect("spec validates");
     let dir = tempfile::tempdir().unwrap();
-    let store = StateStore::open(dir.path()).unwrap();
-    let result = tokio::time::timeout(RUN_TIMEOUT, Pipeline::new(validated, store.clone()).run())
+    run_pipeline(&flow_worker::registry(), yaml, dir.path(), RUN_TIMEOUT)
         .await
-        .expect("the pipeline did not finish in time (is a cluster node down?)");
-    store.close().unwrap();
-    result
+        .unwrap()
 }
 
 /// Blocking SQL off the runtime's worker threads (the proxies and the pipeline run there).
@@ -109,15 +92,7 @@ async fn count_uniq(node: Node, table: &str, replicated: bool) -> (u64, u64) {
             if replicated {
                 sync_replica(node.http_port, &q)?;
             }
-            let text = query_text(
-                node.http_port,
-                &format!("SELECT count(), uniqExact(id) FROM {q}"),
-            )?;
-            let f: Vec<u64> = text
-                .split_whitespace()
-                .map(str::parse)
-                .collect::<Result<_, _>>()?;
-            Ok((f[0], f[1]))
+            flow_integration::worker::count_uniq(node, &q)
         };
         let mut last = None;
         wait_until(Duration::from_secs(120), || {
@@ -162,7 +137,7 @@ async fn arm_after_first_rows(proxy: &FaultProxy, node: Node, table: &str, fault
 async fn duplicated_ids(node: Node, table: &str) -> (u64, u64, u64) {
     let table = table.to_owned();
     blocking(move || {
-        let text = query_text(
+        let f = query_u64s(
             node.http_port,
             &format!(
                 "SELECT count(), min(id), max(id) FROM \
@@ -170,10 +145,6 @@ async fn duplicated_ids(node: Node, table: &str) -> (u64, u64, u64) {
             ),
         )
         .unwrap();
-        let f: Vec<u64> = text
-            .split_whitespace()
-            .map(|f| f.parse().unwrap())
-            .collect();
         (f[0], f[1], f[2])
     })
     .await
@@ -197,11 +168,7 @@ fn plain_table(node: Node, prefix: &str) -> (String, DropGuard) {
     let t = unique_name(prefix);
     let mut guard = DropGuard::default();
     guard
-        .create(
-            node.http_port,
-            &format!("default.{t}"),
-            &format!("CREATE TABLE default.{t} ({GEN_COLUMNS}) ENGINE = MergeTree ORDER BY id"),
-        )
+        .create_merge_tree(node, "default", &t, GENERATOR_COLUMNS, "id")
         .unwrap();
     (t, guard)
 }
@@ -252,37 +219,21 @@ async fn worker_run_json(
     let dir = tempfile::tempdir().unwrap();
     let spec_path = dir.path().join("spec.yaml");
     std::fs::write(&spec_path, yaml).unwrap();
-    let err_path = dir.path().join("stderr");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flow-worker-it"))
-        .args(["--log-format", "json", "run"])
-        .arg(&spec_path)
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let read_log = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
-    let wait = async {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status.code();
-            }
-            if started.elapsed() > RUN_TIMEOUT {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "the worker did not finish within {RUN_TIMEOUT:?}; log:\n{}",
-                    read_log(&err_path)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    let (code, ()) = tokio::join!(wait, during);
-    (code, read_log(&err_path))
+    let args: Vec<String> = vec![
+        "--log-format".into(),
+        "json".into(),
+        "run".into(),
+        spec_path.to_str().unwrap().into(),
+        "--state-dir".into(),
+        dir.path().join("state").to_str().unwrap().into(),
+    ];
+    let run = blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_worker(worker_bin!(), &args, &[], RUN_TIMEOUT)
+    });
+    let (out, ()) = tokio::join!(run, during);
+    let out = out.unwrap_or_else(|err| panic!("{err:#}"));
+    (out.code, out.stderr)
 }
 
 fn log_tail(log: &str) -> String {
@@ -297,7 +248,7 @@ fn log_tail(log: &str) -> String {
 async fn batching_sink_lost_ack_retried_on_the_other_replica_lands_every_id_exactly_once() {
     cluster();
     let t = unique_name("it_gc_eo");
-    let table = ReplicatedTable::create("default", &t, GEN_COLUMNS, "id", &SHARD_A).unwrap();
+    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
     let (pa1, pa2) = (proxy_for(A1).await, proxy_for(A2).await);
     let yaml = lost_ack_spec(
         "gc_eo",
@@ -339,7 +290,7 @@ async fn batching_sink_lost_ack_retried_on_the_other_replica_lands_every_id_exac
 async fn sharded_batching_sink_lost_ack_retried_on_the_other_replica_lands_every_id_exactly_once() {
     cluster();
     let t = unique_name("it_gc_eo_sharded");
-    let table = ReplicatedTable::create("default", &t, GEN_COLUMNS, "id", &NODES).unwrap();
+    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &NODES).unwrap();
     let mut proxies = Vec::new();
     for node in NODES {
         proxies.push(proxy_for(node).await);
@@ -459,7 +410,7 @@ async fn at_least_once_lost_ack_duplicates_exactly_the_unacknowledged_batch_on_p
 async fn at_least_once_lost_ack_is_hidden_by_block_dedup_on_replicated_merge_tree() {
     cluster();
     let t = unique_name("it_gc_alo_repl");
-    let table = ReplicatedTable::create("default", &t, GEN_COLUMNS, "id", &[A1]).unwrap();
+    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &[A1]).unwrap();
     let pa1 = proxy_for(A1).await;
     let yaml = lost_ack_spec(
         "gc_alo_repl",
@@ -500,7 +451,7 @@ async fn at_most_once_queue_drops_under_a_tiny_limit_and_the_counters_account_fo
     const TOTAL: u64 = PARTITIONS * PER_PARTITION;
     cluster();
     let t = unique_name("it_gc_amo_queue");
-    let table = ReplicatedTable::create("default", &t, GEN_COLUMNS, "id", &SHARD_A).unwrap();
+    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
     let yaml = format!(
         r#"
 pipeline: gc_amo_queue
@@ -605,7 +556,7 @@ async fn at_most_once_cut_request_lands_nothing_and_its_rows_are_counted_lost() 
         let t = t.clone();
         move || {
             // With one partition, id = offset: the missing ids are `BATCH` consecutive ones.
-            let text = query_text(
+            query_u64s(
                 A1.http_port,
                 &format!(
                     "SELECT count(), min(n), max(n) FROM \
@@ -613,10 +564,7 @@ async fn at_most_once_cut_request_lands_nothing_and_its_rows_are_counted_lost() 
                      WHERE n NOT IN (SELECT id FROM default.{t})"
                 ),
             )
-            .unwrap();
-            text.split_whitespace()
-                .map(|f| f.parse::<u64>().unwrap())
-                .collect::<Vec<_>>()
+            .unwrap()
         }
     })
     .await;
@@ -650,7 +598,7 @@ async fn at_most_once_cut_request_lands_nothing_and_its_rows_are_counted_lost() 
 async fn at_most_once_fails_over_after_a_failed_insert_losing_only_that_batch() {
     cluster();
     let t = unique_name("it_gc_amo_failover");
-    let table = ReplicatedTable::create("default", &t, GEN_COLUMNS, "id", &[A1]).unwrap();
+    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &[A1]).unwrap();
     let pa1 = proxy_for(A1).await;
     let yaml = lost_ack_spec(
         "gc_amo_failover",
