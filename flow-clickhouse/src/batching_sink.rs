@@ -112,7 +112,9 @@ impl Sink for BatchingSink {
             shared: Arc::clone(&self.shared),
             store: self.ctx.store.clone(),
         });
-        self.delivery.open(key, deliverer, backlog).await
+        self.delivery
+            .open(key, deliverer, backlog, self.ctx.shutdown.clone())
+            .await
     }
 
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {

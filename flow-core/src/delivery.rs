@@ -138,17 +138,27 @@ impl Drop for DeliveryQueue {
 #[derive(Default)]
 pub struct OutboxDelivery {
     queue: Option<DeliveryQueue>,
+    shutdown: Option<watch::Receiver<bool>>,
 }
 
 impl OutboxDelivery {
-    /// Starts delivering, first the undelivered `backlog` (see [`load_backlog`]).
+    /// Starts delivering, first the undelivered `backlog` (see [`load_backlog`]). While the
+    /// pipeline's `shutdown` is set, `committed` stops waiting for room in the queue: the batches
+    /// are durable in the outbox and the next run delivers them.
     pub async fn open(
         &mut self,
         key: SinkPartition,
         deliverer: Arc<dyn BatchDeliverer>,
         backlog: Vec<StoredBatch>,
+        shutdown: watch::Receiver<bool>,
     ) -> Result<(), SinkError> {
-        self.queue = Some(DeliveryQueue::start(key, deliverer, backlog).await?);
+        self.shutdown = Some(shutdown.clone());
+        let start = DeliveryQueue::start(key, deliverer, backlog);
+        let mut shutdown = shutdown;
+        tokio::select! {
+            queue = start => self.queue = Some(queue?),
+            _ = shutdown.wait_for(|stop| *stop) => {}
+        }
         Ok(())
     }
 
@@ -160,9 +170,17 @@ impl OutboxDelivery {
 
     /// Queues the batches of a durable commit (`Sink::committed`).
     pub async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
+        let mut shutdown = self.shutdown.clone();
         let queue = self.queue()?;
         for (seq, batch) in batches {
-            queue.push(seq, batch).await?;
+            let Some(shutdown) = shutdown.as_mut() else {
+                queue.push(seq, batch).await?;
+                continue;
+            };
+            tokio::select! {
+                pushed = queue.push(seq, batch) => pushed?,
+                _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+            }
         }
         Ok(())
     }
@@ -194,4 +212,80 @@ pub async fn load_backlog(
             reason: format!("loading undelivered batches: {err}"),
         })?
         .map_err(SinkError::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A target that never answers.
+    struct Stuck;
+
+    #[async_trait]
+    impl BatchDeliverer for Stuck {
+        async fn deliver(
+            &self,
+            _key: &SinkPartition,
+            _seq: u64,
+            _batch: &SealedBatch,
+            stop: &watch::Receiver<bool>,
+        ) -> Result<(), SinkError> {
+            let mut stop = stop.clone();
+            let _ = stop.wait_for(|s| *s).await;
+            Ok(())
+        }
+    }
+
+    fn batch() -> SealedBatch {
+        SealedBatch {
+            target: "t".to_owned(),
+            columns: Vec::new(),
+            format: "raw".to_owned(),
+            token: "0-0".to_owned(),
+            shard: String::new(),
+            first_offset: 0,
+            last_offset: 0,
+            rows: 1,
+            payload: bytes::Bytes::from_static(b"x"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stuck_target_applies_back_pressure_until_shutdown_releases_it() {
+        let key = SinkPartition {
+            pipeline: "p".to_owned(),
+            sink: "s".to_owned(),
+            partition: 0,
+        };
+        let (stop, shutdown) = watch::channel(false);
+        let mut delivery = OutboxDelivery::default();
+        delivery
+            .open(key, Arc::new(Stuck), Vec::new(), shutdown)
+            .await
+            .unwrap();
+        // One batch in delivery plus a full queue: the next commit has to wait.
+        let batches: Vec<_> = (0..=DELIVERY_QUEUE_CAPACITY as u64)
+            .map(|seq| (seq, batch()))
+            .collect();
+        delivery.committed(batches).await.unwrap();
+        let blocked = tokio::time::timeout(
+            Duration::from_millis(200),
+            delivery.committed(vec![(100, batch()), (101, batch())]),
+        )
+        .await;
+        assert!(blocked.is_err(), "a full queue must make the epoch wait");
+
+        let _ = stop.send(true);
+        let released = tokio::time::timeout(
+            Duration::from_secs(5),
+            delivery.committed(vec![(102, batch())]),
+        )
+        .await;
+        assert!(
+            matches!(released, Ok(Ok(()))),
+            "shutdown must release the wait"
+        );
+        delivery.close().await.unwrap();
+    }
 }

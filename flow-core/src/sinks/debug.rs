@@ -141,7 +141,9 @@ impl Sink for DebugSink {
             target: Arc::clone(&self.target),
             store: self.ctx.store.clone(),
         });
-        self.delivery.open(key, deliverer, backlog).await
+        self.delivery
+            .open(key, deliverer, backlog, self.ctx.shutdown.clone())
+            .await
     }
 
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
