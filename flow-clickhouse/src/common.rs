@@ -30,6 +30,8 @@ pub struct SinkShared {
     pub sharded: bool,
     pub token_prefix: String,
     pub routing_fingerprint: String,
+    /// Partitions of the pipeline (bounds the batches in delivery at once).
+    pub partitions: u32,
     session: OnceCell<Arc<WriterSession>>,
     dynamic: RwLock<ClickHouseDynamicParams>,
     gave_up: Mutex<Option<String>>,
@@ -80,6 +82,7 @@ pub fn build_shared(
         stream: Arc::clone(stream),
         key_columns,
         routing_fingerprint,
+        partitions: ctx.partitions,
         session: OnceCell::new(),
         dynamic: RwLock::new(dynamic),
         gave_up: Mutex::new(None),
@@ -151,7 +154,13 @@ impl SinkShared {
             .get_or_try_init(|| async {
                 loop {
                     let dynamic = self.dynamic();
-                    match WriterSession::start(self.class, &self.params, &dynamic, &self.stream)
+                    match WriterSession::start(
+                        self.class,
+                        &self.params,
+                        &dynamic,
+                        &self.stream,
+                        self.partitions,
+                    )
                         .await
                     {
                         Ok(session) => return Ok(Arc::new(session)),

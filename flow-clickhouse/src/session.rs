@@ -128,6 +128,7 @@ pub struct WriterSession {
     pub table: String,
     /// The dedup-window settings of each replicated shard, for re-checks on reload.
     dedup_windows: Vec<BTreeMap<String, u64>>,
+    partitions: u32,
 }
 
 impl WriterSession {
@@ -142,7 +143,7 @@ impl WriterSession {
             return Err(ASYNC_INSERT_UNSUPPORTED.to_owned());
         }
         for settings in &self.dedup_windows {
-            check_dedup_window(params, dynamic, settings);
+            check_dedup_window(params, dynamic, settings, self.partitions);
         }
         Ok(())
     }
@@ -157,6 +158,7 @@ impl WriterSession {
         params: &ClickHouseParams,
         dynamic: &ClickHouseDynamicParams,
         stream: &Arc<StreamSchema>,
+        partitions: u32,
     ) -> Result<WriterSession, SessionError> {
         let refused = |reason: String| SessionError::Refused {
             database: params.database.clone(),
@@ -254,8 +256,8 @@ impl WriterSession {
                 }
             };
             target_fingerprints.insert(target_key(&shard.name), fingerprint);
-            if meta.kind == EngineKind::Replicated {
-                check_dedup_window(params, dynamic, &meta.merge_tree_settings);
+            if meta.kind == EngineKind::Replicated && class.is_exactly_once() {
+                check_dedup_window(params, dynamic, &meta.merge_tree_settings, partitions);
                 dedup_windows.push(meta.merge_tree_settings.clone());
             }
         }
@@ -303,6 +305,7 @@ impl WriterSession {
             database: params.database.clone(),
             table: params.table.clone(),
             dedup_windows,
+            partitions,
         })
     }
 }
@@ -462,7 +465,7 @@ async fn probe(
 
     let merge_tree_settings = endpoint
         .query_json(
-            "SELECT name, value FROM system.merge_tree_settings WHERE name IN ('replicated_deduplication_window_seconds', 'replicated_deduplication_window_seconds_for_async_inserts', 'non_replicated_deduplication_window')",
+            "SELECT name, value FROM system.merge_tree_settings WHERE name IN ('replicated_deduplication_window_seconds', 'replicated_deduplication_window_seconds_for_async_inserts', 'replicated_deduplication_window', 'replicated_deduplication_window_for_async_inserts', 'non_replicated_deduplication_window')",
             timeout,
         )
         .await
@@ -573,12 +576,34 @@ fn is_non_deterministic(expression: &str) -> bool {
         .any(|f| compact.contains(f))
 }
 
-/// Warns when a replicated table's dedup window is shorter than `replay_horizon`.
+/// Warns when a replicated table's dedup window cannot cover a replay: shorter in time than
+/// `replay_horizon`, or shorter in blocks than what this sink can insert into a shard between a
+/// batch's first attempt and its replay (every partition's batches in delivery and queued).
 fn check_dedup_window(
     params: &ClickHouseParams,
     dynamic: &ClickHouseDynamicParams,
     settings: &BTreeMap<String, u64>,
+    partitions: u32,
 ) {
+    let blocks_setting = if dynamic.async_insert {
+        "replicated_deduplication_window_for_async_inserts"
+    } else {
+        "replicated_deduplication_window"
+    };
+    let in_flight =
+        u64::from(partitions) * (flow_core::delivery::DELIVERY_QUEUE_CAPACITY as u64 + 1);
+    if let Some(&blocks) = settings.get(blocks_setting) {
+        if blocks < in_flight {
+            warn!(
+                Database = %params.database,
+                Table = %params.table,
+                DedupWindowSetting = blocks_setting,
+                DedupWindow = blocks,
+                BlocksInFlight = in_flight,
+                "the server remembers only {blocks} blocks for deduplication, but {partitions} partition(s) can have up to {in_flight} batches in delivery: a replay after a crash could fall out of the window and be inserted twice. Raise {blocks_setting} on the table to at least {in_flight}, or use fewer partitions"
+            );
+        }
+    }
     let setting = if dynamic.async_insert {
         "replicated_deduplication_window_seconds_for_async_inserts"
     } else {
