@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::codec::{self, Bounds, SOURCE_OWNER};
 use crate::committer::Trees;
@@ -12,13 +12,13 @@ use crate::error::StateError;
 pub const RECENT_DEAD_LETTERS: usize = 5;
 const PREVIEW_BYTES: usize = 200;
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct StateSummary {
     /// Per pipeline name.
     pub pipelines: BTreeMap<String, PipelineSummary>,
 }
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PipelineSummary {
     /// Committed source position per partition.
     pub positions: BTreeMap<u32, PositionInfo>,
@@ -28,7 +28,7 @@ pub struct PipelineSummary {
     pub source_dead_letters: Vec<DeadLetterGroupSummary>,
 }
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PositionInfo {
     /// The position as text when it is UTF-8.
     pub text: Option<String>,
@@ -36,7 +36,7 @@ pub struct PositionInfo {
     pub hex: String,
 }
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SinkPartitionSummary {
     pub sink: String,
     pub partition: u32,
@@ -54,7 +54,7 @@ pub struct SinkPartitionSummary {
     pub recent_dead_letters: Vec<DeadLetterInfo>,
 }
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BatchInfo {
     pub seq: u64,
     pub target: String,
@@ -67,14 +67,14 @@ pub struct BatchInfo {
     pub bytes: u64,
 }
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DeadLetterGroupSummary {
     pub partition: u32,
     pub count: u64,
     pub recent: Vec<DeadLetterInfo>,
 }
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DeadLetterInfo {
     pub seq: u64,
     pub partition: u32,

@@ -41,6 +41,7 @@ pub fn run(
                 )
             })?;
         let pipeline = Pipeline::new(validated, store.clone());
+        let snapshots = tokio::spawn(write_snapshots(store.clone(), state_dir.clone()));
         let control = pipeline.control();
         let signals = tokio::spawn(handle_signals(
             control.clone(),
@@ -50,6 +51,9 @@ pub fn run(
         info!(pipeline = %spec.pipeline, partitions = spec.partitions, state_dir = %state_dir.display(), "pipeline started");
         let result = pipeline.run().await;
         signals.abort();
+        snapshots.abort();
+        // Once the worker is gone, `status` reads the store itself.
+        let _ = std::fs::remove_file(crate::status::snapshot_path(&state_dir));
         let closed = tokio::task::spawn_blocking(move || store.close()).await;
         match result {
             Ok(report) => {
@@ -112,5 +116,38 @@ async fn handle_signals(control: PipelineControl, registry: Registry, spec_path:
                 warn!(spec = %spec_path.display(), error = %err, "spec reload rejected; the running parameters stay in force. Fix the spec and send SIGHUP again");
             }
         }
+    }
+}
+
+/// How often a running worker writes the status snapshot that `flow-worker status` shows while the
+/// store is locked.
+const SNAPSHOT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Writes `StateStore::summary` to the state directory every `SNAPSHOT_INTERVAL` (atomically:
+/// a temporary file, then a rename).
+async fn write_snapshots(store: StateStore, state_dir: PathBuf) {
+    let path = crate::status::snapshot_path(&state_dir);
+    let temporary = path.with_extension("json.tmp");
+    let mut warned = false;
+    loop {
+        let reader = store.clone();
+        let written = match tokio::task::spawn_blocking(move || reader.summary()).await {
+            Ok(Ok(summary)) => serde_json::to_vec(&summary)
+                .map_err(|err| err.to_string())
+                .and_then(|bytes| {
+                    std::fs::write(&temporary, bytes)
+                        .and_then(|()| std::fs::rename(&temporary, &path))
+                        .map_err(|err| err.to_string())
+                }),
+            Ok(Err(err)) => Err(err.to_string()),
+            Err(err) => Err(err.to_string()),
+        };
+        if let Err(error) = written {
+            if !warned {
+                warn!(path = %path.display(), error = %error, "cannot write the status snapshot; `flow-worker status` will not show this worker's progress while it runs");
+                warned = true;
+            }
+        }
+        tokio::time::sleep(SNAPSHOT_INTERVAL).await;
     }
 }

@@ -1,30 +1,59 @@
 //! `flow-worker status`: what the state directory holds, per pipeline, sink and partition.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use flow_state::{StateStore, StateSummary};
 
+/// The file a running worker refreshes with its state summary (see `run`).
+pub fn snapshot_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("status-snapshot.json")
+}
+
 pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     if !state_dir.join("db").exists() && !state_dir.join("conf").exists() {
         anyhow::bail!("`{}` is not a flow state directory", state_dir.display());
     }
-    let store = StateStore::open(state_dir).with_context(|| {
-        format!(
-            "cannot open the state directory `{}` (a running worker holds it locked; stop it first)",
-            state_dir.display()
-        )
-    })?;
-    let summary = store.summary().context("reading the state store")?;
-    store.close().context("closing the state store")?;
+    let summary = match StateStore::open(state_dir) {
+        Ok(store) => {
+            let summary = store.summary().context("reading the state store")?;
+            store.close().context("closing the state store")?;
+            summary
+        }
+        // sled locks the store while a worker runs; that worker keeps a snapshot up to date.
+        Err(open_error) => read_snapshot(state_dir).with_context(|| {
+            format!(
+                "cannot open the state directory `{}` ({open_error}), and no running worker's snapshot is readable there",
+                state_dir.display()
+            )
+        })?,
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print!("{}", render(&summary));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn read_snapshot(state_dir: &Path) -> anyhow::Result<StateSummary> {
+    let path = snapshot_path(state_dir);
+    let bytes = std::fs::read(&path).with_context(|| format!("reading `{}`", path.display()))?;
+    let age = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .map_or_else(
+            || "unknown".to_owned(),
+            |d| format!("{:.1} s", d.as_secs_f64()),
+        );
+    eprintln!(
+        "a running worker holds `{}`; showing its snapshot (age {age}, refreshed every 2 s)",
+        state_dir.display()
+    );
+    serde_json::from_slice(&bytes).with_context(|| format!("parsing `{}`", path.display()))
 }
 
 /// Built-in sources encode positions as big-endian u64 words; show those as numbers.

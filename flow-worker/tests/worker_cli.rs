@@ -210,3 +210,44 @@ fn send_signal(pid: u32, signal: &str) {
         .unwrap();
     assert!(status.success());
 }
+
+#[test]
+fn status_while_running_shows_the_running_workers_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("out.jsonl");
+    let state = dir.path().join("state");
+    let spec = write_spec(dir.path(), &generator_spec(&output, 2, 1_000_000, 5_000));
+    let mut child = worker()
+        .arg("run")
+        .arg(&spec)
+        .arg("--state-dir")
+        .arg(&state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let snapshot = state.join("status-snapshot.json");
+    let started = Instant::now();
+    while !(snapshot.exists() && count_lines(&output) > 0)
+        && started.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Let a later snapshot include committed positions.
+    std::thread::sleep(Duration::from_millis(2_500));
+    let status = worker()
+        .args(["status", "--json", "--state-dir"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(status.status.success(), "{status:?}");
+    let stderr = String::from_utf8(status.stderr).unwrap();
+    assert!(stderr.contains("a running worker holds"), "{stderr}");
+    let summary: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let positions = summary["pipelines"]["crashy"]["positions"]
+        .as_object()
+        .unwrap();
+    assert_eq!(positions.len(), 2, "{summary}");
+}
