@@ -264,9 +264,22 @@ fn run_scenario(scenario: &Scenario) {
     };
 
     while kills.len() < KILLS {
+        let rows_before_spawn = rows_landed(scenario, &name);
         let mut worker = spawn(&mut runs);
         if kills.len() == fault_run {
             // --- the replica fault -------------------------------------------------------------
+            // This case is about a worker that is already writing: wait until the new worker's
+            // session has started and rows land, or the fault would test the start-up wait
+            // (which the restart below covers) instead of failover.
+            wait_until(Duration::from_secs(30), || {
+                Ok(rows_landed(scenario, &name) > rows_before_spawn)
+            })
+            .unwrap_or_else(|err| {
+                panic!(
+                    "the restarted worker wrote nothing ({err:#})\n{}",
+                    worker.log_tail()
+                )
+            });
             std::thread::sleep(Duration::from_millis(rng.gen_range(500..2_000)));
             assert_alive(&mut worker, "before the replica fault");
             let faulty = scenario.faulty;
