@@ -13,6 +13,7 @@ use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
 use tracing::warn;
 
+use crate::classify::ErrorClass;
 use crate::common::{
     build_shared, insert_part, BatchCutter, InsertFailure, InsertRequest, RetryPolicy, SinkShared,
 };
@@ -81,16 +82,11 @@ impl Sink for AtLeastOnceSink {
                         retry_after,
                     })
                 }
-                Err(InsertFailure::GaveUp {
-                    error,
-                    attempts,
-                    endpoint,
-                }) if error.class == crate::classify::ErrorClass::Permanent => {
+                Err(ref failure @ InsertFailure::GaveUp { ref error, .. })
+                    if error.class == ErrorClass::Permanent =>
+                {
                     return Err(SinkError::Delivery {
-                        reason: format!(
-                            "Giving up insert into ClickHouse: {}.{} shard `{}` via {endpoint} after {attempts} attempt(s): {error}",
-                            session.database, session.table, part.shard
-                        ),
+                        reason: failure.give_up_reason(&session, &part.shard, None),
                     });
                 }
                 Err(InsertFailure::GaveUp {

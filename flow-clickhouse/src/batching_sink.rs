@@ -218,13 +218,10 @@ impl BatchDeliverer for ClickHouseDeliverer {
             }
             // Stopping leaves the batch in the outbox for the next run.
             Err(InsertFailure::Stopped) => Ok(()),
-            Err(InsertFailure::GaveUp {
-                error,
-                attempts,
-                endpoint,
-            }) => Err(self.shared.give_up(format!(
-                "Giving up insert into ClickHouse: {}.{} shard `{}` via {endpoint} after {attempts} attempt(s), token {}: {error}",
-                session.database, session.table, batch.shard, batch.token
+            Err(failure) => Err(self.shared.give_up(failure.give_up_reason(
+                &session,
+                &batch.shard,
+                Some(&batch.token),
             ))),
         }
     }

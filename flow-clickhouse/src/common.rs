@@ -100,14 +100,8 @@ impl SinkShared {
 
     /// Validates and swaps the dynamic parameters (SIGHUP).
     pub fn reconfigure(&self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
-        let parsed = params::parse_dynamic(self.class, dynamic).map_err(|v| {
-            SinkError::Refused(
-                v.iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            )
-        })?;
+        let parsed = params::parse_dynamic(self.class, dynamic)
+            .map_err(|v| SinkError::Refused(Violation::list(&v)))?;
         if let Some(session) = self.session.get() {
             if let Err(reason) = session.check_dynamic(&self.params, &parsed) {
                 // A reload must not stop a running pipeline: keep the parameters in force.
@@ -315,6 +309,32 @@ pub enum InsertFailure {
         attempts: u32,
         endpoint: String,
     },
+}
+
+impl InsertFailure {
+    /// The `Giving up insert into ClickHouse` reason for a part of `shard` (with its token where
+    /// the class has one).
+    pub fn give_up_reason(
+        &self,
+        session: &WriterSession,
+        shard: &str,
+        token: Option<&str>,
+    ) -> String {
+        match self {
+            InsertFailure::Stopped => "the pipeline is stopping".to_owned(),
+            InsertFailure::GaveUp {
+                error,
+                attempts,
+                endpoint,
+            } => {
+                let token = token.map(|t| format!(", token {t}")).unwrap_or_default();
+                format!(
+                    "Giving up insert into ClickHouse: {}.{} shard `{shard}` via {endpoint} after {attempts} attempt(s){token}: {error}",
+                    session.database, session.table
+                )
+            }
+        }
+    }
 }
 
 /// Whether failed attempts are retried.

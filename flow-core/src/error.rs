@@ -64,6 +64,17 @@ impl Violation {
     }
 }
 
+impl Violation {
+    /// One line for several violations: `path: message; path: message`.
+    pub fn list(violations: &[Violation]) -> String {
+        violations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.path.is_empty() {

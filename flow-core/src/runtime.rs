@@ -171,6 +171,8 @@ impl Pipeline {
     /// Runs every partition to its end. Fails if any partition failed, after the others ended.
     pub async fn run(self) -> Result<RunReport, RuntimeError> {
         let mut tasks = tokio::task::JoinSet::new();
+        // A panicking task returns no value, only its id.
+        let mut partition_of_task = std::collections::HashMap::new();
         for partition in 0..self.validated.partitions {
             let runner = PartitionRunner {
                 pipeline: Arc::clone(&self.validated),
@@ -184,10 +186,11 @@ impl Pipeline {
                     .map(|(_, sender)| sender.subscribe())
                     .collect(),
             };
-            tasks.spawn(async move {
+            let handle = tasks.spawn(async move {
                 let result = runner.run().await;
                 (partition, result)
             });
+            partition_of_task.insert(handle.id(), partition);
         }
         let mut reports = Vec::new();
         let mut failures = Vec::new();
@@ -198,10 +201,17 @@ impl Pipeline {
                     error!(pipeline = %self.validated.name, partition, error = %err, "partition failed");
                     failures.push(err);
                 }
-                Err(err) => failures.push(RuntimeError::Task {
-                    partition: u32::MAX,
-                    reason: err.to_string(),
-                }),
+                Err(err) => {
+                    let partition = partition_of_task
+                        .get(&err.id())
+                        .copied()
+                        .unwrap_or(u32::MAX);
+                    error!(pipeline = %self.validated.name, partition, error = %err, "partition task panicked");
+                    failures.push(RuntimeError::Task {
+                        partition,
+                        reason: err.to_string(),
+                    });
+                }
             }
         }
         if !failures.is_empty() {

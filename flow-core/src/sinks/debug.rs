@@ -105,7 +105,7 @@ struct DebugSinkFactory {
 impl SinkFactory for DebugSinkFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
         let dynamic = DebugSinkDynamicParams::parse(&ctx.dynamic_parameters)
-            .map_err(|v| SinkError::Refused(format_violations(&v)))?;
+            .map_err(|v| SinkError::Refused(Violation::list(&v)))?;
         Ok(Box::new(DebugSink {
             target: Arc::clone(&self.target),
             stream_ids: self.stream_ids.clone(),
@@ -114,14 +114,6 @@ impl SinkFactory for DebugSinkFactory {
             delivery: OutboxDelivery::default(),
         }))
     }
-}
-
-fn format_violations(violations: &[Violation]) -> String {
-    violations
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 struct DebugSink {
@@ -186,7 +178,7 @@ impl Sink for DebugSink {
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
         self.dynamic = DebugSinkDynamicParams::parse(dynamic)
-            .map_err(|v| SinkError::Refused(format_violations(&v)))?;
+            .map_err(|v| SinkError::Refused(Violation::list(&v)))?;
         Ok(())
     }
 }
