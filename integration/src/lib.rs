@@ -360,17 +360,18 @@ pub fn ping(port: u16) -> bool {
     matches!(parse_reply(&raw), Ok(r) if r.status == 200 && r.text().trim() == "Ok.")
 }
 
-/// Does ZooKeeper answer `ruok` with `imok`?
+/// Is ZooKeeper serving requests? `srvr` prints a `Mode:` line only once the server runs; `ruok`
+/// would answer `imok` while the snapshot is still loading and sessions are refused.
 pub fn zk_ok() -> bool {
     let Ok(mut stream) = connect(ZK_PORT, Duration::from_secs(2)) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    if stream.write_all(b"ruok").is_err() {
+    if stream.write_all(b"srvr").is_err() {
         return false;
     }
     let mut answer = String::new();
-    stream.read_to_string(&mut answer).is_ok() && answer.trim() == "imok"
+    stream.read_to_string(&mut answer).is_ok() && answer.lines().any(|l| l.starts_with("Mode: "))
 }
 
 /// Is every node of the local cluster (ZooKeeper and the four ClickHouse servers) answering?
