@@ -2,7 +2,7 @@
 //!
 //! A sink class ([`params::SinkClass`]) is built from its spec parameters ([`params`]); nothing
 //! connects until the first write, when the shared [`session::WriterSession`] probes every
-//! endpoint (engine, schema, replication identity, capabilities, dedup window) and plans the
+//! endpoint (engine, schema, replication identity, capabilities, [`dedup_window`]) and plans the
 //! RowBinary encoding ([`chtype`], [`rowbinary`]). The exactly-once classes
 //! ([`batching_sink`]) route rows with a [`routing::RendezvousRouter`], seal per-shard batches into
 //! the flow-state outbox with the epoch's commit, guard restarts with the persisted
@@ -17,6 +17,7 @@ pub mod classify;
 pub mod client;
 pub mod common;
 pub mod compress;
+pub mod dedup_window;
 pub mod fingerprint;
 pub mod params;
 pub mod routing;

@@ -15,6 +15,7 @@ use crate::classify::{ClassifiedError, ErrorClass};
 use crate::client::{
     build_shards, json_text, json_u64, quote_ident, quote_literal, EndpointClient, ShardClients,
 };
+use crate::dedup_window::{DedupWindows, DEDUP_WINDOW_SETTINGS};
 use crate::fingerprint::{endpoint_target_fingerprint, replicated_target_fingerprint, target_key};
 use crate::params::{ClickHouseDynamicParams, ClickHouseParams, SinkClass};
 use crate::rowbinary::{EncodedColumn, RowBinaryEncoder};
@@ -112,7 +113,15 @@ struct EndpointMetadata {
     zookeeper_name: Option<String>,
     zookeeper_path: Option<String>,
     capabilities: Capabilities,
-    merge_tree_settings: BTreeMap<String, u64>,
+    dedup_windows: DedupWindows,
+}
+
+/// The dedup window of one shard's table, kept for the re-checks on reload.
+#[derive(Clone, Debug)]
+struct ShardDedupWindow {
+    shard: String,
+    replicated: bool,
+    windows: DedupWindows,
 }
 
 /// A started session, shared by every partition of one sink.
@@ -126,8 +135,8 @@ pub struct WriterSession {
     pub target_fingerprints: BTreeMap<String, String>,
     pub database: String,
     pub table: String,
-    /// The dedup-window settings of each replicated shard, for re-checks on reload.
-    dedup_windows: Vec<BTreeMap<String, u64>>,
+    /// The dedup window of each shard that deduplicates, for re-checks on reload.
+    dedup_windows: Vec<ShardDedupWindow>,
     partitions: u32,
 }
 
@@ -142,8 +151,8 @@ impl WriterSession {
         if dynamic.async_insert && !self.capabilities.async_insert {
             return Err(ASYNC_INSERT_UNSUPPORTED.to_owned());
         }
-        for settings in &self.dedup_windows {
-            check_dedup_window(params, dynamic, settings, self.partitions);
+        for window in &self.dedup_windows {
+            check_dedup_window(params, dynamic, window, self.partitions);
         }
         Ok(())
     }
@@ -226,7 +235,11 @@ impl WriterSession {
                     if shard.name.is_empty() { String::new() } else { format!(" of shard `{}`", shard.name) }
                 )));
             }
-            if meta.kind == EngineKind::Plain && class.is_exactly_once() {
+            let dedups = match meta.kind {
+                EngineKind::Replicated | EngineKind::Shared => true,
+                EngineKind::Plain => meta.dedup_windows.non_replicated_dedup_enabled(),
+            };
+            if !dedups && class.is_exactly_once() {
                 warn!(
                     database = %params.database,
                     table = %params.table,
@@ -256,9 +269,14 @@ impl WriterSession {
                 }
             };
             target_fingerprints.insert(target_key(&shard.name), fingerprint);
-            if meta.kind == EngineKind::Replicated && class.is_exactly_once() {
-                check_dedup_window(params, dynamic, &meta.merge_tree_settings, partitions);
-                dedup_windows.push(meta.merge_tree_settings.clone());
+            if dedups && class.is_exactly_once() {
+                let window = ShardDedupWindow {
+                    shard: shard.name.clone(),
+                    replicated: meta.kind != EngineKind::Plain,
+                    windows: meta.dedup_windows.clone(),
+                };
+                check_dedup_window(params, dynamic, &window, partitions);
+                dedup_windows.push(window);
             }
         }
         let Some((_, reference)) = first else {
@@ -358,7 +376,9 @@ async fn probe(
 
     let tables = endpoint
         .query_json(
-            &format!("SELECT engine FROM system.tables WHERE database = {db} AND name = {table}"),
+            &format!(
+                "SELECT engine, engine_full FROM system.tables WHERE database = {db} AND name = {table}"
+            ),
             timeout,
         )
         .await
@@ -370,6 +390,7 @@ async fn probe(
         )));
     };
     let engine = json_text(row, "engine");
+    let engine_full = json_text(row, "engine_full");
     let kind = if engine == "Distributed" {
         return Err(refused(format!(
             "{} is a Distributed table on {}. The sink routes rows to shards itself and needs each shard's local table; a Distributed target would forward blocks on its own and break the link between deduplication token and shard. Set `table` to the local table and list the shards in `shard_hosts`",
@@ -463,9 +484,16 @@ async fn probe(
         });
     }
 
-    let merge_tree_settings = endpoint
+    let names: Vec<String> = DEDUP_WINDOW_SETTINGS
+        .iter()
+        .map(|n| quote_literal(n))
+        .collect();
+    let server_defaults = endpoint
         .query_json(
-            "SELECT name, value FROM system.merge_tree_settings WHERE name IN ('replicated_deduplication_window_seconds', 'replicated_deduplication_window_seconds_for_async_inserts', 'replicated_deduplication_window', 'replicated_deduplication_window_for_async_inserts', 'non_replicated_deduplication_window')",
+            &format!(
+                "SELECT name, value FROM system.merge_tree_settings WHERE name IN ({})",
+                names.join(", ")
+            ),
             timeout,
         )
         .await
@@ -473,6 +501,7 @@ async fn probe(
         .iter()
         .filter_map(|row| Some((json_text(row, "name"), json_u64(row, "value")?)))
         .collect();
+    let dedup_windows = DedupWindows::new(server_defaults, &engine_full);
 
     Ok(EndpointMetadata {
         engine,
@@ -481,7 +510,7 @@ async fn probe(
         zookeeper_name,
         zookeeper_path,
         capabilities,
-        merge_tree_settings,
+        dedup_windows,
     })
 }
 
@@ -576,52 +605,25 @@ fn is_non_deterministic(expression: &str) -> bool {
         .any(|f| compact.contains(f))
 }
 
-/// Warns when a replicated table's dedup window cannot cover a replay: shorter in time than
+/// Warns when a shard's dedup window cannot cover a replay: shorter in time than
 /// `replay_horizon`, or shorter in blocks than what this sink can insert into a shard between a
 /// batch's first attempt and its replay (every partition's batches in delivery and queued).
 fn check_dedup_window(
     params: &ClickHouseParams,
     dynamic: &ClickHouseDynamicParams,
-    settings: &BTreeMap<String, u64>,
+    window: &ShardDedupWindow,
     partitions: u32,
 ) {
-    let blocks_setting = if dynamic.async_insert {
-        "replicated_deduplication_window_for_async_inserts"
-    } else {
-        "replicated_deduplication_window"
-    };
     let in_flight =
         u64::from(partitions) * (flow_core::delivery::DELIVERY_QUEUE_CAPACITY as u64 + 1);
-    if let Some(&blocks) = settings.get(blocks_setting) {
-        if blocks < in_flight {
-            warn!(
-                Database = %params.database,
-                Table = %params.table,
-                DedupWindowSetting = blocks_setting,
-                DedupWindow = blocks,
-                BlocksInFlight = in_flight,
-                "the server remembers only {blocks} blocks for deduplication, but {partitions} partition(s) can have up to {in_flight} batches in delivery: a replay after a crash could fall out of the window and be inserted twice. Raise {blocks_setting} on the table to at least {in_flight}, or use fewer partitions"
-            );
-        }
-    }
-    let setting = if dynamic.async_insert {
-        "replicated_deduplication_window_seconds_for_async_inserts"
-    } else {
-        "replicated_deduplication_window_seconds"
-    };
-    let Some(&window) = settings.get(setting) else {
-        return;
-    };
-    let horizon = dynamic.replay_horizon.as_secs();
-    if window < horizon {
-        warn!(
-            Database = %params.database,
-            Table = %params.table,
-            DedupWindowSetting = setting,
-            ReplayHorizon = horizon,
-            DedupWindow = window,
-            "the server's deduplication window is shorter than replay_horizon: a batch replayed later than {window} s after its first attempt would be inserted twice. Raise {setting} on the table (with a margin) or lower replay_horizon"
-        );
+    let warnings = window.windows.check(
+        window.replicated,
+        dynamic.async_insert,
+        in_flight,
+        dynamic.replay_horizon.as_secs(),
+    );
+    for warning in warnings {
+        warning.log(&params.database, &params.table, &window.shard);
     }
 }
 

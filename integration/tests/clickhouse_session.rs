@@ -305,6 +305,80 @@ async fn plain_merge_tree_on_several_hosts_is_refused_but_one_host_is_accepted()
     assert_eq!(count(A2.http_port, &t, ""), 0, "a2 is not part of the sink");
 }
 
+/// The table's own `SETTINGS` override the server defaults of the dedup window, and a window too
+/// small for the sink is warned about with the table's value and the attributes the reference names.
+#[test]
+fn table_level_dedup_window_too_small_is_warned_with_the_table_value() {
+    cluster();
+    let t = unique_name("it_sess_window");
+    let mut guard = DropGuard::default();
+    guard
+        .create(
+            A1.http_port,
+            &format!("default.{t}"),
+            &format!(
+                "CREATE TABLE default.{t} ({GENERATOR_COLUMNS}) ENGINE = \
+                 ReplicatedMergeTree('/clickhouse/tables/a/default.{t}', 'a1') ORDER BY id \
+                 SETTINGS replicated_deduplication_window = 5, replicated_deduplication_window_seconds = 60"
+            ),
+        )
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spec.yaml");
+    std::fs::write(
+        &path,
+        spec(
+            "session",
+            "ClickHouseBatchingSink",
+            &format!("{{host: '{}', table: {t}}}", A1.http_addr()),
+            "{retry_backoff: 100ms, replay_horizon: 1h}",
+            ROWS,
+        ),
+    )
+    .unwrap();
+    let out = worker_run(&path, &dir.path().join("state"), &[]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(count(A1.http_port, &t, ""), ROWS);
+
+    let warning = |setting: &str| -> String {
+        out.stderr
+            .lines()
+            .find(|l| l.contains("WARN") && l.contains(&format!("DedupWindowSetting={setting} ")))
+            .unwrap_or_else(|| panic!("no warning for {setting} in:\n{}", out.stderr))
+            .to_owned()
+    };
+    // One partition can have 8 queued batches and 1 in flight: 9 blocks against a window of 5.
+    let blocks = warning("replicated_deduplication_window");
+    for field in [
+        "Database=default",
+        &format!("Table={t}"),
+        "DedupWindow=5 ",
+        "DedupWindowSource=table",
+        "BlocksInFlight=9",
+        "Raise replicated_deduplication_window on the table to at least 9",
+    ] {
+        assert_has(&blocks, field);
+    }
+    let seconds = warning("replicated_deduplication_window_seconds");
+    for field in [
+        "Database=default",
+        &format!("Table={t}"),
+        "DedupWindow=60 ",
+        "DedupWindowSource=table",
+        "ReplayHorizon=3600",
+        "shorter than replay_horizon (3600 s)",
+    ] {
+        assert_has(&seconds, field);
+    }
+    assert_eq!(
+        out.stderr.matches("DedupWindowSetting=").count(),
+        2,
+        "{}",
+        out.stderr
+    );
+    drop(guard);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Columns.
 

@@ -1,0 +1,447 @@
+//! The deduplication window of a target table, and the checks that compare it with what the sink
+//! can replay.
+//!
+//! ClickHouse remembers the hashes (or tokens) of recent blocks in a window bounded by count and by
+//! time. A replay that arrives after its block left the window is inserted again, so an
+//! exactly-once sink must warn when the window is smaller than its worst replay. The server-wide
+//! defaults come from `system.merge_tree_settings`; a table's own `SETTINGS` clause (read from
+//! `system.tables.engine_full`, which the HTTP interface exposes on every supported version)
+//! overrides them, and the override is what the table actually uses.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use tracing::warn;
+
+/// The settings that bound a deduplication window.
+pub const DEDUP_WINDOW_SETTINGS: &[&str] = &[
+    "replicated_deduplication_window",
+    "replicated_deduplication_window_seconds",
+    "replicated_deduplication_window_for_async_inserts",
+    "replicated_deduplication_window_seconds_for_async_inserts",
+    "non_replicated_deduplication_window",
+];
+
+/// Where a window's value comes from; the warning says which one to change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowSource {
+    /// The table's own `SETTINGS` clause.
+    Table,
+    /// The server's default (`system.merge_tree_settings`), which the table does not override.
+    ServerDefault,
+}
+
+impl fmt::Display for WindowSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WindowSource::Table => "table",
+            WindowSource::ServerDefault => "server default",
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowValue {
+    pub value: u64,
+    pub source: WindowSource,
+}
+
+/// The effective dedup-window settings of one table on one endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DedupWindows {
+    values: BTreeMap<String, WindowValue>,
+}
+
+impl DedupWindows {
+    /// Server defaults, overridden by the numeric dedup-window settings of the table's `SETTINGS`
+    /// clause in `engine_full`.
+    pub fn new(server_defaults: BTreeMap<String, u64>, engine_full: &str) -> DedupWindows {
+        let mut values: BTreeMap<String, WindowValue> = server_defaults
+            .into_iter()
+            .filter(|(name, _)| DEDUP_WINDOW_SETTINGS.contains(&name.as_str()))
+            .map(|(name, value)| {
+                let source = WindowSource::ServerDefault;
+                (name, WindowValue { value, source })
+            })
+            .collect();
+        for (name, text) in table_settings(engine_full) {
+            if !DEDUP_WINDOW_SETTINGS.contains(&name.as_str()) {
+                continue;
+            }
+            if let Ok(value) = text.parse::<u64>() {
+                let source = WindowSource::Table;
+                values.insert(name, WindowValue { value, source });
+            }
+        }
+        DedupWindows { values }
+    }
+
+    pub fn get(&self, setting: &str) -> Option<WindowValue> {
+        self.values.get(setting).copied()
+    }
+
+    /// Does a non-replicated MergeTree deduplicate inserted blocks at all?
+    pub fn non_replicated_dedup_enabled(&self) -> bool {
+        self.get("non_replicated_deduplication_window")
+            .is_some_and(|w| w.value > 0)
+    }
+
+    /// Every way this window can let a replay through twice.
+    ///
+    /// `blocks_in_flight` is how many blocks this sink can insert into the table between a
+    /// batch's first attempt and its replay; `replay_horizon_secs` is the configured bound on the
+    /// replay lag. For a non-replicated table only the block count applies (it has no time bound).
+    pub fn check(
+        &self,
+        replicated: bool,
+        async_insert: bool,
+        blocks_in_flight: u64,
+        replay_horizon_secs: u64,
+    ) -> Vec<DedupWindowWarning> {
+        let mut warnings = Vec::new();
+        let blocks_setting = match (replicated, async_insert) {
+            (false, _) => "non_replicated_deduplication_window",
+            (true, false) => "replicated_deduplication_window",
+            (true, true) => "replicated_deduplication_window_for_async_inserts",
+        };
+        if let Some(window) = self.get(blocks_setting) {
+            if window.value < blocks_in_flight {
+                warnings.push(DedupWindowWarning::Blocks {
+                    setting: blocks_setting,
+                    window,
+                    blocks_in_flight,
+                });
+            }
+        }
+        if replicated {
+            let seconds_setting = if async_insert {
+                "replicated_deduplication_window_seconds_for_async_inserts"
+            } else {
+                "replicated_deduplication_window_seconds"
+            };
+            if let Some(window) = self.get(seconds_setting) {
+                if window.value < replay_horizon_secs {
+                    warnings.push(DedupWindowWarning::Seconds {
+                        setting: seconds_setting,
+                        window,
+                        replay_horizon_secs,
+                    });
+                }
+            }
+        }
+        warnings
+    }
+}
+
+/// A dedup window too small for the replays this sink can make.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DedupWindowWarning {
+    /// Fewer blocks remembered than can be inserted before a replay.
+    Blocks {
+        setting: &'static str,
+        window: WindowValue,
+        blocks_in_flight: u64,
+    },
+    /// A shorter time remembered than `replay_horizon`.
+    Seconds {
+        setting: &'static str,
+        window: WindowValue,
+        replay_horizon_secs: u64,
+    },
+}
+
+impl DedupWindowWarning {
+    /// Writes the warning with the structured attributes the reference names (`Database`, `Table`,
+    /// `DedupWindowSetting`, `DedupWindow`, and `ReplayHorizon` or `BlocksInFlight`).
+    pub fn log(&self, database: &str, table: &str, shard: &str) {
+        match self {
+            DedupWindowWarning::Blocks {
+                setting,
+                window,
+                blocks_in_flight,
+            } => warn!(
+                Database = %database,
+                Table = %table,
+                Shard = %shard,
+                DedupWindowSetting = %setting,
+                DedupWindow = window.value,
+                DedupWindowSource = %window.source,
+                BlocksInFlight = blocks_in_flight,
+                "{self}"
+            ),
+            DedupWindowWarning::Seconds {
+                setting,
+                window,
+                replay_horizon_secs,
+            } => warn!(
+                Database = %database,
+                Table = %table,
+                Shard = %shard,
+                DedupWindowSetting = %setting,
+                DedupWindow = window.value,
+                DedupWindowSource = %window.source,
+                ReplayHorizon = replay_horizon_secs,
+                "{self}"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for DedupWindowWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DedupWindowWarning::Blocks {
+                setting,
+                window,
+                blocks_in_flight,
+            } => write!(
+                f,
+                "the table remembers only {} blocks for deduplication ({setting}, {}), but this sink can have up to {blocks_in_flight} batches in delivery to it: a replay after a crash could fall out of the window and be inserted twice. Raise {setting} on the table to at least {blocks_in_flight} (ALTER TABLE ... MODIFY SETTING, or SETTINGS at CREATE), or use fewer partitions",
+                window.value, window.source
+            ),
+            DedupWindowWarning::Seconds {
+                setting,
+                window,
+                replay_horizon_secs,
+            } => write!(
+                f,
+                "the table's deduplication window ({setting} = {} s, {}) is shorter than replay_horizon ({replay_horizon_secs} s): a batch replayed later than {} s after its first attempt would be inserted twice. Raise {setting} on the table (with a margin) or lower replay_horizon",
+                window.value, window.source, window.value
+            ),
+        }
+    }
+}
+
+/// The `name = value` pairs of the trailing `SETTINGS` clause of an `engine_full` text, values
+/// as written (quotes kept). Quoted strings, back-quoted identifiers and parentheses are skipped,
+/// so a `SETTINGS` inside an expression or literal is not mistaken for the clause.
+pub fn table_settings(engine_full: &str) -> Vec<(String, String)> {
+    let Some(start) = settings_clause_start(engine_full) else {
+        return Vec::new();
+    };
+    split_top_level(&engine_full[start..], b',')
+        .into_iter()
+        .filter_map(|item| {
+            let (name, value) = item.split_once('=')?;
+            let name = name.trim();
+            let value = value.trim();
+            (!name.is_empty() && !value.is_empty()).then(|| (name.to_owned(), value.to_owned()))
+        })
+        .collect()
+}
+
+/// The byte offset right after the last top-level `SETTINGS` keyword, if any.
+fn settings_clause_start(text: &str) -> Option<usize> {
+    const KEYWORD: &[u8] = b"SETTINGS";
+    let bytes = text.as_bytes();
+    let mut found = None;
+    scan_top_level(bytes, |i| {
+        let end = i + KEYWORD.len();
+        let is_word_start = i == 0 || !is_ident_byte(bytes[i - 1]);
+        if is_word_start
+            && bytes.get(i..end) == Some(KEYWORD)
+            && bytes.get(end).is_none_or(|b| !is_ident_byte(*b))
+        {
+            found = Some(end);
+        }
+    });
+    found
+}
+
+fn split_top_level(text: &str, separator: u8) -> Vec<&str> {
+    let bytes = text.as_bytes();
+    let mut parts = Vec::new();
+    let mut from = 0;
+    scan_top_level(bytes, |i| {
+        if bytes[i] == separator {
+            parts.push(&text[from..i]);
+            from = i + 1;
+        }
+    });
+    parts.push(&text[from..]);
+    parts
+}
+
+/// Calls `at` with the index of every byte outside quotes, back-quotes and parentheses.
+fn scan_top_level(bytes: &[u8], mut at: impl FnMut(usize)) {
+    let mut depth = 0usize;
+    let mut quote: Option<u8> = None;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if let Some(q) = quote {
+            if b == b'\\' {
+                i += 1;
+            } else if b == q {
+                quote = None;
+            }
+        } else {
+            match b {
+                b'\'' | b'`' | b'"' => quote = Some(b),
+                b'(' => depth += 1,
+                b')' => depth = depth.saturating_sub(1),
+                _ if depth == 0 => at(i),
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+}
+
+fn is_ident_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ENGINE_FULL: &str = "ReplicatedMergeTree('/clickhouse/tables/t', 'r1') ORDER BY id \
+         SETTINGS replicated_deduplication_window = 7, index_granularity = 4096";
+
+    fn server() -> BTreeMap<String, u64> {
+        [
+            ("replicated_deduplication_window", 100),
+            ("replicated_deduplication_window_seconds", 604_800),
+            ("index_granularity", 8192),
+        ]
+        .into_iter()
+        .map(|(n, v)| (n.to_owned(), v))
+        .collect()
+    }
+
+    #[test]
+    fn settings_clause_is_parsed_from_engine_full() {
+        assert_eq!(
+            table_settings(ENGINE_FULL),
+            vec![
+                ("replicated_deduplication_window".to_owned(), "7".to_owned()),
+                ("index_granularity".to_owned(), "4096".to_owned()),
+            ]
+        );
+        assert!(table_settings("MergeTree ORDER BY id").is_empty());
+        assert!(table_settings("").is_empty());
+    }
+
+    #[test]
+    fn settings_inside_literals_identifiers_and_parentheses_are_not_the_clause() {
+        let text = "ReplicatedMergeTree('/p/SETTINGS x = 1', 'r') PARTITION BY f(`SETTINGS`, 'a, SETTINGS b = 2') \
+             ORDER BY (a, b) SETTINGS storage_policy = 'x, y = 3', replicated_deduplication_window_seconds = 60";
+        assert_eq!(
+            table_settings(text),
+            vec![
+                ("storage_policy".to_owned(), "'x, y = 3'".to_owned()),
+                (
+                    "replicated_deduplication_window_seconds".to_owned(),
+                    "60".to_owned()
+                ),
+            ]
+        );
+        // A column or setting merely containing the word is not the keyword.
+        assert!(table_settings("MergeTree ORDER BY MYSETTINGS").is_empty());
+    }
+
+    #[test]
+    fn a_table_setting_overrides_the_server_default_and_says_so() {
+        let windows = DedupWindows::new(server(), ENGINE_FULL);
+        assert_eq!(
+            windows.get("replicated_deduplication_window"),
+            Some(WindowValue {
+                value: 7,
+                source: WindowSource::Table
+            })
+        );
+        assert_eq!(
+            windows.get("replicated_deduplication_window_seconds"),
+            Some(WindowValue {
+                value: 604_800,
+                source: WindowSource::ServerDefault
+            })
+        );
+        // Not a dedup-window setting: not kept.
+        assert_eq!(windows.get("index_granularity"), None);
+    }
+
+    #[test]
+    fn block_window_smaller_than_the_batches_in_delivery_warns_with_the_table_value() {
+        let windows = DedupWindows::new(server(), ENGINE_FULL);
+        let warnings = windows.check(true, false, 18, 86_400);
+        assert_eq!(
+            warnings,
+            vec![DedupWindowWarning::Blocks {
+                setting: "replicated_deduplication_window",
+                window: WindowValue {
+                    value: 7,
+                    source: WindowSource::Table
+                },
+                blocks_in_flight: 18,
+            }]
+        );
+        assert!(warnings[0]
+            .to_string()
+            .contains("Raise replicated_deduplication_window on the table to at least 18"));
+        assert!(windows.check(true, false, 7, 86_400).is_empty());
+    }
+
+    #[test]
+    fn time_window_shorter_than_replay_horizon_warns_and_async_inserts_use_their_own_setting() {
+        let windows = DedupWindows::new(
+            server(),
+            "ReplicatedMergeTree('/p', 'r') ORDER BY id SETTINGS replicated_deduplication_window_seconds = 60, \
+             replicated_deduplication_window_seconds_for_async_inserts = 1",
+        );
+        assert_eq!(
+            windows.check(true, false, 1, 3_600),
+            vec![DedupWindowWarning::Seconds {
+                setting: "replicated_deduplication_window_seconds",
+                window: WindowValue {
+                    value: 60,
+                    source: WindowSource::Table
+                },
+                replay_horizon_secs: 3_600,
+            }]
+        );
+        assert!(windows.check(true, false, 1, 60).is_empty());
+        // With async inserts only the async window counts (the block-count one is unknown here).
+        assert_eq!(
+            windows.check(true, true, 1, 2),
+            vec![DedupWindowWarning::Seconds {
+                setting: "replicated_deduplication_window_seconds_for_async_inserts",
+                window: WindowValue {
+                    value: 1,
+                    source: WindowSource::Table
+                },
+                replay_horizon_secs: 2,
+            }]
+        );
+    }
+
+    #[test]
+    fn non_replicated_dedup_is_enabled_only_by_a_positive_window() {
+        let off = DedupWindows::new(BTreeMap::new(), "MergeTree ORDER BY id");
+        assert!(!off.non_replicated_dedup_enabled());
+        assert!(off.check(false, false, 18, 86_400).is_empty());
+        let zero = DedupWindows::new(
+            [("non_replicated_deduplication_window".to_owned(), 0)].into(),
+            "MergeTree ORDER BY id",
+        );
+        assert!(!zero.non_replicated_dedup_enabled());
+        let on = DedupWindows::new(
+            [("non_replicated_deduplication_window".to_owned(), 0)].into(),
+            "MergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 10",
+        );
+        assert!(on.non_replicated_dedup_enabled());
+        // No time bound applies to a non-replicated table; the block count does.
+        assert_eq!(
+            on.check(false, false, 18, 86_400),
+            vec![DedupWindowWarning::Blocks {
+                setting: "non_replicated_deduplication_window",
+                window: WindowValue {
+                    value: 10,
+                    source: WindowSource::Table
+                },
+                blocks_in_flight: 18,
+            }]
+        );
+    }
+}
