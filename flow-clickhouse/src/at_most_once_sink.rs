@@ -12,7 +12,9 @@
 //!
 //! The counters are logged (`at-most-once sink counters`) when a partition drains or stops; on a
 //! stop the queue gets one `write_timeout` to empty and the rows still queued are logged as
-//! `queued_rows`.
+//! `queued_rows`. The queue's delivery task ends once the sink's factory is dropped (the pipeline
+//! has ended) and the queue is empty, so a program that runs pipelines one after another does not
+//! accumulate tasks.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -86,6 +88,15 @@ struct AtMostOnceFactory {
     counters: Arc<Counters>,
     /// The bounded lossy queue (`enabled: true`), shared by every partition.
     queue: Option<Arc<SharedQueue>>,
+}
+
+impl Drop for AtMostOnceFactory {
+    fn drop(&mut self) {
+        // No partition can create a sink any more: the queue task delivers what is left, then ends.
+        if let Some(queue) = &self.queue {
+            queue.close();
+        }
+    }
 }
 
 impl SinkFactory for AtMostOnceFactory {
@@ -300,6 +311,8 @@ struct SharedQueue {
     /// Wakes the delivery task when rows arrive, and drains when the queue empties.
     changed: Notify,
     task_started: std::sync::OnceLock<()>,
+    /// Set when no more rows can arrive; the task ends once the queue is empty.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -317,6 +330,12 @@ impl SharedQueue {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+        self.changed.notify_one();
     }
 
     fn ensure_task(self: &Arc<Self>, shared: &Arc<SinkShared>, counters: &Arc<Counters>) {
@@ -415,13 +434,18 @@ impl SharedQueue {
             };
             if taken.is_empty() {
                 self.changed.notify_waiters();
+                if self.closed.load(Ordering::SeqCst) {
+                    return;
+                }
                 // Register before re-checking: rows enqueued between the take above and this
                 // point would otherwise only `notify_one`, which a waiting `wait_empty` can
                 // consume instead of this task, leaving the rows (and the drain) stuck.
                 let notified = self.changed.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                if self.lock().buffers.iter().all(Vec::is_empty) {
+                if self.lock().buffers.iter().all(Vec::is_empty)
+                    && !self.closed.load(Ordering::SeqCst)
+                {
                     notified.await;
                 }
                 continue;
@@ -457,5 +481,58 @@ impl SharedQueue {
             }
             notified.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn shared() -> Arc<SinkShared> {
+        let inputs = [("rows".to_owned(), flow_core::sources::generator::schema())];
+        let ctx = SinkBuildContext {
+            pipeline: "p",
+            sink: "s",
+            class: SinkClass::AtMostOnce.class_name(),
+            partitions: 1,
+            inputs: &inputs,
+        };
+        let parameters: serde_yaml::Value = serde_yaml::from_str(
+            "{host: '127.0.0.1:1', table: t, at_most_once_strategy: {enabled: true}}",
+        )
+        .unwrap();
+        build_shared(
+            SinkClass::AtMostOnce,
+            &ctx,
+            &parameters,
+            &serde_yaml::Value::Null,
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn queue_task_ends_once_the_factory_is_dropped_and_the_queue_is_empty() {
+        let shared = shared();
+        let factory = AtMostOnceFactory {
+            counters: Arc::new(Counters::default()),
+            queue: Some(Arc::new(SharedQueue::default())),
+            shared: Arc::clone(&shared),
+        };
+        let queue = factory.queue.clone().unwrap();
+        queue.ensure_task(&factory.shared, &factory.counters);
+        // Give the task time to start waiting for rows.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(Arc::strong_count(&queue), 3, "test, factory and task");
+
+        drop(factory);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Arc::strong_count(&queue) > 1 {
+            assert!(Instant::now() < deadline, "the queue task did not end");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The task also released the sink's shared state.
+        assert_eq!(Arc::strong_count(&shared), 1);
     }
 }
