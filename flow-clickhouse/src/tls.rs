@@ -147,27 +147,10 @@ fn client_config(options: &TlsOptions) -> Result<ClientConfig, TlsError> {
             .with_no_client_auth());
     }
 
-    let Some(configured) = configured_certificates(options)? else {
+    let Some(verifier) = ConfiguredRootsVerifier::with_provider(options, provider)? else {
         let mut roots = RootCertStore::empty();
         add_system_roots(&mut roots);
         return Ok(builder.with_root_certificates(roots).with_no_client_auth());
-    };
-
-    let mut roots = RootCertStore::empty();
-    for (path, cert) in &configured {
-        roots
-            .add(cert.clone())
-            .map_err(|e| TlsError::BadCertificate {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-    }
-    let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-        .build()
-        .map_err(|e| TlsError::Config(e.to_string()))?;
-    let verifier = ConfiguredRootsVerifier {
-        inner,
-        pinned: configured.into_iter().map(|(_, cert)| cert).collect(),
     };
     Ok(builder
         .dangerous()
@@ -266,13 +249,50 @@ fn add_system_roots(roots: &mut RootCertStore) {
 /// own TLS set-up guide, and webpki refuses it (`CaUsedAsEndEntity`). The
 /// certificate's validity period is checked by webpki before it reaches that
 /// error, and its names are checked here.
+///
+/// Public so that its decisions can be checked directly (the integration tests do, on the local
+/// cluster's certificate); [`base_client`] builds it itself.
 #[derive(Debug)]
-struct ConfiguredRootsVerifier {
+pub struct ConfiguredRootsVerifier {
     inner: Arc<WebPkiServerVerifier>,
     pinned: Vec<CertificateDer<'static>>,
 }
 
 impl ConfiguredRootsVerifier {
+    /// The verifier [`base_client`] uses for `options` (ring provider): the certificates of the
+    /// configured CA files and directory are its roots and its pinned certificates. `None` when
+    /// neither is configured (the system roots are used then). `enable_tls` and
+    /// `skip_verification` are not looked at.
+    pub fn from_options(options: &TlsOptions) -> Result<Option<Self>, TlsError> {
+        Self::with_provider(options, Arc::new(rustls::crypto::ring::default_provider()))
+    }
+
+    /// [`Self::from_options`] with the given crypto provider.
+    fn with_provider(
+        options: &TlsOptions,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<Option<Self>, TlsError> {
+        let Some(configured) = configured_certificates(options)? else {
+            return Ok(None);
+        };
+        let mut roots = RootCertStore::empty();
+        for (path, cert) in &configured {
+            roots
+                .add(cert.clone())
+                .map_err(|e| TlsError::BadCertificate {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+        }
+        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        Ok(Some(ConfiguredRootsVerifier {
+            inner,
+            pinned: configured.into_iter().map(|(_, cert)| cert).collect(),
+        }))
+    }
+
     /// Whether `error` is webpki's refusal of a CA certificate as the server's.
     fn is_ca_used_as_end_entity(error: &rustls::Error) -> bool {
         match error {
@@ -405,9 +425,6 @@ impl ServerCertVerifier for AcceptAnyCertificate {
 mod tests {
     use super::*;
 
-    const CLUSTER_CA: &str = "/tmp/flow-cluster/tls/ca.crt";
-    const HTTPS_URL: &str = "https://127.0.0.1:18443";
-    const HTTP_URL: &str = "http://127.0.0.1:18123";
     const TIMEOUT: Duration = Duration::from_secs(5);
 
     fn tls(ca_files: Vec<PathBuf>) -> TlsOptions {
@@ -533,148 +550,5 @@ mod tests {
             ..tls(Vec::new())
         };
         assert!(base_client(&insecure, TIMEOUT).is_ok());
-    }
-
-    async fn select_one(
-        client: clickhouse::Client,
-        url: &str,
-    ) -> Result<u8, clickhouse::error::Error> {
-        client
-            .with_url(url)
-            .with_validation(false)
-            .query("SELECT 1")
-            .fetch_one::<u8>()
-            .await
-    }
-
-    /// The full chain of sources of an error, for assertions on the cause.
-    fn error_chain(err: &dyn std::error::Error) -> String {
-        let mut text = err.to_string();
-        let mut source = err.source();
-        while let Some(s) = source {
-            text.push_str(" <- ");
-            text.push_str(&s.to_string());
-            source = s.source();
-        }
-        text
-    }
-
-    #[tokio::test]
-    #[ignore = "needs the local cluster: scripts/cluster.sh up"]
-    async fn live_https_with_ca_file() {
-        let client = base_client(&tls(vec![PathBuf::from(CLUSTER_CA)]), TIMEOUT).expect("client");
-        let one = select_one(client, HTTPS_URL)
-            .await
-            .expect("SELECT 1 over https");
-        assert_eq!(one, 1);
-    }
-
-    #[tokio::test]
-    #[ignore = "needs the local cluster: scripts/cluster.sh up"]
-    async fn live_https_with_ca_directory() {
-        let options = TlsOptions {
-            enable_tls: true,
-            ca_directory: Path::new(CLUSTER_CA).parent().map(Path::to_path_buf),
-            ..TlsOptions::default()
-        };
-        let client = base_client(&options, TIMEOUT).expect("client");
-        let one = select_one(client, HTTPS_URL)
-            .await
-            .expect("SELECT 1 over https");
-        assert_eq!(one, 1);
-    }
-
-    #[tokio::test]
-    #[ignore = "needs the local cluster: scripts/cluster.sh up"]
-    async fn live_https_with_system_roots_fails_on_certificate() {
-        let client = base_client(&tls(Vec::new()), TIMEOUT).expect("client");
-        let err = select_one(client, HTTPS_URL)
-            .await
-            .expect_err("a self-signed server must not be trusted by the system roots");
-        let chain = error_chain(&err);
-        println!("system roots error: {chain}");
-        assert!(
-            chain.to_lowercase().contains("certificate"),
-            "expected a certificate error, got: {chain}"
-        );
-    }
-
-    #[tokio::test]
-    #[ignore = "needs the local cluster: scripts/cluster.sh up"]
-    async fn live_https_with_skip_verification() {
-        let options = TlsOptions {
-            skip_verification: true,
-            ..tls(Vec::new())
-        };
-        let client = base_client(&options, TIMEOUT).expect("client");
-        let one = select_one(client, HTTPS_URL)
-            .await
-            .expect("SELECT 1 over https");
-        assert_eq!(one, 1);
-    }
-
-    #[test]
-    #[ignore = "needs the local cluster: scripts/cluster.sh up"]
-    fn pinned_self_signed_certificate_still_checks_the_name() {
-        let options = tls(vec![PathBuf::from(CLUSTER_CA)]);
-        let configured = configured_certificates(&options)
-            .expect("read CA")
-            .expect("configured");
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = RootCertStore::empty();
-        for (_, cert) in &configured {
-            roots.add(cert.clone()).expect("add root");
-        }
-        let verifier = ConfiguredRootsVerifier {
-            inner: WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .expect("verifier"),
-            pinned: configured.into_iter().map(|(_, cert)| cert).collect(),
-        };
-        let cert = verifier.pinned[0].clone();
-        let verify = |name: &str| {
-            let name = ServerName::try_from(name.to_owned()).expect("server name");
-            verifier.verify_server_cert(&cert, &[], &name, &[], UnixTime::now())
-        };
-        assert!(verify("localhost").is_ok());
-        assert!(verify("127.0.0.1").is_ok());
-        assert_eq!(
-            verify("clickhouse.example.com").err(),
-            Some(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::NotValidForName
-            ))
-        );
-        // Presented with an (unrelated) intermediate, the pin does not apply.
-        assert!(verifier
-            .verify_server_cert(
-                &cert,
-                std::slice::from_ref(&cert),
-                &ServerName::try_from("localhost").expect("server name"),
-                &[],
-                UnixTime::now(),
-            )
-            .is_err());
-    }
-
-    #[tokio::test]
-    #[ignore = "needs the local cluster: scripts/cluster.sh up"]
-    async fn live_plain_http() {
-        let client = base_client(&TlsOptions::default(), TIMEOUT).expect("client");
-        let one = select_one(client, HTTP_URL)
-            .await
-            .expect("SELECT 1 over http");
-        assert_eq!(one, 1);
-    }
-
-    #[tokio::test]
-    #[ignore = "needs the local cluster: scripts/cluster.sh up"]
-    async fn live_https_client_refuses_plain_http_endpoint() {
-        // TLS enabled but pointed at the plain port: must fail, not fall back.
-        let client = base_client(&tls(vec![PathBuf::from(CLUSTER_CA)]), TIMEOUT).expect("client");
-        assert!(
-            select_one(client, HTTPS_URL.replace("18443", "18123").as_str())
-                .await
-                .is_err()
-        );
     }
 }
