@@ -2,10 +2,12 @@
 //! ClickHouse 18.16 (node a1 of the local cluster): what it encodes is what the server stores.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::time::Duration;
+
 use flow_clickhouse::chtype::{check_mapping, ChType};
 use flow_clickhouse::rowbinary::{EncodedColumn, RowBinaryEncoder};
 use flow_core::{Column, MessageBatch, MessageId, StreamSchema, StreamType, Value};
-use flow_integration::{http_request, query_text, require_cluster, unique_name, DropGuard, A1};
+use flow_integration::{http_request, query_text, unique_name, wait_for_cluster, DropGuard, A1};
 
 fn opt(ty: StreamType) -> StreamType {
     StreamType::Optional(Box::new(ty))
@@ -16,7 +18,7 @@ fn opt(ty: StreamType) -> StreamType {
 /// `system.columns` prints them parse to the types the encoder used.
 #[test]
 fn row_binary_rows_read_back_from_clickhouse_as_encoded() {
-    require_cluster().unwrap();
+    wait_for_cluster(Duration::from_secs(120)).unwrap();
     let port = A1.http_port;
     let name = unique_name("rb_check");
     let table = format!("default.{name}");

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use flow_clickhouse::tls::{base_client, ConfiguredRootsVerifier, TlsOptions};
-use flow_integration::{require_cluster, tls_ca_cert, A1, HOST};
+use flow_integration::{tls_ca_cert, wait_for_cluster, A1, HOST};
 use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -58,7 +58,7 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 
 #[tokio::test]
 async fn https_trusting_the_cluster_ca_file_queries_the_server() {
-    require_cluster().unwrap();
+    wait_for_cluster(Duration::from_secs(120)).unwrap();
     let one = select_one(&tls(vec![tls_ca_cert()]), &https_url())
         .await
         .expect("SELECT 1 over https");
@@ -67,7 +67,7 @@ async fn https_trusting_the_cluster_ca_file_queries_the_server() {
 
 #[tokio::test]
 async fn https_trusting_a_ca_directory_with_the_cluster_ca_queries_the_server() {
-    require_cluster().unwrap();
+    wait_for_cluster(Duration::from_secs(120)).unwrap();
     let ca = tls_ca_cert();
     let options = TlsOptions {
         enable_tls: true,
@@ -82,7 +82,7 @@ async fn https_trusting_a_ca_directory_with_the_cluster_ca_queries_the_server() 
 
 #[tokio::test]
 async fn https_with_system_roots_rejects_the_self_signed_server_certificate() {
-    require_cluster().unwrap();
+    wait_for_cluster(Duration::from_secs(120)).unwrap();
     let chain = select_one(&tls(Vec::new()), &https_url())
         .await
         .expect_err("a self-signed server must not be trusted by the system roots");
@@ -95,7 +95,7 @@ async fn https_with_system_roots_rejects_the_self_signed_server_certificate() {
 
 #[tokio::test]
 async fn https_with_skip_verification_queries_the_self_signed_server() {
-    require_cluster().unwrap();
+    wait_for_cluster(Duration::from_secs(120)).unwrap();
     let options = TlsOptions {
         skip_verification: true,
         ..tls(Vec::new())
@@ -111,7 +111,7 @@ async fn https_with_skip_verification_queries_the_self_signed_server() {
 /// configured files, but only for its own names and only when presented alone.
 #[test]
 fn pinned_self_signed_certificate_is_accepted_only_for_its_names_and_alone() {
-    require_cluster().unwrap();
+    wait_for_cluster(Duration::from_secs(120)).unwrap();
     let ca = tls_ca_cert();
     let verifier = ConfiguredRootsVerifier::from_options(&tls(vec![ca.clone()]))
         .expect("read CA")
@@ -143,7 +143,7 @@ fn pinned_self_signed_certificate_is_accepted_only_for_its_names_and_alone() {
 
 #[tokio::test]
 async fn plain_http_client_queries_the_http_port() {
-    require_cluster().unwrap();
+    wait_for_cluster(Duration::from_secs(120)).unwrap();
     let one = select_one(&TlsOptions::default(), &http_url())
         .await
         .expect("SELECT 1 over http");
@@ -160,7 +160,7 @@ async fn plain_http_client_queries_the_http_port() {
 /// must end in an error.
 #[tokio::test]
 async fn https_client_fails_on_the_plain_http_port_instead_of_falling_back() {
-    require_cluster().unwrap();
+    wait_for_cluster(Duration::from_secs(120)).unwrap();
     let plain_port_over_https = format!("https://{HOST}:{}", A1.http_port);
     let mut refused = None;
     for _ in 0..10 {
