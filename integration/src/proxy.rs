@@ -1,10 +1,14 @@
 //! A commandable TCP proxy for fault injection between a client (e.g. a ClickHouse sink) and one
 //! upstream endpoint (e.g. a ClickHouse node's HTTP port), run inside the test process on tokio.
 //!
-//! ```ignore
+//! ```no_run
+//! # use flow_integration::proxy::{Fault, FaultProxy};
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let proxy = FaultProxy::start("127.0.0.1:18123".parse()?).await?;
 //! // point the client at proxy.addr() ...
 //! proxy.set_once(Fault::CutResponse); // the next response is lost: the server committed, no ack
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! The proxy is HTTP/1.1-aware only as far as needed to apply faults per request on keep-alive
