@@ -1,11 +1,16 @@
 //! Throughput of the exactly-once path against a hand-written `clickhouse::Inserter` loop on the
 //! same rows, on the local cluster (`scripts/cluster.sh up`).
 //!
-//! `cargo bench -p flow-clickhouse --bench exactly_once_vs_inserter` (`FLOW_BENCH_REPETITIONS`,
-//! default 5; rows: `FLOW_BENCH_ROWS`,
-//! default 2,000,000). Both write the generator's rows to node a1 of a fresh ReplicatedMergeTree
-//! table with lz4; flow goes through epochs, the sled outbox (fsync per commit group) and ordered
-//! delivery. Prints rows/s of each, their ratio and the process's peak resident memory.
+//! `cargo bench -p flow-clickhouse --bench exactly_once_vs_inserter`. Both write the generator's
+//! rows to node a1 of a fresh ReplicatedMergeTree table with lz4; flow goes through epochs, the
+//! sled outbox (fsync per commit group) and ordered delivery. Each timed run starts on a quiet
+//! server (no merge or replication pending on a1 and a2). Prints rows/s of each, their ratio and
+//! the process's peak resident memory.
+//!
+//! Environment: `FLOW_BENCH_ROWS` (default 2,000,000), `FLOW_BENCH_PARTITIONS` (2),
+//! `FLOW_BENCH_BATCH` (100,000), `FLOW_BENCH_REPETITIONS` (5, alternating, medians reported);
+//! `FLOW_BENCH_ONLY=flow|inserter` runs one side alone (for profiling); `FLOW_BENCH_NO_FSYNC=1`
+//! opens the outbox without fsync, to show what durability costs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Instant;
@@ -39,23 +44,48 @@ async fn exec(url: &str, sql: &str) {
         });
 }
 
-async fn fresh_table(name: &str) {
-    for url in [A1, A2] {
-        exec(url, &format!("DROP TABLE IF EXISTS default.{name}")).await;
+async fn fetch_u64(url: &str, sql: &str) -> u64 {
+    clickhouse::Client::default()
+        .with_url(url)
+        .with_validation(false)
+        .query(sql)
+        .fetch_one::<u64>()
+        .await
+        .unwrap_or_else(|e| panic!("`{sql}` on {url}: {e}"))
+}
+
+/// Drops both benchmark tables and waits (up to 60 s) until neither replica merges or fetches
+/// anything: each timed run starts on a quiet server, not while the previous run's parts are
+/// still being merged and replicated on the same two cores.
+async fn settle() {
+    for name in ["bench_inserter", "bench_flow"] {
+        for url in [A1, A2] {
+            exec(url, &format!("DROP TABLE IF EXISTS default.{name}")).await;
+        }
     }
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let mut busy = 0;
+        for url in [A1, A2] {
+            busy += fetch_u64(url, "SELECT count() FROM system.merges").await;
+            busy += fetch_u64(url, "SELECT count() FROM system.replication_queue").await;
+        }
+        if busy == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+async fn fresh_table(name: &str) {
+    settle().await;
     for url in [A1, A2] {
         exec(url, &format!("CREATE TABLE default.{name} (id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{{shard}}/default.{name}', '{{replica}}') ORDER BY id")).await;
     }
 }
 
 async fn count(name: &str) -> u64 {
-    clickhouse::Client::default()
-        .with_url(A1)
-        .with_validation(false)
-        .query(&format!("SELECT count() FROM default.{name}"))
-        .fetch_one::<u64>()
-        .await
-        .unwrap()
+    fetch_u64(A1, &format!("SELECT count() FROM default.{name}")).await
 }
 
 async fn inserter_loop(rows: u64, partitions: u32, batch: u64) -> f64 {
@@ -109,7 +139,18 @@ async fn flow_pipeline(rows: u64, partitions: u32, batch: u64) -> f64 {
     let pipeline = registry
         .build(&PipelineSpec::from_yaml(&spec).unwrap())
         .unwrap();
-    let store = StateStore::open(state.path()).unwrap();
+    let store = if std::env::var_os("FLOW_BENCH_NO_FSYNC").is_some() {
+        StateStore::open_with(
+            state.path(),
+            flow_state::StoreOptions {
+                fsync: false,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    } else {
+        StateStore::open(state.path()).unwrap()
+    };
     let started = Instant::now();
     let report = Pipeline::new(pipeline, store.clone()).run().await.unwrap();
     let seconds = started.elapsed().as_secs_f64();
@@ -147,9 +188,19 @@ fn main() {
     runtime.block_on(async {
         // Alternate the two so that drift on a shared machine hits both alike; report medians.
         let (mut flow_times, mut baseline_times) = (Vec::new(), Vec::new());
+        // FLOW_BENCH_ONLY=flow|inserter runs one side alone (for profiling); no ratio then.
+        let only = std::env::var("FLOW_BENCH_ONLY").unwrap_or_default();
         for _ in 0..repetitions {
-            flow_times.push(flow_pipeline(rows, partitions, batch).await);
-            baseline_times.push(inserter_loop(rows, partitions, batch).await);
+            if only != "inserter" {
+                flow_times.push(flow_pipeline(rows, partitions, batch).await);
+            }
+            if only != "flow" {
+                baseline_times.push(inserter_loop(rows, partitions, batch).await);
+            }
+        }
+        if !only.is_empty() {
+            println!("{only} only: {flow_times:.2?} {baseline_times:.2?} s");
+            return;
         }
         let median = |times: &mut Vec<f64>| {
             times.sort_by(f64::total_cmp);
