@@ -74,6 +74,34 @@ fn run_without_state_dir_is_refused_with_a_message() {
     assert!(stderr.contains("no state directory"), "{stderr}");
 }
 
+#[test]
+fn run_logs_plain_text_without_colour_codes_when_stderr_is_not_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = write_spec(dir.path(), &generator_spec(&dir.path().join("o"), 1, 10, 0));
+    let output = worker()
+        .arg("run")
+        .arg(&spec)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let finished = stderr
+        .lines()
+        .find(|l| l.contains("pipeline finished"))
+        .unwrap_or_else(|| panic!("no `pipeline finished` line in:\n{stderr}"));
+    assert!(
+        finished.contains(" INFO ") && finished.contains("pipeline=crashy messages=10"),
+        "{finished}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "colour codes in a piped log:\n{stderr}"
+    );
+}
+
 fn count_lines(path: &Path) -> usize {
     std::fs::File::open(path)
         .map(|f| BufReader::new(f).lines().count())
