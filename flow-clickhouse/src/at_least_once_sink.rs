@@ -7,6 +7,7 @@
 //! like the sharded exactly-once sink. It takes no part in the topology guard.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use flow_core::registry::{BuildResult, SinkBuildContext};
@@ -52,7 +53,12 @@ struct AtLeastOnceSink {
 #[async_trait]
 impl Sink for AtLeastOnceSink {
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
-        let session = self.shared.session().await?;
+        let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
+            return Ok(EpochOutcome::Veto {
+                reason: "the pipeline is stopping before the writer session started".to_owned(),
+                retry_after: Duration::ZERO,
+            });
+        };
         let mut parts = Vec::new();
         for batch in epoch.inputs {
             self.cutter.cut(&self.shared, &session, batch, &mut parts)?;

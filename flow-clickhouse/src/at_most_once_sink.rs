@@ -139,7 +139,12 @@ struct OrderedDelivery {
 #[async_trait]
 impl Sink for AtMostOnceSink {
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
-        let session = self.shared.session().await?;
+        let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
+            return Ok(EpochOutcome::Veto {
+                reason: "the pipeline is stopping before the writer session started".to_owned(),
+                retry_after: Duration::ZERO,
+            });
+        };
         match &self.queue {
             Some(queue) => {
                 let limit = self
@@ -262,8 +267,12 @@ async fn deliver_once(
     partition: u32,
     stop: &mut watch::Receiver<bool>,
 ) {
-    let session = match shared.session().await {
-        Ok(session) => session,
+    let session = match shared.session(stop).await {
+        Ok(Some(session)) => session,
+        Ok(None) => {
+            counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
+            return;
+        }
         Err(err) => {
             counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
             warn!(partition, rows = part.rows, error = %err, "at-most-once rows lost: the session cannot start");

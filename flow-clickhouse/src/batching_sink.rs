@@ -9,6 +9,7 @@
 //! `<namespace><max message id>[:<shard>]`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use flow_core::delivery::{load_backlog, BatchDeliverer, OutboxDelivery};
@@ -79,8 +80,10 @@ impl BatchingSink {
         &mut self,
         undelivered: u64,
         oldest: Option<String>,
-    ) -> Result<(), SinkError> {
-        let session = self.shared.session().await?;
+    ) -> Result<bool, SinkError> {
+        let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
+            return Ok(false);
+        };
         let current = self.shared.current_fingerprints(&session);
         let store = self.ctx.store.clone();
         let key = self.ctx.state_key();
@@ -94,7 +97,7 @@ impl BatchingSink {
                 .await?;
         }
         self.fingerprints_checked = true;
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -105,8 +108,14 @@ impl Sink for BatchingSink {
         let backlog = load_backlog(&self.ctx.store, &key).await?;
         if let Some(oldest) = backlog.first() {
             let bound = format!("{}-{}", self.ctx.partition, oldest.batch.last_offset);
-            self.check_fingerprints(backlog.len() as u64, Some(bound))
-                .await?;
+            if !self
+                .check_fingerprints(backlog.len() as u64, Some(bound))
+                .await?
+            {
+                // Stopping before the target could be checked: deliver nothing; the backlog
+                // stays in the outbox for the next run.
+                return Ok(());
+            }
         }
         let deliverer: Arc<dyn BatchDeliverer> = Arc::new(ClickHouseDeliverer {
             shared: Arc::clone(&self.shared),
@@ -119,9 +128,15 @@ impl Sink for BatchingSink {
 
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         self.shared.check_gave_up()?;
-        let session = self.shared.session().await?;
-        if !self.fingerprints_checked {
-            self.check_fingerprints(0, None).await?;
+        let stopping = || EpochOutcome::Veto {
+            reason: "the pipeline is stopping before the writer session started".to_owned(),
+            retry_after: Duration::ZERO,
+        };
+        let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
+            return Ok(stopping());
+        };
+        if !self.fingerprints_checked && !self.check_fingerprints(0, None).await? {
+            return Ok(stopping());
         }
         let mut parts = Vec::new();
         for batch in epoch.inputs {
@@ -196,7 +211,10 @@ impl BatchDeliverer for ClickHouseDeliverer {
         stop: &watch::Receiver<bool>,
     ) -> Result<(), SinkError> {
         self.shared.check_gave_up()?;
-        let session = self.shared.session().await?;
+        let Some(session) = self.shared.session(stop).await? else {
+            // Stopping: the batch stays in the outbox for the next run.
+            return Ok(());
+        };
         let mut stop = stop.clone();
         let result = insert_part(
             &self.shared,

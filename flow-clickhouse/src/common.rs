@@ -11,7 +11,7 @@ use bytes::Bytes;
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{MessageBatch, SinkError, StreamSchema, Violation};
 use tokio::sync::{watch, OnceCell};
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 use crate::classify::{log_unknown, should_retry, ClassifiedError, ErrorClass};
 use crate::compress::{is_framed, seal};
@@ -19,6 +19,16 @@ use crate::fingerprint::{topology_fingerprint, ROUTING_KEY};
 use crate::params::{self, ClickHouseDynamicParams, ClickHouseParams, SinkClass};
 use crate::routing::{routing_key, RendezvousRouter};
 use crate::session::WriterSession;
+
+/// How often a session start that keeps failing on unreachable endpoints warns again.
+pub const SESSION_WAIT_WARNING_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Why a session start ended without a session.
+enum SessionWait {
+    /// The pipeline began stopping while an endpoint was unreachable.
+    Stopped,
+    Refused(SinkError),
+}
 
 /// State shared by every partition of one sink.
 pub struct SinkShared {
@@ -141,34 +151,86 @@ impl SinkShared {
         }
     }
 
-    /// The session, started on first use. Unreachable endpoints are waited for (with
-    /// `retry_backoff`); a target that cannot be written refuses the start.
-    pub async fn session(&self) -> Result<Arc<WriterSession>, SinkError> {
-        self.session
-            .get_or_try_init(|| async {
-                loop {
-                    let dynamic = self.dynamic();
-                    match WriterSession::start(
-                        self.class,
-                        &self.params,
-                        &dynamic,
-                        &self.stream,
-                        self.partitions,
-                    )
-                        .await
-                    {
-                        Ok(session) => return Ok(Arc::new(session)),
-                        Err(err) if err.is_retryable() => {
-                            warn!(database = %self.params.database, table = %self.params.table, error = %err, "cannot start the ClickHouse writer session yet; retrying. Check that every listed host is up");
-                            tokio::time::sleep(dynamic.retry_backoff.max(Duration::from_millis(100)))
-                                .await;
+    /// The session, started on first use; `None` if the pipeline began stopping while an
+    /// endpoint was unreachable. Unreachable endpoints are waited for (with `retry_backoff`),
+    /// warning on the first failure and then every [`SESSION_WAIT_WARNING_INTERVAL`]; a target
+    /// that cannot be written refuses the start.
+    pub async fn session(
+        &self,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Option<Arc<WriterSession>>, SinkError> {
+        let mut stop = stop.clone();
+        let started = self
+            .session
+            .get_or_try_init(|| self.start_session(&mut stop))
+            .await;
+        match started {
+            Ok(session) => Ok(Some(Arc::clone(session))),
+            Err(SessionWait::Stopped) => Ok(None),
+            Err(SessionWait::Refused(err)) => Err(err),
+        }
+    }
+
+    async fn start_session(
+        &self,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<Arc<WriterSession>, SessionWait> {
+        let waiting_since = std::time::Instant::now();
+        let mut attempts = 0u64;
+        let mut last_warning: Option<std::time::Instant> = None;
+        loop {
+            let dynamic = self.dynamic();
+            attempts += 1;
+            let result = WriterSession::start(
+                self.class,
+                &self.params,
+                &dynamic,
+                &self.stream,
+                self.partitions,
+            )
+            .await;
+            match result {
+                Ok(session) => {
+                    if attempts > 1 {
+                        info!(
+                            database = %self.params.database,
+                            table = %self.params.table,
+                            attempts,
+                            waited_s = waiting_since.elapsed().as_secs(),
+                            "ClickHouse writer session started after waiting for unreachable endpoints"
+                        );
+                    }
+                    return Ok(Arc::new(session));
+                }
+                Err(err) if err.is_retryable() => {
+                    let due =
+                        last_warning.is_none_or(|at| at.elapsed() >= SESSION_WAIT_WARNING_INTERVAL);
+                    if due {
+                        warn!(
+                            database = %self.params.database,
+                            table = %self.params.table,
+                            attempts,
+                            waited_s = waiting_since.elapsed().as_secs(),
+                            error = %err,
+                            "cannot start the ClickHouse writer session yet; retrying every retry_backoff. Check that every listed host is up and reachable from this worker"
+                        );
+                        last_warning = Some(std::time::Instant::now());
+                    }
+                    let pause = dynamic.retry_backoff.max(Duration::from_millis(100));
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        stopping = async { stop.wait_for(|s| *s).await.is_ok() } => {
+                            // A dropped sender never stops anything: keep waiting.
+                            if stopping {
+                                return Err(SessionWait::Stopped);
+                            }
+                            tokio::time::sleep(pause).await;
                         }
-                        Err(err) => return Err(SinkError::Refused(err.to_string())),
                     }
                 }
-            })
-            .await
-            .cloned()
+                Err(err) => return Err(SessionWait::Refused(SinkError::Refused(err.to_string()))),
+            }
+        }
     }
 
     /// The session if it has started.

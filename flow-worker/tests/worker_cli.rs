@@ -230,6 +230,76 @@ fn sigterm_stops_gracefully_with_exit_0_and_a_rerun_completes() {
     assert_exactly_once(&output, 40_000);
 }
 
+/// The ClickHouse sinks wait for an unreachable target at session start; a stop signal must end
+/// that wait (every class), exit 0 and commit nothing.
+#[test]
+fn sigterm_while_the_clickhouse_target_is_unreachable_exits_0_for_every_class() {
+    // Nothing listens on port 1 of the loopback: every connection is refused at once.
+    for class in [
+        "ClickHouseBatchingSink",
+        "AtLeastOnceClickHouseSink",
+        "AtMostOnceClickHouseSink",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let spec = write_spec(
+            dir.path(),
+            &format!(
+                "pipeline: unreachable\npartitions: 2\nsource:\n  class: generator\n  parameters: {{count: 1000}}\nsinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {{host: '127.0.0.1:1', table: t}}\n    dynamic_parameters: {{retry_backoff: 100ms}}\n"
+            ),
+        );
+        let mut child = worker()
+            .arg("run")
+            .arg(&spec)
+            .arg("--state-dir")
+            .arg(&state)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Wait until the sink reports the unreachable target, then stop the worker.
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut log = String::new();
+        loop {
+            let mut line = String::new();
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "{class}: the worker ended before reporting the unreachable target:\n{log}"
+            );
+            log.push_str(&line);
+            if line.contains("cannot start the ClickHouse writer session yet") {
+                break;
+            }
+        }
+        send_signal(child.id(), "TERM");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let code = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status.code();
+            }
+            if Instant::now() >= deadline {
+                child.kill().unwrap();
+                panic!("{class}: still running 20 s after SIGTERM:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(code, Some(0), "{class}:\n{log}");
+
+        let status = worker()
+            .args(["status", "--json", "--state-dir"])
+            .arg(&state)
+            .output()
+            .unwrap();
+        assert_eq!(status.status.code(), Some(0), "{status:?}");
+        let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"pipelines": {}}),
+            "{class}: nothing may be committed"
+        );
+    }
+}
+
 fn send_signal(pid: u32, signal: &str) {
     let status = Command::new("kill")
         .arg(format!("-{signal}"))
