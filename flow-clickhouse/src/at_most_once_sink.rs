@@ -34,7 +34,6 @@ use crate::common::{
 };
 use crate::compress::seal;
 use crate::params::{SinkClass, DEFAULT_TOTAL_QUEUE_BYTES_LIMIT};
-use crate::routing::routing_key;
 
 /// Parts a partition may keep waiting for ordered delivery before its epochs wait.
 const PENDING_PARTS: usize = 8;
@@ -374,28 +373,14 @@ impl SharedQueue {
         let mut queued = 0u64;
         let mut dropped = 0u64;
         for row in batch.rows() {
-            let shard = if shared.sharded {
-                routing_key(&row, &shared.key_columns, key);
-                shared.router.route(key)
-            } else {
-                0
-            };
-            let buffer = &mut state.buffers[shard];
-            let before = buffer.len();
-            session
-                .encoder
-                .encode_row(&row, buffer)
-                .map_err(|err| SinkError::Rejected {
-                    message_id: row.id().to_string(),
-                    reason: err.to_string(),
-                })?;
-            let size = (buffer.len() - before) as u64;
-            if state.bytes + size > limit {
-                buffer.truncate(before);
+            let (shard, size) = shared.encode_routed(session, &row, &mut state.buffers, key)?;
+            if state.bytes + size as u64 > limit {
+                let buffer = &mut state.buffers[shard];
+                buffer.truncate(buffer.len() - size);
                 dropped += 1;
                 continue;
             }
-            state.bytes += size;
+            state.bytes += size as u64;
             state.rows[shard] += 1;
             queued += 1;
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flow_core::registry::{BuildResult, SinkBuildContext};
-use flow_core::{MessageBatch, SinkError, StreamSchema, Violation};
+use flow_core::{MessageBatch, Row, SinkError, StreamSchema, Violation};
 use tokio::sync::{watch, OnceCell};
 use tracing::{error, info, warn};
 
@@ -233,6 +233,34 @@ impl SinkShared {
         }
     }
 
+    /// Routes `row` to its shard (always shard 0 unless sharded) and appends its RowBinary
+    /// encoding to that shard's buffer; returns the shard index and the encoded size.
+    #[inline]
+    pub fn encode_routed(
+        &self,
+        session: &WriterSession,
+        row: &Row<'_>,
+        buffers: &mut [Vec<u8>],
+        key: &mut Vec<u8>,
+    ) -> Result<(usize, usize), SinkError> {
+        let shard = if self.sharded {
+            routing_key(row, &self.key_columns, key);
+            self.router.route(key)
+        } else {
+            0
+        };
+        let buffer = &mut buffers[shard];
+        let before = buffer.len();
+        session
+            .encoder
+            .encode_row(row, buffer)
+            .map_err(|err| SinkError::Rejected {
+                message_id: row.id().to_string(),
+                reason: err.to_string(),
+            })?;
+        Ok((shard, buffer.len() - before))
+    }
+
     /// The session if it has started.
     pub fn started_session(&self) -> Option<&Arc<WriterSession>> {
         self.session.get()
@@ -301,22 +329,9 @@ impl BatchCutter {
         let mut batch_bytes = 0usize;
         let mut first_offset = None;
         for row in batch.rows() {
-            let shard = if shared.sharded {
-                routing_key(&row, &shared.key_columns, &mut self.key);
-                shared.router.route(&self.key)
-            } else {
-                0
-            };
-            let buffer = &mut self.buffers[shard];
-            let before = buffer.len();
-            session
-                .encoder
-                .encode_row(&row, buffer)
-                .map_err(|err| SinkError::Rejected {
-                    message_id: row.id().to_string(),
-                    reason: err.to_string(),
-                })?;
-            batch_bytes += buffer.len() - before;
+            let (shard, size) =
+                shared.encode_routed(session, &row, &mut self.buffers, &mut self.key)?;
+            batch_bytes += size;
             self.rows[shard] += 1;
             batch_rows += 1;
             let first = *first_offset.get_or_insert(row.id().offset);

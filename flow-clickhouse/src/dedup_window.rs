@@ -154,36 +154,30 @@ impl DedupWindowWarning {
     /// Writes the warning with the structured attributes the reference names (`Database`, `Table`,
     /// `DedupWindowSetting`, `DedupWindow`, and `ReplayHorizon` or `BlocksInFlight`).
     pub fn log(&self, database: &str, table: &str, shard: &str) {
-        match self {
+        // One event shape for both kinds; the attribute that does not apply is left out.
+        let (setting, window, blocks_in_flight, replay_horizon) = match self {
             DedupWindowWarning::Blocks {
                 setting,
                 window,
                 blocks_in_flight,
-            } => warn!(
-                Database = %database,
-                Table = %table,
-                Shard = %shard,
-                DedupWindowSetting = %setting,
-                DedupWindow = window.value,
-                DedupWindowSource = %window.source,
-                BlocksInFlight = blocks_in_flight,
-                "{self}"
-            ),
+            } => (setting, window, Some(*blocks_in_flight), None),
             DedupWindowWarning::Seconds {
                 setting,
                 window,
                 replay_horizon_secs,
-            } => warn!(
-                Database = %database,
-                Table = %table,
-                Shard = %shard,
-                DedupWindowSetting = %setting,
-                DedupWindow = window.value,
-                DedupWindowSource = %window.source,
-                ReplayHorizon = replay_horizon_secs,
-                "{self}"
-            ),
-        }
+            } => (setting, window, None, Some(*replay_horizon_secs)),
+        };
+        warn!(
+            Database = %database,
+            Table = %table,
+            Shard = %shard,
+            DedupWindowSetting = %setting,
+            DedupWindow = window.value,
+            DedupWindowSource = %window.source,
+            BlocksInFlight = blocks_in_flight,
+            ReplayHorizon = replay_horizon,
+            "{self}"
+        );
     }
 }
 
