@@ -297,8 +297,13 @@ fn check_value(ty: &StreamType, value: Value<'_>) -> Result<Cell, String> {
             Ok(_) => Ok(Cell::Bytes { start: 0, len: 0 }),
             Err(err) => Err(format!("not valid UTF-8 ({err})")),
         },
-        (_, Value::Int(_) | Value::Uint(_)) if inner.integer_range().is_some() => {
-            let (min, max) = inner.integer_range().unwrap_or((0, 0));
+        // The common exact matches skip the widening range check (this runs once per value).
+        (StreamType::Uint64, Value::Uint(v)) => Ok(Cell::Uint(v)),
+        (StreamType::Int64, Value::Int(v)) => Ok(Cell::Int(v)),
+        (_, Value::Int(_) | Value::Uint(_)) => {
+            let Some((min, max)) = inner.integer_range() else {
+                return Err(format!("expected {inner}, got {}", value.kind()));
+            };
             let wide: i128 = match value {
                 Value::Int(v) => v.into(),
                 Value::Uint(v) => v.into(),
@@ -398,6 +403,41 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "column `id` (uint64): -1 is out of range for uint64"
+        );
+    }
+
+    #[test]
+    fn integers_cross_sign_boundaries_only_where_they_fit() {
+        let schema = StreamSchema::new(vec![
+            Column::new("i", StreamType::Int64),
+            Column::new("u", StreamType::Uint64),
+            Column::new("b", StreamType::Boolean),
+        ])
+        .unwrap();
+        let mut batch = MessageBatch::new(schema);
+        let mut row = batch.start_row(MessageId::new(0, 0));
+        let err = row.push(Value::Uint(u64::MAX)).map(|_| ()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "column `i` (int64): 18446744073709551615 is out of range for int64"
+        );
+        row.push(Value::Uint(7)).unwrap();
+        row.push(Value::Int(i64::MAX)).unwrap();
+        let err = row.push(Value::Int(1)).map(|_| ()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "column `b` (boolean): expected boolean, got a signed integer"
+        );
+        row.push(Value::Bool(true)).unwrap();
+        row.finish().unwrap();
+        let values: Vec<_> = batch.row(0).values().collect();
+        assert_eq!(
+            values,
+            [
+                Value::Int(7),
+                Value::Uint(i64::MAX as u64),
+                Value::Bool(true)
+            ]
         );
     }
 
