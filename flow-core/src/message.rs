@@ -71,7 +71,12 @@ impl Value<'_> {
 }
 
 /// The stored form of a value; strings live in the batch arena.
+///
+/// A full-word tag: with the default one-byte tag, building a cell stores one byte and copying it
+/// then loads the whole word, a store-forwarding stall that cost about half of `RowWriter::push`
+/// (seen with perf annotate). The cell stays 24 bytes either way.
 #[derive(Clone, Copy, Debug)]
+#[repr(u64)]
 enum Cell {
     Null,
     Int(i64),
@@ -276,6 +281,28 @@ impl Drop for RowWriter<'_> {
 
 /// Validates a value for a column type and returns the cell to store (strings as a placeholder
 /// `Bytes` cell; the writer copies them into the arena). The error says what is wrong.
+/// The largest value of an unsigned stream type (`date` and `datetime` included).
+fn unsigned_max(ty: &StreamType) -> Option<u64> {
+    Some(match ty {
+        StreamType::Uint8 => u8::MAX.into(),
+        StreamType::Uint16 | StreamType::Date => u16::MAX.into(),
+        StreamType::Uint32 | StreamType::Datetime => u32::MAX.into(),
+        StreamType::Uint64 => u64::MAX,
+        _ => return None,
+    })
+}
+
+/// The range of a signed stream type.
+fn signed_range(ty: &StreamType) -> Option<(i64, i64)> {
+    Some(match ty {
+        StreamType::Int8 => (i8::MIN.into(), i8::MAX.into()),
+        StreamType::Int16 => (i16::MIN.into(), i16::MAX.into()),
+        StreamType::Int32 => (i32::MIN.into(), i32::MAX.into()),
+        StreamType::Int64 => (i64::MIN, i64::MAX),
+        _ => return None,
+    })
+}
+
 fn check_value(ty: &StreamType, value: Value<'_>) -> Result<Cell, String> {
     if let Value::Null = value {
         return if ty.is_optional() {
@@ -297,9 +324,23 @@ fn check_value(ty: &StreamType, value: Value<'_>) -> Result<Cell, String> {
             Ok(_) => Ok(Cell::Bytes { start: 0, len: 0 }),
             Err(err) => Err(format!("not valid UTF-8 ({err})")),
         },
-        // The common exact matches skip the widening range check (this runs once per value).
-        (StreamType::Uint64, Value::Uint(v)) => Ok(Cell::Uint(v)),
-        (StreamType::Int64, Value::Int(v)) => Ok(Cell::Int(v)),
+        // Same-signedness values are checked in 64 bits and stored as they came; only the rare
+        // cross-sign case widens (this runs once per value, so it stays branch-light).
+        (_, Value::Uint(v)) if unsigned_max(inner).is_some() => {
+            if v <= unsigned_max(inner).unwrap_or(u64::MAX) {
+                Ok(Cell::Uint(v))
+            } else {
+                Err(out_of_range(&v))
+            }
+        }
+        (_, Value::Int(v)) if signed_range(inner).is_some() => {
+            let (min, max) = signed_range(inner).unwrap_or((i64::MIN, i64::MAX));
+            if (min..=max).contains(&v) {
+                Ok(Cell::Int(v))
+            } else {
+                Err(out_of_range(&v))
+            }
+        }
         (_, Value::Int(_) | Value::Uint(_)) => {
             let Some((min, max)) = inner.integer_range() else {
                 return Err(format!("expected {inner}, got {}", value.kind()));
