@@ -13,6 +13,13 @@ fn worker() -> Command {
     Command::new(env!("CARGO_BIN_EXE_flow-worker"))
 }
 
+/// `flow-worker run SPEC --state-dir STATE`, for the caller to set up its output and start.
+fn run_command(spec: &Path, state: &Path) -> Command {
+    let mut command = worker();
+    command.arg("run").arg(spec).arg("--state-dir").arg(state);
+    command
+}
+
 fn write_spec(dir: &Path, text: &str) -> PathBuf {
     let path = dir.join("spec.yaml");
     std::fs::write(&path, text).unwrap();
@@ -141,11 +148,7 @@ fn kill_9_three_times_then_rerun_leaves_every_message_exactly_once() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut lines_at_kill = Vec::new();
     for _ in 0..3 {
-        let mut child = worker()
-            .arg("run")
-            .arg(&spec)
-            .arg("--state-dir")
-            .arg(&state)
+        let mut child = run_command(&spec, &state)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -166,11 +169,7 @@ fn kill_9_three_times_then_rerun_leaves_every_message_exactly_once() {
         lines_at_kill.iter().all(|&n| n < 200_000),
         "a kill came too late to test anything: {lines_at_kill:?}"
     );
-    let status = worker()
-        .arg("run")
-        .arg(&spec)
-        .arg("--state-dir")
-        .arg(&state)
+    let status = run_command(&spec, &state)
         .stdout(Stdio::null())
         .status()
         .unwrap();
@@ -202,11 +201,7 @@ fn sigterm_stops_gracefully_with_exit_0_and_a_rerun_completes() {
     let output = dir.path().join("out.jsonl");
     let state = dir.path().join("state");
     let spec = write_spec(dir.path(), &generator_spec(&output, 2, 20_000, 10_000));
-    let child = worker()
-        .arg("run")
-        .arg(&spec)
-        .arg("--state-dir")
-        .arg(&state)
+    let child = run_command(&spec, &state)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -219,13 +214,7 @@ fn sigterm_stops_gracefully_with_exit_0_and_a_rerun_completes() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert!(count_lines(&output) < 40_000);
-    let status = worker()
-        .arg("run")
-        .arg(&spec)
-        .arg("--state-dir")
-        .arg(&state)
-        .status()
-        .unwrap();
+    let status = run_command(&spec, &state).status().unwrap();
     assert!(status.success());
     assert_exactly_once(&output, 40_000);
 }
@@ -248,11 +237,7 @@ fn sigterm_while_the_clickhouse_target_is_unreachable_exits_0_for_every_class() 
                 "pipeline: unreachable\npartitions: 2\nsource:\n  class: generator\n  parameters: {{count: 1000}}\nsinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {{host: '127.0.0.1:1', table: t}}\n    dynamic_parameters: {{retry_backoff: 100ms}}\n"
             ),
         );
-        let mut child = worker()
-            .arg("run")
-            .arg(&spec)
-            .arg("--state-dir")
-            .arg(&state)
+        let mut child = run_command(&spec, &state)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -315,11 +300,7 @@ fn status_while_running_shows_the_running_workers_snapshot() {
     let output = dir.path().join("out.jsonl");
     let state = dir.path().join("state");
     let spec = write_spec(dir.path(), &generator_spec(&output, 2, 1_000_000, 5_000));
-    let mut child = worker()
-        .arg("run")
-        .arg(&spec)
-        .arg("--state-dir")
-        .arg(&state)
+    let mut child = run_command(&spec, &state)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
