@@ -492,14 +492,25 @@ impl PartitionRunner {
 
             if let Some((sink, reason, retry_after)) = veto {
                 report.vetoes += 1;
-                warn!(
-                    pipeline = %pipeline.name,
-                    partition,
-                    sink = %sink,
-                    reason = %reason,
-                    retry_after_ms = retry_after.as_millis() as u64,
-                    "epoch vetoed; replaying it from the committed position"
-                );
+                if *self.shutdown.borrow() {
+                    // Nothing to act on: a stop leaves the epoch uncommitted, the next run reads it.
+                    info!(
+                        pipeline = %pipeline.name,
+                        partition,
+                        sink = %sink,
+                        reason = %reason,
+                        "epoch not committed: the pipeline is stopping"
+                    );
+                } else {
+                    warn!(
+                        pipeline = %pipeline.name,
+                        partition,
+                        sink = %sink,
+                        reason = %reason,
+                        retry_after_ms = retry_after.as_millis() as u64,
+                        "epoch vetoed; replaying it from the committed position"
+                    );
+                }
                 source.close().await;
                 let mut shutdown = self.shutdown.clone();
                 tokio::select! {
