@@ -63,17 +63,40 @@ node_log() {
     if [ "$1" = zk ]; then echo "$BASE/zk/zookeeper.log"; else echo "$BASE/$1/log/clickhouse-server.log"; fi
 }
 
+# The node's config file; its path on a command line identifies the node's server process.
+node_config() {
+    if [ "$1" = zk ]; then echo "$(node_dir zk)/zoo.cfg"; else echo "$(node_dir "$1")/config.xml"; fi
+}
+
 # The pid of the node's server if it is running, else nothing (and status 1).
 node_pid() {
     local pidfile pid
     pidfile="$(node_dir "$1")/pid"
-    [ -f "$pidfile" ] || return 1
-    pid="$(tr -dc '0-9' <"$pidfile")"
+    if [ -f "$pidfile" ]; then
+        pid="$(tr -dc '0-9' <"$pidfile")"
+        # Guard against a recycled pid: the process must be ours (its command line names the node
+        # dir).
+        if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
+            tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$(node_dir "$1")/"; then
+            echo "$pid"
+            return 0
+        fi
+    fi
+    # The pid file can be stale (a launch that lost to a running server) and /proc/PID/cmdline
+    # reads empty while the launcher execs the server: find the server by its config path, and
+    # record what was found.
+    pid="$(pgrep -f -- "$(node_config "$1")" 2>/dev/null | head -n 1 || true)"
     [ -n "$pid" ] || return 1
-    kill -0 "$pid" 2>/dev/null || return 1
-    # Guard against a recycled pid: the process must be ours (its command line names the node dir).
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$(node_dir "$1")/" || return 1
+    echo "$pid" >"$pidfile"
     echo "$pid"
+}
+
+# Has the node's server exited? Asked twice, half a second apart, so that a launch caught in
+# mid-exec is not taken for a crash.
+node_exited() {
+    node_pid "$1" >/dev/null && return 1
+    sleep 0.5
+    ! node_pid "$1" >/dev/null
 }
 
 # ---------------------------------------------------------------------------------------------------
@@ -352,7 +375,7 @@ wait_node() { # wait_node NODE [with-zk]: wait until the node answers (and, for 
     local node="$1" with_zk="${2:-}" deadline launches=1
     deadline=$((SECONDS + START_TIMEOUT))
     while :; do
-        if ! node_pid "$node" >/dev/null; then
+        if node_exited "$node"; then
             # ClickHouse 18.16 exits when ZooKeeper drops its first handshake while it loads replicated
             # tables (ZooKeeper restarting, or its sessions from a kill still expiring). A second and
             # third launch succeed once ZooKeeper serves; a real configuration error fails all three.
