@@ -217,15 +217,10 @@ impl SinkShared {
                         last_warning = Some(std::time::Instant::now());
                     }
                     let pause = dynamic.retry_backoff.max(Duration::from_millis(100));
+                    // As in `insert_part`: a stop (or a pipeline gone) ends the wait.
                     tokio::select! {
                         _ = tokio::time::sleep(pause) => {}
-                        stopping = async { stop.wait_for(|s| *s).await.is_ok() } => {
-                            // A dropped sender never stops anything: keep waiting.
-                            if stopping {
-                                return Err(SessionWait::Stopped);
-                            }
-                            tokio::time::sleep(pause).await;
-                        }
+                        _ = stop.wait_for(|s| *s) => return Err(SessionWait::Stopped),
                     }
                 }
                 Err(err) => return Err(SessionWait::Refused(SinkError::Refused(err.to_string()))),

@@ -326,15 +326,14 @@ fn check_value(ty: &StreamType, value: Value<'_>) -> Result<Cell, String> {
         },
         // Same-signedness values are checked in 64 bits and stored as they came; only the rare
         // cross-sign case widens (this runs once per value, so it stays branch-light).
-        (_, Value::Uint(v)) if unsigned_max(inner).is_some() => {
-            if v <= unsigned_max(inner).unwrap_or(u64::MAX) {
+        (_, Value::Uint(v)) if let Some(max) = unsigned_max(inner) => {
+            if v <= max {
                 Ok(Cell::Uint(v))
             } else {
                 Err(out_of_range(&v))
             }
         }
-        (_, Value::Int(v)) if signed_range(inner).is_some() => {
-            let (min, max) = signed_range(inner).unwrap_or((i64::MIN, i64::MAX));
+        (_, Value::Int(v)) if let Some((min, max)) = signed_range(inner) => {
             if (min..=max).contains(&v) {
                 Ok(Cell::Int(v))
             } else {
