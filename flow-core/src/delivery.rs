@@ -1,23 +1,39 @@
 //! Asynchronous, strictly ordered delivery of a sink partition's sealed batches.
 //!
-//! A `DeliveryQueue` owns one task per sink partition. Batches enter in outbox order (first the
-//! undelivered ones found at open, then each newly committed epoch's) through a bounded channel,
-//! so a slow target applies back-pressure to the epoch loop instead of growing memory. The
-//! [`BatchDeliverer`] sends one batch and acknowledges it in the outbox; the queue never skips a
-//! batch: the first error stops the task and is reported by the next `push` or `drain`.
+//! A [`DeliveryQueue`] owns one task per sink partition. Batches enter in outbox order (first the
+//! undelivered ones found at open, then each newly committed epoch's) through a bounded channel.
+//! Memory is bounded twice: the channel holds at most [`DELIVERY_QUEUE_CAPACITY`] batches, and
+//! every batch holds a permit of its sink's [`ByteBudget`] from the moment it is queued until its
+//! target holds it, so a sink's payloads in memory never exceed the budget whatever the run's
+//! length. The [`BatchDeliverer`] sends one batch and acknowledges it in the outbox; the queue
+//! never skips a batch: the first error stops the task and is reported by the next `push` or
+//! `drain`. [`OutboxSink`] wraps a [`Sealer`] into a [`Sink`] that owns this lifecycle.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use flow_state::{SealedBatch, SinkPartition, StoredBatch};
-use tokio::sync::{mpsc, watch};
+use flow_state::{SealedBatch, SinkPartition, StateStore, StoredBatch, StoredBody};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::SinkError;
+use crate::plugin::{Epoch, EpochOutcome, Sink};
 
 /// Batches that may wait in memory for delivery, per sink partition.
 pub const DELIVERY_QUEUE_CAPACITY: usize = 8;
+
+/// How often a sink logs its delivery latency.
+pub const LATENCY_REPORT_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
 
 /// Sends one sealed batch to its target and removes it from the outbox
 /// (`StateStore::acknowledge`) once the target holds it.
@@ -32,29 +48,211 @@ pub trait BatchDeliverer: Send + Sync + 'static {
     ) -> Result<(), SinkError>;
 }
 
+/// Bytes of payload a sink may hold in memory for delivery, across its partitions.
+pub struct ByteBudget {
+    semaphore: Arc<Semaphore>,
+    limit: AtomicU64,
+    /// Permits still to take out of circulation after the limit shrank while they were in use.
+    debt: AtomicU64,
+}
+
+/// A share of a [`ByteBudget`], returned when dropped.
+pub struct BudgetPermit {
+    permit: Option<OwnedSemaphorePermit>,
+    budget: Arc<ByteBudget>,
+}
+
+/// The largest budget (tokio counts a single acquisition in `u32` permits).
+pub const MAX_BYTE_BUDGET: u64 = u32::MAX as u64;
+
+impl ByteBudget {
+    pub fn new(limit: u64) -> Arc<ByteBudget> {
+        let limit = limit.clamp(1, MAX_BYTE_BUDGET);
+        Arc::new(ByteBudget {
+            semaphore: Arc::new(Semaphore::new(limit as usize)),
+            limit: AtomicU64::new(limit),
+            debt: AtomicU64::new(0),
+        })
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Changes the limit (a reload); a smaller limit takes effect as batches in flight finish.
+    pub fn resize(&self, limit: u64) {
+        let limit = limit.clamp(1, MAX_BYTE_BUDGET);
+        let old = self.limit.swap(limit, Ordering::Relaxed);
+        if limit > old {
+            let mut grow = limit - old;
+            let paid = self.take_debt(grow);
+            grow -= paid;
+            self.semaphore.add_permits(grow as usize);
+        } else if limit < old {
+            let shrink = (old - limit) as usize;
+            let forgotten = self.semaphore.forget_permits(shrink);
+            self.debt
+                .fetch_add((shrink - forgotten) as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn take_debt(&self, at_most: u64) -> u64 {
+        let mut taken = 0;
+        let _ = self
+            .debt
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |debt| {
+                taken = debt.min(at_most);
+                Some(debt - taken)
+            });
+        taken
+    }
+
+    /// Waits for room for `bytes` (at most the whole budget, so a batch larger than the limit
+    /// still goes, alone).
+    pub async fn acquire(self: &Arc<Self>, bytes: usize) -> BudgetPermit {
+        let wanted = (bytes as u64).clamp(1, self.limit()) as u32;
+        let permit = Arc::clone(&self.semaphore).acquire_many_owned(wanted).await.ok();
+        BudgetPermit {
+            permit,
+            budget: Arc::clone(self),
+        }
+    }
+}
+
+impl Drop for BudgetPermit {
+    fn drop(&mut self) {
+        let Some(mut permit) = self.permit.take() else {
+            return;
+        };
+        let owed = self.budget.take_debt(permit.num_permits() as u64);
+        if owed > 0 {
+            if let Some(part) = permit.split(owed as usize) {
+                part.forget();
+            }
+        }
+    }
+}
+
+/// Time from the start of reading an epoch to the acknowledgement of its batches, per sink,
+/// logged every [`LATENCY_REPORT_INTERVAL`] as `delivery latency` (`p50_ms`, `p99_ms`).
+pub struct DeliveryLatency {
+    sink: String,
+    window: Mutex<LatencyWindow>,
+}
+
+struct LatencyWindow {
+    started: std::time::Instant,
+    samples: Vec<u64>,
+}
+
+/// Samples kept per window; more batches than this in one window are not sampled.
+const MAX_LATENCY_SAMPLES: usize = 100_000;
+
+impl DeliveryLatency {
+    pub fn new(sink: &str) -> Arc<DeliveryLatency> {
+        Arc::new(DeliveryLatency {
+            sink: sink.to_owned(),
+            window: Mutex::new(LatencyWindow {
+                started: std::time::Instant::now(),
+                samples: Vec::new(),
+            }),
+        })
+    }
+
+    fn record(&self, origin_ms: u64) {
+        let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        if window.samples.len() < MAX_LATENCY_SAMPLES {
+            window.samples.push(now_ms().saturating_sub(origin_ms));
+        }
+        if window.started.elapsed() >= LATENCY_REPORT_INTERVAL {
+            self.report(&mut window);
+        }
+    }
+
+    /// Logs what the current window holds (at the end of a run).
+    pub fn flush(&self) {
+        let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        self.report(&mut window);
+    }
+
+    fn report(&self, window: &mut LatencyWindow) {
+        let window_s = window.started.elapsed().as_secs();
+        window.started = std::time::Instant::now();
+        let samples = &mut window.samples;
+        if samples.is_empty() {
+            return;
+        }
+        samples.sort_unstable();
+        let at = |q: usize| samples[(samples.len() - 1) * q / 100];
+        info!(
+            sink = %self.sink,
+            batches = samples.len(),
+            p50_ms = at(50),
+            p99_ms = at(99),
+            max_ms = at(100),
+            window_s,
+            "delivery latency"
+        );
+        samples.clear();
+    }
+}
+
+/// What the delivery of one sink shares across its partitions.
+pub struct SinkDelivery {
+    pub budget: Arc<ByteBudget>,
+    pub latency: Arc<DeliveryLatency>,
+}
+
+impl SinkDelivery {
+    pub fn new(sink: &str, budget_bytes: u64) -> Arc<SinkDelivery> {
+        Arc::new(SinkDelivery {
+            budget: ByteBudget::new(budget_bytes),
+            latency: DeliveryLatency::new(sink),
+        })
+    }
+}
+
+/// A batch on its way to the delivery task.
+struct Queued {
+    seq: u64,
+    batch: SealedBatch,
+    /// When its messages started to be read (ms since the Unix epoch).
+    origin_ms: u64,
+    _permit: BudgetPermit,
+}
+
 pub struct DeliveryQueue {
     key: SinkPartition,
-    tx: Option<mpsc::Sender<(u64, SealedBatch)>>,
+    tx: Option<mpsc::Sender<Queued>>,
     task: Option<JoinHandle<Result<(), SinkError>>>,
     stop: watch::Sender<bool>,
 }
 
 impl DeliveryQueue {
-    /// Starts the delivery task; `backlog` are the undelivered batches found in the outbox.
-    pub async fn start(
+    /// Starts the delivery task.
+    pub fn start(
         key: SinkPartition,
         deliverer: Arc<dyn BatchDeliverer>,
-        backlog: Vec<StoredBatch>,
-    ) -> Result<DeliveryQueue, SinkError> {
-        let (tx, mut rx) = mpsc::channel::<(u64, SealedBatch)>(DELIVERY_QUEUE_CAPACITY);
+        latency: Arc<DeliveryLatency>,
+    ) -> DeliveryQueue {
+        let (tx, mut rx) = mpsc::channel::<Queued>(DELIVERY_QUEUE_CAPACITY);
         let (stop, stop_rx) = watch::channel(false);
         let task_key = key.clone();
         let task = tokio::spawn(async move {
-            while let Some((seq, batch)) = rx.recv().await {
+            while let Some(queued) = rx.recv().await {
                 if *stop_rx.borrow() {
                     break;
                 }
-                deliverer.deliver(&task_key, seq, &batch, &stop_rx).await?;
+                let Queued {
+                    seq,
+                    batch,
+                    origin_ms,
+                    ..
+                } = &queued;
+                deliverer.deliver(&task_key, *seq, batch, &stop_rx).await?;
+                if !*stop_rx.borrow() {
+                    latency.record(*origin_ms);
+                }
                 debug!(
                     pipeline = %task_key.pipeline,
                     sink = %task_key.sink,
@@ -66,26 +264,22 @@ impl DeliveryQueue {
             }
             Ok(())
         });
-        let mut queue = DeliveryQueue {
+        DeliveryQueue {
             key,
             tx: Some(tx),
             task: Some(task),
             stop,
-        };
-        for stored in backlog {
-            queue.push(stored.seq, stored.batch).await?;
         }
-        Ok(queue)
     }
 
     /// Queues a committed batch; waits while the queue is full.
-    pub async fn push(&mut self, seq: u64, batch: SealedBatch) -> Result<(), SinkError> {
+    async fn push(&mut self, queued: Queued) -> Result<(), SinkError> {
         let Some(tx) = &self.tx else {
             return Err(SinkError::Delivery {
                 reason: "the delivery queue is closed".to_owned(),
             });
         };
-        if tx.send((seq, batch)).await.is_err() {
+        if tx.send(queued).await.is_err() {
             // The task ended early: it failed, and its error explains why.
             return Err(self.finish().await.err().unwrap_or(SinkError::Delivery {
                 reason: "the delivery task stopped".to_owned(),
@@ -138,48 +332,85 @@ impl Drop for DeliveryQueue {
 #[derive(Default)]
 pub struct OutboxDelivery {
     queue: Option<DeliveryQueue>,
+    shared: Option<Arc<SinkDelivery>>,
     shutdown: Option<watch::Receiver<bool>>,
 }
 
 impl OutboxDelivery {
-    /// Starts delivering, first the undelivered `backlog` (see [`load_backlog`]). While the
-    /// pipeline's `shutdown` is set, `committed` stops waiting for room in the queue: the batches
-    /// are durable in the outbox and the next run delivers them.
-    pub async fn open(
+    /// Starts delivering. While the pipeline's `shutdown` is set, [`OutboxDelivery::push`]
+    /// stops waiting for room: the batches are durable in the outbox and the next run delivers
+    /// them.
+    pub fn open(
         &mut self,
         key: SinkPartition,
         deliverer: Arc<dyn BatchDeliverer>,
-        backlog: Vec<StoredBatch>,
+        shared: Arc<SinkDelivery>,
         shutdown: watch::Receiver<bool>,
-    ) -> Result<(), SinkError> {
-        self.shutdown = Some(shutdown.clone());
-        let start = DeliveryQueue::start(key, deliverer, backlog);
-        let mut shutdown = shutdown;
-        tokio::select! {
-            queue = start => self.queue = Some(queue?),
-            _ = shutdown.wait_for(|stop| *stop) => {}
-        }
-        Ok(())
+    ) {
+        self.queue = Some(DeliveryQueue::start(
+            key,
+            deliverer,
+            Arc::clone(&shared.latency),
+        ));
+        self.shared = Some(shared);
+        self.shutdown = Some(shutdown);
     }
 
-    fn queue(&mut self) -> Result<&mut DeliveryQueue, SinkError> {
-        self.queue.as_mut().ok_or_else(|| SinkError::Delivery {
-            reason: "the sink was not opened".to_owned(),
-        })
+    /// Whether the delivery was started (a sink stopping before it could check its target
+    /// never starts it).
+    pub fn is_open(&self) -> bool {
+        self.queue.is_some()
+    }
+
+    /// Queues a durable batch, waiting for room in the sink's byte budget and in the queue.
+    /// Returns `false` (without queueing) once the pipeline is stopping.
+    pub async fn push(
+        &mut self,
+        seq: u64,
+        batch: SealedBatch,
+        origin_ms: u64,
+    ) -> Result<bool, SinkError> {
+        let (Some(queue), Some(shared)) = (self.queue.as_mut(), self.shared.as_ref()) else {
+            return Err(SinkError::Delivery {
+                reason: "the sink was not opened".to_owned(),
+            });
+        };
+        let mut shutdown = self.shutdown.clone();
+        let stopping = async {
+            match shutdown.as_mut() {
+                Some(shutdown) => {
+                    let _ = shutdown.wait_for(|stop| *stop).await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let budget = Arc::clone(&shared.budget);
+        let enqueue = async {
+            let permit = budget.acquire(batch.payload.len()).await;
+            queue
+                .push(Queued {
+                    seq,
+                    batch,
+                    origin_ms,
+                    _permit: permit,
+                })
+                .await
+        };
+        tokio::select! {
+            pushed = enqueue => pushed.map(|()| true),
+            () = stopping => Ok(false),
+        }
     }
 
     /// Queues the batches of a durable commit (`Sink::committed`).
-    pub async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
-        let mut shutdown = self.shutdown.clone();
-        let queue = self.queue()?;
+    pub async fn committed(
+        &mut self,
+        batches: Vec<(u64, SealedBatch)>,
+        origin_ms: u64,
+    ) -> Result<(), SinkError> {
         for (seq, batch) in batches {
-            let Some(shutdown) = shutdown.as_mut() else {
-                queue.push(seq, batch).await?;
-                continue;
-            };
-            tokio::select! {
-                pushed = queue.push(seq, batch) => pushed?,
-                _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+            if !self.push(seq, batch, origin_ms).await? {
+                return Ok(());
             }
         }
         Ok(())
@@ -187,7 +418,16 @@ impl OutboxDelivery {
 
     /// Delivers everything queued (`Sink::drain`).
     pub async fn drain(&mut self) -> Result<(), SinkError> {
-        self.queue()?.drain().await
+        let result = match self.queue.as_mut() {
+            Some(queue) => queue.drain().await,
+            None => Err(SinkError::Delivery {
+                reason: "the sink was not opened".to_owned(),
+            }),
+        };
+        if let Some(shared) = &self.shared {
+            shared.latency.flush();
+        }
+        result
     }
 
     /// Stops after the batch in flight (`Sink::close`).
@@ -199,19 +439,108 @@ impl OutboxDelivery {
     }
 }
 
-/// The undelivered batches of a sink partition, read off the runtime threads.
+/// The undelivered batches of a sink partition (metadata only), read off the runtime threads.
 pub async fn load_backlog(
-    store: &flow_state::StateStore,
+    store: &StateStore,
     key: &SinkPartition,
 ) -> Result<Vec<StoredBatch>, SinkError> {
     let store = store.clone();
     let key = key.clone();
-    tokio::task::spawn_blocking(move || store.undelivered(&key))
+    blocking(move || store.undelivered(&key)).await
+}
+
+/// A stored batch with its payload read back from the outbox; `None` for a batch stored as
+/// bounds (the sink must rebuild it).
+pub async fn load_stored_payload(
+    store: &StateStore,
+    key: &SinkPartition,
+    stored: StoredBatch,
+) -> Result<Option<SealedBatch>, SinkError> {
+    let StoredBody::Payload(location) = stored.body else {
+        return Ok(None);
+    };
+    let store = store.clone();
+    let key = key.clone();
+    let payload = blocking(move || store.load_payload(&key, &location)).await?;
+    Ok(Some(SealedBatch {
+        payload,
+        ..stored.batch
+    }))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, flow_state::StateError> + Send + 'static,
+) -> Result<T, SinkError> {
+    tokio::task::spawn_blocking(f)
         .await
         .map_err(|err| SinkError::Delivery {
-            reason: format!("loading undelivered batches: {err}"),
+            reason: format!("state task failed: {err}"),
         })?
         .map_err(SinkError::from)
+}
+
+/// The sealing half of an outbox sink: what differs between sinks. [`OutboxSink`] adds the
+/// delivery half.
+#[async_trait]
+pub trait Sealer: Send {
+    /// Checks guards and starts `delivery` (with [`OutboxDelivery::open`]), then queues the
+    /// undelivered batches found in the outbox. Leaving `delivery` closed means the pipeline
+    /// began stopping first.
+    async fn open(&mut self, delivery: &mut OutboxDelivery) -> Result<(), SinkError>;
+
+    /// Seals what the epoch will deliver, or vetoes it.
+    async fn seal(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError>;
+
+    /// New dynamic parameters.
+    fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError>;
+}
+
+/// A [`Sink`] made of a [`Sealer`] and an [`OutboxDelivery`].
+pub struct OutboxSink<S> {
+    sealer: S,
+    delivery: OutboxDelivery,
+    /// Start of the epoch being committed (ms since the Unix epoch), for latency.
+    epoch_started_ms: u64,
+}
+
+impl<S: Sealer> OutboxSink<S> {
+    pub fn new(sealer: S) -> OutboxSink<S> {
+        OutboxSink {
+            sealer,
+            delivery: OutboxDelivery::default(),
+            epoch_started_ms: 0,
+        }
+    }
+}
+
+#[async_trait]
+impl<S: Sealer> Sink for OutboxSink<S> {
+    async fn open(&mut self) -> Result<(), SinkError> {
+        self.sealer.open(&mut self.delivery).await
+    }
+
+    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        self.epoch_started_ms = epoch.started_ms;
+        self.sealer.seal(epoch).await
+    }
+
+    async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
+        self.delivery
+            .committed(batches, self.epoch_started_ms)
+            .await
+    }
+
+    async fn drain(&mut self) -> Result<(), SinkError> {
+        self.delivery.drain().await
+    }
+
+    async fn close(&mut self) -> Result<(), SinkError> {
+        self.delivery.close().await
+    }
+
+    fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+        self.sealer.reconfigure(dynamic)
+    }
 }
 
 #[cfg(test)]
@@ -237,7 +566,7 @@ mod tests {
         }
     }
 
-    fn batch() -> SealedBatch {
+    fn batch(len: usize) -> SealedBatch {
         SealedBatch {
             target: "t".to_owned(),
             columns: Vec::new(),
@@ -247,31 +576,35 @@ mod tests {
             first_offset: 0,
             last_offset: 0,
             rows: 1,
-            payload: bytes::Bytes::from_static(b"x"),
+            encoded_bytes: len as u64,
+            plan: String::new(),
+            sealed_at_ms: 0,
+            content_hash: 0,
+            payload: bytes::Bytes::from(vec![b'x'; len]),
+        }
+    }
+
+    fn key() -> SinkPartition {
+        SinkPartition {
+            pipeline: "p".to_owned(),
+            sink: "s".to_owned(),
+            partition: 0,
         }
     }
 
     #[tokio::test]
     async fn a_stuck_target_applies_back_pressure_until_shutdown_releases_it() {
-        let key = SinkPartition {
-            pipeline: "p".to_owned(),
-            sink: "s".to_owned(),
-            partition: 0,
-        };
         let (stop, shutdown) = watch::channel(false);
         let mut delivery = OutboxDelivery::default();
-        delivery
-            .open(key, Arc::new(Stuck), Vec::new(), shutdown)
-            .await
-            .unwrap();
+        delivery.open(key(), Arc::new(Stuck), SinkDelivery::new("s", 1 << 20), shutdown);
         // One batch in delivery plus a full queue: the next commit has to wait.
         let batches: Vec<_> = (0..=DELIVERY_QUEUE_CAPACITY as u64)
-            .map(|seq| (seq, batch()))
+            .map(|seq| (seq, batch(1)))
             .collect();
-        delivery.committed(batches).await.unwrap();
+        delivery.committed(batches, 0).await.unwrap();
         let blocked = tokio::time::timeout(
             Duration::from_millis(200),
-            delivery.committed(vec![(100, batch()), (101, batch())]),
+            delivery.committed(vec![(100, batch(1)), (101, batch(1))], 0),
         )
         .await;
         assert!(blocked.is_err(), "a full queue must make the epoch wait");
@@ -279,7 +612,7 @@ mod tests {
         let _ = stop.send(true);
         let released = tokio::time::timeout(
             Duration::from_secs(5),
-            delivery.committed(vec![(102, batch())]),
+            delivery.committed(vec![(102, batch(1))], 0),
         )
         .await;
         assert!(
@@ -287,5 +620,51 @@ mod tests {
             "shutdown must release the wait"
         );
         delivery.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn payload_bytes_held_for_delivery_never_exceed_the_sink_budget() {
+        let (_stop, shutdown) = watch::channel(false);
+        let shared = SinkDelivery::new("s", 1000);
+        let mut delivery = OutboxDelivery::default();
+        delivery.open(key(), Arc::new(Stuck), Arc::clone(&shared), shutdown);
+        // 3 x 300 bytes fit in 1000; the fourth must wait although the queue has room.
+        delivery
+            .committed((0..3).map(|seq| (seq, batch(300))).collect(), 0)
+            .await
+            .unwrap();
+        let blocked = tokio::time::timeout(
+            Duration::from_millis(200),
+            delivery.committed(vec![(3, batch(300))], 0),
+        )
+        .await;
+        assert!(blocked.is_err(), "the fourth batch must wait for budget");
+        assert_eq!(shared.budget.semaphore.available_permits(), 100);
+        // A batch larger than the whole budget still goes once everything else is done.
+        shared.budget.resize(2000);
+        assert_eq!(shared.budget.semaphore.available_permits(), 1100);
+        let fits = tokio::time::timeout(
+            Duration::from_millis(500),
+            delivery.committed(vec![(4, batch(300))], 0),
+        )
+        .await;
+        assert!(matches!(fits, Ok(Ok(()))), "a larger budget must admit it");
+        delivery.close().await.unwrap();
+        assert_eq!(shared.budget.semaphore.available_permits(), 2000);
+    }
+
+    #[tokio::test]
+    async fn a_budget_shrunk_while_in_use_settles_at_the_new_limit() {
+        let budget = ByteBudget::new(1000);
+        let held = budget.acquire(800).await;
+        budget.resize(300);
+        // 200 were free and are forgotten at once; 500 more are owed by the holder.
+        assert_eq!(budget.semaphore.available_permits(), 0);
+        drop(held);
+        assert_eq!(budget.semaphore.available_permits(), 300);
+        let oversized = budget.acquire(5000).await;
+        assert_eq!(budget.semaphore.available_permits(), 0);
+        drop(oversized);
+        assert_eq!(budget.semaphore.available_permits(), 300);
     }
 }

@@ -123,8 +123,23 @@ pub enum SourceError {
     Plugin(BoxError),
 }
 
+/// Why re-reading the source for pending batches failed.
+#[derive(Error, Debug)]
+pub enum ReplayError {
+    #[error("source: {0}")]
+    Source(#[source] SourceError),
+    #[error("processor `{processor}`: {source}")]
+    Processor {
+        processor: String,
+        #[source]
+        source: ProcessorError,
+    },
+}
+
 #[derive(Error, Debug)]
 pub enum SinkError {
+    #[error("re-reading the source to rebuild pending batches: {0}")]
+    Replay(#[source] ReplayError),
     #[error("{what} `{path}`: {source}")]
     Io {
         what: &'static str,

@@ -14,10 +14,12 @@
 
 pub mod delivery;
 pub mod error;
+mod graph;
 pub mod message;
 pub mod plugin;
 pub mod processors;
 pub mod registry;
+mod replay;
 pub mod runtime;
 pub mod sinks;
 pub mod sources;
@@ -25,17 +27,17 @@ pub mod spec;
 pub mod types;
 
 pub use error::{
-    BoxError, ProcessorError, RuntimeError, SchemaError, SinkError, SourceError, SpecError,
-    ValueError, Violation,
+    BoxError, ProcessorError, ReplayError, RuntimeError, SchemaError, SinkError, SourceError,
+    SpecError, ValueError, Violation,
 };
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
 pub use plugin::{
-    Epoch, EpochOutcome, EpochWrite, Processor, ProcessorFactory, ReadLimits, Sink, SinkContext,
-    SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,
+    Epoch, EpochOutcome, EpochWrite, Processor, ProcessorFactory, ReadLimits, Replay,
+    ReplayReader, Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,
 };
 pub use registry::Registry;
 pub use runtime::{
     PartitionEnd, PartitionReport, Pipeline, PipelineControl, ReloadOutcome, RunReport,
 };
-pub use spec::{PipelineSpec, ValidatedPipeline};
+pub use spec::{PayloadPolicy, PipelineSpec, ValidatedPipeline};
 pub use types::{Column, StreamSchema, StreamType};

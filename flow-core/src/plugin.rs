@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use flow_state::{DeadLetter, SealedBatch, SinkPartition, StateStore};
 use tokio::time::Instant;
 
-use crate::error::{ProcessorError, SinkError, SourceError};
+use crate::error::{ProcessorError, ReplayError, SinkError, SourceError};
 use crate::message::MessageBatch;
 use crate::types::StreamSchema;
 
@@ -24,6 +24,13 @@ pub trait SourceFactory: Send + Sync {
         partition: u32,
         position: Option<&[u8]>,
     ) -> Result<Box<dyn Source>, SourceError>;
+
+    /// Whether reopening at a committed position reads the same messages again, with the same
+    /// ids, in the same order. Sinks of a replayable source keep only the bounds of their
+    /// batches in the outbox and rebuild them on replay ([`SinkContext::replay`]).
+    fn replayable(&self) -> bool {
+        false
+    }
 }
 
 /// How much one `read` may return and until when it may wait for data.
@@ -95,6 +102,26 @@ pub struct SinkContext {
     /// Becomes `true` when the pipeline is asked to stop: a sink waiting inside `write_epoch`
     /// (retrying a target, say) should give up waiting and veto the epoch.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Re-reads this sink's input streams from a committed source position: present when the
+    /// source is replayable and the spec does not ask for payloads (`outbox.payloads: always`).
+    /// A sink that uses it marks its writes [`EpochWrite::rebuildable`].
+    pub replay: Option<Arc<dyn Replay>>,
+}
+
+/// Opens readers of a sink's input streams at a committed source position.
+#[async_trait]
+pub trait Replay: Send + Sync {
+    /// A reader from `from` (`None`: the start of the partition) up to the partition's
+    /// committed position.
+    async fn open(&self, from: Option<&[u8]>) -> Result<Box<dyn ReplayReader>, ReplayError>;
+}
+
+/// Reads a committed range again, slice by slice, through the pipeline's processors.
+#[async_trait]
+pub trait ReplayReader: Send {
+    /// The sink's input batches (in `input_stream_ids` order) of the next slice; `None` once
+    /// the committed position is reached or the source is exhausted.
+    async fn next(&mut self) -> Result<Option<Vec<&MessageBatch>>, ReplayError>;
 }
 
 impl SinkContext {
@@ -117,6 +144,9 @@ pub trait SinkFactory: Send + Sync {
 pub struct Epoch<'a> {
     /// Counts epochs within this run of the partition, from 0; not persisted.
     pub number: u64,
+    /// When the epoch began reading (ms since the Unix epoch): no message of it was read
+    /// earlier.
+    pub started_ms: u64,
     pub inputs: &'a [&'a MessageBatch],
 }
 
@@ -126,6 +156,9 @@ pub struct EpochWrite {
     /// Sealed batches, appended to the sink partition's outbox in this order.
     pub batches: Vec<SealedBatch>,
     pub dead_letters: Vec<DeadLetter>,
+    /// The sink can rebuild these batches through [`SinkContext::replay`], so the outbox keeps
+    /// only their bounds (when the context has a replay).
+    pub rebuildable: bool,
 }
 
 #[derive(Debug)]

@@ -12,18 +12,16 @@
 
 use std::sync::Arc;
 
-use flow_state::{DeadLetter, EpochCommit, SinkEpochCommit, StateStore};
+use flow_state::{BatchStorage, DeadLetter, EpochCommit, SinkEpochCommit, StateStore};
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use crate::error::{RuntimeError, SinkError, SpecError};
-use crate::message::MessageBatch;
-use crate::plugin::{
-    Epoch, EpochOutcome, Processor, ReadLimits, Sink, SinkContext, Source, SourceOutput,
-};
+use crate::graph::StreamGraph;
+use crate::plugin::{Epoch, EpochOutcome, Replay, Sink, SinkContext, Source};
 use crate::registry::Registry;
-use crate::spec::{PipelineSpec, ValidatedPipeline};
+use crate::replay::PipelineReplay;
+use crate::spec::{PayloadPolicy, PipelineSpec, ValidatedPipeline};
 
 /// How a partition ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,6 +235,8 @@ struct SinkSlot {
     sink: Box<dyn Sink>,
     /// Indexes into the partition's stream batches, in `input_stream_ids` order.
     inputs: Vec<usize>,
+    /// The sink was given a replay: its rebuildable batches are stored as bounds.
+    replayable: bool,
 }
 
 impl PartitionRunner {
@@ -275,40 +275,10 @@ impl PartitionRunner {
         let partition = self.partition;
         let pipeline = Arc::clone(&self.pipeline);
 
-        // Stream batches: the source's first, then one per processor output.
-        let stream_ids: Vec<&str> = std::iter::once(pipeline.source.stream_id())
-            .chain(
-                pipeline
-                    .processors
-                    .iter()
-                    .map(|p| p.output_stream_id.as_str()),
-            )
-            .collect();
-        let index_of = |id: &str| stream_ids.iter().position(|s| *s == id);
-        let mut batches: Vec<MessageBatch> = stream_ids
-            .iter()
-            .map(|id| {
-                MessageBatch::new(
-                    pipeline
-                        .streams
-                        .get(*id)
-                        .cloned()
-                        .unwrap_or_else(|| pipeline.source.schema()),
-                )
-            })
-            .collect();
-        let mut processors: Vec<(String, usize, usize, Box<dyn Processor>)> = Vec::new();
-        for p in &pipeline.processors {
-            let (Some(input), Some(output)) =
-                (index_of(&p.input_stream_id), index_of(&p.output_stream_id))
-            else {
-                return Err(RuntimeError::Task {
-                    partition,
-                    reason: format!("processor `{}` refers to an unknown stream", p.name),
-                });
-            };
-            processors.push((p.name.clone(), input, output, p.factory.create(partition)));
-        }
+        let mut graph = StreamGraph::new(&pipeline, partition)
+            .map_err(|reason| RuntimeError::Task { partition, reason })?;
+        let replayable =
+            pipeline.payloads == PayloadPolicy::Auto && pipeline.source.replayable();
 
         let mut sinks: Vec<SinkSlot> = Vec::new();
         for (s, dynamic) in pipeline.sinks.iter().zip(&self.dynamic) {
@@ -320,6 +290,14 @@ impl PartitionRunner {
                 store: self.store.clone(),
                 dynamic_parameters: dynamic.borrow().clone(),
                 shutdown: self.shutdown.clone(),
+                replay: replayable.then(|| {
+                    Arc::new(PipelineReplay {
+                        pipeline: Arc::clone(&pipeline),
+                        store: self.store.clone(),
+                        partition,
+                        inputs: s.input_stream_ids.clone(),
+                    }) as Arc<dyn Replay>
+                }),
             };
             let sink = s
                 .factory
@@ -328,12 +306,13 @@ impl PartitionRunner {
             let inputs = s
                 .input_stream_ids
                 .iter()
-                .filter_map(|id| index_of(id))
+                .filter_map(|id| graph.index_of(id))
                 .collect();
             sinks.push(SinkSlot {
                 name: s.name.clone(),
                 sink,
                 inputs,
+                replayable,
             });
         }
         for slot in &mut sinks {
@@ -347,7 +326,7 @@ impl PartitionRunner {
             receiver.mark_unchanged();
         }
 
-        let result = self.epochs(&mut batches, &mut processors, &mut sinks).await;
+        let result = self.epochs(&mut graph, &mut sinks).await;
         match &result {
             Ok(report) if report.end == PartitionEnd::Drained => {
                 for index in 0..sinks.len() {
@@ -379,8 +358,7 @@ impl PartitionRunner {
 
     async fn epochs(
         &mut self,
-        batches: &mut [MessageBatch],
-        processors: &mut [(String, usize, usize, Box<dyn Processor>)],
+        graph: &mut StreamGraph,
         sinks: &mut [SinkSlot],
     ) -> Result<PartitionReport, RuntimeError> {
         let partition = self.partition;
@@ -405,43 +383,23 @@ impl PartitionRunner {
             }
             self.apply_dynamic(sinks)?;
 
-            for batch in batches.iter_mut() {
-                batch.clear();
-            }
+            graph.clear();
             source_dead.clear();
-            let deadline = Instant::now() + pipeline.epoch.max_duration;
-            let mut position = committed.clone();
-            let mut exhausted = false;
-            while let Some(source_batch) = batches.first_mut() {
-                let remaining = pipeline
-                    .epoch
-                    .max_messages
-                    .saturating_sub(source_batch.len());
-                if remaining == 0 || Instant::now() >= deadline || *self.shutdown.borrow() {
-                    break;
-                }
-                let mut out = SourceOutput {
-                    batch: source_batch,
-                    dead_letters: &mut source_dead,
-                };
-                let read = source
-                    .read(
-                        &mut out,
-                        ReadLimits {
-                            max_messages: remaining,
-                            deadline,
-                        },
-                    )
-                    .await
-                    .map_err(|source| RuntimeError::Source { partition, source })?;
-                position = Some(read.position);
-                if read.exhausted {
-                    exhausted = true;
-                    break;
-                }
-            }
+            let started_ms = crate::delivery::now_ms();
+            let end = graph
+                .read_slice(
+                    source.as_mut(),
+                    &mut source_dead,
+                    &pipeline.epoch,
+                    Some(&self.shutdown),
+                    None,
+                )
+                .await
+                .map_err(|source| RuntimeError::Source { partition, source })?;
+            let position = end.position.or_else(|| committed.clone());
+            let exhausted = end.exhausted;
 
-            let messages = batches.first().map_or(0, MessageBatch::len);
+            let messages = graph.source_len();
             if messages == 0 && source_dead.is_empty() && position == committed {
                 if exhausted {
                     source.close().await;
@@ -451,30 +409,34 @@ impl PartitionRunner {
                 continue;
             }
 
-            for (name, input, output, processor) in processors.iter_mut() {
-                let (input_batch, output_batch) = pair_mut(batches, *input, *output);
-                output_batch.clear();
-                processor
-                    .process(input_batch, output_batch)
-                    .await
-                    .map_err(|source| RuntimeError::Processor {
-                        partition,
-                        processor: name.clone(),
-                        source,
-                    })?;
-            }
+            graph
+                .process()
+                .await
+                .map_err(|(processor, source)| RuntimeError::Processor {
+                    partition,
+                    processor,
+                    source,
+                })?;
 
             let mut sink_commits = Vec::with_capacity(sinks.len());
             let mut veto = None;
             for slot in sinks.iter_mut() {
-                let inputs: Vec<&MessageBatch> = slot.inputs.iter().map(|&i| &batches[i]).collect();
+                let inputs = graph.inputs(&slot.inputs);
                 let epoch = Epoch {
                     number: epoch_number,
+                    started_ms,
                     inputs: &inputs,
                 };
                 match slot.sink.write_epoch(&epoch).await {
                     Ok(EpochOutcome::Commit(write)) => sink_commits.push(SinkEpochCommit {
                         sink: slot.name.clone(),
+                        storage: if write.rebuildable && slot.replayable {
+                            BatchStorage::Bounds {
+                                epoch_start: committed.clone(),
+                            }
+                        } else {
+                            BatchStorage::Payload
+                        },
                         batches: write.batches,
                         dead_letters: write.dead_letters,
                     }),
@@ -606,20 +568,5 @@ async fn close_all(sinks: &mut [SinkSlot]) {
         if let Err(err) = slot.sink.close().await {
             warn!(sink = %slot.name, error = %err, "sink close failed; its undelivered batches stay in the outbox");
         }
-    }
-}
-
-/// Borrows batch `input` shared and batch `output` mutably; processors never read their output.
-fn pair_mut(
-    batches: &mut [MessageBatch],
-    input: usize,
-    output: usize,
-) -> (&MessageBatch, &mut MessageBatch) {
-    if input < output {
-        let (left, right) = batches.split_at_mut(output);
-        (&left[input], &mut right[0])
-    } else {
-        let (left, right) = batches.split_at_mut(input);
-        (&right[0], &mut left[output])
     }
 }

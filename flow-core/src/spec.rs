@@ -31,6 +31,8 @@ pub struct PipelineSpec {
     pub state_dir: Option<PathBuf>,
     #[serde(default)]
     pub epoch: EpochSpec,
+    #[serde(default, skip_serializing_if = "OutboxSpec::is_default")]
+    pub outbox: OutboxSpec,
     pub source: SourceSpec,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processors: Vec<ProcessorSpec>,
@@ -67,6 +69,33 @@ impl Default for EpochSpec {
             max_duration_ms: default_max_duration_ms(),
         }
     }
+}
+
+/// What the outbox keeps of a sealed batch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxSpec {
+    #[serde(default)]
+    pub payloads: PayloadPolicy,
+}
+
+impl OutboxSpec {
+    fn is_default(&self) -> bool {
+        *self == OutboxSpec::default()
+    }
+}
+
+/// Whether sealed batches keep their payloads in the outbox.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PayloadPolicy {
+    /// Bounds only when the source can re-read a committed range and the sink can rebuild its
+    /// batches from it; payloads otherwise.
+    #[default]
+    Auto,
+    /// Always store payloads: for a replayable source whose data may change under a pending
+    /// batch (a file edited or rotated in place), at the cost of writing every payload to disk.
+    Always,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -108,6 +137,7 @@ const TOP_LEVEL_FIELDS: &[&str] = &[
     "partitions",
     "state_dir",
     "epoch",
+    "outbox",
     "source",
     "processors",
     "sinks",
@@ -144,6 +174,7 @@ impl PipelineSpec {
             .map(|p| p.unwrap_or(1));
         let state_dir = optional::<PathBuf>(get("state_dir"), "state_dir", &mut violations);
         let epoch = optional::<EpochSpec>(get("epoch"), "epoch", &mut violations);
+        let outbox = optional::<OutboxSpec>(get("outbox"), "outbox", &mut violations);
         let source = required::<SourceSpec>(get("source"), "source", &mut violations);
         let processors = list::<ProcessorSpec>(get("processors"), "processors", &mut violations);
         let sinks = match get("sinks") {
@@ -157,13 +188,14 @@ impl PipelineSpec {
             return Err(SpecError { violations });
         }
         match (
-            pipeline, partitions, state_dir, epoch, source, processors, sinks,
+            pipeline, partitions, state_dir, epoch, outbox, source, processors, sinks,
         ) {
             (
                 Some(pipeline),
                 Some(partitions),
                 Some(state_dir),
                 Some(epoch),
+                Some(outbox),
                 Some(source),
                 Some(processors),
                 Some(sinks),
@@ -172,6 +204,7 @@ impl PipelineSpec {
                 partitions,
                 state_dir,
                 epoch: epoch.unwrap_or_default(),
+                outbox: outbox.unwrap_or_default(),
                 source,
                 processors,
                 sinks,
@@ -312,6 +345,7 @@ pub struct ValidatedPipeline {
     pub partitions: u32,
     pub state_dir: Option<PathBuf>,
     pub epoch: EpochSettings,
+    pub payloads: PayloadPolicy,
     pub source: Arc<dyn SourceFactory>,
     pub processors: Vec<ValidatedProcessor>,
     pub sinks: Vec<ValidatedSink>,
@@ -557,6 +591,7 @@ impl Registry {
                     max_messages: usize::try_from(spec.epoch.max_messages).unwrap_or(usize::MAX),
                     max_duration: Duration::from_millis(spec.epoch.max_duration_ms),
                 },
+                payloads: spec.outbox.payloads,
                 source,
                 processors,
                 sinks,

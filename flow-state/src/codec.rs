@@ -8,13 +8,14 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StateError;
-use crate::types::{DeadLetter, SealedBatch, SinkPartition};
+use crate::types::{DeadLetter, PayloadRef, SealedBatch, SinkPartition, StoredBody};
 
 pub(crate) const SEP: u8 = 0;
 /// Owner under which source dead letters are stored.
 pub const SOURCE_OWNER: &str = "source";
 
-const BATCH_FORMAT_V1: u8 = 1;
+/// Version 2: the payload is in a segment file or rebuilt, never inside the sled value.
+const BATCH_FORMAT_V2: u8 = 2;
 
 pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StateError> {
     if name.is_empty() {
@@ -184,6 +185,10 @@ struct BatchHeaderRef<'a> {
     first_offset: u64,
     last_offset: u64,
     rows: u64,
+    encoded_bytes: u64,
+    plan: &'a str,
+    sealed_at_ms: u64,
+    content_hash: u64,
     payload_len: u64,
 }
 
@@ -198,11 +203,72 @@ pub(crate) struct BatchHeader {
     pub first_offset: u64,
     pub last_offset: u64,
     pub rows: u64,
+    pub encoded_bytes: u64,
+    pub plan: String,
+    pub sealed_at_ms: u64,
+    pub content_hash: u64,
+    /// Length of the payload that is sent (framed), whether stored or rebuilt.
     pub payload_len: u64,
 }
 
-/// Stored batch: `[version=1][header_len: be32][bincode header][payload bytes verbatim]`.
-pub(crate) fn encode_batch(batch: &SealedBatch, context: &str) -> Result<Vec<u8>, StateError> {
+/// Where the payload of a stored batch is (the part of the value written by the committer).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BodyRecord {
+    Segment {
+        segment: u64,
+        offset: u64,
+        len: u64,
+        checksum: u64,
+    },
+    Rebuild {
+        epoch_start: Option<Vec<u8>>,
+    },
+}
+
+impl BodyRecord {
+    #[cfg(test)]
+    pub(crate) fn from_body(body: &StoredBody) -> BodyRecord {
+        match body {
+            StoredBody::Payload(r) => BodyRecord::Segment {
+                segment: r.segment,
+                offset: r.offset,
+                len: r.len,
+                checksum: r.checksum,
+            },
+            StoredBody::Rebuild { epoch_start } => BodyRecord::Rebuild {
+                epoch_start: epoch_start.clone(),
+            },
+        }
+    }
+
+    pub(crate) fn into_body(self) -> StoredBody {
+        match self {
+            BodyRecord::Segment {
+                segment,
+                offset,
+                len,
+                checksum,
+            } => StoredBody::Payload(PayloadRef {
+                segment,
+                offset,
+                len,
+                checksum,
+            }),
+            BodyRecord::Rebuild { epoch_start } => StoredBody::Rebuild { epoch_start },
+        }
+    }
+}
+
+fn encode_error(what: &'static str, context: &str, detail: String) -> StateError {
+    StateError::Encode {
+        what,
+        context: context.to_owned(),
+        detail,
+    }
+}
+
+/// The metadata part of a stored batch, encoded on the caller's thread.
+pub(crate) fn encode_batch_header(batch: &SealedBatch, context: &str) -> Result<Vec<u8>, StateError> {
     let header = BatchHeaderRef {
         target: &batch.target,
         columns: &batch.columns,
@@ -212,31 +278,43 @@ pub(crate) fn encode_batch(batch: &SealedBatch, context: &str) -> Result<Vec<u8>
         first_offset: batch.first_offset,
         last_offset: batch.last_offset,
         rows: batch.rows,
+        encoded_bytes: batch.encoded_bytes,
+        plan: &batch.plan,
+        sealed_at_ms: batch.sealed_at_ms,
+        content_hash: batch.content_hash,
         payload_len: batch.payload.len() as u64,
     };
-    let header = bincode::serialize(&header).map_err(|e| StateError::Encode {
-        what: "batch header",
-        context: context.to_owned(),
-        detail: e.to_string(),
+    bincode::serialize(&header).map_err(|e| encode_error("batch header", context, e.to_string()))
+}
+
+/// Stored batch: `[version=2][header_len: be32][bincode header][bincode body record]`.
+pub(crate) fn encode_batch(
+    header: &[u8],
+    body: &BodyRecord,
+    context: &str,
+) -> Result<Vec<u8>, StateError> {
+    let header_len = u32::try_from(header.len()).map_err(|_| {
+        encode_error(
+            "batch header",
+            context,
+            format!("header of {} bytes is too large", header.len()),
+        )
     })?;
-    let header_len = u32::try_from(header.len()).map_err(|_| StateError::Encode {
-        what: "batch header",
-        context: context.to_owned(),
-        detail: format!("header of {} bytes is too large", header.len()),
-    })?;
-    let mut out = Vec::with_capacity(5 + header.len() + batch.payload.len());
-    out.push(BATCH_FORMAT_V1);
+    let body =
+        bincode::serialize(body).map_err(|e| encode_error("batch body", context, e.to_string()))?;
+    let mut out = Vec::with_capacity(5 + header.len() + body.len());
+    out.push(BATCH_FORMAT_V2);
     out.extend_from_slice(&header_len.to_be_bytes());
-    out.extend_from_slice(&header);
-    out.extend_from_slice(&batch.payload);
+    out.extend_from_slice(header);
+    out.extend_from_slice(&body);
     Ok(out)
 }
 
-/// Decodes the header and returns it with the payload slice.
-pub(crate) fn decode_batch_parts<'v>(
+/// Decodes a stored batch's header and body record.
+pub(crate) fn decode_batch_parts(
     key: &[u8],
-    value: &'v [u8],
-) -> Result<(BatchHeader, &'v [u8]), StateError> {
+    value: &[u8],
+) -> Result<(BatchHeader, BodyRecord), StateError> {
     let bad = |detail: String| StateError::Decode {
         what: "batch",
         key: show_key(key),
@@ -245,8 +323,12 @@ pub(crate) fn decode_batch_parts<'v>(
     if value.len() < 5 {
         return Err(bad(format!("value of {} bytes is too short", value.len())));
     }
-    if value[0] != BATCH_FORMAT_V1 {
-        return Err(bad(format!("unknown batch format version {}", value[0])));
+    if value[0] != BATCH_FORMAT_V2 {
+        return Err(bad(format!(
+            "batch format version {} (this flow reads version {BATCH_FORMAT_V2}): deliver the \
+             backlog with the flow version that wrote it, or start on a new state directory",
+            value[0]
+        )));
     }
     let header_len = be_u32(&value[1..5]).ok_or_else(|| bad("bad header length".to_owned()))?;
     let header_end = 5usize.saturating_add(header_len as usize);
@@ -258,20 +340,15 @@ pub(crate) fn decode_batch_parts<'v>(
     }
     let header: BatchHeader =
         bincode::deserialize(&value[5..header_end]).map_err(|e| bad(format!("bad header: {e}")))?;
-    let payload = &value[header_end..];
-    if payload.len() as u64 != header.payload_len {
-        return Err(bad(format!(
-            "payload has {} bytes, header says {}",
-            payload.len(),
-            header.payload_len
-        )));
-    }
-    Ok((header, payload))
+    let body: BodyRecord = bincode::deserialize(&value[header_end..])
+        .map_err(|e| bad(format!("bad body record: {e}")))?;
+    Ok((header, body))
 }
 
-pub(crate) fn decode_batch(key: &[u8], value: &[u8]) -> Result<SealedBatch, StateError> {
-    let (h, payload) = decode_batch_parts(key, value)?;
-    Ok(SealedBatch {
+/// A stored batch's metadata (payload empty) and where its payload comes from.
+pub(crate) fn decode_batch(key: &[u8], value: &[u8]) -> Result<(SealedBatch, StoredBody), StateError> {
+    let (h, body) = decode_batch_parts(key, value)?;
+    let batch = SealedBatch {
         target: h.target,
         columns: h.columns,
         format: h.format,
@@ -280,8 +357,13 @@ pub(crate) fn decode_batch(key: &[u8], value: &[u8]) -> Result<SealedBatch, Stat
         first_offset: h.first_offset,
         last_offset: h.last_offset,
         rows: h.rows,
-        payload: bytes::Bytes::copy_from_slice(payload),
-    })
+        encoded_bytes: h.encoded_bytes,
+        plan: h.plan,
+        sealed_at_ms: h.sealed_at_ms,
+        content_hash: h.content_hash,
+        payload: bytes::Bytes::new(),
+    };
+    Ok((batch, body.into_body()))
 }
 
 pub(crate) fn encode_dead_letter(dl: &DeadLetter, context: &str) -> Result<Vec<u8>, StateError> {
@@ -326,7 +408,7 @@ pub(crate) fn decode_fingerprints(
 mod tests {
     use super::*;
 
-    fn batch(payload: Vec<u8>) -> SealedBatch {
+    fn batch() -> SealedBatch {
         SealedBatch {
             target: "default.events".into(),
             columns: vec!["a".into(), "b".into()],
@@ -336,26 +418,48 @@ mod tests {
             first_offset: 7,
             last_offset: 9,
             rows: 3,
-            payload: payload.into(),
+            encoded_bytes: 30,
+            plan: "plan".into(),
+            sealed_at_ms: 1_700_000_000_000,
+            content_hash: 0xfeed,
+            payload: bytes::Bytes::new(),
         }
     }
 
     #[test]
-    fn batch_encoding_round_trips_payload_bit_for_bit() {
-        let payload: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
-        let b = batch(payload);
-        let encoded = encode_batch(&b, "t").unwrap();
-        assert_eq!(decode_batch(b"k", &encoded).unwrap(), b);
+    fn batch_metadata_and_both_bodies_round_trip() {
+        let b = batch();
+        let header = encode_batch_header(&b, "t").unwrap();
+        let bodies = [
+            BodyRecord::Segment {
+                segment: 3,
+                offset: 4096,
+                len: 70_000,
+                checksum: 9,
+            },
+            BodyRecord::Rebuild {
+                epoch_start: Some(vec![0, 0, 0, 5]),
+            },
+            BodyRecord::Rebuild { epoch_start: None },
+        ];
+        for body in bodies {
+            let encoded = encode_batch(&header, &body, "t").unwrap();
+            let (decoded, stored) = decode_batch(b"k", &encoded).unwrap();
+            assert_eq!(decoded, b);
+            assert_eq!(BodyRecord::from_body(&stored), body);
+        }
     }
 
     #[test]
-    fn batch_decoding_rejects_truncated_payload() {
-        let encoded = encode_batch(&batch(vec![1, 2, 3]), "t").unwrap();
+    fn batch_decoding_rejects_a_truncated_value_and_an_old_format() {
+        let header = encode_batch_header(&batch(), "t").unwrap();
+        let encoded = encode_batch(&header, &BodyRecord::Rebuild { epoch_start: None }, "t").unwrap();
         let err = decode_batch(b"k", &encoded[..encoded.len() - 1]).unwrap_err();
-        assert!(
-            matches!(err, StateError::Decode { what: "batch", .. }),
-            "{err}"
-        );
+        assert!(matches!(err, StateError::Decode { what: "batch", .. }), "{err}");
+        let mut old = encoded.clone();
+        old[0] = 1;
+        let err = decode_batch(b"k", &old).unwrap_err().to_string();
+        assert!(err.contains("batch format version 1"), "{err}");
     }
 
     #[test]

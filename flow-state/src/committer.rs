@@ -13,8 +13,9 @@ use std::time::Instant;
 use sled::transaction::{abort, ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
-use crate::codec::{decode_counter, seq_key, show_key, Bounds};
+use crate::codec::{decode_batch_parts, decode_counter, encode_batch, seq_key, show_key, Bounds, BodyRecord};
 use crate::error::StateError;
+use crate::segments::Segments;
 use crate::types::{CommitReceipt, SinkPartition, StoreStats};
 
 /// The sled trees of one store (cheap to clone: `Arc`s inside).
@@ -63,11 +64,27 @@ pub(crate) struct PreparedDeadLetters {
     pub items: Vec<Vec<u8>>,
 }
 
+/// A batch whose metadata is encoded; its body record is written by the committer (a payload
+/// must be appended to a segment first).
+pub(crate) struct PreparedBatch {
+    pub header: Vec<u8>,
+    pub body: PreparedBody,
+}
+
+pub(crate) enum PreparedBody {
+    Payload { bytes: bytes::Bytes, checksum: u64 },
+    Record(BodyRecord),
+}
+
 pub(crate) struct PreparedSink {
     pub sink: String,
     /// `pipeline\0 sink\0 partition`.
     pub queue_key: Vec<u8>,
-    pub batches: Vec<Vec<u8>>,
+    pub batches: Vec<PreparedBatch>,
+    /// The encoded values of `batches`, filled in by [`Committer::stage`].
+    pub values: Vec<Vec<u8>>,
+    /// Segments referenced by `values`.
+    pub segments: Vec<u64>,
     pub dead_letters: PreparedDeadLetters,
 }
 
@@ -119,6 +136,8 @@ pub(crate) struct StatCounters {
     groups: AtomicU64,
     fsyncs: AtomicU64,
     blob_fsyncs: AtomicU64,
+    segment_fsyncs: AtomicU64,
+    segments_deleted: AtomicU64,
     dir_fsyncs: AtomicU64,
     flushes: AtomicU64,
     requests: AtomicU64,
@@ -137,6 +156,8 @@ impl StatCounters {
             groups: self.groups.load(Ordering::Relaxed),
             fsyncs: self.fsyncs.load(Ordering::Relaxed),
             blob_fsyncs: self.blob_fsyncs.load(Ordering::Relaxed),
+            segment_fsyncs: self.segment_fsyncs.load(Ordering::Relaxed),
+            segments_deleted: self.segments_deleted.load(Ordering::Relaxed),
             dir_fsyncs: self.dir_fsyncs.load(Ordering::Relaxed),
             flushes: self.flushes.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
@@ -346,11 +367,11 @@ pub(crate) fn apply_commit(t: &Trees, c: &PreparedCommit) -> Result<CommitReceip
             let mut receipt = Vec::with_capacity(c.sinks.len());
             for sink in &c.sinks {
                 let mut seqs = Vec::with_capacity(sink.batches.len());
-                if !sink.batches.is_empty() {
+                if !sink.values.is_empty() {
                     let mut bounds = read_bounds(batch_seq, &sink.queue_key)?;
-                    for batch in &sink.batches {
+                    for value in &sink.values {
                         let seq = bounds.next;
-                        batches.insert(seq_key(&sink.queue_key, seq), batch.as_slice())?;
+                        batches.insert(seq_key(&sink.queue_key, seq), value.as_slice())?;
                         seqs.push(seq);
                         bounds.next = match seq.checked_add(1) {
                             Some(n) => n,
@@ -379,7 +400,8 @@ pub(crate) fn apply_commit(t: &Trees, c: &PreparedCommit) -> Result<CommitReceip
         })
 }
 
-pub(crate) fn apply_ack(t: &Trees, a: &PreparedAck) -> Result<(), StateError> {
+/// Removes the oldest batch; returns the segment its payload was in, if any.
+pub(crate) fn apply_ack(t: &Trees, a: &PreparedAck) -> Result<Option<u64>, StateError> {
     (&t.batches, &t.batch_seq, &t.sink_values)
         .transaction(|(batches, batch_seq, sink_values)| {
             let mut bounds = read_bounds(batch_seq, &a.queue_key)?;
@@ -391,7 +413,7 @@ pub(crate) fn apply_ack(t: &Trees, a: &PreparedAck) -> Result<(), StateError> {
                 });
             }
             let batch_key = seq_key(&a.queue_key, a.seq);
-            if batches.remove(batch_key.as_slice())?.is_none() {
+            let Some(removed) = batches.remove(batch_key.as_slice())? else {
                 return abort(StateError::Decode {
                     what: "batch queue",
                     key: show_key(&batch_key),
@@ -400,13 +422,17 @@ pub(crate) fn apply_ack(t: &Trees, a: &PreparedAck) -> Result<(), StateError> {
                         bounds.head, bounds.next
                     ),
                 });
-            }
+            };
+            let segment = match decode_batch_parts(&batch_key, &removed).or_else(abort)?.1 {
+                BodyRecord::Segment { segment, .. } => Some(segment),
+                BodyRecord::Rebuild { .. } => None,
+            };
             bounds.head = a.seq + 1;
             batch_seq.insert(a.queue_key.as_slice(), &bounds.encode()[..])?;
             for (key, value) in &a.sink_values {
                 sink_values.insert(key.as_slice(), value.as_slice())?;
             }
-            Ok(())
+            Ok(segment)
         })
         .map_err(|e| tx_error("acknowledge transaction", a.key.to_string(), e))
 }
@@ -426,11 +452,83 @@ pub(crate) fn apply_fingerprints(t: &Trees, f: &PreparedFingerprints) -> Result<
 pub(crate) struct Committer {
     pub trees: Trees,
     pub durability: Durability,
+    pub segments: Segments,
     pub stats: Arc<StatCounters>,
     pub max_group: usize,
 }
 
 impl Committer {
+    /// Writes the payloads of a commit to their segments and encodes its batch values.
+    fn stage(&mut self, commit: &mut PreparedCommit) -> Result<(), StateError> {
+        for sink in &mut commit.sinks {
+            let context = show_key(&sink.queue_key);
+            for batch in &sink.batches {
+                let record = match &batch.body {
+                    PreparedBody::Record(record) => record.clone(),
+                    PreparedBody::Payload { bytes, checksum } => {
+                        let at = self.segments.append(&sink.queue_key, bytes, *checksum)?;
+                        sink.segments.push(at.segment);
+                        BodyRecord::Segment {
+                            segment: at.segment,
+                            offset: at.offset,
+                            len: at.len,
+                            checksum: at.checksum,
+                        }
+                    }
+                };
+                sink.values
+                    .push(encode_batch(&batch.header, &record, &context)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stages every commit of the group and makes the payloads durable before any sled
+    /// transaction can reference them; a commit whose staging failed is answered with its error.
+    fn stage_group(&mut self, group: &mut [Request]) -> Vec<Option<StateError>> {
+        let mut failures: Vec<Option<StateError>> = group
+            .iter_mut()
+            .map(|req| match &mut req.op {
+                Op::Commit(c) => self.stage(c).err(),
+                _ => None,
+            })
+            .collect();
+        match self.segments.sync() {
+            Ok(fsyncs) => bump(&self.stats.segment_fsyncs, fsyncs),
+            Err(e) => {
+                tracing::error!(error = %e, "payload segments are not durable");
+                for (failure, req) in failures.iter_mut().zip(group.iter()) {
+                    if matches!(req.op, Op::Commit(_)) && failure.is_none() {
+                        *failure = Some(e.duplicate());
+                    }
+                }
+            }
+        }
+        failures
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<Outcome, StateError> {
+        match op {
+            Op::Shutdown => Ok(Outcome::Done),
+            Op::Commit(c) => {
+                let receipt = apply_commit(&self.trees, c)?;
+                for sink in &c.sinks {
+                    for segment in &sink.segments {
+                        self.segments.referenced(&sink.queue_key, *segment);
+                    }
+                }
+                Ok(Outcome::Commit(receipt))
+            }
+            Op::Ack(a) => {
+                if let Some(segment) = apply_ack(&self.trees, a)? {
+                    self.segments.released(&a.queue_key, segment);
+                }
+                Ok(Outcome::Done)
+            }
+            Op::SetFingerprints(f) => apply_fingerprints(&self.trees, f).map(|()| Outcome::Done),
+        }
+    }
+
     /// Runs until a `Shutdown` request arrives or every sender is gone; ends with a final sync.
     pub(crate) fn run(mut self, rx: Receiver<Request>) -> Result<(), StateError> {
         let mut shutdown_replies: Vec<Reply> = Vec::new();
@@ -445,20 +543,18 @@ impl Committer {
                 }
             }
             let started = Instant::now();
+            let staged = self.stage_group(&mut group);
             let mut answered = Vec::with_capacity(group.len());
             let mut wrote = false;
-            for req in group {
-                let result = match &req.op {
-                    Op::Shutdown => {
-                        running = false;
-                        shutdown_replies.push(req.reply);
-                        continue;
-                    }
-                    Op::Commit(c) => apply_commit(&self.trees, c).map(Outcome::Commit),
-                    Op::Ack(a) => apply_ack(&self.trees, a).map(|()| Outcome::Done),
-                    Op::SetFingerprints(f) => {
-                        apply_fingerprints(&self.trees, f).map(|()| Outcome::Done)
-                    }
+            for (req, staging) in group.into_iter().zip(staged) {
+                if matches!(req.op, Op::Shutdown) {
+                    running = false;
+                    shutdown_replies.push(req.reply);
+                    continue;
+                }
+                let result = match staging {
+                    Some(e) => Err(e),
+                    None => self.apply(&req.op),
                 };
                 bump(&self.stats.requests, 1);
                 match (&req.op, &result) {
@@ -479,8 +575,15 @@ impl Committer {
             } else {
                 Ok(())
             };
-            if let Err(e) = &durable {
-                tracing::error!(error = %e, requests = answered.len(), "state commit group is not durable");
+            match &durable {
+                // Only now may segments freed by this group's acknowledgements go.
+                Ok(()) => match self.segments.delete_freed() {
+                    Ok(deleted) => bump(&self.stats.segments_deleted, deleted),
+                    Err(e) => tracing::warn!(error = %e, "a fully acknowledged payload segment could not be deleted; it is retried at the next open. Check the state directory's permissions"),
+                },
+                Err(e) => {
+                    tracing::error!(error = %e, requests = answered.len(), "state commit group is not durable")
+                }
             }
             tracing::trace!(
                 requests = answered.len(),

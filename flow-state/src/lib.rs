@@ -3,7 +3,9 @@
 //! **Key layout.** One sled tree per kind of data; names are joined with a NUL byte and integers
 //! are big-endian so iteration order is numeric order:
 //! `positions` (`pipeline\0 partition` -> opaque source position),
-//! `batches` (`pipeline\0 sink\0 partition seq` -> `[1][header_len][bincode header][payload]`),
+//! `batches` (`pipeline\0 sink\0 partition seq` -> `[2][header_len][bincode header][body]`, the
+//! body being either the location of the payload in a segment file ([`segments`]) or the source
+//! position to rebuild the batch from),
 //! `batch_seq` (`pipeline\0 sink\0 partition` -> queue bounds `head..next`, so a queue is always
 //! the contiguous range of sequence numbers `head..next` and seqs are never reused),
 //! `fingerprints` (`pipeline\0 sink\0 partition` -> bincode map), `dead_letters`
@@ -27,6 +29,7 @@
 mod codec;
 mod committer;
 mod error;
+mod segments;
 mod summary;
 mod types;
 
@@ -39,19 +42,22 @@ use std::thread::JoinHandle;
 pub use codec::SOURCE_OWNER;
 pub use error::StateError;
 pub use summary::{
-    BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, PipelineSummary, PositionInfo,
+    BatchBody, BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, PipelineSummary, PositionInfo,
     SinkPartitionSummary, StateSummary, RECENT_DEAD_LETTERS,
 };
+pub use segments::SEGMENT_ROLL_BYTES;
 pub use types::{
-    CommitReceipt, DeadLetter, EpochCommit, SealedBatch, SinkEpochCommit, SinkPartition,
-    StoreOptions, StoreStats, StoredBatch,
+    BatchStorage, CommitReceipt, DeadLetter, EpochCommit, PayloadRef, SealedBatch,
+    SinkEpochCommit, SinkPartition, StoreOptions, StoreStats, StoredBatch, StoredBody,
 };
 
 use codec::{check_name, show_key};
+use codec::BodyRecord;
 use committer::{
-    Committer, Durability, Op, Outcome, PreparedAck, PreparedCommit, PreparedDeadLetters,
-    PreparedFingerprints, PreparedSink, Reply, Request, StatCounters, Trees,
+    Committer, Durability, Op, Outcome, PreparedAck, PreparedBatch, PreparedBody, PreparedCommit,
+    PreparedDeadLetters, PreparedFingerprints, PreparedSink, Reply, Request, StatCounters, Trees,
 };
+use segments::Segments;
 
 /// Handle to an open store. Cheap to clone; the committer thread stops (after pending requests,
 /// with a final flush + fsync) on [`StateStore::close`] or when the last clone is dropped.
@@ -146,12 +152,14 @@ impl StateStore {
                 source,
             })?;
         let trees = Trees::open(db)?;
+        let segments = Segments::open(dir, options.fsync, &referenced_segments(&trees)?)?;
         let durability = Durability::new(dir, options.fsync)?;
         let stats = Arc::new(StatCounters::default());
         let (tx, rx) = mpsc::channel();
         let committer = Committer {
             trees: trees.clone(),
             durability,
+            segments,
             stats: stats.clone(),
             max_group: options.max_group,
         };
@@ -246,19 +254,25 @@ impl StateStore {
             .map_err(|e| StateError::sled("get position", show_key(&key), e))
     }
 
-    /// Undelivered batches of a queue, ascending seq.
+    /// Undelivered batches of a queue, ascending seq, without their payloads (see
+    /// [`StateStore::load_payload`]).
     pub fn undelivered(&self, key: &SinkPartition) -> Result<Vec<StoredBatch>, StateError> {
         let prefix = codec::sink_queue_key(key);
         let mut out = Vec::new();
         for item in self.inner.trees.batches.scan_prefix(&prefix) {
             let (k, v) = item.map_err(|e| StateError::sled("scan batches", key.to_string(), e))?;
-            let seq = codec::parse_seq_suffix("batch key", &k)?;
-            out.push(StoredBatch {
-                seq,
-                batch: codec::decode_batch(&k, &v)?,
-            });
+            out.push(stored_batch(&k, &v)?);
         }
         Ok(out)
+    }
+
+    /// Reads a stored payload (blocking), checked against the checksum recorded at commit.
+    pub fn load_payload(
+        &self,
+        key: &SinkPartition,
+        payload: &PayloadRef,
+    ) -> Result<bytes::Bytes, StateError> {
+        segments::read(&self.inner.dir, &codec::sink_queue_key(key), payload)
     }
 
     /// The oldest undelivered batch of a queue (the only one `acknowledge` accepts).
@@ -270,10 +284,7 @@ impl StateStore {
         match self.inner.trees.batches.scan_prefix(&prefix).next() {
             None => Ok(None),
             Some(Err(e)) => Err(StateError::sled("scan batches", key.to_string(), e)),
-            Some(Ok((k, v))) => Ok(Some(StoredBatch {
-                seq: codec::parse_seq_suffix("batch key", &k)?,
-                batch: codec::decode_batch(&k, &v)?,
-            })),
+            Some(Ok((k, v))) => Ok(Some(stored_batch(&k, &v)?)),
         }
     }
 
@@ -340,6 +351,45 @@ impl StateStore {
     }
 }
 
+fn stored_batch(key: &[u8], value: &[u8]) -> Result<StoredBatch, StateError> {
+    let seq = codec::parse_seq_suffix("batch key", key)?;
+    let (batch, body) = codec::decode_batch(key, value)?;
+    Ok(StoredBatch { seq, batch, body })
+}
+
+/// (queue key, segment) of every stored payload, one entry per batch.
+fn referenced_segments(trees: &Trees) -> Result<Vec<(Vec<u8>, u64)>, StateError> {
+    let mut out = Vec::new();
+    for item in trees.batches.iter() {
+        let (k, v) = item.map_err(|e| StateError::sled("scan", "batches", e))?;
+        if let (_, BodyRecord::Segment { segment, .. }) = codec::decode_batch_parts(&k, &v)? {
+            let queue = k[..k.len().saturating_sub(8)].to_vec();
+            out.push((queue, segment));
+        }
+    }
+    Ok(out)
+}
+
+fn prepare_batch(
+    batch: &SealedBatch,
+    storage: &BatchStorage,
+    context: &str,
+) -> Result<PreparedBatch, StateError> {
+    let body = match storage {
+        BatchStorage::Payload => PreparedBody::Payload {
+            checksum: xxhash_rust::xxh64::xxh64(&batch.payload, 0),
+            bytes: batch.payload.clone(),
+        },
+        BatchStorage::Bounds { epoch_start } => PreparedBody::Record(BodyRecord::Rebuild {
+            epoch_start: epoch_start.clone(),
+        }),
+    };
+    Ok(PreparedBatch {
+        header: codec::encode_batch_header(batch, context)?,
+        body,
+    })
+}
+
 fn prepare_dead_letters(
     pipeline: &str,
     owner: &str,
@@ -365,11 +415,13 @@ fn prepare_commit(c: &EpochCommit) -> Result<PreparedCommit, StateError> {
         let batches = sink
             .batches
             .iter()
-            .map(|b| codec::encode_batch(b, &context))
-            .collect::<Result<_, _>>()?;
+            .map(|b| prepare_batch(b, &sink.storage, &context))
+            .collect::<Result<Vec<_>, _>>()?;
         sinks.push(PreparedSink {
             sink: sink.sink.clone(),
             queue_key,
+            values: Vec::with_capacity(batches.len()),
+            segments: Vec::new(),
             batches,
             dead_letters: prepare_dead_letters(
                 &c.pipeline,

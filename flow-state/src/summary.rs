@@ -64,7 +64,22 @@ pub struct BatchInfo {
     pub first_offset: u64,
     pub last_offset: u64,
     pub rows: u64,
+    /// Bytes sent for the batch (framed payload), whether stored or rebuilt.
     pub bytes: u64,
+    /// When the batch was sealed (ms since the Unix epoch).
+    pub sealed_at_ms: u64,
+    pub stored: BatchBody,
+}
+
+/// What the outbox keeps of a batch.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchBody {
+    /// The payload, in a segment file.
+    #[default]
+    Payload,
+    /// Bounds only: rebuilt from the source on replay.
+    Bounds,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -159,7 +174,7 @@ pub(crate) fn build(trees: &Trees) -> Result<StateSummary, StateError> {
         entry.next_seq = bounds.next;
         for item in trees.batches.scan_prefix(&k) {
             let (bk, bv) = item.map_err(sled_err("scan", "batches"))?;
-            let (header, payload) = codec::decode_batch_parts(&bk, &bv)?;
+            let (header, body) = codec::decode_batch_parts(&bk, &bv)?;
             let info = BatchInfo {
                 seq: codec::parse_seq_suffix("batch key", &bk)?,
                 target: header.target,
@@ -169,7 +184,12 @@ pub(crate) fn build(trees: &Trees) -> Result<StateSummary, StateError> {
                 first_offset: header.first_offset,
                 last_offset: header.last_offset,
                 rows: header.rows,
-                bytes: payload.len() as u64,
+                bytes: header.payload_len,
+                sealed_at_ms: header.sealed_at_ms,
+                stored: match body {
+                    codec::BodyRecord::Segment { .. } => BatchBody::Payload,
+                    codec::BodyRecord::Rebuild { .. } => BatchBody::Bounds,
+                },
             };
             entry.undelivered += 1;
             entry.rows += info.rows;

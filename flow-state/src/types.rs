@@ -44,11 +44,29 @@ pub struct EpochCommit {
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct SinkEpochCommit {
     pub sink: String,
+    /// How the outbox keeps this commit's batches.
+    pub storage: BatchStorage,
     /// Appended in order to the (sink, partition) queue; sequence numbers are assigned inside the
     /// transaction and returned in the [`CommitReceipt`].
     pub batches: Vec<SealedBatch>,
     /// Stored under owner = sink name.
     pub dead_letters: Vec<DeadLetter>,
+}
+
+/// How the outbox keeps a batch until it is acknowledged.
+///
+/// A source that can re-read a committed range deterministically lets the outbox keep only a
+/// batch's bounds: after a restart the sink re-reads from `epoch_start`, re-cuts at the stored
+/// offsets and checks `rows` and `content_hash` before sending. Other sources need the payload.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum BatchStorage {
+    /// The payload is written to the store's payload segments (bounded disk: a segment is
+    /// deleted once every batch in it is acknowledged).
+    #[default]
+    Payload,
+    /// Only metadata is stored; the batch is rebuilt by re-reading the source from the position
+    /// the epoch started at (`None`: from the start of the partition).
+    Bounds { epoch_start: Option<Vec<u8>> },
 }
 
 /// A batch ready to send: the exact bytes plus everything needed to resend them identically.
@@ -68,15 +86,57 @@ pub struct SealedBatch {
     pub first_offset: u64,
     pub last_offset: u64,
     pub rows: u64,
-    /// The exact bytes to send (shared, so handing a batch to delivery copies nothing).
+    /// Bytes of the encoded rows before framing (what `content_hash` covers).
+    pub encoded_bytes: u64,
+    /// Fingerprint of the encoding plan (columns and their types) the rows were encoded with.
+    pub plan: String,
+    /// When the batch was sealed, in milliseconds since the Unix epoch.
+    pub sealed_at_ms: u64,
+    /// xxh64 of the encoded rows before framing: a rebuilt batch must hash equal.
+    pub content_hash: u64,
+    /// The exact bytes to send (shared, so handing a batch to delivery copies nothing). Kept in
+    /// memory while in flight; persisted only with [`BatchStorage::Payload`].
     pub payload: bytes::Bytes,
 }
 
-/// A batch as stored in a queue, with its sequence number.
+/// A batch as stored in a queue, with its sequence number. `batch.payload` is empty: load it
+/// with [`crate::StateStore::load_payload`] (stored payloads) or rebuild it from the source
+/// ([`StoredBody::Rebuild`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredBatch {
     pub seq: u64,
     pub batch: SealedBatch,
+    pub body: StoredBody,
+}
+
+/// Where a stored batch's payload comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoredBody {
+    /// In the store; see [`crate::StateStore::load_payload`].
+    Payload(PayloadRef),
+    /// Not stored: re-read the source from `epoch_start` and re-cut at the batch's bounds.
+    Rebuild { epoch_start: Option<Vec<u8>> },
+}
+
+/// Where a stored payload lives (opaque outside the store).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PayloadRef {
+    pub(crate) segment: u64,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+    /// xxh64 of the stored bytes, checked on load.
+    pub(crate) checksum: u64,
+}
+
+impl PayloadRef {
+    /// Stored length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// Sequence numbers assigned by a commit, per sink (in the order of [`EpochCommit::sinks`]).
@@ -142,6 +202,10 @@ pub struct StoreStats {
     pub dir_fsyncs: u64,
     /// `db.flush()` calls.
     pub flushes: u64,
+    /// fsyncs of payload segment files.
+    pub segment_fsyncs: u64,
+    /// Payload segment files deleted once every batch in them was acknowledged.
+    pub segments_deleted: u64,
     /// Requests handled (commits + acknowledgements + fingerprint updates).
     pub requests: u64,
     /// Successful epoch commits.

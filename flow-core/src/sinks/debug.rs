@@ -18,10 +18,16 @@ use flow_state::{SealedBatch, SinkPartition, StateStore};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Mutex};
 
-use crate::delivery::{load_backlog, BatchDeliverer, OutboxDelivery};
+use crate::delivery::{
+    load_backlog, load_stored_payload, now_ms, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer,
+    SinkDelivery,
+};
 use crate::error::{SinkError, Violation};
 use crate::message::{MessageBatch, Value};
 use crate::plugin::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkFactory};
+
+/// Payload bytes the debug sink holds in memory for delivery.
+const IN_FLIGHT_BYTES: u64 = 64 << 20;
 use crate::registry::{parse_parameters, BuildResult, SinkBuildContext};
 
 pub const MAX_ROWS_PER_BATCH: u64 = 1_000_000;
@@ -94,51 +100,70 @@ pub(crate) fn build(
             file: Mutex::new(None),
         }),
         stream_ids: ctx.inputs.iter().map(|(id, _)| id.clone()).collect(),
+        delivery: SinkDelivery::new(ctx.sink, IN_FLIGHT_BYTES),
     }))
 }
 
 struct DebugSinkFactory {
     target: Arc<FileTarget>,
     stream_ids: Vec<String>,
+    delivery: Arc<SinkDelivery>,
 }
 
 impl SinkFactory for DebugSinkFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
         let dynamic = DebugSinkDynamicParams::parse(&ctx.dynamic_parameters)
             .map_err(|v| SinkError::Refused(Violation::list(&v)))?;
-        Ok(Box::new(DebugSink {
+        Ok(Box::new(OutboxSink::new(DebugSink {
             target: Arc::clone(&self.target),
             stream_ids: self.stream_ids.clone(),
             dynamic,
             ctx,
-            delivery: OutboxDelivery::default(),
-        }))
+            delivery: Arc::clone(&self.delivery),
+        })))
     }
 }
 
+/// The debug sink stores payloads even for a replayable source: it is a tool for looking at
+/// what a pipeline produces, not for volume.
 struct DebugSink {
     target: Arc<FileTarget>,
     stream_ids: Vec<String>,
     dynamic: DebugSinkDynamicParams,
     ctx: SinkContext,
-    delivery: OutboxDelivery,
+    delivery: Arc<SinkDelivery>,
 }
 
 #[async_trait]
-impl Sink for DebugSink {
-    async fn open(&mut self) -> Result<(), SinkError> {
+impl Sealer for DebugSink {
+    async fn open(&mut self, delivery: &mut OutboxDelivery) -> Result<(), SinkError> {
         let key = self.ctx.state_key();
         let backlog = load_backlog(&self.ctx.store, &key).await?;
         let deliverer: Arc<dyn BatchDeliverer> = Arc::new(FileDeliverer {
             target: Arc::clone(&self.target),
             store: self.ctx.store.clone(),
         });
-        self.delivery
-            .open(key, deliverer, backlog, self.ctx.shutdown.clone())
-            .await
+        delivery.open(
+            key.clone(),
+            deliverer,
+            Arc::clone(&self.delivery),
+            self.ctx.shutdown.clone(),
+        );
+        for stored in backlog {
+            let (seq, sealed_at_ms) = (stored.seq, stored.batch.sealed_at_ms);
+            let Some(batch) = load_stored_payload(&self.ctx.store, &key, stored).await? else {
+                return Err(SinkError::Refused(format!(
+                    "{key}: batch {seq} was stored without its payload, which the debug sink cannot rebuild; start with a new state directory"
+                )));
+            };
+            if !delivery.push(seq, batch, sealed_at_ms).await? {
+                break;
+            }
+        }
+        Ok(())
     }
 
-    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+    async fn seal(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         let mut write = EpochWrite::default();
         let max_rows = usize::try_from(self.dynamic.max_rows_per_batch).unwrap_or(usize::MAX);
         for (batch, stream) in epoch.inputs.iter().zip(&self.stream_ids) {
@@ -162,18 +187,6 @@ impl Sink for DebugSink {
             }
         }
         Ok(EpochOutcome::Commit(write))
-    }
-
-    async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
-        self.delivery.committed(batches).await
-    }
-
-    async fn drain(&mut self) -> Result<(), SinkError> {
-        self.delivery.drain().await
-    }
-
-    async fn close(&mut self) -> Result<(), SinkError> {
-        self.delivery.close().await
     }
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
@@ -222,6 +235,10 @@ fn encode_batch(
         first_offset: first.offset,
         last_offset: last.offset,
         rows: range.len() as u64,
+        encoded_bytes: payload.len() as u64,
+        plan: format!("JSONEachRow({})", columns.join(",")),
+        sealed_at_ms: now_ms(),
+        content_hash: xxhash_rust::xxh64::xxh64(&payload, 0),
         payload: payload.into(),
     }
 }

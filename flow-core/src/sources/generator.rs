@@ -122,6 +122,11 @@ impl SourceFactory for GeneratorFactory {
         Arc::clone(&self.schema)
     }
 
+    /// Every message is a pure function of (partition, offset).
+    fn replayable(&self) -> bool {
+        true
+    }
+
     fn open_partition(
         &self,
         partition: u32,

@@ -104,6 +104,11 @@ impl SourceFactory for JsonlFileFactory {
         Arc::clone(&self.schema)
     }
 
+    /// A position is a line number and byte offset in a file that is only appended to; a file edited under a pending batch is caught by the batch's row count and content hash.
+    fn replayable(&self) -> bool {
+        true
+    }
+
     fn open_partition(
         &self,
         partition: u32,

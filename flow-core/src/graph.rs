@@ -1,0 +1,163 @@
+//! The streams of one partition: the source's batch, then one batch per processor output, and
+//! the processor instances that fill them. Used by the partition runner for every epoch and by
+//! the replay reader to rebuild pending batches from a committed position.
+
+use flow_state::DeadLetter;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::{ProcessorError, SourceError};
+use crate::message::MessageBatch;
+use crate::plugin::{Processor, ReadLimits, Source, SourceOutput};
+use crate::spec::{EpochSettings, ValidatedPipeline};
+
+/// Where one slice of reading ended.
+pub(crate) struct SliceEnd {
+    /// The position after the last read (`None` if nothing was read: still where it started).
+    pub position: Option<Vec<u8>>,
+    pub exhausted: bool,
+}
+
+struct ProcessorSlot {
+    name: String,
+    input: usize,
+    output: usize,
+    processor: Box<dyn Processor>,
+}
+
+pub(crate) struct StreamGraph {
+    stream_ids: Vec<String>,
+    batches: Vec<MessageBatch>,
+    processors: Vec<ProcessorSlot>,
+}
+
+impl StreamGraph {
+    /// Builds the batches and processor instances of `partition`; fails with the name of a
+    /// processor that refers to an unknown stream.
+    pub(crate) fn new(pipeline: &ValidatedPipeline, partition: u32) -> Result<StreamGraph, String> {
+        let stream_ids: Vec<String> = std::iter::once(pipeline.source.stream_id().to_owned())
+            .chain(pipeline.processors.iter().map(|p| p.output_stream_id.clone()))
+            .collect();
+        let batches = stream_ids
+            .iter()
+            .map(|id| {
+                MessageBatch::new(
+                    pipeline
+                        .streams
+                        .get(id)
+                        .cloned()
+                        .unwrap_or_else(|| pipeline.source.schema()),
+                )
+            })
+            .collect();
+        let mut graph = StreamGraph {
+            stream_ids,
+            batches,
+            processors: Vec::new(),
+        };
+        for p in &pipeline.processors {
+            let (Some(input), Some(output)) = (
+                graph.index_of(&p.input_stream_id),
+                graph.index_of(&p.output_stream_id),
+            ) else {
+                return Err(format!("processor `{}` refers to an unknown stream", p.name));
+            };
+            graph.processors.push(ProcessorSlot {
+                name: p.name.clone(),
+                input,
+                output,
+                processor: p.factory.create(partition),
+            });
+        }
+        Ok(graph)
+    }
+
+    pub(crate) fn index_of(&self, id: &str) -> Option<usize> {
+        self.stream_ids.iter().position(|s| s == id)
+    }
+
+    pub(crate) fn clear(&mut self) {
+        for batch in &mut self.batches {
+            batch.clear();
+        }
+    }
+
+    pub(crate) fn source_len(&self) -> usize {
+        self.batches.first().map_or(0, MessageBatch::len)
+    }
+
+    /// Reads one slice into the source batch: until `epoch.max_messages`, `epoch.max_duration`,
+    /// the source's end, a stop request, or (`until`) the given position.
+    pub(crate) async fn read_slice(
+        &mut self,
+        source: &mut dyn Source,
+        dead_letters: &mut Vec<DeadLetter>,
+        epoch: &EpochSettings,
+        stop: Option<&watch::Receiver<bool>>,
+        until: Option<&[u8]>,
+    ) -> Result<SliceEnd, SourceError> {
+        let deadline = Instant::now() + epoch.max_duration;
+        let mut end = SliceEnd {
+            position: None,
+            exhausted: false,
+        };
+        while let Some(batch) = self.batches.first_mut() {
+            let remaining = epoch.max_messages.saturating_sub(batch.len());
+            let stopping = stop.is_some_and(|s| *s.borrow());
+            if remaining == 0 || Instant::now() >= deadline || stopping {
+                break;
+            }
+            let mut out = SourceOutput {
+                batch,
+                dead_letters: &mut *dead_letters,
+            };
+            let limits = ReadLimits {
+                max_messages: remaining,
+                deadline,
+            };
+            let read = source.read(&mut out, limits).await?;
+            let reached = until.is_some_and(|u| u == read.position.as_slice());
+            end.position = Some(read.position);
+            if read.exhausted {
+                end.exhausted = true;
+                break;
+            }
+            if reached {
+                break;
+            }
+        }
+        Ok(end)
+    }
+
+    /// Runs every processor in order; on failure, the processor's name and error.
+    pub(crate) async fn process(&mut self) -> Result<(), (String, ProcessorError)> {
+        for slot in &mut self.processors {
+            let (input, output) = pair_mut(&mut self.batches, slot.input, slot.output);
+            output.clear();
+            if let Err(err) = slot.processor.process(input, output).await {
+                return Err((slot.name.clone(), err));
+            }
+        }
+        Ok(())
+    }
+
+    /// The batches at `indices` (a sink's inputs).
+    pub(crate) fn inputs(&self, indices: &[usize]) -> Vec<&MessageBatch> {
+        indices.iter().map(|&i| &self.batches[i]).collect()
+    }
+}
+
+/// Borrows batch `input` shared and batch `output` mutably; processors never read their output.
+fn pair_mut(
+    batches: &mut [MessageBatch],
+    input: usize,
+    output: usize,
+) -> (&MessageBatch, &mut MessageBatch) {
+    if input < output {
+        let (left, right) = batches.split_at_mut(output);
+        (&left[input], &mut right[0])
+    } else {
+        let (left, right) = batches.split_at_mut(input);
+        (&right[0], &mut left[output])
+    }
+}
