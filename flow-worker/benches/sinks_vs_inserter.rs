@@ -652,6 +652,9 @@ fn endless(secs: u64) -> Result<()> {
         chosen.iter().sum::<u64>() as f64 / chosen.len().max(1) as f64
     };
     let last_from = samples.last().map_or(0.0, |s| s.0) - 60.0;
+    if secs < 120 {
+        println!("(under 120 s the first and last minute overlap; the ratios below say little)");
+    }
     let first = |s: &(f64, u64, u64)| s.0 <= 60.0;
     let last = |s: &(f64, u64, u64)| s.0 > last_from;
     for (what, field) in [
@@ -684,6 +687,10 @@ fn endless(secs: u64) -> Result<()> {
         println!("state directory kept in {}", state_dir.display());
     } else {
         let _ = std::fs::remove_dir_all(&work);
+        for [a, b] in case.shards() {
+            ch.exec(a, &format!("DROP TABLE IF EXISTS default.{table}"))?;
+            ch.exec(b, &format!("DROP TABLE IF EXISTS default.{table}"))?;
+        }
     }
     Ok(())
 }
