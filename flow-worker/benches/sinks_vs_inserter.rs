@@ -449,7 +449,12 @@ fn run_case(ch: &ClickHouse, case: Case, rows: u64, work: &Path, tag: &str) -> R
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    let middle = values.len() / 2;
+    if values.len().is_multiple_of(2) {
+        (values[middle - 1] + values[middle]) / 2.0
+    } else {
+        values[middle]
+    }
 }
 
 fn orchestrate() -> Result<()> {
