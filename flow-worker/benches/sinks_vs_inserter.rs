@@ -662,13 +662,16 @@ fn endless(secs: u64) -> Result<()> {
     }
     let first = |s: &(f64, u64, u64)| s.0 <= 60.0;
     let last = |s: &(f64, u64, u64)| s.0 > last_from;
-    for (what, field) in [
-        ("RSS", (|s: &(f64, u64, u64)| s.1) as fn(&_) -> u64),
-        ("state dir", |s| s.2),
+    // RSS samples are KiB, state-dir samples bytes; both are shown in MiB.
+    for (what, field, per_mib) in [
+        ("RSS", (|s: &(f64, u64, u64)| s.1) as fn(&_) -> u64, 1024.0),
+        ("state dir", |s| s.2, 1048576.0),
     ] {
         let (a, b) = (mean(&first, field), mean(&last, field));
         println!(
-            "{what}: first minute mean {a:.0}, last minute mean {b:.0}, ratio {:.3} (flat: within 0.90..1.10)",
+            "{what}: first minute mean {:.1} MiB, last minute mean {:.1} MiB, ratio {:.3} (flat: within 0.90..1.10)",
+            a / per_mib,
+            b / per_mib,
             b / a.max(1.0)
         );
     }
