@@ -452,6 +452,9 @@ impl SharedQueue {
                     first_offset: 0,
                     last_offset: 0,
                     rows,
+                    encoded_bytes: size,
+                    // Never replayed, so never checked.
+                    content_hash: 0,
                     format,
                     payload,
                 };

@@ -6,13 +6,17 @@
 //! shard-name order, in the same commit as the source position; a logical batch has left the
 //! outbox when its last shard entry is acknowledged. Delivery is asynchronous and strictly ordered
 //! per partition; every replay sends the stored bytes with the same token
-//! `<namespace><max message id>[:<shard>]`.
+//! `<namespace><max message id>[:<shard>]`. With a replayable source the outbox keeps only each
+//! batch's bounds and hash; after a restart the batches are rebuilt from the source and checked
+//! ([`crate::rebuild`]) before they are sent.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flow_core::delivery::{load_backlog, BatchDeliverer, OutboxDelivery};
+use flow_core::delivery::{
+    load_backlog, now_ms, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer, SinkDelivery,
+};
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
 use flow_state::{SealedBatch, SinkPartition, StateStore};
@@ -24,6 +28,7 @@ use crate::common::{
 use crate::compress::is_framed;
 use crate::fingerprint::{check_topology, TopologyDecision};
 use crate::params::SinkClass;
+use crate::rebuild::Requeue;
 
 /// Builds either batching class from its spec parameters.
 pub fn build(
@@ -32,31 +37,32 @@ pub fn build(
     parameters: &serde_yaml::Value,
     dynamic: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SinkFactory>> {
-    Ok(Arc::new(BatchingSinkFactory {
-        shared: build_shared(class, ctx, parameters, dynamic)?,
-    }))
+    let shared = build_shared(class, ctx, parameters, dynamic)?;
+    let delivery = SinkDelivery::new(ctx.sink, shared.dynamic().max_in_flight_bytes);
+    Ok(Arc::new(BatchingSinkFactory { shared, delivery }))
 }
 
 struct BatchingSinkFactory {
     shared: Arc<SinkShared>,
+    delivery: Arc<SinkDelivery>,
 }
 
 impl SinkFactory for BatchingSinkFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
-        Ok(Box::new(BatchingSink {
+        Ok(Box::new(OutboxSink::new(BatchingSink {
             shared: Arc::clone(&self.shared),
+            delivery: Arc::clone(&self.delivery),
             ctx,
-            delivery: OutboxDelivery::default(),
             fingerprints_checked: false,
             cutter: BatchCutter::default(),
-        }))
+        })))
     }
 }
 
 struct BatchingSink {
     shared: Arc<SinkShared>,
+    delivery: Arc<SinkDelivery>,
     ctx: SinkContext,
-    delivery: OutboxDelivery,
     /// Whether the persisted fingerprints were compared with (or replaced by) the current ones.
     fingerprints_checked: bool,
     cutter: BatchCutter,
@@ -102,8 +108,8 @@ impl BatchingSink {
 }
 
 #[async_trait]
-impl Sink for BatchingSink {
-    async fn open(&mut self) -> Result<(), SinkError> {
+impl Sealer for BatchingSink {
+    async fn open(&mut self, delivery: &mut OutboxDelivery) -> Result<(), SinkError> {
         let key = self.ctx.state_key();
         let backlog = load_backlog(&self.ctx.store, &key).await?;
         if let Some(oldest) = backlog.first() {
@@ -121,12 +127,29 @@ impl Sink for BatchingSink {
             shared: Arc::clone(&self.shared),
             store: self.ctx.store.clone(),
         });
-        self.delivery
-            .open(key, deliverer, backlog, self.ctx.shutdown.clone())
-            .await
+        delivery.open(
+            key,
+            deliverer,
+            Arc::clone(&self.delivery),
+            self.ctx.shutdown.clone(),
+        );
+        if backlog.is_empty() {
+            return Ok(());
+        }
+        let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
+            return Ok(());
+        };
+        let plan = session.encoder.plan_fingerprint();
+        let requeue = Requeue {
+            shared: &self.shared,
+            session: &session,
+            ctx: &self.ctx,
+            plan: &plan,
+        };
+        requeue.run(backlog, delivery).await
     }
 
-    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+    async fn seal(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         self.shared.check_gave_up()?;
         let stopping = || EpochOutcome::Veto {
             reason: "the pipeline is stopping before the writer session started".to_owned(),
@@ -147,6 +170,8 @@ impl Sink for BatchingSink {
             self.shared.params.database, self.shared.params.table
         );
         let columns = session.encoder.column_names();
+        let plan = session.encoder.plan_fingerprint();
+        let sealed_at_ms = now_ms();
         let partition = self.ctx.partition;
         let batches = parts
             .into_iter()
@@ -168,6 +193,10 @@ impl Sink for BatchingSink {
                     first_offset: part.first_offset,
                     last_offset: part.last_offset,
                     rows: part.rows,
+                    encoded_bytes: part.encoded_bytes,
+                    plan: plan.clone(),
+                    sealed_at_ms,
+                    content_hash: part.content_hash,
                     payload: part.payload,
                 }
             })
@@ -175,23 +204,16 @@ impl Sink for BatchingSink {
         Ok(EpochOutcome::Commit(EpochWrite {
             batches,
             dead_letters: Vec::new(),
+            rebuildable: true,
         }))
     }
 
-    async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
-        self.delivery.committed(batches).await
-    }
-
-    async fn drain(&mut self) -> Result<(), SinkError> {
-        self.delivery.drain().await
-    }
-
-    async fn close(&mut self) -> Result<(), SinkError> {
-        self.delivery.close().await
-    }
-
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
-        self.shared.reconfigure(dynamic)
+        self.shared.reconfigure(dynamic)?;
+        self.delivery
+            .budget
+            .resize(self.shared.dynamic().max_in_flight_bytes);
+        Ok(())
     }
 }
 

@@ -285,6 +285,10 @@ pub struct Part {
     pub first_offset: u64,
     pub last_offset: u64,
     pub rows: u64,
+    /// Bytes of the encoded rows before framing.
+    pub encoded_bytes: u64,
+    /// xxh64 of the encoded rows before framing (what a rebuilt batch is checked against).
+    pub content_hash: u64,
     /// `RowBinary`, or `RowBinary;lz4` for ClickHouse's compression framing.
     pub format: String,
     pub payload: Bytes,
@@ -343,7 +347,24 @@ impl BatchCutter {
         Ok(())
     }
 
-    fn seal(
+    /// Encodes one row into its shard's buffer (rebuilding a batch row by row).
+    pub fn push_row(
+        &mut self,
+        shared: &SinkShared,
+        session: &WriterSession,
+        row: &Row<'_>,
+    ) -> Result<(), SinkError> {
+        let shards = shared.router.shards().len().max(1);
+        self.buffers.resize_with(shards, Vec::new);
+        self.rows.resize(shards, 0);
+        let (shard, _) = shared.encode_routed(session, row, &mut self.buffers, &mut self.key)?;
+        self.rows[shard] += 1;
+        Ok(())
+    }
+
+    /// Seals what the buffers hold as one batch with the given bounds: one part per shard that
+    /// received rows, in shard order.
+    pub fn seal(
         &mut self,
         shared: &SinkShared,
         first_offset: u64,
@@ -355,17 +376,20 @@ impl BatchCutter {
                 continue;
             }
             let rows = std::mem::take(&mut self.rows[index]);
+            let content_hash = xxhash_rust::xxh64::xxh64(buffer, 0);
             let (format, payload) = seal(shared.params.codec, buffer);
-            // The encode buffer keeps its capacity for the next batch.
-            buffer.clear();
             parts.push(Part {
                 shard: shared.shard_name(index),
                 first_offset,
                 last_offset,
                 rows,
+                encoded_bytes: buffer.len() as u64,
+                content_hash,
                 format,
                 payload,
             });
+            // The encode buffer keeps its capacity for the next batch.
+            buffer.clear();
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod compress;
 pub mod dedup_window;
 pub mod fingerprint;
 pub mod params;
+mod rebuild;
 pub mod routing;
 pub mod rowbinary;
 pub mod session;

@@ -36,6 +36,10 @@ pub const MAX_ROWS_PER_BATCH: u64 = 1_000_000;
 pub const DEFAULT_MAX_BYTES_PER_BATCH: u64 = 5 * 1024 * 1024;
 /// Extended from the reference's 10 MiB.
 pub const MAX_BYTES_PER_BATCH: u64 = 256 * 1024 * 1024;
+/// Default of `max_in_flight_bytes`: room for about two framed 100k-row batches per partition
+/// of a 4-partition pipeline (see docs/performance.md for the measurement).
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 64 * 1024 * 1024;
+pub const MIN_IN_FLIGHT_BYTES: u64 = 1024 * 1024;
 pub const DEFAULT_TOTAL_QUEUE_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
 
 const REFERENCE_PREFIX: &str = "NYT::NFlow::T";
@@ -751,6 +755,9 @@ pub struct ClickHouseDynamicParams {
     pub max_rows_per_batch: u64,
     /// A batch is sealed at this many bytes of messages. 1..=256 MiB.
     pub max_bytes_per_batch: u64,
+    /// Payload bytes (as sent, after framing) the sink holds in memory for delivery, across
+    /// its partitions. 1 MiB..=4 GiB.
+    pub max_in_flight_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub at_most_once_strategy: Option<AtMostOnceDynamic>,
 }
@@ -765,6 +772,7 @@ impl Default for ClickHouseDynamicParams {
             replay_horizon: DEFAULT_REPLAY_HORIZON,
             max_rows_per_batch: DEFAULT_MAX_ROWS_PER_BATCH,
             max_bytes_per_batch: DEFAULT_MAX_BYTES_PER_BATCH,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             at_most_once_strategy: None,
         }
     }
@@ -839,6 +847,12 @@ impl ClickHouseDynamicParams {
             self.max_bytes_per_batch,
             1,
             Some(MAX_BYTES_PER_BATCH),
+        );
+        int_range(
+            "max_in_flight_bytes",
+            self.max_in_flight_bytes,
+            MIN_IN_FLIGHT_BYTES,
+            Some(flow_core::delivery::MAX_BYTE_BUDGET),
         );
         if let Some(strategy) = &self.at_most_once_strategy {
             int_range(

@@ -44,6 +44,18 @@ impl RowBinaryEncoder {
         &self.columns
     }
 
+    /// Identifies the encoding: table columns, their types and the stream columns they take.
+    /// Rows encoded under different plans are different bytes.
+    pub fn plan_fingerprint(&self) -> String {
+        let plan = self
+            .columns
+            .iter()
+            .map(|c| format!("{} {} <- {}", c.name, c.ty, c.stream_index))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("{:016x}", xxhash_rust::xxh64::xxh64(plan.as_bytes(), 0))
+    }
+
     /// Appends one row to `out`. On error `out` is truncated back to its length before the call
     /// (nothing partial is left) and the error names the column and why: null into a
     /// non-Nullable column; a FixedString(N) value longer than N bytes (shorter ones are

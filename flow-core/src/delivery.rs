@@ -111,7 +111,10 @@ impl ByteBudget {
     /// still goes, alone).
     pub async fn acquire(self: &Arc<Self>, bytes: usize) -> BudgetPermit {
         let wanted = (bytes as u64).clamp(1, self.limit()) as u32;
-        let permit = Arc::clone(&self.semaphore).acquire_many_owned(wanted).await.ok();
+        let permit = Arc::clone(&self.semaphore)
+            .acquire_many_owned(wanted)
+            .await
+            .ok();
         BudgetPermit {
             permit,
             budget: Arc::clone(self),
@@ -596,7 +599,12 @@ mod tests {
     async fn a_stuck_target_applies_back_pressure_until_shutdown_releases_it() {
         let (stop, shutdown) = watch::channel(false);
         let mut delivery = OutboxDelivery::default();
-        delivery.open(key(), Arc::new(Stuck), SinkDelivery::new("s", 1 << 20), shutdown);
+        delivery.open(
+            key(),
+            Arc::new(Stuck),
+            SinkDelivery::new("s", 1 << 20),
+            shutdown,
+        );
         // One batch in delivery plus a full queue: the next commit has to wait.
         let batches: Vec<_> = (0..=DELIVERY_QUEUE_CAPACITY as u64)
             .map(|seq| (seq, batch(1)))

@@ -36,7 +36,12 @@ impl StreamGraph {
     /// processor that refers to an unknown stream.
     pub(crate) fn new(pipeline: &ValidatedPipeline, partition: u32) -> Result<StreamGraph, String> {
         let stream_ids: Vec<String> = std::iter::once(pipeline.source.stream_id().to_owned())
-            .chain(pipeline.processors.iter().map(|p| p.output_stream_id.clone()))
+            .chain(
+                pipeline
+                    .processors
+                    .iter()
+                    .map(|p| p.output_stream_id.clone()),
+            )
             .collect();
         let batches = stream_ids
             .iter()
@@ -60,7 +65,10 @@ impl StreamGraph {
                 graph.index_of(&p.input_stream_id),
                 graph.index_of(&p.output_stream_id),
             ) else {
-                return Err(format!("processor `{}` refers to an unknown stream", p.name));
+                return Err(format!(
+                    "processor `{}` refers to an unknown stream",
+                    p.name
+                ));
             };
             graph.processors.push(ProcessorSlot {
                 name: p.name.clone(),

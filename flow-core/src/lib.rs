@@ -32,8 +32,8 @@ pub use error::{
 };
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
 pub use plugin::{
-    Epoch, EpochOutcome, EpochWrite, Processor, ProcessorFactory, ReadLimits, Replay,
-    ReplayReader, Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,
+    Epoch, EpochOutcome, EpochWrite, Processor, ProcessorFactory, ReadLimits, Replay, ReplayReader,
+    Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,
 };
 pub use registry::Registry;
 pub use runtime::{

@@ -103,8 +103,9 @@ pub struct SinkContext {
     /// (retrying a target, say) should give up waiting and veto the epoch.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// Re-reads this sink's input streams from a committed source position: present when the
-    /// source is replayable and the spec does not ask for payloads (`outbox.payloads: always`).
-    /// A sink that uses it marks its writes [`EpochWrite::rebuildable`].
+    /// source is replayable. A sink that can rebuild its batches from it marks its writes
+    /// [`EpochWrite::rebuildable`]; the outbox then keeps only their bounds, unless the spec
+    /// asks for payloads (`outbox.payloads: always`).
     pub replay: Option<Arc<dyn Replay>>,
 }
 

@@ -235,8 +235,8 @@ struct SinkSlot {
     sink: Box<dyn Sink>,
     /// Indexes into the partition's stream batches, in `input_stream_ids` order.
     inputs: Vec<usize>,
-    /// The sink was given a replay: its rebuildable batches are stored as bounds.
-    replayable: bool,
+    /// The sink's rebuildable batches are stored as bounds.
+    store_bounds: bool,
 }
 
 impl PartitionRunner {
@@ -277,8 +277,10 @@ impl PartitionRunner {
 
         let mut graph = StreamGraph::new(&pipeline, partition)
             .map_err(|reason| RuntimeError::Task { partition, reason })?;
-        let replayable =
-            pipeline.payloads == PayloadPolicy::Auto && pipeline.source.replayable();
+        // A replayable source lets sinks rebuild what they stored as bounds, even when this
+        // run stores payloads (`outbox.payloads: always` set on a state directory with bounds).
+        let source_replayable = pipeline.source.replayable();
+        let store_bounds = pipeline.payloads == PayloadPolicy::Auto && source_replayable;
 
         let mut sinks: Vec<SinkSlot> = Vec::new();
         for (s, dynamic) in pipeline.sinks.iter().zip(&self.dynamic) {
@@ -290,7 +292,7 @@ impl PartitionRunner {
                 store: self.store.clone(),
                 dynamic_parameters: dynamic.borrow().clone(),
                 shutdown: self.shutdown.clone(),
-                replay: replayable.then(|| {
+                replay: source_replayable.then(|| {
                     Arc::new(PipelineReplay {
                         pipeline: Arc::clone(&pipeline),
                         store: self.store.clone(),
@@ -312,7 +314,7 @@ impl PartitionRunner {
                 name: s.name.clone(),
                 sink,
                 inputs,
-                replayable,
+                store_bounds,
             });
         }
         for slot in &mut sinks {
@@ -430,7 +432,7 @@ impl PartitionRunner {
                 match slot.sink.write_epoch(&epoch).await {
                     Ok(EpochOutcome::Commit(write)) => sink_commits.push(SinkEpochCommit {
                         sink: slot.name.clone(),
-                        storage: if write.rebuildable && slot.replayable {
+                        storage: if write.rebuildable && slot.store_bounds {
                             BatchStorage::Bounds {
                                 epoch_start: committed.clone(),
                             }

@@ -8,7 +8,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use flow_state::{
-    EpochCommit, SealedBatch, SinkEpochCommit, SinkPartition, StateStore, StoreOptions,
+    BatchStorage, EpochCommit, SealedBatch, SinkEpochCommit, SinkPartition, StateStore,
+    StoreOptions,
 };
 
 fn commit(partition: u32, n: u64, payload: &[u8]) -> EpochCommit {
@@ -19,6 +20,7 @@ fn commit(partition: u32, n: u64, payload: &[u8]) -> EpochCommit {
         source_dead_letters: Vec::new(),
         sinks: vec![SinkEpochCommit {
             sink: "ch".to_owned(),
+            storage: BatchStorage::Payload,
             batches: vec![SealedBatch {
                 target: "default.events".to_owned(),
                 columns: vec!["id".to_owned(), "body".to_owned()],
@@ -28,6 +30,10 @@ fn commit(partition: u32, n: u64, payload: &[u8]) -> EpochCommit {
                 first_offset: n,
                 last_offset: n,
                 rows: 1,
+                encoded_bytes: payload.len() as u64,
+                plan: "bench-plan".to_owned(),
+                sealed_at_ms: 1_700_000_000_000 + n,
+                content_hash: n,
                 payload: payload.to_vec().into(),
             }],
             dead_letters: Vec::new(),

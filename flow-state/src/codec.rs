@@ -268,7 +268,10 @@ fn encode_error(what: &'static str, context: &str, detail: String) -> StateError
 }
 
 /// The metadata part of a stored batch, encoded on the caller's thread.
-pub(crate) fn encode_batch_header(batch: &SealedBatch, context: &str) -> Result<Vec<u8>, StateError> {
+pub(crate) fn encode_batch_header(
+    batch: &SealedBatch,
+    context: &str,
+) -> Result<Vec<u8>, StateError> {
     let header = BatchHeaderRef {
         target: &batch.target,
         columns: &batch.columns,
@@ -346,7 +349,10 @@ pub(crate) fn decode_batch_parts(
 }
 
 /// A stored batch's metadata (payload empty) and where its payload comes from.
-pub(crate) fn decode_batch(key: &[u8], value: &[u8]) -> Result<(SealedBatch, StoredBody), StateError> {
+pub(crate) fn decode_batch(
+    key: &[u8],
+    value: &[u8],
+) -> Result<(SealedBatch, StoredBody), StateError> {
     let (h, body) = decode_batch_parts(key, value)?;
     let batch = SealedBatch {
         target: h.target,
@@ -453,9 +459,13 @@ mod tests {
     #[test]
     fn batch_decoding_rejects_a_truncated_value_and_an_old_format() {
         let header = encode_batch_header(&batch(), "t").unwrap();
-        let encoded = encode_batch(&header, &BodyRecord::Rebuild { epoch_start: None }, "t").unwrap();
+        let encoded =
+            encode_batch(&header, &BodyRecord::Rebuild { epoch_start: None }, "t").unwrap();
         let err = decode_batch(b"k", &encoded[..encoded.len() - 1]).unwrap_err();
-        assert!(matches!(err, StateError::Decode { what: "batch", .. }), "{err}");
+        assert!(
+            matches!(err, StateError::Decode { what: "batch", .. }),
+            "{err}"
+        );
         let mut old = encoded.clone();
         old[0] = 1;
         let err = decode_batch(b"k", &old).unwrap_err().to_string();

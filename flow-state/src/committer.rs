@@ -13,7 +13,9 @@ use std::time::Instant;
 use sled::transaction::{abort, ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
-use crate::codec::{decode_batch_parts, decode_counter, encode_batch, seq_key, show_key, Bounds, BodyRecord};
+use crate::codec::{
+    decode_batch_parts, decode_counter, encode_batch, seq_key, show_key, BodyRecord, Bounds,
+};
 use crate::error::StateError;
 use crate::segments::Segments;
 use crate::types::{CommitReceipt, SinkPartition, StoreStats};
@@ -579,7 +581,9 @@ impl Committer {
                 // Only now may segments freed by this group's acknowledgements go.
                 Ok(()) => match self.segments.delete_freed() {
                     Ok(deleted) => bump(&self.stats.segments_deleted, deleted),
-                    Err(e) => tracing::warn!(error = %e, "a fully acknowledged payload segment could not be deleted; it is retried at the next open. Check the state directory's permissions"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a fully acknowledged payload segment could not be deleted; it is retried at the next open. Check the state directory's permissions")
+                    }
                 },
                 Err(e) => {
                     tracing::error!(error = %e, requests = answered.len(), "state commit group is not durable")

@@ -41,18 +41,18 @@ use std::thread::JoinHandle;
 
 pub use codec::SOURCE_OWNER;
 pub use error::StateError;
+pub use segments::SEGMENT_ROLL_BYTES;
 pub use summary::{
     BatchBody, BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, PipelineSummary, PositionInfo,
     SinkPartitionSummary, StateSummary, RECENT_DEAD_LETTERS,
 };
-pub use segments::SEGMENT_ROLL_BYTES;
 pub use types::{
-    BatchStorage, CommitReceipt, DeadLetter, EpochCommit, PayloadRef, SealedBatch,
-    SinkEpochCommit, SinkPartition, StoreOptions, StoreStats, StoredBatch, StoredBody,
+    BatchStorage, CommitReceipt, DeadLetter, EpochCommit, PayloadRef, SealedBatch, SinkEpochCommit,
+    SinkPartition, StoreOptions, StoreStats, StoredBatch, StoredBody,
 };
 
-use codec::{check_name, show_key};
 use codec::BodyRecord;
+use codec::{check_name, show_key};
 use committer::{
     Committer, Durability, Op, Outcome, PreparedAck, PreparedBatch, PreparedBody, PreparedCommit,
     PreparedDeadLetters, PreparedFingerprints, PreparedSink, Reply, Request, StatCounters, Trees,
@@ -362,7 +362,9 @@ fn referenced_segments(trees: &Trees) -> Result<Vec<(Vec<u8>, u64)>, StateError>
     let mut out = Vec::new();
     for item in trees.batches.iter() {
         let (k, v) = item.map_err(|e| StateError::sled("scan", "batches", e))?;
-        if let (_, BodyRecord::Segment { segment, .. }) = codec::decode_batch_parts(&k, &v)? {
+        // A value this version cannot decode references no segment; reading that batch reports
+        // why (`undelivered`, `status`).
+        if let Ok((_, BodyRecord::Segment { segment, .. })) = codec::decode_batch_parts(&k, &v) {
             let queue = k[..k.len().saturating_sub(8)].to_vec();
             out.push((queue, segment));
         }

@@ -175,10 +175,12 @@ impl Segments {
             return Err(StateError::Closed);
         };
         let path = dir.join(format!("{:016x}", active.id));
-        active
-            .file
-            .write_all(payload)
-            .map_err(io("write of segment", &path))?;
+        if let Err(e) = active.file.write_all(payload) {
+            // Part of the payload may be in the file: later payloads go to a new segment so
+            // that every recorded offset stays right.
+            series.active = None;
+            return Err(io("write of segment", &path)(e));
+        }
         let location = PayloadRef {
             segment: active.id,
             offset: active.len,
@@ -192,6 +194,10 @@ impl Segments {
 
     /// A batch referencing `segment` was committed.
     pub(crate) fn referenced(&mut self, queue: &[u8], segment: u64) {
+        // The segment may have rolled (or lost its last batch to an acknowledgement) in this
+        // group before this commit was counted: it is in use again.
+        let path = self.segment_path(queue, segment);
+        self.freed.retain(|freed| *freed != path);
         *self
             .series
             .entry(queue.to_vec())

@@ -17,6 +17,10 @@ fn batch(partition: u32, n: u64, len: usize) -> SealedBatch {
         first_offset: n * 10,
         last_offset: n * 10 + 9,
         rows: 10,
+        encoded_bytes: len as u64 + 3,
+        plan: format!("plan-{partition}"),
+        sealed_at_ms: 1_700_000_000_000 + n,
+        content_hash: 0xC0FF_EE00 ^ n,
         payload: (0..len)
             .map(|i| (i as u64 * 31 + n * 7 + u64::from(partition)) as u8)
             .collect(),
@@ -49,9 +53,84 @@ fn epoch(partition: u32, position: &str, sinks: Vec<SinkEpochCommit>) -> EpochCo
 fn sink(name: &str, batches: Vec<SealedBatch>) -> SinkEpochCommit {
     SinkEpochCommit {
         sink: name.to_owned(),
+        storage: BatchStorage::Payload,
         batches,
         dead_letters: Vec::new(),
     }
+}
+
+fn bounds_sink(
+    name: &str,
+    epoch_start: Option<&[u8]>,
+    batches: Vec<SealedBatch>,
+) -> SinkEpochCommit {
+    SinkEpochCommit {
+        storage: BatchStorage::Bounds {
+            epoch_start: epoch_start.map(<[u8]>::to_vec),
+        },
+        ..sink(name, batches)
+    }
+}
+
+/// What `undelivered` returns as a stored batch's metadata: the batch without its payload.
+fn meta(batch: &SealedBatch) -> SealedBatch {
+    SealedBatch {
+        payload: bytes::Bytes::new(),
+        ..batch.clone()
+    }
+}
+
+/// Checks a stored batch against the committed one: metadata equal, payload stored in a segment
+/// and bit-identical when loaded.
+fn assert_stored_payload(
+    store: &StateStore,
+    k: &SinkPartition,
+    stored: &StoredBatch,
+    expected: &SealedBatch,
+) {
+    assert_eq!(stored.batch, meta(expected), "{k} seq {}", stored.seq);
+    let StoredBody::Payload(payload_ref) = &stored.body else {
+        panic!(
+            "{k} seq {}: expected a stored payload, got {:?}",
+            stored.seq, stored.body
+        );
+    };
+    assert_eq!(payload_ref.len(), expected.payload.len() as u64);
+    let loaded = store.load_payload(k, payload_ref).unwrap();
+    assert!(
+        loaded == expected.payload,
+        "{k} seq {}: loaded payload of {} bytes differs from the committed {} bytes",
+        stored.seq,
+        loaded.len(),
+        expected.payload.len()
+    );
+}
+
+/// Regular files under `dir` (recursively), sorted.
+fn files_under(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries {
+        let entry = entry.unwrap();
+        let meta = entry.metadata().unwrap();
+        if meta.is_dir() {
+            out.extend(files_under(&entry.path()));
+        } else {
+            out.push((entry.path(), meta.len()));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn payload_files(store_dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
+    files_under(&store_dir.join("payloads"))
+}
+
+fn payload_bytes(store_dir: &std::path::Path) -> u64 {
+    payload_files(store_dir).iter().map(|(_, len)| len).sum()
 }
 
 #[test]
@@ -95,12 +174,16 @@ fn commit_then_reopen_restores_position_batches_fingerprints_and_dead_letters() 
         stored.iter().map(|b| b.seq).collect::<Vec<_>>(),
         vec![0, 1, 2]
     );
-    assert_eq!(stored[0].batch, b1);
-    assert_eq!(stored[1].batch, b2);
-    assert_eq!(stored[2].batch, b3);
+    assert_stored_payload(&store, &key("ch", 3), &stored[0], &b1);
+    assert_stored_payload(&store, &key("ch", 3), &stored[1], &b2);
+    assert_stored_payload(&store, &key("ch", 3), &stored[2], &b3);
+    assert!(stored.iter().all(|s| s.batch.payload.is_empty()));
     let stored = store.undelivered(&key("file", 3)).unwrap();
     assert_eq!(stored.len(), 1);
-    assert_eq!(stored[0].batch, other);
+    assert_stored_payload(&store, &key("file", 3), &stored[0], &other);
+    let oldest = store.oldest_undelivered(&key("ch", 3)).unwrap().unwrap();
+    assert_eq!(oldest.seq, 0);
+    assert_stored_payload(&store, &key("ch", 3), &oldest, &b1);
     assert_eq!(
         store.fingerprints(&key("ch", 3)).unwrap(),
         BTreeMap::from([("default.events".to_owned(), "abc123".to_owned())])
@@ -143,7 +226,8 @@ fn acknowledge_removes_only_the_oldest_batch_and_rejects_others_with_not_oldest_
         .unwrap();
     let left = store.undelivered(&k).unwrap();
     assert_eq!(left.iter().map(|b| b.seq).collect::<Vec<_>>(), vec![1, 2]);
-    assert_eq!(left[0].batch, batches[1]);
+    assert_stored_payload(&store, &k, &left[0], &batches[1]);
+    assert_stored_payload(&store, &k, &left[1], &batches[2]);
     assert_eq!(
         store.sink_value("pipe", "ch", "last_token").unwrap(),
         Some(b"tok-0-0".to_vec())
@@ -336,17 +420,30 @@ fn concurrent_async_commits_from_tasks_share_fsyncs() {
 }
 
 #[test]
-fn payload_above_blob_threshold_round_trips_and_its_blob_file_is_fsynced() {
+fn large_payload_round_trips_through_a_segment_and_creates_no_sled_blob_file() {
     let dir = tempfile::tempdir().unwrap();
     let store = StateStore::open(dir.path()).unwrap();
-    let big = batch(0, 0, 1 << 20);
+    let k = key("ch", 0);
+    let big = batch(0, 0, 1 << 20); // far above sled's blob threshold
     store
         .commit_blocking(epoch(0, "p", vec![sink("ch", vec![big.clone()])]))
         .unwrap();
     let stats = store.stats();
-    assert!(stats.blob_fsyncs >= 1, "{stats:?}");
-    assert!(std::fs::read_dir(dir.path().join("blobs")).unwrap().count() >= 1);
-    assert_eq!(store.undelivered(&key("ch", 0)).unwrap()[0].batch, big);
+    assert_eq!(stats.segment_fsyncs, 1, "{stats:?}");
+    assert_eq!(stats.blob_fsyncs, 0, "{stats:?}");
+    assert_eq!(files_under(&dir.path().join("blobs")), vec![]);
+    let segments = payload_files(dir.path());
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    assert_eq!(segments[0].1, 1 << 20);
+    let stored = store.undelivered(&k).unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_stored_payload(&store, &k, &stored[0], &big);
+    store.close().unwrap();
+
+    let store = StateStore::open(dir.path()).unwrap();
+    let stored = store.oldest_undelivered(&k).unwrap().unwrap();
+    assert_stored_payload(&store, &k, &stored, &big);
+    assert_eq!(files_under(&dir.path().join("blobs")), vec![]);
     store.close().unwrap();
 }
 
@@ -363,11 +460,15 @@ fn fsync_off_still_commits_without_fsyncs() {
         .unwrap();
     let stats = store.stats();
     assert_eq!(stats.fsyncs, 0);
+    assert_eq!(stats.segment_fsyncs, 0);
     assert_eq!(stats.groups, 1);
     assert_eq!(stats.flushes, 1);
     store.close().unwrap();
     let store = StateStore::open_with(dir.path(), options).unwrap();
     assert_eq!(store.position("pipe", 0).unwrap(), Some(b"p".to_vec()));
+    let stored = store.undelivered(&key("ch", 0)).unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_stored_payload(&store, &key("ch", 0), &stored[0], &batch(0, 0, 10));
     store.close().unwrap();
 }
 
@@ -416,6 +517,10 @@ fn summary_reports_queues_oldest_batch_fingerprints_and_dead_letters() {
         (oldest.seq, oldest.first_offset, oldest.last_offset),
         (1, 10, 19)
     );
+    assert_eq!(oldest.bytes, 50);
+    assert_eq!(oldest.sealed_at_ms, 1_700_000_000_001);
+    assert_eq!(oldest.stored, BatchBody::Payload);
+    assert_eq!(s.newest, s.oldest);
     assert_eq!(s.fingerprints["default.events"], "fp");
     assert_eq!(s.dead_letter_count, 7);
     assert_eq!(
@@ -431,6 +536,7 @@ fn summary_reports_queues_oldest_batch_fingerprints_and_dead_letters() {
     // Serializable for `flow-worker status`.
     let json = serde_json::to_string(&summary).unwrap();
     assert!(json.contains("\"undelivered\":1"), "{json}");
+    assert!(json.contains("\"stored\":\"payload\""), "{json}");
     store.close().unwrap();
 }
 
@@ -489,4 +595,362 @@ fn dropping_the_last_clone_stops_the_committer_so_the_store_can_be_reopened() {
         Some(b"dropped".to_vec())
     );
     store.close().unwrap();
+}
+
+#[test]
+fn payload_disk_stays_bounded_by_undelivered_bytes_plus_one_segment_per_queue() {
+    const PAYLOAD: usize = 256 << 10;
+    // One batch per queue per epoch: 200 batches over 2 queues.
+    const EPOCHS: u64 = 100;
+    const LAG: usize = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    let queues = [key("a", 0), key("b", 0)];
+    let slack = 2 * (SEGMENT_ROLL_BYTES + PAYLOAD as u64);
+    let mut pending: [std::collections::VecDeque<(u64, SealedBatch)>; 2] = Default::default();
+    let check = |pending: &[std::collections::VecDeque<(u64, SealedBatch)>; 2], step: &str| {
+        let live: u64 = pending
+            .iter()
+            .flatten()
+            .map(|(_, b)| b.payload.len() as u64)
+            .sum();
+        let on_disk = payload_bytes(dir.path());
+        assert!(
+            live <= on_disk && on_disk <= live + slack,
+            "{step}: {on_disk} payload bytes on disk, {live} undelivered (allowed up to {})",
+            live + slack
+        );
+    };
+    for n in 0..EPOCHS {
+        let committed = [batch(0, 2 * n, PAYLOAD), batch(0, 2 * n + 1, PAYLOAD)];
+        let receipt = store
+            .commit_blocking(epoch(
+                0,
+                &n.to_string(),
+                vec![
+                    sink("a", vec![committed[0].clone()]),
+                    sink("b", vec![committed[1].clone()]),
+                ],
+            ))
+            .unwrap();
+        for (q, b) in committed.into_iter().enumerate() {
+            assert_eq!(receipt.seqs(&queues[q].sink), &[n]);
+            pending[q].push_back((n, b));
+        }
+        check(&pending, &format!("after commit {n}"));
+        for q in 0..2 {
+            while pending[q].len() > LAG {
+                let (seq, expected) = pending[q].pop_front().unwrap();
+                let oldest = store.oldest_undelivered(&queues[q]).unwrap().unwrap();
+                assert_eq!(oldest.seq, seq);
+                assert_stored_payload(&store, &queues[q], &oldest, &expected);
+                store.acknowledge_blocking(&queues[q], seq, vec![]).unwrap();
+                check(&pending, &format!("after ack of {} seq {seq}", queues[q]));
+            }
+        }
+    }
+    for q in 0..2 {
+        while let Some((seq, expected)) = pending[q].pop_front() {
+            let oldest = store.oldest_undelivered(&queues[q]).unwrap().unwrap();
+            assert_stored_payload(&store, &queues[q], &oldest, &expected);
+            store.acknowledge_blocking(&queues[q], seq, vec![]).unwrap();
+            check(
+                &pending,
+                &format!("after final ack of {} seq {seq}", queues[q]),
+            );
+        }
+        assert_eq!(store.undelivered(&queues[q]).unwrap(), vec![]);
+    }
+    // 16 payloads of 256 KiB fill a segment: each queue wrote segments 0..=5 (full, all
+    // acknowledged, deleted) and segment 6 (4 payloads, still the active one).
+    let files = payload_files(dir.path());
+    assert_eq!(files.len(), 2, "{files:?}");
+    assert!(
+        files.iter().all(|(_, len)| *len == 4 * PAYLOAD as u64),
+        "{files:?}"
+    );
+    let stats = store.stats();
+    assert_eq!(stats.segments_deleted, 12, "{stats:?}");
+    assert_eq!(stats.commits, EPOCHS);
+    assert_eq!(stats.acknowledgements, 2 * EPOCHS);
+    store.close().unwrap();
+
+    // No batch references the active segments any more: opening deletes them.
+    let store = StateStore::open(dir.path()).unwrap();
+    assert_eq!(payload_files(dir.path()), vec![]);
+    let again = batch(0, 1000, PAYLOAD);
+    let receipt = store
+        .commit_blocking(epoch(0, "again", vec![sink("a", vec![again.clone()])]))
+        .unwrap();
+    assert_eq!(receipt.seqs("a"), &[EPOCHS]);
+    let stored = store.undelivered(&queues[0]).unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_stored_payload(&store, &queues[0], &stored[0], &again);
+    assert_eq!(payload_bytes(dir.path()), PAYLOAD as u64);
+    store.close().unwrap();
+}
+
+#[test]
+fn bounds_storage_keeps_only_metadata_and_the_exact_epoch_start_and_acknowledges() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = key("ch", 4);
+    let b0 = batch(4, 0, 70_000);
+    let b1 = batch(4, 1, 300_000);
+    let check = |store: &StateStore, head: u64| {
+        let stored = store.undelivered(&k).unwrap();
+        let expected = [&b0, &b1];
+        assert_eq!(
+            stored.iter().map(|s| s.seq).collect::<Vec<_>>(),
+            (head..2).collect::<Vec<_>>()
+        );
+        for s in &stored {
+            assert_eq!(s.batch, meta(expected[s.seq as usize]));
+            assert_eq!(
+                s.body,
+                StoredBody::Rebuild {
+                    epoch_start: Some(b"pos-7".to_vec())
+                }
+            );
+        }
+    };
+    {
+        let store = StateStore::open(dir.path()).unwrap();
+        let receipt = store
+            .commit_blocking(epoch(
+                4,
+                "pos-9",
+                vec![bounds_sink(
+                    "ch",
+                    Some(b"pos-7"),
+                    vec![b0.clone(), b1.clone()],
+                )],
+            ))
+            .unwrap();
+        assert_eq!(receipt.seqs("ch"), &[0, 1]);
+        // No payload byte anywhere: no segment, no sled blob, and small sled values.
+        assert_eq!(payload_files(dir.path()), vec![]);
+        assert_eq!(files_under(&dir.path().join("blobs")), vec![]);
+        for item in store.inner.trees.batches.iter() {
+            let (_, v) = item.unwrap();
+            assert!(v.len() < 1024, "stored batch value of {} bytes", v.len());
+        }
+        let stats = store.stats();
+        assert_eq!(
+            (stats.segment_fsyncs, stats.blob_fsyncs),
+            (0, 0),
+            "{stats:?}"
+        );
+        check(&store, 0);
+        let oldest = store.oldest_undelivered(&k).unwrap().unwrap();
+        assert_eq!(oldest.seq, 0);
+        assert_eq!(
+            oldest.body,
+            StoredBody::Rebuild {
+                epoch_start: Some(b"pos-7".to_vec())
+            }
+        );
+
+        let summary = store.summary().unwrap();
+        let s = &summary.pipelines["pipe"].sinks[0];
+        assert_eq!((s.undelivered, s.rows, s.bytes), (2, 20, 370_000));
+        let oldest = s.oldest.as_ref().unwrap();
+        assert_eq!(oldest.stored, BatchBody::Bounds);
+        assert_eq!(oldest.bytes, 70_000);
+        assert_eq!(oldest.sealed_at_ms, 1_700_000_000_000);
+        assert_eq!(s.newest.as_ref().unwrap().sealed_at_ms, 1_700_000_000_001);
+        let json = serde_json::to_string(&summary).unwrap();
+        assert!(json.contains("\"stored\":\"bounds\""), "{json}");
+        store.close().unwrap();
+    }
+    let store = StateStore::open(dir.path()).unwrap();
+    check(&store, 0);
+    store.acknowledge_blocking(&k, 0, vec![]).unwrap();
+    check(&store, 1);
+    // `None`: rebuild from the start of the partition.
+    let b2 = batch(4, 2, 10);
+    let receipt = store
+        .commit_blocking(epoch(
+            4,
+            "pos-10",
+            vec![bounds_sink("ch", None, vec![b2.clone()])],
+        ))
+        .unwrap();
+    assert_eq!(receipt.seqs("ch"), &[2]);
+    let stored = store.undelivered(&k).unwrap();
+    assert_eq!(stored.len(), 2);
+    assert_eq!(stored[1].seq, 2);
+    assert_eq!(stored[1].batch, meta(&b2));
+    assert_eq!(stored[1].body, StoredBody::Rebuild { epoch_start: None });
+    store.acknowledge_blocking(&k, 1, vec![]).unwrap();
+    store.acknowledge_blocking(&k, 2, vec![]).unwrap();
+    assert_eq!(store.undelivered(&k).unwrap(), vec![]);
+    let stats = store.stats();
+    assert_eq!(stats.acknowledgements, 3);
+    assert_eq!((stats.segment_fsyncs, stats.segments_deleted), (0, 0));
+    assert_eq!(payload_files(dir.path()), vec![]);
+    store.close().unwrap();
+}
+
+#[test]
+fn one_epoch_commit_can_mix_a_bounds_sink_and_a_payload_sink() {
+    let dir = tempfile::tempdir().unwrap();
+    let (kb, kp) = (key("ch", 1), key("file", 1));
+    let rebuilt = batch(1, 0, 50_000);
+    let kept = batch(1, 1, 60_000);
+    {
+        let store = StateStore::open(dir.path()).unwrap();
+        let receipt = store
+            .commit_blocking(epoch(
+                1,
+                "e1",
+                vec![
+                    bounds_sink("ch", Some(b"e0"), vec![rebuilt.clone()]),
+                    sink("file", vec![kept.clone()]),
+                ],
+            ))
+            .unwrap();
+        assert_eq!(
+            receipt.batch_seqs,
+            vec![("ch".to_owned(), vec![0]), ("file".to_owned(), vec![0])]
+        );
+        // Only the payload sink's batch is on disk.
+        let files = payload_files(dir.path());
+        assert_eq!(files.len(), 1, "{files:?}");
+        assert_eq!(files[0].1, 60_000);
+        assert_eq!(store.stats().segment_fsyncs, 1);
+        store.close().unwrap();
+    }
+    let store = StateStore::open(dir.path()).unwrap();
+    let b = store.undelivered(&kb).unwrap();
+    assert_eq!(b.len(), 1);
+    assert_eq!(b[0].batch, meta(&rebuilt));
+    assert_eq!(
+        b[0].body,
+        StoredBody::Rebuild {
+            epoch_start: Some(b"e0".to_vec())
+        }
+    );
+    let p = store.undelivered(&kp).unwrap();
+    assert_eq!(p.len(), 1);
+    assert_stored_payload(&store, &kp, &p[0], &kept);
+    let summary = store.summary().unwrap();
+    let stored: Vec<_> = summary.pipelines["pipe"]
+        .sinks
+        .iter()
+        .map(|s| (s.sink.as_str(), s.oldest.as_ref().unwrap().stored, s.bytes))
+        .collect();
+    assert_eq!(
+        stored,
+        vec![
+            ("ch", BatchBody::Bounds, 50_000),
+            ("file", BatchBody::Payload, 60_000)
+        ]
+    );
+    store.acknowledge_blocking(&kb, 0, vec![]).unwrap();
+    assert_eq!(payload_files(dir.path()).len(), 1);
+    store.acknowledge_blocking(&kp, 0, vec![]).unwrap();
+    assert_eq!(store.undelivered(&kb).unwrap(), vec![]);
+    assert_eq!(store.undelivered(&kp).unwrap(), vec![]);
+    // After the reopen the segment is no queue's active one: its last acknowledgement deletes it.
+    assert_eq!(store.stats().segments_deleted, 1);
+    assert_eq!(payload_files(dir.path()), vec![]);
+    store.close().unwrap();
+}
+
+#[test]
+fn a_flipped_byte_in_a_segment_makes_load_payload_fail_with_a_decode_error_naming_the_stored_payload(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    let k = key("ch", 0);
+    let first = batch(0, 0, 1000);
+    let second = batch(0, 1, 5000);
+    store
+        .commit_blocking(epoch(
+            0,
+            "p",
+            vec![sink("ch", vec![first.clone(), second.clone()])],
+        ))
+        .unwrap();
+    let files = payload_files(dir.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let (path, len) = &files[0];
+    assert_eq!(*len, 6000);
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[1000 + 17] ^= 0x40; // inside the second payload
+    std::fs::write(path, &bytes).unwrap();
+
+    let stored = store.undelivered(&k).unwrap();
+    assert_stored_payload(&store, &k, &stored[0], &first);
+    let StoredBody::Payload(second_ref) = &stored[1].body else {
+        panic!("{:?}", stored[1].body);
+    };
+    let err = store.load_payload(&k, second_ref).unwrap_err();
+    match &err {
+        StateError::Decode { what, key, detail } => {
+            assert_eq!(*what, "stored payload");
+            assert_eq!(key, &path.display().to_string());
+            assert!(detail.contains("5000 bytes at offset 1000"), "{detail}");
+        }
+        other => panic!("expected a decode error, got {other:?}"),
+    }
+    assert!(err.to_string().contains("stored payload"), "{err}");
+    store.close().unwrap();
+}
+
+#[test]
+fn payloads_that_fill_a_segment_within_one_commit_stay_on_disk_until_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    let k = key("ch", 0);
+    // The first payload fills segment 0, so the second one opens segment 1 in the same commit.
+    let full = batch(0, 0, SEGMENT_ROLL_BYTES as usize);
+    let next = batch(0, 1, 100);
+    store
+        .commit_blocking(epoch(
+            0,
+            "p",
+            vec![sink("ch", vec![full.clone(), next.clone()])],
+        ))
+        .unwrap();
+    let stats = store.stats();
+    assert_eq!(stats.segments_deleted, 0, "{stats:?}");
+    assert_eq!(payload_files(dir.path()).len(), 2);
+    let stored = store.undelivered(&k).unwrap();
+    assert_stored_payload(&store, &k, &stored[0], &full);
+    assert_stored_payload(&store, &k, &stored[1], &next);
+    store.close().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    let stored = store.undelivered(&k).unwrap();
+    assert_stored_payload(&store, &k, &stored[0], &full);
+    assert_stored_payload(&store, &k, &stored[1], &next);
+    // Acknowledging the first batch frees segment 0 (no longer the active one).
+    store.acknowledge_blocking(&k, 0, vec![]).unwrap();
+    assert_eq!(store.stats().segments_deleted, 1);
+    assert_eq!(payload_bytes(dir.path()), 100);
+    store.close().unwrap();
+}
+
+#[test]
+fn a_version_1_batch_value_is_refused_with_a_message_naming_the_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = key("ch", 0);
+    {
+        let store = StateStore::open(dir.path()).unwrap();
+        // What flow before the segment store wrote: version byte 1, payload inside the value.
+        let batch_key = codec::seq_key(&codec::sink_queue_key(&k), 0);
+        let mut v1 = vec![1u8, 0, 0, 0, 4];
+        v1.extend_from_slice(b"headpayload");
+        store.inner.trees.batches.insert(batch_key, v1).unwrap();
+        let err = store.undelivered(&k).unwrap_err().to_string();
+        assert!(err.contains("batch format version 1"), "{err}");
+        assert!(err.contains("this flow reads version 2"), "{err}");
+        let err = store.oldest_undelivered(&k).unwrap_err().to_string();
+        assert!(err.contains("batch format version 1"), "{err}");
+        store.close().unwrap();
+    }
+    // The store still opens (status can show it); reading the batch names the format.
+    let store = StateStore::open(dir.path()).unwrap();
+    let err = store.undelivered(&k).unwrap_err().to_string();
+    assert!(err.contains("batch format version 1"), "{err}");
 }

@@ -1,19 +1,25 @@
 //! Crash test: a child process commits epochs and acknowledges batches in a loop and is killed
 //! with SIGKILL at a random moment; the parent reopens the store and checks that everything the
 //! child reported durable is there, consistent, in order and bit-identical.
+//!
+//! Sink `ch` commits with [`BatchStorage::Bounds`] (only metadata and the epoch start are kept),
+//! sink `file` with [`BatchStorage::Payload`] (payloads in segment files). After every reopen the
+//! payload directory must hold exactly the segments that stored batches reference: a crash must
+//! not leak disk.
 
 // Test code: a failed unwrap is a failed test (helpers outside #[test] fns are not covered by
 // clippy.toml's allow-unwrap-in-tests).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flow_state::{
-    DeadLetter, EpochCommit, SealedBatch, SinkEpochCommit, SinkPartition, StateStore, SOURCE_OWNER,
+    BatchStorage, DeadLetter, EpochCommit, PayloadRef, SealedBatch, SinkEpochCommit, SinkPartition,
+    StateStore, StoredBody, SOURCE_OWNER,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -29,6 +35,8 @@ const TEST_NAME: &str = "sigkill_during_commits_never_loses_or_reorders_durable_
 const PIPELINE: &str = "pipe";
 const PARTITIONS: [u32; 2] = [0, 1];
 const SINKS: [&str; 2] = ["ch", "file"];
+/// The sink whose batches are stored as bounds only; the others store payloads.
+const BOUNDS_SINK: &str = "ch";
 
 // ---------- deterministic content ----------
 
@@ -89,7 +97,28 @@ fn expected_batch(partition: u32, epoch: u64, sink: &str, i: u64) -> SealedBatch
         first_offset: epoch * 1000 + i * 10,
         last_offset: epoch * 1000 + i * 10 + 9,
         rows: 10 + i,
+        encoded_bytes: len as u64 / 2,
+        plan: format!("plan-{sink}-{}", epoch % 3),
+        sealed_at_ms: 1_700_000_000_000 + epoch * 1000 + i,
+        content_hash: hash(partition, epoch, sink, i, 4),
         payload: payload.into(),
+    }
+}
+
+/// The position an epoch starts at: the position committed by the previous epoch.
+fn epoch_start(epoch: u64) -> Option<Vec<u8>> {
+    epoch
+        .checked_sub(1)
+        .map(|previous| format!("epoch-{previous}").into_bytes())
+}
+
+fn storage(sink: &str, epoch: u64) -> BatchStorage {
+    if sink == BOUNDS_SINK {
+        BatchStorage::Bounds {
+            epoch_start: epoch_start(epoch),
+        }
+    } else {
+        BatchStorage::Payload
     }
 }
 
@@ -115,6 +144,7 @@ fn epoch_commit(partition: u32, epoch: u64) -> EpochCommit {
             .iter()
             .map(|sink| SinkEpochCommit {
                 sink: (*sink).to_owned(),
+                storage: storage(sink, epoch),
                 batches: (0..batch_count(partition, epoch, sink))
                     .map(|i| expected_batch(partition, epoch, sink, i))
                     .collect(),
@@ -251,6 +281,8 @@ fn check_invariants(
     round: u32,
 ) -> Durable {
     let mut now = Durable::default();
+    // (queue, segment id) of every stored payload.
+    let mut referenced: BTreeSet<(SinkPartition, u64)> = BTreeSet::new();
     for partition in PARTITIONS {
         let epoch = store
             .position(PIPELINE, partition)
@@ -332,15 +364,46 @@ fn check_invariants(
                 );
                 let (n, i) = all[seq as usize];
                 let expected = expected_batch(partition, n, sink, i);
+                let expected_meta = SealedBatch {
+                    payload: Default::default(),
+                    ..expected.clone()
+                };
                 assert!(
-                    stored.batch == expected,
-                    "round {round}: {k}: batch seq {seq} (epoch {n} #{i}) differs: token {} vs {}, \
-                     payload {} vs {} bytes",
+                    stored.batch == expected_meta,
+                    "round {round}: {k}: batch seq {seq} (epoch {n} #{i}) metadata differs: \
+                     token {} vs {}, stored payload {} bytes (must be empty)",
                     stored.batch.token,
                     expected.token,
                     stored.batch.payload.len(),
-                    expected.payload.len()
                 );
+                match (&stored.body, storage(sink, n)) {
+                    (StoredBody::Payload(payload_ref), BatchStorage::Payload) => {
+                        let loaded = store.load_payload(&k, payload_ref).unwrap_or_else(|e| {
+                            panic!("round {round}: {k}: payload of seq {seq} (epoch {n} #{i}): {e}")
+                        });
+                        assert!(
+                            loaded == expected.payload,
+                            "round {round}: {k}: payload of seq {seq} (epoch {n} #{i}) differs: \
+                             {} vs {} bytes",
+                            loaded.len(),
+                            expected.payload.len()
+                        );
+                        referenced.insert((k.clone(), segment_of(payload_ref)));
+                    }
+                    (
+                        StoredBody::Rebuild { epoch_start },
+                        BatchStorage::Bounds { epoch_start: e },
+                    ) => {
+                        assert_eq!(
+                            *epoch_start, e,
+                            "round {round}: {k}: epoch start of seq {seq} (epoch {n} #{i})"
+                        );
+                    }
+                    (body, wanted) => panic!(
+                        "round {round}: {k}: seq {seq} (epoch {n} #{i}) stored as {body:?}, \
+                         committed with {wanted:?}"
+                    ),
+                }
             }
             // Acknowledged batches: everything printed as acknowledged is gone; at most the one
             // in-flight acknowledgement is extra; nothing else was removed.
@@ -362,7 +425,58 @@ fn check_invariants(
             now.head.insert(ack_key, head);
         }
     }
+    // Disk is not leaked across crashes: right after the reopen, the payload directory holds
+    // exactly the segments that stored batches reference (opening deletes the others).
+    let on_disk = segment_files(store.dir());
+    assert_eq!(
+        on_disk, referenced,
+        "round {round}: segment files on disk vs segments referenced by stored batches"
+    );
     now
+}
+
+/// The segment a stored payload is in. `PayloadRef` is opaque; its derived `Debug` shows it.
+fn segment_of(payload_ref: &PayloadRef) -> u64 {
+    let shown = format!("{payload_ref:?}");
+    let rest = shown
+        .split("segment: ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no segment in {shown}"));
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().unwrap()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `payloads/<hex pipeline\0sink\0partition>/<segment id, 16 hex digits>` of every queue this test
+/// writes; any other file in the payload directory fails the test.
+fn segment_files(store_dir: &Path) -> BTreeSet<(SinkPartition, u64)> {
+    let mut queues = HashMap::new();
+    for partition in PARTITIONS {
+        for sink in SINKS {
+            let mut queue_key = format!("{PIPELINE}\0{sink}\0").into_bytes();
+            queue_key.extend_from_slice(&partition.to_be_bytes());
+            queues.insert(hex(&queue_key), key(sink, partition));
+        }
+    }
+    let mut out = BTreeSet::new();
+    let root = store_dir.join("payloads");
+    for dir in std::fs::read_dir(&root).unwrap() {
+        let dir = dir.unwrap();
+        let name = dir.file_name().to_string_lossy().into_owned();
+        let queue = queues
+            .get(&name)
+            .unwrap_or_else(|| panic!("unexpected payload directory {}", dir.path().display()));
+        for file in std::fs::read_dir(dir.path()).unwrap() {
+            let file = file.unwrap();
+            let id = u64::from_str_radix(&file.file_name().to_string_lossy(), 16)
+                .unwrap_or_else(|_| panic!("unexpected file {}", file.path().display()));
+            out.insert((queue.clone(), id));
+        }
+    }
+    out
 }
 
 fn spawn_reader<R: Read + Send + 'static>(r: R) -> std::thread::JoinHandle<Vec<String>> {
@@ -456,11 +570,12 @@ fn sigkill_during_commits_never_loses_or_reorders_durable_state() {
         store.close().unwrap();
         println!(
             "round {round}: killed after {delay:?}: +{} commits, +{} acks; durable epochs {:?}; \
-             reopen took {open_time:?}, store is {} KiB",
+             reopen took {open_time:?}, store is {} KiB ({} KiB of payload segments)",
             printed.commits - commits_before,
             printed.acks - acks_before,
             durable.epoch,
-            dir_size(dir.path()) / 1024
+            dir_size(dir.path()) / 1024,
+            dir_size(&dir.path().join("payloads")) / 1024
         );
     }
     println!(
