@@ -15,10 +15,10 @@ use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, S
 use tracing::warn;
 
 use crate::classify::ErrorClass;
-use crate::common::{
-    build_shared, insert_part, BatchCutter, InsertFailure, InsertRequest, RetryPolicy, SinkShared,
-};
+use crate::cutter::BatchCutter;
+use crate::insert::{insert_part, InsertFailure, InsertRequest, RetryPolicy};
 use crate::params::SinkClass;
+use crate::sink_state::{build_shared, SinkShared};
 
 pub fn build(
     ctx: &SinkBuildContext<'_>,

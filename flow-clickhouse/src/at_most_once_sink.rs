@@ -28,12 +28,11 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::common::{
-    build_shared, insert_part, BatchCutter, InsertFailure, InsertRequest, Part, RetryPolicy,
-    SinkShared,
-};
 use crate::compress::seal;
+use crate::cutter::{encode_routed, BatchCutter, Part};
+use crate::insert::{insert_part, InsertFailure, InsertRequest, RetryPolicy};
 use crate::params::{SinkClass, DEFAULT_TOTAL_QUEUE_BYTES_LIMIT};
+use crate::sink_state::{build_shared, SinkShared};
 
 /// Parts a partition may keep waiting for ordered delivery before its epochs wait.
 const PENDING_PARTS: usize = 8;
@@ -373,7 +372,7 @@ impl SharedQueue {
         let mut queued = 0u64;
         let mut dropped = 0u64;
         for row in batch.rows() {
-            let (shard, size) = shared.encode_routed(session, &row, &mut state.buffers, key)?;
+            let (shard, size) = encode_routed(shared, session, &row, &mut state.buffers, key)?;
             if state.bytes + size as u64 > limit {
                 let buffer = &mut state.buffers[shard];
                 buffer.truncate(buffer.len() - size);

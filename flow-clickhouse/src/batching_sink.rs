@@ -18,12 +18,13 @@ use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, S
 use flow_state::{SealedBatch, SinkPartition, StateStore};
 use tokio::sync::watch;
 
-use crate::common::{
-    build_shared, insert_part, BatchCutter, InsertFailure, InsertRequest, RetryPolicy, SinkShared,
-};
 use crate::compress::is_framed;
+use crate::cutter::BatchCutter;
+use crate::exactly_once::ExactlyOnce;
 use crate::fingerprint::{check_topology, TopologyDecision};
+use crate::insert::{insert_part, InsertFailure, InsertRequest, RetryPolicy};
 use crate::params::SinkClass;
+use crate::sink_state::{build_shared, SinkShared};
 
 /// Builds either batching class from its spec parameters.
 pub fn build(
@@ -32,19 +33,23 @@ pub fn build(
     parameters: &serde_yaml::Value,
     dynamic: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SinkFactory>> {
+    let shared = build_shared(class, ctx, parameters, dynamic)?;
     Ok(Arc::new(BatchingSinkFactory {
-        shared: build_shared(class, ctx, parameters, dynamic)?,
+        exactly_once: Arc::new(ExactlyOnce::new(&shared, ctx)),
+        shared,
     }))
 }
 
 struct BatchingSinkFactory {
     shared: Arc<SinkShared>,
+    exactly_once: Arc<ExactlyOnce>,
 }
 
 impl SinkFactory for BatchingSinkFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
         Ok(Box::new(BatchingSink {
             shared: Arc::clone(&self.shared),
+            exactly_once: Arc::clone(&self.exactly_once),
             ctx,
             delivery: OutboxDelivery::default(),
             fingerprints_checked: false,
@@ -55,6 +60,7 @@ impl SinkFactory for BatchingSinkFactory {
 
 struct BatchingSink {
     shared: Arc<SinkShared>,
+    exactly_once: Arc<ExactlyOnce>,
     ctx: SinkContext,
     delivery: OutboxDelivery,
     /// Whether the persisted fingerprints were compared with (or replaced by) the current ones.
@@ -84,7 +90,7 @@ impl BatchingSink {
         let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
             return Ok(false);
         };
-        let current = self.shared.current_fingerprints(&session);
+        let current = self.exactly_once.current_fingerprints(&session);
         let store = self.ctx.store.clone();
         let key = self.ctx.state_key();
         let persisted = blocking(move || store.fingerprints(&key)).await?;
@@ -119,6 +125,7 @@ impl Sink for BatchingSink {
         }
         let deliverer: Arc<dyn BatchDeliverer> = Arc::new(ClickHouseDeliverer {
             shared: Arc::clone(&self.shared),
+            exactly_once: Arc::clone(&self.exactly_once),
             store: self.ctx.store.clone(),
         });
         self.delivery
@@ -127,7 +134,7 @@ impl Sink for BatchingSink {
     }
 
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
-        self.shared.check_gave_up()?;
+        self.exactly_once.check_gave_up()?;
         let stopping = || EpochOutcome::Veto {
             reason: "the pipeline is stopping before the writer session started".to_owned(),
             retry_after: Duration::ZERO,
@@ -151,14 +158,8 @@ impl Sink for BatchingSink {
         let batches = parts
             .into_iter()
             .map(|part| {
-                let mut token = format!(
-                    "{}{partition}-{}",
-                    self.shared.token_prefix, part.last_offset
-                );
-                if self.shared.sharded {
-                    token.push(':');
-                    token.push_str(&part.shard);
-                }
+                let shard = self.shared.sharded.then_some(part.shard.as_str());
+                let token = self.exactly_once.token(partition, part.last_offset, shard);
                 SealedBatch {
                     target: target.clone(),
                     columns: columns.clone(),
@@ -198,6 +199,7 @@ impl Sink for BatchingSink {
 /// Sends stored batches, retrying by error class, failing over within the shard.
 struct ClickHouseDeliverer {
     shared: Arc<SinkShared>,
+    exactly_once: Arc<ExactlyOnce>,
     store: StateStore,
 }
 
@@ -210,7 +212,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
         batch: &SealedBatch,
         stop: &watch::Receiver<bool>,
     ) -> Result<(), SinkError> {
-        self.shared.check_gave_up()?;
+        self.exactly_once.check_gave_up()?;
         let Some(session) = self.shared.session(stop).await? else {
             // Stopping: the batch stays in the outbox for the next run.
             return Ok(());
@@ -236,11 +238,10 @@ impl BatchDeliverer for ClickHouseDeliverer {
             }
             // Stopping leaves the batch in the outbox for the next run.
             Err(InsertFailure::Stopped) => Ok(()),
-            Err(failure) => Err(self.shared.give_up(failure.give_up_reason(
-                &session,
-                &batch.shard,
-                Some(&batch.token),
-            ))),
+            Err(failure) => Err(self.exactly_once.give_up(
+                &self.shared,
+                failure.give_up_reason(&session, &batch.shard, Some(&batch.token)),
+            )),
         }
     }
 }

@@ -1,0 +1,164 @@
+//! One INSERT of one part ([`insert_part`]): sent to the shard's current host, failing over to
+//! the next host after each failed attempt, retried by error class, ending early on a stop.
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::classify::{log_unknown, should_retry, ClassifiedError, ErrorClass};
+use crate::session::WriterSession;
+use crate::sink_state::SinkShared;
+
+/// How one INSERT ended without success.
+#[derive(Debug)]
+pub enum InsertFailure {
+    /// The pipeline is stopping; nothing more was tried.
+    Stopped,
+    /// A permanent error, or unknown errors until `max_insert_attempts`.
+    GaveUp {
+        error: ClassifiedError,
+        attempts: u32,
+        endpoint: String,
+    },
+}
+
+impl InsertFailure {
+    /// The `Giving up insert into ClickHouse` reason for a part of `shard` (with its token where
+    /// the class has one).
+    pub fn give_up_reason(
+        &self,
+        session: &WriterSession,
+        shard: &str,
+        token: Option<&str>,
+    ) -> String {
+        match self {
+            InsertFailure::Stopped => "the pipeline is stopping".to_owned(),
+            InsertFailure::GaveUp {
+                error,
+                attempts,
+                endpoint,
+            } => {
+                let token = token.map(|t| format!(", token {t}")).unwrap_or_default();
+                format!(
+                    "Giving up insert into ClickHouse: {}.{} shard `{shard}` via {endpoint} after {attempts} attempt(s){token}: {error}",
+                    session.database, session.table
+                )
+            }
+        }
+    }
+}
+
+/// Whether failed attempts are retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryPolicy {
+    /// Retryable errors without limit, unknown ones up to `max_insert_attempts`, permanent never.
+    ByClass,
+    /// One attempt: once an INSERT has started, its failure is final (at-most-once).
+    Never,
+}
+
+/// What one INSERT sends.
+#[derive(Clone, Copy)]
+pub struct InsertRequest<'a> {
+    pub shard: &'a str,
+    /// Sent as `insert_deduplication_token` (with `async_insert_deduplicate`) where the server
+    /// has it; `None` for the classes without a token.
+    pub token: Option<&'a str>,
+    pub payload: &'a Bytes,
+    /// The payload is in ClickHouse's compression framing.
+    pub compressed: bool,
+}
+
+/// Sends one part to its shard, failing over to the next host after each failed attempt.
+pub async fn insert_part(
+    shared: &SinkShared,
+    session: &WriterSession,
+    request: InsertRequest<'_>,
+    policy: RetryPolicy,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<u32, InsertFailure> {
+    let InsertRequest {
+        shard: shard_name,
+        token,
+        payload,
+        compressed,
+    } = request;
+    let Some(shard) = session.shard(shard_name) else {
+        return Err(InsertFailure::GaveUp {
+            error: ClassifiedError::from_server(
+                None,
+                format!("shard `{shard_name}` is not configured any more"),
+            ),
+            attempts: 0,
+            endpoint: String::new(),
+        });
+    };
+    let mut attempts = 0u32;
+    loop {
+        let dynamic = shared.dynamic();
+        let mut settings: Vec<(&'static str, String)> = Vec::new();
+        if let (Some(token), true) = (token, session.capabilities.insert_deduplication_token) {
+            settings.push(("insert_deduplication_token", token.to_owned()));
+        }
+        if token.is_some() && session.capabilities.insert_deduplicate {
+            settings.push(("insert_deduplicate", "1".to_owned()));
+        }
+        if dynamic.async_insert {
+            settings.push(("async_insert", "1".to_owned()));
+            settings.push(("wait_for_async_insert", "1".to_owned()));
+            if token.is_some() {
+                settings.push(("async_insert_deduplicate", "1".to_owned()));
+            }
+        }
+        let endpoint = shard.current();
+        attempts += 1;
+        let result = endpoint
+            .insert(
+                &session.insert_sql,
+                &settings,
+                payload.clone(),
+                compressed,
+                dynamic.write_timeout,
+            )
+            .await;
+        let err = match result {
+            Ok(()) => return Ok(attempts),
+            Err(err) => err,
+        };
+        if err.class == ErrorClass::Unknown {
+            log_unknown(
+                &err,
+                &session.database,
+                &session.table,
+                &endpoint.endpoint.to_string(),
+            );
+        }
+        let retry = policy == RetryPolicy::ByClass
+            && should_retry(err.class, attempts, dynamic.max_insert_attempts);
+        // Fail over whether or not this part is retried: with `RetryPolicy::Never` the next
+        // part must not go to the host that just failed (at-most-once would lose every later
+        // part while a live replica waits).
+        shard.advance();
+        if !retry {
+            return Err(InsertFailure::GaveUp {
+                error: err,
+                attempts,
+                endpoint: endpoint.endpoint.to_string(),
+            });
+        }
+        warn!(
+            database = %session.database,
+            table = %session.table,
+            shard = %shard_name,
+            endpoint = %endpoint.endpoint,
+            token = token.unwrap_or(""),
+            attempt = attempts,
+            error = %err,
+            "insert failed; retrying on the next host of the shard"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(dynamic.retry_backoff) => {}
+            _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
+        }
+    }
+}
