@@ -14,9 +14,9 @@ use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
 use tracing::warn;
 
-use crate::classify::ErrorClass;
 use crate::cutter::BatchCutter;
-use crate::insert::{insert_part, InsertFailure, InsertRequest, RetryPolicy};
+use crate::guarantee::GiveUp;
+use crate::insert::{insert_part, InsertFailure, InsertRequest};
 use crate::params::SinkClass;
 use crate::sink_state::{build_shared, SinkShared};
 
@@ -71,14 +71,7 @@ impl Sink for AtLeastOnceSink {
                 payload: &part.payload,
                 compressed: part.compressed(),
             };
-            let result = insert_part(
-                &self.shared,
-                &session,
-                request,
-                RetryPolicy::ByClass,
-                &mut stop,
-            )
-            .await;
+            let result = insert_part(&self.shared, &session, request, &mut stop).await;
             let retry_after = self.shared.dynamic().retry_backoff;
             match result {
                 Ok(_) => {}
@@ -88,9 +81,12 @@ impl Sink for AtLeastOnceSink {
                         retry_after,
                     })
                 }
-                Err(ref failure @ InsertFailure::GaveUp { ref error, .. })
-                    if error.class == ErrorClass::Permanent =>
-                {
+                Err(
+                    ref failure @ InsertFailure::GaveUp {
+                        give_up: GiveUp::FailPartition,
+                        ..
+                    },
+                ) => {
                     return Err(SinkError::Delivery {
                         reason: failure.give_up_reason(&session, &part.shard, None),
                     });

@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use crate::compress::seal;
 use crate::cutter::{encode_routed, BatchCutter, Part};
-use crate::insert::{insert_part, InsertFailure, InsertRequest, RetryPolicy};
+use crate::insert::{insert_part, InsertFailure, InsertRequest};
 use crate::params::{SinkClass, DEFAULT_TOTAL_QUEUE_BYTES_LIMIT};
 use crate::sink_state::{build_shared, SinkShared};
 
@@ -283,7 +283,7 @@ async fn deliver_once(
         payload: &part.payload,
         compressed: part.compressed(),
     };
-    match insert_part(shared, &session, request, RetryPolicy::Never, stop).await {
+    match insert_part(shared, &session, request, stop).await {
         Ok(_) => {
             counters
                 .delivered_rows

@@ -22,7 +22,7 @@ use crate::compress::is_framed;
 use crate::cutter::BatchCutter;
 use crate::exactly_once::ExactlyOnce;
 use crate::fingerprint::{check_topology, TopologyDecision};
-use crate::insert::{insert_part, InsertFailure, InsertRequest, RetryPolicy};
+use crate::insert::{insert_part, InsertFailure, InsertRequest};
 use crate::params::SinkClass;
 use crate::sink_state::{build_shared, SinkShared};
 
@@ -227,7 +227,6 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 payload: &batch.payload,
                 compressed: is_framed(&batch.format),
             },
-            RetryPolicy::ByClass,
             &mut stop,
         )
         .await;

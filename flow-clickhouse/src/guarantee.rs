@@ -122,6 +122,9 @@ mod tests {
                 (Retry::No, GiveUp::FailPartition),
             ]
         );
-        assert_eq!(row(Guarantee::AtMostOnce), [(Retry::No, GiveUp::LoseRows); 3]);
+        assert_eq!(
+            row(Guarantee::AtMostOnce),
+            [(Retry::No, GiveUp::LoseRows); 3]
+        );
     }
 }

@@ -1,11 +1,13 @@
 //! One INSERT of one part ([`insert_part`]): sent to the shard's current host, failing over to
-//! the next host after each failed attempt, retried by error class, ending early on a stop.
+//! the next host after each failed attempt, retried as the sink's guarantee says for the error
+//! class ([`crate::guarantee::Guarantee::on_failure`]), ending early on a stop.
 
 use bytes::Bytes;
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::classify::{log_unknown, should_retry, ClassifiedError, ErrorClass};
+use crate::classify::{log_unknown, ClassifiedError, ErrorClass};
+use crate::guarantee::{GiveUp, OnFailure};
 use crate::session::WriterSession;
 use crate::sink_state::SinkShared;
 
@@ -14,11 +16,12 @@ use crate::sink_state::SinkShared;
 pub enum InsertFailure {
     /// The pipeline is stopping; nothing more was tried.
     Stopped,
-    /// A permanent error, or unknown errors until `max_insert_attempts`.
+    /// The guarantee allows no further attempt; `give_up` says what that means for the sink.
     GaveUp {
         error: ClassifiedError,
         attempts: u32,
         endpoint: String,
+        give_up: GiveUp,
     },
 }
 
@@ -37,6 +40,7 @@ impl InsertFailure {
                 error,
                 attempts,
                 endpoint,
+                ..
             } => {
                 let token = token.map(|t| format!(", token {t}")).unwrap_or_default();
                 format!(
@@ -46,15 +50,6 @@ impl InsertFailure {
             }
         }
     }
-}
-
-/// Whether failed attempts are retried.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RetryPolicy {
-    /// Retryable errors without limit, unknown ones up to `max_insert_attempts`, permanent never.
-    ByClass,
-    /// One attempt: once an INSERT has started, its failure is final (at-most-once).
-    Never,
 }
 
 /// What one INSERT sends.
@@ -70,11 +65,11 @@ pub struct InsertRequest<'a> {
 }
 
 /// Sends one part to its shard, failing over to the next host after each failed attempt.
+/// Retries follow the sink's guarantee ([`crate::guarantee::Guarantee::on_failure`]).
 pub async fn insert_part(
     shared: &SinkShared,
     session: &WriterSession,
     request: InsertRequest<'_>,
-    policy: RetryPolicy,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<u32, InsertFailure> {
     let InsertRequest {
@@ -91,25 +86,13 @@ pub async fn insert_part(
             ),
             attempts: 0,
             endpoint: String::new(),
+            give_up: on_failure_of(shared, ErrorClass::Unknown).give_up,
         });
     };
     let mut attempts = 0u32;
     loop {
         let dynamic = shared.dynamic();
-        let mut settings: Vec<(&'static str, String)> = Vec::new();
-        if let (Some(token), true) = (token, session.capabilities.insert_deduplication_token) {
-            settings.push(("insert_deduplication_token", token.to_owned()));
-        }
-        if token.is_some() && session.capabilities.insert_deduplicate {
-            settings.push(("insert_deduplicate", "1".to_owned()));
-        }
-        if dynamic.async_insert {
-            settings.push(("async_insert", "1".to_owned()));
-            settings.push(("wait_for_async_insert", "1".to_owned()));
-            if token.is_some() {
-                settings.push(("async_insert_deduplicate", "1".to_owned()));
-            }
-        }
+        let settings = insert_settings(session, token, dynamic.async_insert);
         let endpoint = shard.current();
         attempts += 1;
         let result = endpoint
@@ -133,17 +116,20 @@ pub async fn insert_part(
                 &endpoint.endpoint.to_string(),
             );
         }
-        let retry = policy == RetryPolicy::ByClass
-            && should_retry(err.class, attempts, dynamic.max_insert_attempts);
-        // Fail over whether or not this part is retried: with `RetryPolicy::Never` the next
-        // part must not go to the host that just failed (at-most-once would lose every later
-        // part while a live replica waits).
+        let on_failure = on_failure_of(shared, err.class);
+        // Fail over whether or not this part is retried: where the guarantee allows one attempt,
+        // the next part must not go to the host that just failed (at-most-once would lose every
+        // later part while a live replica waits).
         shard.advance();
-        if !retry {
+        if !on_failure
+            .retry
+            .again(attempts, dynamic.max_insert_attempts)
+        {
             return Err(InsertFailure::GaveUp {
                 error: err,
                 attempts,
                 endpoint: endpoint.endpoint.to_string(),
+                give_up: on_failure.give_up,
             });
         }
         warn!(
@@ -161,4 +147,33 @@ pub async fn insert_part(
             _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
         }
     }
+}
+
+/// The sink's guarantee's reaction to a failure of `class`.
+fn on_failure_of(shared: &SinkShared, class: ErrorClass) -> OnFailure {
+    shared.class.guarantee().on_failure(class)
+}
+
+/// The INSERT settings: the deduplication token where the part has one and the server knows it,
+/// and the `async_insert` settings when enabled.
+fn insert_settings(
+    session: &WriterSession,
+    token: Option<&str>,
+    async_insert: bool,
+) -> Vec<(&'static str, String)> {
+    let mut settings: Vec<(&'static str, String)> = Vec::new();
+    if let (Some(token), true) = (token, session.capabilities.insert_deduplication_token) {
+        settings.push(("insert_deduplication_token", token.to_owned()));
+    }
+    if token.is_some() && session.capabilities.insert_deduplicate {
+        settings.push(("insert_deduplicate", "1".to_owned()));
+    }
+    if async_insert {
+        settings.push(("async_insert", "1".to_owned()));
+        settings.push(("wait_for_async_insert", "1".to_owned()));
+        if token.is_some() {
+            settings.push(("async_insert_deduplicate", "1".to_owned()));
+        }
+    }
+    settings
 }

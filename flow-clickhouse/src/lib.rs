@@ -20,6 +20,7 @@ pub mod cutter;
 pub mod dedup_window;
 pub mod exactly_once;
 pub mod fingerprint;
+pub mod guarantee;
 pub mod insert;
 pub mod params;
 pub mod routing;

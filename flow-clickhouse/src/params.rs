@@ -18,6 +18,8 @@ use flow_core::registry::parse_parameters;
 use flow_core::Violation;
 use serde::{Deserialize, Serialize};
 
+use crate::guarantee::{Guarantee, HostForms};
+
 /// The default HTTP port of ClickHouse.
 pub const DEFAULT_PORT: u16 = 8123;
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -108,9 +110,27 @@ impl SinkClass {
             .collect()
     }
 
+    /// The delivery guarantee of the class.
+    pub fn guarantee(self) -> Guarantee {
+        match self {
+            SinkClass::Batching | SinkClass::ShardedBatching => Guarantee::ExactlyOnce,
+            SinkClass::AtLeastOnce => Guarantee::AtLeastOnce,
+            SinkClass::AtMostOnce => Guarantee::AtMostOnce,
+        }
+    }
+
+    /// The host forms the class accepts.
+    pub fn host_forms(self) -> HostForms {
+        match self {
+            SinkClass::Batching => HostForms::Unsharded,
+            SinkClass::ShardedBatching => HostForms::Sharded,
+            SinkClass::AtLeastOnce | SinkClass::AtMostOnce => HostForms::Any,
+        }
+    }
+
     /// The batching sinks deliver exactly once (deduplication tokens, outbox).
     pub fn is_exactly_once(self) -> bool {
-        matches!(self, SinkClass::Batching | SinkClass::ShardedBatching)
+        self.guarantee() == Guarantee::ExactlyOnce
     }
 }
 
@@ -448,12 +468,10 @@ impl ClickHouseParams {
         }
         match set.len() {
             0 => {
-                let what = match class {
-                    SinkClass::Batching => "set `host` (one host) or `hosts` (several replicas)",
-                    SinkClass::ShardedBatching => "set `shard_hosts` (shard name => list of hosts)",
-                    SinkClass::AtLeastOnce | SinkClass::AtMostOnce => {
-                        "set exactly one of `host`, `hosts` or `shard_hosts`"
-                    }
+                let what = match class.host_forms() {
+                    HostForms::Unsharded => "set `host` (one host) or `hosts` (several replicas)",
+                    HostForms::Sharded => "set `shard_hosts` (shard name => list of hosts)",
+                    HostForms::Any => "set exactly one of `host`, `hosts` or `shard_hosts`",
                 };
                 v.push(Violation::new(
                     "parameters",
@@ -482,13 +500,13 @@ impl ClickHouseParams {
                 ),
             ));
         }
-        match class {
-            SinkClass::Batching if self.is_sharded() => v.push(Violation::new(
+        match class.host_forms() {
+            HostForms::Unsharded if self.is_sharded() => v.push(Violation::new(
                 "parameters.shard_hosts",
                 "ClickHouseBatchingSink writes one unsharded table and rejects `shard_hosts`: use \
                  `host` or `hosts`, or switch sink_class_name to ShardedClickHouseBatchingSink",
             )),
-            SinkClass::ShardedBatching if !self.is_sharded() => {
+            HostForms::Sharded if !self.is_sharded() => {
                 for (field, is_set) in [
                     ("host", !self.host.is_empty()),
                     ("hosts", !self.hosts.is_empty()),
