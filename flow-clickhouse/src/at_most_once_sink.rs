@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use crate::compress::seal;
 use crate::cutter::{encode_routed, BatchCutter, Part};
-use crate::insert::{insert_part, InsertFailure, InsertRequest};
+use crate::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
 use crate::params::{SinkClass, DEFAULT_TOTAL_QUEUE_BYTES_LIMIT};
 use crate::sink_state::{build_shared, SinkShared};
 
@@ -292,9 +292,9 @@ async fn deliver_once(
         Err(InsertFailure::Stopped) => {
             counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
         }
-        Err(InsertFailure::GaveUp {
+        Err(InsertFailure::GaveUp(GaveUp {
             error, endpoint, ..
-        }) => {
+        })) => {
             counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
             warn!(
                 database = %session.database,

@@ -237,9 +237,9 @@ impl BatchDeliverer for ClickHouseDeliverer {
             }
             // Stopping leaves the batch in the outbox for the next run.
             Err(InsertFailure::Stopped) => Ok(()),
-            Err(failure) => Err(self.exactly_once.give_up(
+            Err(InsertFailure::GaveUp(gave_up)) => Err(self.exactly_once.give_up(
                 &self.shared,
-                failure.give_up_reason(&session, &batch.shard, Some(&batch.token)),
+                gave_up.reason(&session, &batch.shard, Some(&batch.token)),
             )),
         }
     }

@@ -10,6 +10,7 @@ use flow_core::SinkError;
 use tracing::error;
 
 use crate::fingerprint::{topology_fingerprint, ROUTING_KEY};
+use crate::insert::GiveUpReason;
 use crate::session::WriterSession;
 use crate::sink_state::SinkShared;
 
@@ -17,7 +18,7 @@ use crate::sink_state::SinkShared;
 pub struct ExactlyOnce {
     token_prefix: String,
     routing_fingerprint: String,
-    gave_up: Mutex<Option<String>>,
+    gave_up: Mutex<Option<GiveUpReason>>,
 }
 
 impl ExactlyOnce {
@@ -52,29 +53,26 @@ impl ExactlyOnce {
         current
     }
 
+    /// Fails once an insert of this sink was given up.
     pub fn check_gave_up(&self) -> Result<(), SinkError> {
         let guard = self
             .gave_up
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         match guard.as_ref() {
-            Some(reason) => Err(SinkError::Delivery {
-                reason: reason.clone(),
-            }),
+            Some(reason) => Err(reason.to_sink_error()),
             None => Ok(()),
         }
     }
 
     /// Records the first give-up reason; every later write of this sink fails with it.
-    pub fn give_up(&self, shared: &SinkShared, reason: String) -> SinkError {
+    pub fn give_up(&self, shared: &SinkShared, reason: GiveUpReason) -> SinkError {
         let params = &shared.params;
         error!(database = %params.database, table = %params.table, reason = %reason, "insert given up; this sink fails every later write until the pipeline is restarted. Fix the table or the configuration, then restart");
         let mut guard = self
             .gave_up
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        SinkError::Delivery {
-            reason: guard.get_or_insert(reason).clone(),
-        }
+        guard.get_or_insert(reason).to_sink_error()
     }
 }

@@ -2,7 +2,10 @@
 //! the next host after each failed attempt, retried as the sink's guarantee says for the error
 //! class ([`crate::guarantee::Guarantee::on_failure`]), ending early on a stop.
 
+use std::fmt;
+
 use bytes::Bytes;
+use flow_core::SinkError;
 use tokio::sync::watch;
 use tracing::warn;
 
@@ -16,39 +19,67 @@ use crate::sink_state::SinkShared;
 pub enum InsertFailure {
     /// The pipeline is stopping; nothing more was tried.
     Stopped,
-    /// The guarantee allows no further attempt; `give_up` says what that means for the sink.
-    GaveUp {
-        error: ClassifiedError,
-        attempts: u32,
-        endpoint: String,
-        give_up: GiveUp,
-    },
+    /// The guarantee allows no further attempt.
+    GaveUp(GaveUp),
 }
 
-impl InsertFailure {
+/// An INSERT the sink's guarantee allows no further attempt for.
+#[derive(Debug)]
+pub struct GaveUp {
+    pub error: ClassifiedError,
+    pub attempts: u32,
+    pub endpoint: String,
+    /// What giving up means for the sink.
+    pub give_up: GiveUp,
+}
+
+impl GaveUp {
     /// The `Giving up insert into ClickHouse` reason for a part of `shard` (with its token where
     /// the class has one).
-    pub fn give_up_reason(
+    pub fn reason(
         &self,
         session: &WriterSession,
         shard: &str,
         token: Option<&str>,
-    ) -> String {
-        match self {
-            InsertFailure::Stopped => "the pipeline is stopping".to_owned(),
-            InsertFailure::GaveUp {
-                error,
-                attempts,
-                endpoint,
-                ..
-            } => {
-                let token = token.map(|t| format!(", token {t}")).unwrap_or_default();
-                format!(
-                    "Giving up insert into ClickHouse: {}.{} shard `{shard}` via {endpoint} after {attempts} attempt(s){token}: {error}",
-                    session.database, session.table
-                )
-            }
+    ) -> GiveUpReason {
+        let GaveUp {
+            error,
+            attempts,
+            endpoint,
+            ..
+        } = self;
+        let token = token.map(|t| format!(", token {t}")).unwrap_or_default();
+        GiveUpReason {
+            context: format!(
+                "Giving up insert into ClickHouse: {}.{} shard `{shard}` via {endpoint} after {attempts} attempt(s){token}",
+                session.database, session.table
+            ),
+            error: error.clone(),
         }
+    }
+}
+
+/// Why an insert was given up: what was tried, and the error it ended with.
+#[derive(Clone, Debug)]
+pub struct GiveUpReason {
+    pub context: String,
+    pub error: ClassifiedError,
+}
+
+impl GiveUpReason {
+    /// The error the sink fails with (`delivery stopped: Giving up insert into ClickHouse: …`),
+    /// keeping the ClickHouse error as its source.
+    pub fn to_sink_error(&self) -> SinkError {
+        SinkError::Target {
+            context: format!("delivery stopped: {}", self.context),
+            source: Box::new(self.error.clone()),
+        }
+    }
+}
+
+impl fmt::Display for GiveUpReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.context, self.error)
     }
 }
 
@@ -79,7 +110,7 @@ pub async fn insert_part(
         compressed,
     } = request;
     let Some(shard) = session.shard(shard_name) else {
-        return Err(InsertFailure::GaveUp {
+        return Err(InsertFailure::GaveUp(GaveUp {
             error: ClassifiedError::from_server(
                 None,
                 format!("shard `{shard_name}` is not configured any more"),
@@ -87,7 +118,7 @@ pub async fn insert_part(
             attempts: 0,
             endpoint: String::new(),
             give_up: on_failure_of(shared, ErrorClass::Unknown).give_up,
-        });
+        }));
     };
     let mut attempts = 0u32;
     loop {
@@ -125,12 +156,12 @@ pub async fn insert_part(
             .retry
             .again(attempts, dynamic.max_insert_attempts)
         {
-            return Err(InsertFailure::GaveUp {
+            return Err(InsertFailure::GaveUp(GaveUp {
                 error: err,
                 attempts,
                 endpoint: endpoint.endpoint.to_string(),
                 give_up: on_failure.give_up,
-            });
+            }));
         }
         warn!(
             database = %session.database,

@@ -1,5 +1,5 @@
 //! Starting the writer session while endpoints may be unreachable: unreachable endpoints are
-//! waited for (with `retry_backoff`), warning on the first failure and then every
+//! waited for (with `retry_backoff`, by the same retry decision as inserts, [`Retry`]), warning on the first failure and then every
 //! [`SESSION_WAIT_WARNING_INTERVAL`]; a target that cannot be written refuses the start; a stop
 //! ends the wait.
 
@@ -10,6 +10,7 @@ use flow_core::SinkError;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::guarantee::Retry;
 use crate::session::WriterSession;
 use crate::sink_state::SinkShared;
 
@@ -30,11 +31,11 @@ pub(crate) async fn wait_for_session(
 ) -> Result<Arc<WriterSession>, SessionWait> {
     let params = &shared.params;
     let waiting_since = Instant::now();
-    let mut attempts = 0u64;
+    let mut attempts = 0u32;
     let mut last_warning: Option<Instant> = None;
     loop {
         let dynamic = shared.dynamic();
-        attempts += 1;
+        attempts = attempts.saturating_add(1);
         let result = WriterSession::start(
             shared.class,
             params,
@@ -56,7 +57,9 @@ pub(crate) async fn wait_for_session(
                 }
                 return Ok(Arc::new(session));
             }
-            Err(err) if err.is_retryable() => {
+            Err(err)
+                if Retry::by_class(err.class()).again(attempts, dynamic.max_insert_attempts) =>
+            {
                 let due =
                     last_warning.is_none_or(|at| at.elapsed() >= SESSION_WAIT_WARNING_INTERVAL);
                 if due {
@@ -77,7 +80,7 @@ pub(crate) async fn wait_for_session(
                     _ = stop.wait_for(|s| *s) => return Err(SessionWait::Stopped),
                 }
             }
-            Err(err) => return Err(SessionWait::Refused(SinkError::Refused(err.to_string()))),
+            Err(err) => return Err(SessionWait::Refused(err.into_sink_error())),
         }
     }
 }

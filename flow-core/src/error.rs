@@ -140,6 +140,14 @@ pub enum SinkError {
     Delivery { reason: String },
     #[error("{0}")]
     Refused(String),
+    /// The target system failed or refused: `context` says what was being done, `source` is the
+    /// target's own (classified) error.
+    #[error("{context}: {source}")]
+    Target {
+        context: String,
+        #[source]
+        source: BoxError,
+    },
     #[error(transparent)]
     Plugin(BoxError),
 }
