@@ -47,6 +47,7 @@ pub fn build(
     let shared = build_shared(SinkClass::AtMostOnce, ctx, parameters, dynamic)?;
     let queued = shared
         .params
+        .spec
         .at_most_once_strategy
         .as_ref()
         .is_some_and(|s| s.enabled);
@@ -69,8 +70,8 @@ impl Counters {
     /// `queued_rows`: rows still in the lossy queue, lost if the process ends now.
     fn log(&self, shared: &SinkShared, partition: u32, queued_rows: u64) {
         info!(
-            database = %shared.params.database,
-            table = %shared.params.table,
+            database = %shared.params.spec.database,
+            table = %shared.params.spec.table,
             partition,
             delivered_rows = self.delivered_rows.load(Ordering::Relaxed),
             dropped_rows = self.dropped_rows.load(Ordering::Relaxed),
@@ -391,8 +392,8 @@ impl SharedQueue {
                 .is_none_or(|at| at.elapsed() >= DROP_WARNING_INTERVAL);
             if due {
                 warn!(
-                    database = %shared.params.database,
-                    table = %shared.params.table,
+                    database = %shared.params.spec.database,
+                    table = %shared.params.spec.table,
                     dropped_rows = state.dropped_since_warning,
                     total_queue_bytes_limit = limit,
                     "at-most-once queue full: messages dropped. Raise at_most_once_strategy.total_queue_bytes_limit or slow the source"
@@ -445,7 +446,7 @@ impl SharedQueue {
             }
             for (index, raw, rows) in taken {
                 let size = raw.len() as u64;
-                let (format, payload) = seal(shared.params.codec, &raw);
+                let (format, payload) = seal(shared.params.spec.codec, &raw);
                 let part = Part {
                     shard: shared.shard_name(index),
                     first_offset: 0,

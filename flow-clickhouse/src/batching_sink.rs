@@ -151,7 +151,7 @@ impl Sink for BatchingSink {
         }
         let target = format!(
             "{}.{}",
-            self.shared.params.database, self.shared.params.table
+            self.shared.params.spec.database, self.shared.params.spec.table
         );
         let columns = session.encoder.column_names();
         let partition = self.ctx.partition;

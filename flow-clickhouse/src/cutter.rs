@@ -87,7 +87,7 @@ impl BatchCutter {
                 continue;
             }
             let rows = std::mem::take(&mut self.rows[index]);
-            let (format, payload) = seal(shared.params.codec, buffer);
+            let (format, payload) = seal(shared.params.spec.codec, buffer);
             // The encode buffer keeps its capacity for the next batch.
             buffer.clear();
             parts.push(Part {

@@ -29,6 +29,7 @@ pub mod session;
 pub mod session_wait;
 pub mod sink_state;
 pub mod tls;
+pub mod topology;
 
 use std::sync::Arc;
 

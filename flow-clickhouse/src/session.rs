@@ -17,7 +17,7 @@ use crate::client::{
 };
 use crate::dedup_window::{DedupWindows, DEDUP_WINDOW_SETTINGS};
 use crate::fingerprint::{endpoint_target_fingerprint, replicated_target_fingerprint, target_key};
-use crate::params::{ClickHouseDynamicParams, ClickHouseParams, SinkClass};
+use crate::params::{ClickHouseDynamicParams, ClickHouseParams, SinkClass, SinkParams};
 use crate::rowbinary::{EncodedColumn, RowBinaryEncoder};
 
 /// Functions whose value differs between two executions of the same INSERT. A DEFAULT or
@@ -183,17 +183,18 @@ impl WriterSession {
     /// Connects to every endpoint and validates the target; see the module doc.
     pub async fn start(
         class: SinkClass,
-        params: &ClickHouseParams,
+        sink_params: &SinkParams,
         dynamic: &ClickHouseDynamicParams,
         stream: &Arc<StreamSchema>,
         partitions: u32,
     ) -> Result<WriterSession, SessionError> {
+        let params = &sink_params.spec;
         let refused = |reason: String| SessionError::Refused {
             database: params.database.clone(),
             table: params.table.clone(),
             reason,
         };
-        let shards = build_shards(params).map_err(refused)?;
+        let shards = build_shards(sink_params).map_err(refused)?;
         let timeout = dynamic.write_timeout;
 
         let mut first: Option<(String, EndpointMetadata)> = None;

@@ -29,7 +29,7 @@ pub(crate) async fn wait_for_session(
     shared: &SinkShared,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<Arc<WriterSession>, SessionWait> {
-    let params = &shared.params;
+    let params = &shared.params.spec;
     let waiting_since = Instant::now();
     let mut attempts = 0u32;
     let mut last_warning: Option<Instant> = None;
@@ -38,7 +38,7 @@ pub(crate) async fn wait_for_session(
         attempts = attempts.saturating_add(1);
         let result = WriterSession::start(
             shared.class,
-            params,
+            &shared.params,
             &dynamic,
             &shared.stream,
             shared.partitions,

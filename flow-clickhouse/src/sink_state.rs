@@ -9,7 +9,7 @@ use flow_core::{SinkError, StreamSchema, Violation};
 use tokio::sync::{watch, OnceCell};
 use tracing::warn;
 
-use crate::params::{self, ClickHouseDynamicParams, ClickHouseParams, SinkClass};
+use crate::params::{self, ClickHouseDynamicParams, ClickHouseParams, SinkClass, SinkParams};
 use crate::routing::RendezvousRouter;
 use crate::session::WriterSession;
 use crate::session_wait::{wait_for_session, SessionWait};
@@ -17,7 +17,7 @@ use crate::session_wait::{wait_for_session, SessionWait};
 /// State shared by every partition of one sink.
 pub struct SinkShared {
     pub class: SinkClass,
-    pub params: ClickHouseParams,
+    pub params: SinkParams,
     pub stream: Arc<StreamSchema>,
     pub key_columns: Vec<usize>,
     pub router: RendezvousRouter,
@@ -45,12 +45,11 @@ pub fn build_shared(
             ),
         )]);
     };
-    let key_columns = key_columns(&params, stream)?;
-    let shard_names: Vec<String> = params.shards().into_iter().map(|s| s.name).collect();
+    let key_columns = key_columns(&params.spec, stream)?;
     Ok(Arc::new(SinkShared {
         class,
-        router: RendezvousRouter::new(&shard_names),
-        sharded: params.is_sharded(),
+        router: RendezvousRouter::new(&params.topology.shard_names()),
+        sharded: params.topology.is_sharded(),
         params,
         stream: Arc::clone(stream),
         key_columns,
@@ -93,9 +92,9 @@ impl SinkShared {
         let parsed = params::parse_dynamic(self.class, dynamic)
             .map_err(|v| SinkError::Refused(Violation::list(&v)))?;
         if let Some(session) = self.session.get() {
-            if let Err(reason) = session.check_dynamic(&self.params, &parsed) {
+            if let Err(reason) = session.check_dynamic(&self.params.spec, &parsed) {
                 // A reload must not stop a running pipeline: keep the parameters in force.
-                warn!(database = %self.params.database, table = %self.params.table, reason = %reason, "dynamic parameters rejected by the running session; the previous ones stay in force. Fix the spec and send SIGHUP again");
+                warn!(database = %self.params.spec.database, table = %self.params.spec.table, reason = %reason, "dynamic parameters rejected by the running session; the previous ones stay in force. Fix the spec and send SIGHUP again");
                 return Ok(());
             }
         }
