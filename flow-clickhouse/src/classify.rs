@@ -282,7 +282,8 @@ impl fmt::Display for ClassifiedError {
 
 impl std::error::Error for ClassifiedError {}
 
-/// Whether the retry loop tries again after the `attempt`-th failed attempt (1-based):
+/// The retry decision by error class (session start; inserts via their guarantee's table, which
+/// uses the same [`Retry`]): whether to try again after the `attempt`-th failed attempt (1-based):
 /// retryable errors always, unknown ones while `attempt < max_insert_attempts`, permanent never.
 pub fn should_retry(class: ErrorClass, attempt: u32, max_insert_attempts: u32) -> bool {
     Retry::by_class(class).again(attempt, max_insert_attempts)

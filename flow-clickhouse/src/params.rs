@@ -841,16 +841,6 @@ pub fn parse(
     }
 }
 
-/// Deserializes and validates the static `parameters` alone.
-pub fn parse_static(
-    class: SinkClass,
-    parameters: &serde_yaml::Value,
-) -> Result<SinkParams, Vec<Violation>> {
-    let params: ClickHouseParams =
-        parse_parameters(parameters, "parameters").map_err(|v| vec![v])?;
-    params.into_sink_params(class)
-}
-
 /// Deserializes and validates the `dynamic_parameters` alone (on a reload).
 pub fn parse_dynamic(
     class: SinkClass,

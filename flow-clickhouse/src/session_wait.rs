@@ -1,7 +1,7 @@
 //! Starting the writer session while endpoints may be unreachable: unreachable endpoints are
-//! waited for (with `retry_backoff`, by the same retry decision as inserts, [`Retry`]), warning on the first failure and then every
+//! waited for (with `retry_backoff`), warning on the first failure and then every
 //! [`SESSION_WAIT_WARNING_INTERVAL`]; a target that cannot be written refuses the start; a stop
-//! ends the wait.
+//! ends the wait. Whether to wait again is the retry decision inserts use ([`should_retry`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +10,7 @@ use flow_core::SinkError;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::guarantee::Retry;
+use crate::classify::should_retry;
 use crate::session::WriterSession;
 use crate::sink_state::SinkShared;
 
@@ -57,9 +57,7 @@ pub(crate) async fn wait_for_session(
                 }
                 return Ok(Arc::new(session));
             }
-            Err(err)
-                if Retry::by_class(err.class()).again(attempts, dynamic.max_insert_attempts) =>
-            {
+            Err(err) if should_retry(err.class(), attempts, dynamic.max_insert_attempts) => {
                 let due =
                     last_warning.is_none_or(|at| at.elapsed() >= SESSION_WAIT_WARNING_INTERVAL);
                 if due {

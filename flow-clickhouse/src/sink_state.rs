@@ -123,11 +123,6 @@ impl SinkShared {
         }
     }
 
-    /// The session if it has started.
-    pub fn started_session(&self) -> Option<&Arc<WriterSession>> {
-        self.session.get()
-    }
-
     /// The shard names in router order (`""` for the unsharded forms).
     pub fn shard_name(&self, index: usize) -> String {
         if self.sharded {
