@@ -14,11 +14,12 @@ use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
 use tracing::warn;
 
-use crate::classify::ErrorClass;
-use crate::common::{
-    build_shared, insert_part, BatchCutter, InsertFailure, InsertRequest, RetryPolicy, SinkShared,
-};
+use crate::cutter::BatchCutter;
+use crate::guarantee::GiveUp;
+use crate::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
 use crate::params::SinkClass;
+use crate::session::WriterSession;
+use crate::sink_state::{build_shared, SinkShared};
 
 pub fn build(
     ctx: &SinkBuildContext<'_>,
@@ -50,6 +51,38 @@ struct AtLeastOnceSink {
     cutter: BatchCutter,
 }
 
+impl AtLeastOnceSink {
+    /// What a given-up insert means for the epoch, as the guarantee says: a permanent error fails
+    /// the partition, any other vetoes the commit so the epoch is replayed.
+    fn given_up(
+        &self,
+        session: &WriterSession,
+        shard: &str,
+        gave_up: &GaveUp,
+        retry_after: Duration,
+    ) -> Result<EpochOutcome, SinkError> {
+        if gave_up.give_up == GiveUp::FailPartition {
+            return Err(gave_up.reason(session, shard, None).to_sink_error());
+        }
+        let GaveUp {
+            error, attempts, ..
+        } = gave_up;
+        warn!(
+            database = %session.database,
+            table = %session.table,
+            shard = %shard,
+            partition = self.ctx.partition,
+            attempts,
+            error = %error,
+            "insert failed {attempts} time(s); the epoch is not committed and will be replayed, so rows already inserted in it may be duplicated"
+        );
+        Ok(EpochOutcome::Veto {
+            reason: format!("insert into shard `{shard}` failed: {error}"),
+            retry_after,
+        })
+    }
+}
+
 #[async_trait]
 impl Sink for AtLeastOnceSink {
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
@@ -71,14 +104,7 @@ impl Sink for AtLeastOnceSink {
                 payload: &part.payload,
                 compressed: part.compressed(),
             };
-            let result = insert_part(
-                &self.shared,
-                &session,
-                request,
-                RetryPolicy::ByClass,
-                &mut stop,
-            )
-            .await;
+            let result = insert_part(&self.shared, &session, request, &mut stop).await;
             let retry_after = self.shared.dynamic().retry_backoff;
             match result {
                 Ok(_) => {}
@@ -88,29 +114,8 @@ impl Sink for AtLeastOnceSink {
                         retry_after,
                     })
                 }
-                Err(ref failure @ InsertFailure::GaveUp { ref error, .. })
-                    if error.class == ErrorClass::Permanent =>
-                {
-                    return Err(SinkError::Delivery {
-                        reason: failure.give_up_reason(&session, &part.shard, None),
-                    });
-                }
-                Err(InsertFailure::GaveUp {
-                    error, attempts, ..
-                }) => {
-                    warn!(
-                        database = %session.database,
-                        table = %session.table,
-                        shard = %part.shard,
-                        partition = self.ctx.partition,
-                        attempts,
-                        error = %error,
-                        "insert failed {attempts} time(s); the epoch is not committed and will be replayed, so rows already inserted in it may be duplicated"
-                    );
-                    return Ok(EpochOutcome::Veto {
-                        reason: format!("insert into shard `{}` failed: {error}", part.shard),
-                        retry_after,
-                    });
+                Err(InsertFailure::GaveUp(gave_up)) => {
+                    return self.given_up(&session, &part.shard, &gave_up, retry_after)
                 }
             }
         }

@@ -28,12 +28,11 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::common::{
-    build_shared, insert_part, BatchCutter, InsertFailure, InsertRequest, Part, RetryPolicy,
-    SinkShared,
-};
 use crate::compress::seal;
+use crate::cutter::{encode_routed, BatchCutter, Part};
+use crate::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
 use crate::params::{SinkClass, DEFAULT_TOTAL_QUEUE_BYTES_LIMIT};
+use crate::sink_state::{build_shared, SinkShared};
 
 /// Parts a partition may keep waiting for ordered delivery before its epochs wait.
 const PENDING_PARTS: usize = 8;
@@ -48,6 +47,7 @@ pub fn build(
     let shared = build_shared(SinkClass::AtMostOnce, ctx, parameters, dynamic)?;
     let queued = shared
         .params
+        .spec
         .at_most_once_strategy
         .as_ref()
         .is_some_and(|s| s.enabled);
@@ -70,8 +70,8 @@ impl Counters {
     /// `queued_rows`: rows still in the lossy queue, lost if the process ends now.
     fn log(&self, shared: &SinkShared, partition: u32, queued_rows: u64) {
         info!(
-            database = %shared.params.database,
-            table = %shared.params.table,
+            database = %shared.params.spec.database,
+            table = %shared.params.spec.table,
             partition,
             delivered_rows = self.delivered_rows.load(Ordering::Relaxed),
             dropped_rows = self.dropped_rows.load(Ordering::Relaxed),
@@ -284,7 +284,7 @@ async fn deliver_once(
         payload: &part.payload,
         compressed: part.compressed(),
     };
-    match insert_part(shared, &session, request, RetryPolicy::Never, stop).await {
+    match insert_part(shared, &session, request, stop).await {
         Ok(_) => {
             counters
                 .delivered_rows
@@ -293,9 +293,9 @@ async fn deliver_once(
         Err(InsertFailure::Stopped) => {
             counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
         }
-        Err(InsertFailure::GaveUp {
+        Err(InsertFailure::GaveUp(GaveUp {
             error, endpoint, ..
-        }) => {
+        })) => {
             counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
             warn!(
                 database = %session.database,
@@ -373,7 +373,7 @@ impl SharedQueue {
         let mut queued = 0u64;
         let mut dropped = 0u64;
         for row in batch.rows() {
-            let (shard, size) = shared.encode_routed(session, &row, &mut state.buffers, key)?;
+            let (shard, size) = encode_routed(shared, session, &row, &mut state.buffers, key)?;
             if state.bytes + size as u64 > limit {
                 let buffer = &mut state.buffers[shard];
                 buffer.truncate(buffer.len() - size);
@@ -392,8 +392,8 @@ impl SharedQueue {
                 .is_none_or(|at| at.elapsed() >= DROP_WARNING_INTERVAL);
             if due {
                 warn!(
-                    database = %shared.params.database,
-                    table = %shared.params.table,
+                    database = %shared.params.spec.database,
+                    table = %shared.params.spec.table,
                     dropped_rows = state.dropped_since_warning,
                     total_queue_bytes_limit = limit,
                     "at-most-once queue full: messages dropped. Raise at_most_once_strategy.total_queue_bytes_limit or slow the source"
@@ -446,7 +446,7 @@ impl SharedQueue {
             }
             for (index, raw, rows) in taken {
                 let size = raw.len() as u64;
-                let (format, payload) = seal(shared.params.codec, &raw);
+                let (format, payload) = seal(shared.params.spec.codec, &raw);
                 let part = Part {
                     shard: shared.shard_name(index),
                     first_offset: 0,

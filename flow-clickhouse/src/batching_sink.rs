@@ -22,13 +22,14 @@ use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, S
 use flow_state::{SealedBatch, SinkPartition, StateStore};
 use tokio::sync::watch;
 
-use crate::common::{
-    build_shared, insert_part, BatchCutter, InsertFailure, InsertRequest, RetryPolicy, SinkShared,
-};
 use crate::compress::is_framed;
+use crate::cutter::BatchCutter;
+use crate::exactly_once::ExactlyOnce;
 use crate::fingerprint::{check_topology, TopologyDecision};
+use crate::insert::{insert_part, InsertFailure, InsertRequest};
 use crate::params::SinkClass;
 use crate::rebuild::Requeue;
+use crate::sink_state::{build_shared, SinkShared};
 
 /// Builds either batching class from its spec parameters.
 pub fn build(
@@ -39,12 +40,17 @@ pub fn build(
 ) -> BuildResult<Arc<dyn SinkFactory>> {
     let shared = build_shared(class, ctx, parameters, dynamic)?;
     let delivery = SinkDelivery::new(ctx.sink, shared.dynamic().max_in_flight_bytes);
-    Ok(Arc::new(BatchingSinkFactory { shared, delivery }))
+    Ok(Arc::new(BatchingSinkFactory {
+        exactly_once: Arc::new(ExactlyOnce::new(&shared, ctx)),
+        shared,
+        delivery,
+    }))
 }
 
 struct BatchingSinkFactory {
     shared: Arc<SinkShared>,
     delivery: Arc<SinkDelivery>,
+    exactly_once: Arc<ExactlyOnce>,
 }
 
 impl SinkFactory for BatchingSinkFactory {
@@ -52,6 +58,7 @@ impl SinkFactory for BatchingSinkFactory {
         Ok(Box::new(OutboxSink::new(BatchingSink {
             shared: Arc::clone(&self.shared),
             delivery: Arc::clone(&self.delivery),
+            exactly_once: Arc::clone(&self.exactly_once),
             ctx,
             fingerprints_checked: false,
             cutter: BatchCutter::default(),
@@ -62,6 +69,7 @@ impl SinkFactory for BatchingSinkFactory {
 struct BatchingSink {
     shared: Arc<SinkShared>,
     delivery: Arc<SinkDelivery>,
+    exactly_once: Arc<ExactlyOnce>,
     ctx: SinkContext,
     /// Whether the persisted fingerprints were compared with (or replaced by) the current ones.
     fingerprints_checked: bool,
@@ -90,7 +98,7 @@ impl BatchingSink {
         let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
             return Ok(false);
         };
-        let current = self.shared.current_fingerprints(&session);
+        let current = self.exactly_once.current_fingerprints(&session);
         let store = self.ctx.store.clone();
         let key = self.ctx.state_key();
         let persisted = blocking(move || store.fingerprints(&key)).await?;
@@ -125,6 +133,7 @@ impl Sealer for BatchingSink {
         }
         let deliverer: Arc<dyn BatchDeliverer> = Arc::new(ClickHouseDeliverer {
             shared: Arc::clone(&self.shared),
+            exactly_once: Arc::clone(&self.exactly_once),
             store: self.ctx.store.clone(),
         });
         delivery.open(
@@ -150,7 +159,7 @@ impl Sealer for BatchingSink {
     }
 
     async fn seal(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
-        self.shared.check_gave_up()?;
+        self.exactly_once.check_gave_up()?;
         let stopping = || EpochOutcome::Veto {
             reason: "the pipeline is stopping before the writer session started".to_owned(),
             retry_after: Duration::ZERO,
@@ -167,7 +176,7 @@ impl Sealer for BatchingSink {
         }
         let target = format!(
             "{}.{}",
-            self.shared.params.database, self.shared.params.table
+            self.shared.params.spec.database, self.shared.params.spec.table
         );
         let columns = session.encoder.column_names();
         let plan = session.encoder.plan_fingerprint();
@@ -176,14 +185,8 @@ impl Sealer for BatchingSink {
         let batches = parts
             .into_iter()
             .map(|part| {
-                let mut token = format!(
-                    "{}{partition}-{}",
-                    self.shared.token_prefix, part.last_offset
-                );
-                if self.shared.sharded {
-                    token.push(':');
-                    token.push_str(&part.shard);
-                }
+                let shard = self.shared.sharded.then_some(part.shard.as_str());
+                let token = self.exactly_once.token(partition, part.last_offset, shard);
                 SealedBatch {
                     target: target.clone(),
                     columns: columns.clone(),
@@ -220,6 +223,7 @@ impl Sealer for BatchingSink {
 /// Sends stored batches, retrying by error class, failing over within the shard.
 struct ClickHouseDeliverer {
     shared: Arc<SinkShared>,
+    exactly_once: Arc<ExactlyOnce>,
     store: StateStore,
 }
 
@@ -232,7 +236,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
         batch: &SealedBatch,
         stop: &watch::Receiver<bool>,
     ) -> Result<(), SinkError> {
-        self.shared.check_gave_up()?;
+        self.exactly_once.check_gave_up()?;
         let Some(session) = self.shared.session(stop).await? else {
             // Stopping: the batch stays in the outbox for the next run.
             return Ok(());
@@ -247,7 +251,6 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 payload: &batch.payload,
                 compressed: is_framed(&batch.format),
             },
-            RetryPolicy::ByClass,
             &mut stop,
         )
         .await;
@@ -258,11 +261,10 @@ impl BatchDeliverer for ClickHouseDeliverer {
             }
             // Stopping leaves the batch in the outbox for the next run.
             Err(InsertFailure::Stopped) => Ok(()),
-            Err(failure) => Err(self.shared.give_up(failure.give_up_reason(
-                &session,
-                &batch.shard,
-                Some(&batch.token),
-            ))),
+            Err(InsertFailure::GaveUp(gave_up)) => Err(self.exactly_once.give_up(
+                &self.shared,
+                gave_up.reason(&session, &batch.shard, Some(&batch.token)),
+            )),
         }
     }
 }

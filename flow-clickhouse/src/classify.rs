@@ -17,6 +17,8 @@
 
 use std::fmt;
 
+use crate::guarantee::Retry;
+
 /// What to do with a failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorClass {
@@ -280,14 +282,11 @@ impl fmt::Display for ClassifiedError {
 
 impl std::error::Error for ClassifiedError {}
 
-/// Whether the retry loop tries again after the `attempt`-th failed attempt (1-based):
+/// The retry decision by error class (session start; inserts via their guarantee's table, which
+/// uses the same [`Retry`]): whether to try again after the `attempt`-th failed attempt (1-based):
 /// retryable errors always, unknown ones while `attempt < max_insert_attempts`, permanent never.
 pub fn should_retry(class: ErrorClass, attempt: u32, max_insert_attempts: u32) -> bool {
-    match class {
-        ErrorClass::Retryable => true,
-        ErrorClass::Unknown => attempt < max_insert_attempts,
-        ErrorClass::Permanent => false,
-    }
+    Retry::by_class(class).again(attempt, max_insert_attempts)
 }
 
 /// Logs an unclassified error as a structured warning with `needs_classification = true`, so gaps

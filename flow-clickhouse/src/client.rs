@@ -8,8 +8,9 @@ use bytes::Bytes;
 use serde_json::{Map, Value as Json};
 
 use crate::classify::ClassifiedError;
-use crate::params::{ClickHouseParams, Endpoint, HostSelectionPolicy};
+use crate::params::{HostSelectionPolicy, SinkParams};
 use crate::tls::{self, TlsOptions};
+use crate::topology::Endpoint;
 
 /// Connect timeout of every endpoint; the per-operation timeout is `write_timeout`.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,49 +45,45 @@ impl ShardClients {
 }
 
 /// Builds the clients of every shard. The password is read from its environment variable now.
-pub fn build_shards(params: &ClickHouseParams) -> Result<Vec<ShardClients>, String> {
-    let options = TlsOptions {
-        enable_tls: params.enable_tls,
-        ca_files: params.tls_ca_files.clone(),
-        ca_directory: (!params.tls_ca_directory.is_empty())
-            .then(|| std::path::PathBuf::from(&params.tls_ca_directory)),
-        skip_verification: params.tls_skip_verification,
-    };
+pub fn build_shards(params: &SinkParams) -> Result<Vec<ShardClients>, String> {
+    let options = TlsOptions::from_config(params.tls.as_ref());
     let base = tls::base_client(&options, CONNECT_TIMEOUT).map_err(|err| err.to_string())?;
-    let password = params.password()?;
+    let spec = &params.spec;
+    let password = spec.password()?;
     let scheme = tls::scheme(&options);
     // Batches are compressed once when sealed (see `compress`), so the client never compresses.
     let mut base = base
         .with_validation(false)
-        .with_user(params.user.clone())
+        .with_user(spec.user.clone())
         .with_compression(clickhouse::Compression::None);
     if let Some(password) = password {
         base = base.with_password(password);
     }
     let shards = params
+        .topology
         .shards()
         .into_iter()
-        .map(|shard| {
-            let endpoints: Vec<EndpointClient> = shard
-                .endpoints
-                .into_iter()
+        .map(|(name, endpoints)| {
+            let endpoints: Vec<EndpointClient> = endpoints
+                .iter()
                 .map(|endpoint| EndpointClient {
                     client: base.clone().with_url(format!(
                         "{scheme}://{}:{}",
                         url_host(&endpoint.host),
                         endpoint.port
                     )),
-                    endpoint,
+                    endpoint: endpoint.clone(),
                 })
                 .collect();
-            let start = match params.host_selection_policy {
+            let start = match spec.host_selection_policy {
                 HostSelectionPolicy::OrderedRoundRobin => 0,
                 HostSelectionPolicy::RandomStart => {
                     rand::random::<usize>() % endpoints.len().max(1)
                 }
             };
             ShardClients {
-                name: shard.name,
+                // The unsharded forms' one shard is stored as `""` (see `SealedBatch::shard`).
+                name: name.unwrap_or_default().to_owned(),
                 endpoints,
                 cursor: AtomicUsize::new(start),
             }

@@ -19,9 +19,6 @@ const HEADER_SIZE: usize = 9;
 const METHOD_LZ4: u8 = 0x82;
 const METHOD_NONE: u8 = 0x02;
 
-/// ClickHouse refuses frames above 1 GiB; batches are capped far below (256 MiB).
-pub const MAX_FRAME_BYTES: usize = 1 << 30;
-
 /// The suffix of `SealedBatch::format` for LZ4-compressed frames.
 pub const LZ4_FORMAT_SUFFIX: &str = ";lz4";
 /// The suffix of `SealedBatch::format` for uncompressed frames.

@@ -1,35 +1,56 @@
 //! flow-clickhouse: ClickHouse sinks for flow.
 //!
-//! A sink class ([`params::SinkClass`]) is built from its spec parameters ([`params`]); nothing
-//! connects until the first write, when the shared [`session::WriterSession`] probes every
-//! endpoint (engine, schema, replication identity, capabilities, [`dedup_window`]) and plans the
-//! RowBinary encoding ([`chtype`], [`rowbinary`]). The exactly-once classes
-//! ([`batching_sink`]) route rows with a [`routing::RendezvousRouter`], seal per-shard batches into
-//! the flow-state outbox with the epoch's commit, guard restarts with the persisted
-//! [`fingerprint`]s, and deliver in order over HTTP ([`client`], [`tls`]), retrying by the error
-//! class of [`classify`].
+//! Architecture: a sink class ([`SinkClass`]) maps to a delivery [`Guarantee`] and a host-form
+//! rule; its spec is validated once into typed parameters (`params`, with the `topology` of
+//! parsed endpoints and an optional TLS config). Every class shares one per-sink state
+//! (`sink_state`) whose writer session (`session`) starts lazily on the first write, waiting out
+//! unreachable endpoints (`session_wait`), probing every endpoint (engine, schema, replication
+//! identity, capabilities, `dedup_window`) and planning the RowBinary encoding (`chtype`,
+//! `rowbinary`). Epochs are cut into encoded per-shard parts (`cutter`, routed by `routing`,
+//! compressed by `compress`) and inserted over HTTP (`insert`, `client`, `tls`), retried and given
+//! up as the guarantee's table says for the error class of `classify` (`guarantee`).
+//!
+//! The sinks: `batching_sink` (exactly-once: the outbox, tokens and the topology guard of
+//! `fingerprint`, with its per-sink state in `exactly_once`; pending batches stored as bounds
+//! are rebuilt from the source by `rebuild`), `at_least_once_sink` and
+//! `at_most_once_sink`. [`register`] adds them to a registry.
 
-pub mod at_least_once_sink;
-pub mod at_most_once_sink;
-pub mod batching_sink;
-pub mod chtype;
-pub mod classify;
-pub mod client;
-pub mod common;
-pub mod compress;
-pub mod dedup_window;
-pub mod fingerprint;
-pub mod params;
+mod at_least_once_sink;
+mod at_most_once_sink;
+mod batching_sink;
+mod chtype;
+mod classify;
+mod client;
+mod compress;
+mod cutter;
+mod dedup_window;
+mod exactly_once;
+mod fingerprint;
+mod guarantee;
+mod insert;
+mod params;
 mod rebuild;
-pub mod routing;
-pub mod rowbinary;
-pub mod session;
-pub mod tls;
+mod routing;
+mod rowbinary;
+mod session;
+mod session_wait;
+mod sink_state;
+mod tls;
+mod topology;
 
 use std::sync::Arc;
 
 use flow_core::Registry;
-use params::SinkClass;
+
+pub use chtype::{check_mapping, ChType};
+pub use classify::{ClassifiedError, ErrorClass};
+pub use compress::seal;
+pub use fingerprint::topology_fingerprint;
+pub use guarantee::Guarantee;
+pub use params::{ClickHouseDynamicParams, ClickHouseParams, Codec, SinkClass};
+pub use routing::{routing_key, RendezvousRouter};
+pub use rowbinary::{EncodedColumn, RowBinaryEncoder};
+pub use tls::{base_client, ConfiguredRootsVerifier, TlsOptions};
 
 /// Registers the ClickHouse sink classes (and their `NYT::NFlow::T…` aliases) in `registry`.
 pub fn register(registry: &mut Registry) {

@@ -10,13 +10,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::net::Ipv6Addr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use flow_core::registry::parse_parameters;
 use flow_core::Violation;
 use serde::{Deserialize, Serialize};
+
+use crate::guarantee::{Guarantee, HostForms};
+use crate::tls::TlsConfig;
+use crate::topology::{Endpoint, Shard, Topology};
 
 /// The default HTTP port of ClickHouse.
 pub const DEFAULT_PORT: u16 = 8123;
@@ -112,9 +115,27 @@ impl SinkClass {
             .collect()
     }
 
+    /// The delivery guarantee of the class.
+    pub fn guarantee(self) -> Guarantee {
+        match self {
+            SinkClass::Batching | SinkClass::ShardedBatching => Guarantee::ExactlyOnce,
+            SinkClass::AtLeastOnce => Guarantee::AtLeastOnce,
+            SinkClass::AtMostOnce => Guarantee::AtMostOnce,
+        }
+    }
+
+    /// The host forms the class accepts.
+    pub fn host_forms(self) -> HostForms {
+        match self {
+            SinkClass::Batching => HostForms::Unsharded,
+            SinkClass::ShardedBatching => HostForms::Sharded,
+            SinkClass::AtLeastOnce | SinkClass::AtMostOnce => HostForms::Any,
+        }
+    }
+
     /// The batching sinks deliver exactly once (deduplication tokens, outbox).
     pub fn is_exactly_once(self) -> bool {
-        matches!(self, SinkClass::Batching | SinkClass::ShardedBatching)
+        self.guarantee() == Guarantee::ExactlyOnce
     }
 }
 
@@ -235,143 +256,19 @@ impl Default for ClickHouseParams {
     }
 }
 
-/// One ClickHouse server: host (an IPv6 address without brackets) and HTTP port.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Endpoint {
-    pub host: String,
-    pub port: u16,
-}
-
-impl Endpoint {
-    /// Parses a host entry: `host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address
-    /// (which cannot carry a port). Entries without a port get `default_port`.
-    pub fn parse(entry: &str, default_port: u16) -> Result<Endpoint, String> {
-        const HINT: &str = "write `host` or `host:port` (IPv6 as `[addr]:port`), without scheme, \
-                            path or spaces";
-        if entry.is_empty() {
-            return Err(
-                "the host is empty: give a host name or address, or remove the entry".to_owned(),
-            );
-        }
-        if entry.contains("://") {
-            return Err(format!("`{entry}` has a URL scheme; {HINT}"));
-        }
-        let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
-            let Some((addr, after)) = rest.split_once(']') else {
-                return Err(format!("`{entry}` has no closing `]`; {HINT}"));
-            };
-            if addr.parse::<Ipv6Addr>().is_err() {
-                return Err(format!(
-                    "`{addr}` in `{entry}` is not an IPv6 address; {HINT}"
-                ));
-            }
-            let port = match after {
-                "" => None,
-                _ => match after.strip_prefix(':') {
-                    Some(port) => Some(port),
-                    None => {
-                        return Err(format!("`{entry}`: unexpected `{after}` after `]`; {HINT}"))
-                    }
-                },
-            };
-            (addr, port)
-        } else if entry.parse::<Ipv6Addr>().is_ok() {
-            (entry, None)
-        } else {
-            match entry.split_once(':') {
-                Some((host, port)) => (host, Some(port)),
-                None => (entry, None),
-            }
-        };
-        let is_ipv6 = host.contains(':');
-        if !is_ipv6 {
-            if host.is_empty() {
-                return Err(format!("`{entry}` has no host before the port; {HINT}"));
-            }
-            if !host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-            {
-                return Err(format!("`{entry}` is not a valid host; {HINT}"));
-            }
-        }
-        let port = match port {
-            None => default_port,
-            Some(text) => match text.parse::<u16>() {
-                Ok(port) if port > 0 => port,
-                _ => {
-                    return Err(format!(
-                        "`{entry}` has port `{text}`, which is not a number in 1..=65535; fix \
-                         the port or drop it to use `port`"
-                    ))
-                }
-            },
-        };
-        Ok(Endpoint {
-            host: host.to_owned(),
-            port,
-        })
-    }
-}
-
-impl fmt::Display for Endpoint {
-    /// `host:port`, with IPv6 addresses in brackets (`[::1]:8123`), ready for a URL.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
-    }
-}
-
-/// One shard: its name ("" for the unsharded forms) and its endpoints in configured order.
+/// The static parameters, validated once: the spec as written, its host entries parsed into a
+/// [`Topology`], its TLS settings into an optional [`TlsConfig`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShardSpec {
-    pub name: String,
-    pub endpoints: Vec<Endpoint>,
+pub struct SinkParams {
+    pub spec: ClickHouseParams,
+    pub topology: Topology,
+    pub tls: Option<TlsConfig>,
 }
 
 impl ClickHouseParams {
     /// The `shard_hosts` form is used.
     pub fn is_sharded(&self) -> bool {
         !self.shard_hosts.is_empty()
-    }
-
-    /// The shards to write to: for `host`/`hosts` one shard named ""; for `shard_hosts` the
-    /// shards sorted by name. Host entries without a port get `port`. Meant for validated
-    /// parameters: an entry that does not parse is kept verbatim as a host with `port`.
-    pub fn shards(&self) -> Vec<ShardSpec> {
-        let endpoints = |entries: &[String]| -> Vec<Endpoint> {
-            entries
-                .iter()
-                .map(|entry| {
-                    Endpoint::parse(entry, self.port).unwrap_or_else(|_| Endpoint {
-                        host: entry.clone(),
-                        port: self.port,
-                    })
-                })
-                .collect()
-        };
-        if self.is_sharded() {
-            self.shard_hosts
-                .iter()
-                .map(|(name, hosts)| ShardSpec {
-                    name: name.clone(),
-                    endpoints: endpoints(hosts),
-                })
-                .collect()
-        } else if !self.hosts.is_empty() {
-            vec![ShardSpec {
-                name: String::new(),
-                endpoints: endpoints(&self.hosts),
-            }]
-        } else {
-            vec![ShardSpec {
-                name: String::new(),
-                endpoints: endpoints(std::slice::from_ref(&self.host)),
-            }]
-        }
     }
 
     /// The prefix of this sink's deduplication tokens: `token_namespace`, or
@@ -407,9 +304,36 @@ impl ClickHouseParams {
 
     /// Every semantic violation of these parameters for `class`, with paths under `parameters`.
     pub fn validate(&self, class: SinkClass) -> Vec<Violation> {
+        self.check(class).0
+    }
+
+    /// Validates these parameters for `class` into the typed model the sinks use.
+    pub fn into_sink_params(self, class: SinkClass) -> Result<SinkParams, Vec<Violation>> {
+        match self.check(class) {
+            (v, Some(topology)) if v.is_empty() => Ok(SinkParams {
+                tls: self.tls_config(),
+                topology,
+                spec: self,
+            }),
+            (v, _) => Err(v),
+        }
+    }
+
+    /// The TLS settings, `None` without `enable_tls`.
+    fn tls_config(&self) -> Option<TlsConfig> {
+        self.enable_tls.then(|| TlsConfig {
+            ca_files: self.tls_ca_files.clone(),
+            ca_directory: (!self.tls_ca_directory.is_empty())
+                .then(|| PathBuf::from(&self.tls_ca_directory)),
+            skip_verification: self.tls_skip_verification,
+        })
+    }
+
+    /// Every violation, and the topology when the host form is complete.
+    fn check(&self, class: SinkClass) -> (Vec<Violation>, Option<Topology>) {
         let mut v = Vec::new();
         self.validate_host_forms(class, &mut v);
-        self.validate_endpoints(&mut v);
+        let topology = self.validate_endpoints(&mut v);
         self.validate_sharding_key(&mut v);
         self.validate_target(&mut v);
         self.validate_tls(&mut v);
@@ -436,7 +360,7 @@ impl ClickHouseParams {
                 ),
             ));
         }
-        v
+        (v, topology)
     }
 
     fn validate_host_forms(&self, class: SinkClass, v: &mut Vec<Violation>) {
@@ -452,12 +376,10 @@ impl ClickHouseParams {
         }
         match set.len() {
             0 => {
-                let what = match class {
-                    SinkClass::Batching => "set `host` (one host) or `hosts` (several replicas)",
-                    SinkClass::ShardedBatching => "set `shard_hosts` (shard name => list of hosts)",
-                    SinkClass::AtLeastOnce | SinkClass::AtMostOnce => {
-                        "set exactly one of `host`, `hosts` or `shard_hosts`"
-                    }
+                let what = match class.host_forms() {
+                    HostForms::Unsharded => "set `host` (one host) or `hosts` (several replicas)",
+                    HostForms::Sharded => "set `shard_hosts` (shard name => list of hosts)",
+                    HostForms::Any => "set exactly one of `host`, `hosts` or `shard_hosts`",
                 };
                 v.push(Violation::new(
                     "parameters",
@@ -486,13 +408,13 @@ impl ClickHouseParams {
                 ),
             ));
         }
-        match class {
-            SinkClass::Batching if self.is_sharded() => v.push(Violation::new(
+        match class.host_forms() {
+            HostForms::Unsharded if self.is_sharded() => v.push(Violation::new(
                 "parameters.shard_hosts",
                 "ClickHouseBatchingSink writes one unsharded table and rejects `shard_hosts`: use \
                  `host` or `hosts`, or switch sink_class_name to ShardedClickHouseBatchingSink",
             )),
-            SinkClass::ShardedBatching if !self.is_sharded() => {
+            HostForms::Sharded if !self.is_sharded() => {
                 for (field, is_set) in [
                     ("host", !self.host.is_empty()),
                     ("hosts", !self.hosts.is_empty()),
@@ -513,7 +435,9 @@ impl ClickHouseParams {
         }
     }
 
-    fn validate_endpoints(&self, v: &mut Vec<Violation>) {
+    /// Parses every host entry (once), reporting bad and duplicate ones; returns the topology
+    /// of the host form that is set when all of its entries parse.
+    fn validate_endpoints(&self, v: &mut Vec<Violation>) -> Option<Topology> {
         if self.port == 0 {
             v.push(Violation::new(
                 "parameters.port",
@@ -522,66 +446,65 @@ impl ClickHouseParams {
         }
         // Endpoints seen so far (host lowercased, port resolved) => the path that named them.
         let mut seen: HashMap<(String, u16), String> = HashMap::new();
-        let mut check = |path: String, entry: &str, v: &mut Vec<Violation>| match Endpoint::parse(
-            entry, self.port,
-        ) {
-            Err(message) => v.push(Violation::new(path, message)),
-            Ok(endpoint) => {
-                let key = (endpoint.host.to_ascii_lowercase(), endpoint.port);
-                if let Some(first) = seen.get(&key) {
-                    v.push(Violation::new(
-                        path,
-                        format!(
-                            "`{entry}` is endpoint {endpoint}, which is already listed at \
-                                 {first}; every endpoint may appear only once across all hosts \
-                                 and shards, remove the duplicate"
-                        ),
-                    ));
-                } else {
-                    seen.insert(key, path);
-                }
+        let mut check = |path: String, entry: &str, v: &mut Vec<Violation>| {
+            let endpoint = Endpoint::parse(entry, self.port)
+                .map_err(|message| v.push(Violation::new(path.clone(), message)))
+                .ok()?;
+            let key = (endpoint.host.to_ascii_lowercase(), endpoint.port);
+            if let Some(first) = seen.get(&key) {
+                v.push(Violation::new(
+                    path,
+                    format!(
+                        "`{entry}` is endpoint {endpoint}, which is already listed at \
+                         {first}; every endpoint may appear only once across all hosts \
+                         and shards, remove the duplicate"
+                    ),
+                ));
+            } else {
+                seen.insert(key, path);
             }
+            Some(endpoint)
         };
         // An empty `host` means "not set"; the host-form check reports a missing form.
-        if !self.host.is_empty() {
-            check("parameters.host".to_owned(), &self.host, v);
-        }
-        for (i, entry) in self.hosts.iter().enumerate() {
-            check(format!("parameters.hosts[{i}]"), entry, v);
-        }
+        let single = (!self.host.is_empty())
+            .then(|| check("parameters.host".to_owned(), &self.host, v))
+            .flatten();
+        // Every entry is checked: collect all of them before giving up on the form.
+        let replicas: Vec<Option<Endpoint>> = self
+            .hosts
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| check(format!("parameters.hosts[{i}]"), entry, v))
+            .collect();
+        let replicas: Option<Vec<Endpoint>> = replicas.into_iter().collect();
+        let mut shards = Some(Vec::new());
         for (name, hosts) in &self.shard_hosts {
             let path = if name.is_empty() {
                 "parameters.shard_hosts".to_owned()
             } else {
                 format!("parameters.shard_hosts.{name}")
             };
-            if name.is_empty() {
-                v.push(Violation::new(
-                    path.clone(),
-                    "a shard name is empty: name every shard with letters, digits, `_` and `-` \
-                     (the name is part of the deduplication token, choose it for good)",
-                ));
-            } else if !is_shard_name(name) {
-                v.push(Violation::new(
-                    path.clone(),
-                    format!(
-                        "shard name `{name}` may only contain letters, digits, `_` and `-`; \
-                         rename the shard (the name is part of the deduplication token, choose \
-                         it for good)"
-                    ),
-                ));
+            check_shard(name, hosts, &path, v);
+            let replicas: Vec<Option<Endpoint>> = hosts
+                .iter()
+                .enumerate()
+                .map(|(i, entry)| check(format!("{path}[{i}]"), entry, v))
+                .collect();
+            let replicas: Option<Vec<Endpoint>> = replicas.into_iter().collect();
+            match (&mut shards, replicas) {
+                (Some(shards), Some(replicas)) => shards.push(Shard {
+                    name: name.clone(),
+                    replicas,
+                }),
+                _ => shards = None,
             }
-            if hosts.is_empty() {
-                v.push(Violation::new(
-                    path.clone(),
-                    format!(
-                        "shard `{name}` has no hosts: list at least one host, or remove the shard"
-                    ),
-                ));
-            }
-            for (i, entry) in hosts.iter().enumerate() {
-                check(format!("{path}[{i}]"), entry, v);
-            }
+        }
+        if self.is_sharded() {
+            shards.map(Topology::Shards)
+        } else if !self.hosts.is_empty() {
+            replicas.map(Topology::Replicas)
+        } else {
+            single.map(Topology::SingleHost)
         }
     }
 
@@ -711,6 +634,32 @@ impl ClickHouseParams {
                  used to verify the server); remove tls_skip_verification, or the CA settings",
             ));
         }
+    }
+}
+
+/// Reports a bad shard name and a shard without hosts.
+fn check_shard(name: &str, hosts: &[String], path: &str, v: &mut Vec<Violation>) {
+    if name.is_empty() {
+        v.push(Violation::new(
+            path,
+            "a shard name is empty: name every shard with letters, digits, `_` and `-` \
+             (the name is part of the deduplication token, choose it for good)",
+        ));
+    } else if !is_shard_name(name) {
+        v.push(Violation::new(
+            path,
+            format!(
+                "shard name `{name}` may only contain letters, digits, `_` and `-`; \
+                 rename the shard (the name is part of the deduplication token, choose \
+                 it for good)"
+            ),
+        ));
+    }
+    if hosts.is_empty() {
+        v.push(Violation::new(
+            path,
+            format!("shard `{name}` has no hosts: list at least one host, or remove the shard"),
+        ));
     }
 }
 
@@ -886,37 +835,23 @@ pub fn parse(
     class: SinkClass,
     parameters: &serde_yaml::Value,
     dynamic: &serde_yaml::Value,
-) -> Result<(ClickHouseParams, ClickHouseDynamicParams), Vec<Violation>> {
+) -> Result<(SinkParams, ClickHouseDynamicParams), Vec<Violation>> {
     let params: Result<ClickHouseParams, _> = parse_parameters(parameters, "parameters");
     let dynamic: Result<ClickHouseDynamicParams, _> =
         parse_parameters(dynamic, "dynamic_parameters");
     let mut violations = Vec::new();
     violations.extend(params.as_ref().err().cloned());
     violations.extend(dynamic.as_ref().err().cloned());
-    if let Ok(params) = &params {
-        violations.extend(params.validate(class));
+    let params = params.ok().map(|params| params.into_sink_params(class));
+    if let Some(Err(v)) = &params {
+        violations.extend(v.iter().cloned());
     }
     if let Ok(dynamic) = &dynamic {
         violations.extend(dynamic.validate(class));
     }
     match (params, dynamic) {
-        (Ok(params), Ok(dynamic)) if violations.is_empty() => Ok((params, dynamic)),
+        (Some(Ok(params)), Ok(dynamic)) if violations.is_empty() => Ok((params, dynamic)),
         _ => Err(violations),
-    }
-}
-
-/// Deserializes and validates the static `parameters` alone.
-pub fn parse_static(
-    class: SinkClass,
-    parameters: &serde_yaml::Value,
-) -> Result<ClickHouseParams, Vec<Violation>> {
-    let params: ClickHouseParams =
-        parse_parameters(parameters, "parameters").map_err(|v| vec![v])?;
-    let violations = params.validate(class);
-    if violations.is_empty() {
-        Ok(params)
-    } else {
-        Err(violations)
     }
 }
 
@@ -1005,6 +940,15 @@ mod tests {
         parse(class, &yaml(parameters), &serde_yaml::Value::Null)
             .unwrap()
             .0
+            .spec
+    }
+
+    /// The topology of valid `parameters` for `class`.
+    fn topology(class: SinkClass, parameters: &str) -> Topology {
+        parse(class, &yaml(parameters), &serde_yaml::Value::Null)
+            .unwrap()
+            .0
+            .topology
     }
 
     fn ok_dynamic(dynamic: &str) -> ClickHouseDynamicParams {
@@ -1031,6 +975,7 @@ mod tests {
             &serde_yaml::Value::Null,
         )
         .unwrap();
+        let p = p.spec;
         assert_eq!(
             p,
             ClickHouseParams {
@@ -1404,20 +1349,20 @@ mod tests {
 
     #[test]
     fn host_entries_may_carry_a_port_including_ipv6() {
-        let p = ok(
+        let topology = topology(
             SinkClass::AtLeastOnce,
             "{hosts: ['ch1', 'ch2:18124', '[::1]:9', '[fe80::2]', '::3'], port: 7, table: t}",
         );
-        let shards = p.shards();
-        assert_eq!(shards.len(), 1);
-        assert_eq!(shards[0].name, "");
-        let shown: Vec<String> = shards[0].endpoints.iter().map(|e| e.to_string()).collect();
+        let Topology::Replicas(endpoints) = topology else {
+            panic!("{topology:?}");
+        };
+        let shown: Vec<String> = endpoints.iter().map(|e| e.to_string()).collect();
         assert_eq!(
             shown,
             ["ch1:7", "ch2:18124", "[::1]:9", "[fe80::2]:7", "[::3]:7"]
         );
         assert_eq!(
-            shards[0].endpoints[2],
+            endpoints[2],
             Endpoint {
                 host: "::1".into(),
                 port: 9
@@ -1581,7 +1526,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            p.at_most_once_strategy,
+            p.spec.at_most_once_strategy,
             Some(AtMostOnceStrategy { enabled: true })
         );
         assert_eq!(
@@ -1734,24 +1679,21 @@ mod tests {
 
     #[test]
     fn shards_are_sorted_by_name_and_get_the_shared_port() {
-        let p = ok(
-            SinkClass::ShardedBatching,
-            "{shard_hosts: {b: [b1, 'b2:9'], a: [a1]}, port: 18123, table: t}",
-        );
-        assert!(p.is_sharded());
+        let parameters = "{shard_hosts: {b: [b1, 'b2:9'], a: [a1]}, port: 18123, table: t}";
+        assert!(ok(SinkClass::ShardedBatching, parameters).is_sharded());
         assert_eq!(
-            p.shards(),
-            [
-                ShardSpec {
+            topology(SinkClass::ShardedBatching, parameters),
+            Topology::Shards(vec![
+                Shard {
                     name: "a".into(),
-                    endpoints: vec![Endpoint {
+                    replicas: vec![Endpoint {
                         host: "a1".into(),
                         port: 18123
                     }],
                 },
-                ShardSpec {
+                Shard {
                     name: "b".into(),
-                    endpoints: vec![
+                    replicas: vec![
                         Endpoint {
                             host: "b1".into(),
                             port: 18123
@@ -1762,25 +1704,22 @@ mod tests {
                         },
                     ],
                 },
-            ]
+            ])
         );
-        let p = ok(SinkClass::Batching, "{host: 'ch:18124', table: t}");
-        assert!(!p.is_sharded());
+        let parameters = "{host: 'ch:18124', table: t}";
+        assert!(!ok(SinkClass::Batching, parameters).is_sharded());
         assert_eq!(
-            p.shards(),
-            [ShardSpec {
-                name: String::new(),
-                endpoints: vec![Endpoint {
-                    host: "ch".into(),
-                    port: 18124
-                }],
-            }]
+            topology(SinkClass::Batching, parameters),
+            Topology::SingleHost(Endpoint {
+                host: "ch".into(),
+                port: 18124
+            })
         );
     }
 
     #[test]
     fn contract_example_spec_is_valid() {
-        let p = ok(
+        let p = topology(
             SinkClass::ShardedBatching,
             r#"
 shard_hosts: { a: ["127.0.0.1:18123", "127.0.0.1:18124"], b: ["127.0.0.1:18125", "127.0.0.1:18126"] }
@@ -1789,8 +1728,9 @@ table: events
 sharding_key_columns: [user_id]
 "#,
         );
-        assert_eq!(p.shards().len(), 2);
-        assert_eq!(p.shards()[1].endpoints[1].to_string(), "127.0.0.1:18126");
+        let shards = p.shards();
+        assert_eq!(shards.len(), 2);
+        assert_eq!(shards[1].1[1].to_string(), "127.0.0.1:18126");
     }
 
     #[test]

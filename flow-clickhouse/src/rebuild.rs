@@ -13,8 +13,9 @@ use flow_core::delivery::{load_stored_payload, OutboxDelivery};
 use flow_core::{MessageBatch, Replay, SinkContext, SinkError};
 use flow_state::{SealedBatch, StoredBatch, StoredBody};
 
-use crate::common::{BatchCutter, Part, SinkShared};
+use crate::cutter::{BatchCutter, Part};
 use crate::session::WriterSession;
+use crate::sink_state::SinkShared;
 
 /// The stored entries (one per shard still pending) of one logical batch, in seq order.
 struct Pending {
@@ -112,11 +113,11 @@ impl Requeue<'_> {
         let mut reader = replay
             .open(from.as_deref())
             .await
-            .map_err(SinkError::Replay)?;
+            .map_err(SinkError::from)?;
         let mut cutter = BatchCutter::default();
         let mut pending = pending.into_iter().peekable();
         while pending.peek().is_some() {
-            let Some(inputs) = reader.next().await.map_err(SinkError::Replay)? else {
+            let Some(inputs) = reader.next().await.map_err(SinkError::from)? else {
                 break;
             };
             let [batch] = inputs.as_slice() else {

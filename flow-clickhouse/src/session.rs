@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flow_core::StreamSchema;
+use flow_core::{SinkError, StreamSchema};
 use thiserror::Error;
 use tracing::{info, warn};
 
@@ -17,7 +17,7 @@ use crate::client::{
 };
 use crate::dedup_window::{DedupWindows, DEDUP_WINDOW_SETTINGS};
 use crate::fingerprint::{endpoint_target_fingerprint, replicated_target_fingerprint, target_key};
-use crate::params::{ClickHouseDynamicParams, ClickHouseParams, SinkClass};
+use crate::params::{ClickHouseDynamicParams, ClickHouseParams, SinkClass, SinkParams};
 use crate::rowbinary::{EncodedColumn, RowBinaryEncoder};
 
 /// Functions whose value differs between two executions of the same INSERT. A DEFAULT or
@@ -65,7 +65,7 @@ pub enum SessionError {
         cause: ClassifiedError,
     },
     /// The target cannot be written as configured; the message says why and what to do.
-    #[error("Refusing to start the ClickHouse sink for {database}.{table}: {reason}")]
+    #[error("{reason}")]
     Refused {
         database: String,
         table: String,
@@ -74,8 +74,27 @@ pub enum SessionError {
 }
 
 impl SessionError {
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, SessionError::Unreachable { .. })
+    /// An unreachable endpoint is transient; a refusal is permanent.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            SessionError::Unreachable { .. } => ErrorClass::Retryable,
+            SessionError::Refused { .. } => ErrorClass::Permanent,
+        }
+    }
+
+    /// The error the sink fails with:
+    /// `Refusing to start the ClickHouse sink for <database>.<table>: <reason>`.
+    pub fn into_sink_error(self) -> SinkError {
+        let context = match &self {
+            SessionError::Refused {
+                database, table, ..
+            } => format!("Refusing to start the ClickHouse sink for {database}.{table}"),
+            SessionError::Unreachable { .. } => "Cannot start the ClickHouse sink".to_owned(),
+        };
+        SinkError::Target {
+            context,
+            source: Box::new(self),
+        }
     }
 }
 
@@ -164,17 +183,18 @@ impl WriterSession {
     /// Connects to every endpoint and validates the target; see the module doc.
     pub async fn start(
         class: SinkClass,
-        params: &ClickHouseParams,
+        sink_params: &SinkParams,
         dynamic: &ClickHouseDynamicParams,
         stream: &Arc<StreamSchema>,
         partitions: u32,
     ) -> Result<WriterSession, SessionError> {
+        let params = &sink_params.spec;
         let refused = |reason: String| SessionError::Refused {
             database: params.database.clone(),
             table: params.table.clone(),
             reason,
         };
-        let shards = build_shards(params).map_err(refused)?;
+        let shards = build_shards(sink_params).map_err(refused)?;
         let timeout = dynamic.write_timeout;
 
         let mut first: Option<(String, EndpointMetadata)> = None;

@@ -45,6 +45,33 @@ pub struct TlsOptions {
     pub skip_verification: bool,
 }
 
+/// The TLS settings of a sink with `enable_tls: true`, validated from its spec parameters
+/// (`tls_ca_files`, `tls_ca_directory`, `tls_skip_verification`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// PEM files whose certificates are trusted as roots.
+    pub ca_files: Vec<PathBuf>,
+    /// A directory whose `*.pem` / `*.crt` files are trusted as roots.
+    pub ca_directory: Option<PathBuf>,
+    /// Accept any server certificate (insecure; for tests only).
+    pub skip_verification: bool,
+}
+
+impl TlsOptions {
+    /// The client options of a sink with `tls` (`None`: plain HTTP).
+    pub fn from_config(tls: Option<&TlsConfig>) -> TlsOptions {
+        match tls {
+            None => TlsOptions::default(),
+            Some(tls) => TlsOptions {
+                enable_tls: true,
+                ca_files: tls.ca_files.clone(),
+                ca_directory: tls.ca_directory.clone(),
+                skip_verification: tls.skip_verification,
+            },
+        }
+    }
+}
+
 /// Why the TLS client could not be built.
 #[derive(thiserror::Error, Debug)]
 pub enum TlsError {

@@ -139,7 +139,7 @@ pub enum ReplayError {
 #[derive(Error, Debug)]
 pub enum SinkError {
     #[error("re-reading the source to rebuild pending batches: {0}")]
-    Replay(#[source] ReplayError),
+    Replay(#[source] Box<ReplayError>),
     #[error("{what} `{path}`: {source}")]
     Io {
         what: &'static str,
@@ -155,8 +155,22 @@ pub enum SinkError {
     Delivery { reason: String },
     #[error("{0}")]
     Refused(String),
+    /// The target system failed or refused: `context` says what was being done, `source` is the
+    /// target's own (classified) error.
+    #[error("{context}: {source}")]
+    Target {
+        context: String,
+        #[source]
+        source: BoxError,
+    },
     #[error(transparent)]
     Plugin(BoxError),
+}
+
+impl From<ReplayError> for SinkError {
+    fn from(err: ReplayError) -> Self {
+        SinkError::Replay(Box::new(err))
+    }
 }
 
 #[derive(Error, Debug)]

@@ -1,0 +1,210 @@
+//! One INSERT of one part ([`insert_part`]): sent to the shard's current host, failing over to
+//! the next host after each failed attempt, retried as the sink's guarantee says for the error
+//! class ([`crate::guarantee::Guarantee::on_failure`]), ending early on a stop.
+
+use std::fmt;
+
+use bytes::Bytes;
+use flow_core::SinkError;
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::classify::{log_unknown, ClassifiedError, ErrorClass};
+use crate::guarantee::{GiveUp, OnFailure};
+use crate::session::WriterSession;
+use crate::sink_state::SinkShared;
+
+/// How one INSERT ended without success.
+#[derive(Debug)]
+pub enum InsertFailure {
+    /// The pipeline is stopping; nothing more was tried.
+    Stopped,
+    /// The guarantee allows no further attempt.
+    GaveUp(GaveUp),
+}
+
+/// An INSERT the sink's guarantee allows no further attempt for.
+#[derive(Debug)]
+pub struct GaveUp {
+    pub error: ClassifiedError,
+    pub attempts: u32,
+    pub endpoint: String,
+    /// What giving up means for the sink.
+    pub give_up: GiveUp,
+}
+
+impl GaveUp {
+    /// The `Giving up insert into ClickHouse` reason for a part of `shard` (with its token where
+    /// the class has one).
+    pub fn reason(
+        &self,
+        session: &WriterSession,
+        shard: &str,
+        token: Option<&str>,
+    ) -> GiveUpReason {
+        let GaveUp {
+            error,
+            attempts,
+            endpoint,
+            ..
+        } = self;
+        let token = token.map(|t| format!(", token {t}")).unwrap_or_default();
+        GiveUpReason {
+            context: format!(
+                "Giving up insert into ClickHouse: {}.{} shard `{shard}` via {endpoint} after {attempts} attempt(s){token}",
+                session.database, session.table
+            ),
+            error: error.clone(),
+        }
+    }
+}
+
+/// Why an insert was given up: what was tried, and the error it ended with.
+#[derive(Clone, Debug)]
+pub struct GiveUpReason {
+    pub context: String,
+    pub error: ClassifiedError,
+}
+
+impl GiveUpReason {
+    /// The error the sink fails with (`delivery stopped: Giving up insert into ClickHouse: …`),
+    /// keeping the ClickHouse error as its source.
+    pub fn to_sink_error(&self) -> SinkError {
+        SinkError::Target {
+            context: format!("delivery stopped: {}", self.context),
+            source: Box::new(self.error.clone()),
+        }
+    }
+}
+
+impl fmt::Display for GiveUpReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.context, self.error)
+    }
+}
+
+/// What one INSERT sends.
+#[derive(Clone, Copy)]
+pub struct InsertRequest<'a> {
+    pub shard: &'a str,
+    /// Sent as `insert_deduplication_token` (with `async_insert_deduplicate`) where the server
+    /// has it; `None` for the classes without a token.
+    pub token: Option<&'a str>,
+    pub payload: &'a Bytes,
+    /// The payload is in ClickHouse's compression framing.
+    pub compressed: bool,
+}
+
+/// Sends one part to its shard, failing over to the next host after each failed attempt.
+/// Retries follow the sink's guarantee ([`crate::guarantee::Guarantee::on_failure`]).
+pub async fn insert_part(
+    shared: &SinkShared,
+    session: &WriterSession,
+    request: InsertRequest<'_>,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<u32, InsertFailure> {
+    let InsertRequest {
+        shard: shard_name,
+        token,
+        payload,
+        compressed,
+    } = request;
+    let Some(shard) = session.shard(shard_name) else {
+        return Err(InsertFailure::GaveUp(GaveUp {
+            error: ClassifiedError::from_server(
+                None,
+                format!("shard `{shard_name}` is not configured any more"),
+            ),
+            attempts: 0,
+            endpoint: String::new(),
+            give_up: on_failure_of(shared, ErrorClass::Unknown).give_up,
+        }));
+    };
+    let mut attempts = 0u32;
+    loop {
+        let dynamic = shared.dynamic();
+        let settings = insert_settings(session, token, dynamic.async_insert);
+        let endpoint = shard.current();
+        attempts += 1;
+        let result = endpoint
+            .insert(
+                &session.insert_sql,
+                &settings,
+                payload.clone(),
+                compressed,
+                dynamic.write_timeout,
+            )
+            .await;
+        let err = match result {
+            Ok(()) => return Ok(attempts),
+            Err(err) => err,
+        };
+        if err.class == ErrorClass::Unknown {
+            log_unknown(
+                &err,
+                &session.database,
+                &session.table,
+                &endpoint.endpoint.to_string(),
+            );
+        }
+        let on_failure = on_failure_of(shared, err.class);
+        // Fail over whether or not this part is retried: where the guarantee allows one attempt,
+        // the next part must not go to the host that just failed (at-most-once would lose every
+        // later part while a live replica waits).
+        shard.advance();
+        if !on_failure
+            .retry
+            .again(attempts, dynamic.max_insert_attempts)
+        {
+            return Err(InsertFailure::GaveUp(GaveUp {
+                error: err,
+                attempts,
+                endpoint: endpoint.endpoint.to_string(),
+                give_up: on_failure.give_up,
+            }));
+        }
+        warn!(
+            database = %session.database,
+            table = %session.table,
+            shard = %shard_name,
+            endpoint = %endpoint.endpoint,
+            token = token.unwrap_or(""),
+            attempt = attempts,
+            error = %err,
+            "insert failed; retrying on the next host of the shard"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(dynamic.retry_backoff) => {}
+            _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
+        }
+    }
+}
+
+/// The sink's guarantee's reaction to a failure of `class`.
+fn on_failure_of(shared: &SinkShared, class: ErrorClass) -> OnFailure {
+    shared.class.guarantee().on_failure(class)
+}
+
+/// The INSERT settings: the deduplication token where the part has one and the server knows it,
+/// and the `async_insert` settings when enabled.
+fn insert_settings(
+    session: &WriterSession,
+    token: Option<&str>,
+    async_insert: bool,
+) -> Vec<(&'static str, String)> {
+    let mut settings: Vec<(&'static str, String)> = Vec::new();
+    if let (Some(token), true) = (token, session.capabilities.insert_deduplication_token) {
+        settings.push(("insert_deduplication_token", token.to_owned()));
+    }
+    if token.is_some() && session.capabilities.insert_deduplicate {
+        settings.push(("insert_deduplicate", "1".to_owned()));
+    }
+    if async_insert {
+        settings.push(("async_insert", "1".to_owned()));
+        settings.push(("wait_for_async_insert", "1".to_owned()));
+        if token.is_some() {
+            settings.push(("async_insert_deduplicate", "1".to_owned()));
+        }
+    }
+    settings
+}

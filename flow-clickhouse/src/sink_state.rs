@@ -1,0 +1,134 @@
+//! The state one ClickHouse sink shares across its partitions ([`SinkShared`]): the validated
+//! parameters, the input stream, the shard router, the dynamic parameters in force and the
+//! writer session, started on first use (see [`crate::session_wait`]).
+
+use std::sync::{Arc, RwLock};
+
+use flow_core::registry::{BuildResult, SinkBuildContext};
+use flow_core::{SinkError, StreamSchema, Violation};
+use tokio::sync::{watch, OnceCell};
+use tracing::warn;
+
+use crate::params::{self, ClickHouseDynamicParams, ClickHouseParams, SinkClass, SinkParams};
+use crate::routing::RendezvousRouter;
+use crate::session::WriterSession;
+use crate::session_wait::{wait_for_session, SessionWait};
+
+/// State shared by every partition of one sink.
+pub struct SinkShared {
+    pub class: SinkClass,
+    pub params: SinkParams,
+    pub stream: Arc<StreamSchema>,
+    pub key_columns: Vec<usize>,
+    pub router: RendezvousRouter,
+    pub sharded: bool,
+    /// Partitions of the pipeline (bounds the batches in delivery at once).
+    pub partitions: u32,
+    session: OnceCell<Arc<WriterSession>>,
+    dynamic: RwLock<ClickHouseDynamicParams>,
+}
+
+/// Validates a sink's parameters and input, and builds its shared state.
+pub fn build_shared(
+    class: SinkClass,
+    ctx: &SinkBuildContext<'_>,
+    parameters: &serde_yaml::Value,
+    dynamic: &serde_yaml::Value,
+) -> BuildResult<Arc<SinkShared>> {
+    let (params, dynamic) = params::parse(class, parameters, dynamic)?;
+    let [(_, stream)] = ctx.inputs else {
+        return Err(vec![Violation::new(
+            "input_stream_ids",
+            format!(
+                "a ClickHouse sink writes exactly one stream; {} are listed",
+                ctx.inputs.len()
+            ),
+        )]);
+    };
+    let key_columns = key_columns(&params.spec, stream)?;
+    Ok(Arc::new(SinkShared {
+        class,
+        router: RendezvousRouter::new(&params.topology.shard_names()),
+        sharded: params.topology.is_sharded(),
+        params,
+        stream: Arc::clone(stream),
+        key_columns,
+        partitions: ctx.partitions,
+        session: OnceCell::new(),
+        dynamic: RwLock::new(dynamic),
+    }))
+}
+
+/// The input columns of `sharding_key_columns`, in their order.
+fn key_columns(params: &ClickHouseParams, stream: &StreamSchema) -> BuildResult<Vec<usize>> {
+    let mut key_columns = Vec::new();
+    let mut violations = Vec::new();
+    for (i, name) in params.sharding_key_columns.iter().enumerate() {
+        match stream.index_of(name) {
+            Some(index) => key_columns.push(index),
+            None => violations.push(Violation::new(
+                format!("parameters.sharding_key_columns[{i}]"),
+                format!("`{name}` is not a column of the input stream"),
+            )),
+        }
+    }
+    if !violations.is_empty() {
+        return Err(violations);
+    }
+    Ok(key_columns)
+}
+
+impl SinkShared {
+    /// The dynamic parameters in force.
+    pub fn dynamic(&self) -> ClickHouseDynamicParams {
+        self.dynamic
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Validates and swaps the dynamic parameters (SIGHUP).
+    pub fn reconfigure(&self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+        let parsed = params::parse_dynamic(self.class, dynamic)
+            .map_err(|v| SinkError::Refused(Violation::list(&v)))?;
+        if let Some(session) = self.session.get() {
+            if let Err(reason) = session.check_dynamic(&self.params.spec, &parsed) {
+                // A reload must not stop a running pipeline: keep the parameters in force.
+                warn!(database = %self.params.spec.database, table = %self.params.spec.table, reason = %reason, "dynamic parameters rejected by the running session; the previous ones stay in force. Fix the spec and send SIGHUP again");
+                return Ok(());
+            }
+        }
+        *self
+            .dynamic
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = parsed;
+        Ok(())
+    }
+
+    /// The session, started on first use; `None` if the pipeline began stopping while an
+    /// endpoint was unreachable. See [`wait_for_session`].
+    pub async fn session(
+        &self,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Option<Arc<WriterSession>>, SinkError> {
+        let mut stop = stop.clone();
+        let started = self
+            .session
+            .get_or_try_init(|| wait_for_session(self, &mut stop))
+            .await;
+        match started {
+            Ok(session) => Ok(Some(Arc::clone(session))),
+            Err(SessionWait::Stopped) => Ok(None),
+            Err(SessionWait::Refused(err)) => Err(err),
+        }
+    }
+
+    /// The shard names in router order (`""` for the unsharded forms).
+    pub fn shard_name(&self, index: usize) -> String {
+        if self.sharded {
+            self.router.shards().get(index).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    }
+}
