@@ -10,6 +10,8 @@
 //! A frame is `checksum (16 B, CityHash128 v1.0.2 of the rest) | method (0x82 LZ4, 0x02 none) |
 //! frame size incl. this 9-byte header (u32 LE) | data size (u32 LE) | data`.
 
+use std::cell::RefCell;
+
 use bytes::Bytes;
 
 use crate::params::Codec;
@@ -29,23 +31,33 @@ pub fn is_framed(format: &str) -> bool {
     format.ends_with(LZ4_FORMAT_SUFFIX) || format.ends_with(NONE_FORMAT_SUFFIX)
 }
 
+thread_local! {
+    /// Where frames are built: one per thread, not per partition, since compressing is
+    /// CPU-bound and a thread compresses one frame at a time.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Frames encoded RowBinary rows for the outbox: returns the stored format and the bytes to send.
+/// The frame is built in a reused per-thread buffer (so its worst-case size is allocated and
+/// zeroed once) and copied out at its exact size: a payload waiting for delivery holds only its
+/// own bytes.
 pub fn seal(codec: Codec, rows: &[u8]) -> (String, Bytes) {
-    match codec {
+    SCRATCH.with_borrow_mut(|scratch| seal_into(codec, rows, scratch))
+}
+
+fn seal_into(codec: Codec, rows: &[u8], scratch: &mut Vec<u8>) -> (String, Bytes) {
+    scratch.clear();
+    let format = match codec {
         Codec::Lz4 => {
-            let mut framed = Vec::with_capacity(rows.len() / 2 + CHECKSUM_SIZE + HEADER_SIZE);
-            frame_lz4(rows, &mut framed);
-            (format!("RowBinary{LZ4_FORMAT_SUFFIX}"), Bytes::from(framed))
+            frame_lz4(rows, scratch);
+            format!("RowBinary{LZ4_FORMAT_SUFFIX}")
         }
         Codec::None => {
-            let mut framed = Vec::with_capacity(rows.len() + CHECKSUM_SIZE + HEADER_SIZE);
-            frame_none(rows, &mut framed);
-            (
-                format!("RowBinary{NONE_FORMAT_SUFFIX}"),
-                Bytes::from(framed),
-            )
+            frame_none(rows, scratch);
+            format!("RowBinary{NONE_FORMAT_SUFFIX}")
         }
-    }
+    };
+    (format, Bytes::copy_from_slice(scratch))
 }
 
 /// Appends `data` as one LZ4 frame to `out`.

@@ -225,7 +225,7 @@ impl Requeue<'_> {
             return Err(self.mismatch(
                 entry,
                 &format!(
-                    "its {} rows hashed {:016x} ({} bytes) when committed and hash {:016x} ({} bytes) now: the messages in its range changed",
+                    "its {} rows hashed {:016x} ({} encoded bytes) when committed and hash {:016x} ({} encoded bytes) now: the messages in its range changed",
                     stored.rows,
                     stored.content_hash,
                     stored.encoded_bytes,

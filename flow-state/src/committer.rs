@@ -602,6 +602,14 @@ impl Committer {
             }
         }
         let result = self.durability.sync(&self.trees.db, &self.stats);
+        if result.is_ok() {
+            match self.segments.delete_idle() {
+                Ok(deleted) => bump(&self.stats.segments_deleted, deleted),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a fully acknowledged payload segment could not be deleted; it is retried at the next open. Check the state directory's permissions")
+                }
+            }
+        }
         for reply in shutdown_replies {
             reply(match &result {
                 Ok(()) => Ok(Outcome::Done),

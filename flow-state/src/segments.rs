@@ -227,6 +227,27 @@ impl Segments {
         }
     }
 
+    /// Deletes the active segments whose batches are all acknowledged (at close: nothing will
+    /// be appended to them in this process).
+    pub(crate) fn delete_idle(&mut self) -> Result<u64, StateError> {
+        let mut idle = Vec::new();
+        for (queue, series) in &mut self.series {
+            let Some(active) = series.active.as_ref() else {
+                continue;
+            };
+            if !series.live.contains_key(&active.id) {
+                idle.push(
+                    self.root
+                        .join(hex(queue))
+                        .join(format!("{:016x}", active.id)),
+                );
+                series.active = None;
+            }
+        }
+        self.freed.extend(idle);
+        self.delete_freed()
+    }
+
     /// Makes every append since the last call durable; returns the number of fsyncs.
     pub(crate) fn sync(&mut self) -> Result<u64, StateError> {
         let mut fsyncs = 0;

@@ -189,6 +189,29 @@ impl GeneratorSource {
     }
 }
 
+impl GeneratorSource {
+    fn generate(&mut self, out: &mut SourceOutput<'_>, n: u64) -> Result<(), SourceError> {
+        for _ in 0..n {
+            let offset = self.next;
+            let (id, user_id, ts) = row_values(self.partition, offset, self.partitions);
+            fill_payload(id, self.params.payload_bytes, &mut self.payload);
+            let mut row = out.batch.start_row(MessageId::new(self.partition, offset));
+            row.push(Value::Uint(id))
+                .and_then(|r| r.push(Value::Uint(u64::from(self.partition))))
+                .and_then(|r| r.push(Value::Uint(offset)))
+                .and_then(|r| r.push(Value::Uint(user_id)))
+                .and_then(|r| r.push(Value::Uint(ts)))
+                .and_then(|r| r.push(Value::Bytes(&self.payload)))
+                .map_err(|err| SourceError::Plugin(Box::new(err)))?;
+            row.finish()
+                .map_err(|err| SourceError::Plugin(Box::new(err)))?;
+            self.next += 1;
+            self.emitted_since_start += 1;
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Source for GeneratorSource {
     async fn read(
@@ -208,23 +231,7 @@ impl Source for GeneratorSource {
             }
         };
         let n = budget.min(allowed);
-        for _ in 0..n {
-            let offset = self.next;
-            let (id, user_id, ts) = row_values(self.partition, offset, self.partitions);
-            fill_payload(id, self.params.payload_bytes, &mut self.payload);
-            let mut row = out.batch.start_row(MessageId::new(self.partition, offset));
-            row.push(Value::Uint(id))
-                .and_then(|r| r.push(Value::Uint(u64::from(self.partition))))
-                .and_then(|r| r.push(Value::Uint(offset)))
-                .and_then(|r| r.push(Value::Uint(user_id)))
-                .and_then(|r| r.push(Value::Uint(ts)))
-                .and_then(|r| r.push(Value::Bytes(&self.payload)))
-                .map_err(|err| SourceError::Plugin(Box::new(err)))?;
-            row.finish()
-                .map_err(|err| SourceError::Plugin(Box::new(err)))?;
-            self.next += 1;
-            self.emitted_since_start += 1;
-        }
+        crate::offload::cpu_bound(|| self.generate(out, n))?;
         Ok(SourceRead {
             position: super::encode_words(&[self.next]),
             exhausted: self.exhausted(),
