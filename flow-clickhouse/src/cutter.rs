@@ -42,19 +42,8 @@ pub struct BatchCutter {
 }
 
 impl BatchCutter {
-    /// Appends the parts of `batch` to `parts`, batch by batch, shards in name order. Encoding
-    /// and compressing an epoch is CPU-bound: it runs off the async scheduler.
+    /// Appends the parts of `batch` to `parts`, batch by batch, shards in name order.
     pub fn cut(
-        &mut self,
-        shared: &SinkShared,
-        session: &WriterSession,
-        batch: &MessageBatch,
-        parts: &mut Vec<Part>,
-    ) -> Result<(), SinkError> {
-        flow_core::cpu_bound(|| self.cut_inline(shared, session, batch, parts))
-    }
-
-    fn cut_inline(
         &mut self,
         shared: &SinkShared,
         session: &WriterSession,

@@ -16,7 +16,6 @@ pub mod delivery;
 pub mod error;
 mod graph;
 pub mod message;
-mod offload;
 pub mod plugin;
 pub mod processors;
 pub mod registry;
@@ -32,7 +31,6 @@ pub use error::{
     SpecError, ValueError, Violation,
 };
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
-pub use offload::cpu_bound;
 pub use plugin::{
     Epoch, EpochOutcome, EpochWrite, Processor, ProcessorFactory, ReadLimits, Replay, ReplayReader,
     Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,

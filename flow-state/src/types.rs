@@ -184,7 +184,7 @@ impl Default for StoreOptions {
         StoreOptions {
             fsync: true,
             max_group: 1024,
-            cache_capacity: 64 << 20,
+            cache_capacity: 8 << 20,
         }
     }
 }

@@ -231,7 +231,7 @@ impl Source for GeneratorSource {
             }
         };
         let n = budget.min(allowed);
-        crate::offload::cpu_bound(|| self.generate(out, n))?;
+        self.generate(out, n)?;
         Ok(SourceRead {
             position: super::encode_words(&[self.next]),
             exhausted: self.exhausted(),
