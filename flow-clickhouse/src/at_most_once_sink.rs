@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use flow_core::delivery::{BudgetPermit, ByteBudget};
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
 use flow_state::SealedBatch;
@@ -53,6 +54,7 @@ pub fn build(
         .is_some_and(|s| s.enabled);
     Ok(Arc::new(AtMostOnceFactory {
         counters: Arc::new(Counters::default()),
+        budget: ByteBudget::new(shared.dynamic().max_in_flight_bytes),
         queue: queued.then(|| Arc::new(SharedQueue::default())),
         shared,
     }))
@@ -85,6 +87,8 @@ impl Counters {
 struct AtMostOnceFactory {
     shared: Arc<SinkShared>,
     counters: Arc<Counters>,
+    /// Bounds the ordered mode's parts in memory (`max_in_flight_bytes`), across partitions.
+    budget: Arc<ByteBudget>,
     /// The bounded lossy queue (`enabled: true`), shared by every partition.
     queue: Option<Arc<SharedQueue>>,
 }
@@ -106,6 +110,7 @@ impl SinkFactory for AtMostOnceFactory {
         Ok(Box::new(AtMostOnceSink {
             shared: Arc::clone(&self.shared),
             counters: Arc::clone(&self.counters),
+            budget: Arc::clone(&self.budget),
             queue: self.queue.clone(),
             ctx,
             cutter: BatchCutter::default(),
@@ -119,6 +124,7 @@ impl SinkFactory for AtMostOnceFactory {
 struct AtMostOnceSink {
     shared: Arc<SinkShared>,
     counters: Arc<Counters>,
+    budget: Arc<ByteBudget>,
     queue: Option<Arc<SharedQueue>>,
     ctx: SinkContext,
     cutter: BatchCutter,
@@ -130,7 +136,7 @@ struct AtMostOnceSink {
 
 /// The ordered mode's delivery task of one partition.
 struct OrderedDelivery {
-    tx: Option<mpsc::Sender<Part>>,
+    tx: Option<mpsc::Sender<(Part, BudgetPermit)>>,
     task: JoinHandle<()>,
     stop: watch::Sender<bool>,
 }
@@ -188,8 +194,9 @@ impl Sink for AtMostOnceSink {
         });
         for part in self.pending.drain(..) {
             let rows = part.rows;
+            let permit = self.budget.acquire(part.payload.len()).await;
             let sent = match &ordered.tx {
-                Some(tx) => tx.send(part).await.is_ok(),
+                Some(tx) => tx.send((part, permit)).await.is_ok(),
                 None => false,
             };
             if !sent {
@@ -231,7 +238,10 @@ impl Sink for AtMostOnceSink {
     }
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
-        self.shared.reconfigure(dynamic)
+        self.shared.reconfigure(dynamic)?;
+        self.budget
+            .resize(self.shared.dynamic().max_in_flight_bytes);
+        Ok(())
     }
 }
 
@@ -240,10 +250,11 @@ fn start_ordered(
     counters: Arc<Counters>,
     partition: u32,
 ) -> OrderedDelivery {
-    let (tx, mut rx) = mpsc::channel::<Part>(PENDING_PARTS);
+    let (tx, mut rx) = mpsc::channel::<(Part, BudgetPermit)>(PENDING_PARTS);
     let (stop, mut stop_rx) = watch::channel(false);
     let task = tokio::spawn(async move {
-        while let Some(part) = rx.recv().await {
+        // The permit goes back to the budget once the part is delivered or lost.
+        while let Some((part, _permit)) = rx.recv().await {
             if *stop_rx.borrow() {
                 counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
                 continue;
@@ -514,6 +525,7 @@ mod tests {
         let shared = shared();
         let factory = AtMostOnceFactory {
             counters: Arc::new(Counters::default()),
+            budget: ByteBudget::new(1 << 20),
             queue: Some(Arc::new(SharedQueue::default())),
             shared: Arc::clone(&shared),
         };

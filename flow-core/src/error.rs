@@ -10,16 +10,6 @@ use crate::types::StreamType;
 /// A boxed error of a third-party plugin.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-#[derive(Error, Debug, Clone, PartialEq, Eq)]
-pub enum SchemaError {
-    #[error("unknown stream type `{text}`")]
-    UnknownType { text: String },
-    #[error("a column has an empty name")]
-    EmptyColumnName,
-    #[error("column `{name}` is declared twice")]
-    DuplicateColumn { name: String },
-}
-
 #[derive(Error, Debug, Clone, PartialEq)]
 pub enum ValueError {
     #[error("`{text}` is not a message id (expected `<partition>-<offset>`)")]

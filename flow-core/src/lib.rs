@@ -12,6 +12,7 @@
 //! Messages travel in [`MessageBatch`]es, row-major arenas reused across epochs: no allocation per
 //! message on the hot path.
 
+mod builtins;
 pub mod delivery;
 pub mod error;
 mod graph;
@@ -27,8 +28,8 @@ pub mod spec;
 pub mod types;
 
 pub use error::{
-    BoxError, ProcessorError, ReplayError, RuntimeError, SchemaError, SinkError, SourceError,
-    SpecError, ValueError, Violation,
+    BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
+    ValueError, Violation,
 };
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
 pub use plugin::{
@@ -40,4 +41,4 @@ pub use runtime::{
     PartitionEnd, PartitionReport, Pipeline, PipelineControl, ReloadOutcome, RunReport,
 };
 pub use spec::{PayloadPolicy, PipelineSpec, ValidatedPipeline};
-pub use types::{Column, StreamSchema, StreamType};
+pub use types::{Column, SchemaError, StreamSchema, StreamType};

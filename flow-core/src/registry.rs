@@ -72,16 +72,6 @@ impl Registry {
         Registry::default()
     }
 
-    /// The classes that ship with flow-core: sources `generator` and `jsonl_file`, processor
-    /// `project`, sink `DebugSink`.
-    pub fn with_builtins() -> Self {
-        let mut registry = Registry::new();
-        crate::sources::register(&mut registry);
-        crate::processors::register(&mut registry);
-        crate::sinks::register(&mut registry);
-        registry
-    }
-
     pub fn register_source(&mut self, class: &str, builder: SourceBuilder) {
         self.sources.insert(class.to_owned(), builder);
     }

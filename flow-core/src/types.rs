@@ -6,8 +6,18 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use thiserror::Error;
 
-use crate::error::SchemaError;
+/// A stream type or schema that cannot be used.
+#[derive(Error, Debug, Clone, PartialEq, Eq)]
+pub enum SchemaError {
+    #[error("unknown stream type `{text}`")]
+    UnknownType { text: String },
+    #[error("a column has an empty name")]
+    EmptyColumnName,
+    #[error("column `{name}` is declared twice")]
+    DuplicateColumn { name: String },
+}
 
 /// The type of one stream column.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

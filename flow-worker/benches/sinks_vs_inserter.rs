@@ -14,6 +14,11 @@
 //! grandchild of the orchestrator so that the loop and flow-worker are measured the same way.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+/// Every process of the benchmark, the loop included, allocates with jemalloc, as `flow-worker`
+/// does: the cases differ in what they do, not in their allocator.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
@@ -123,6 +128,7 @@ fn main() -> ExitCode {
     let result = match std::env::var(ROLE).as_deref() {
         Ok("runner") => runner(),
         Ok("inserter") => inserter_loop(),
+        Ok("push") => push_pipeline(),
         _ => orchestrate(),
     };
     match result {
@@ -576,13 +582,25 @@ fn vm_rss_kib(pid: u32) -> Option<u64> {
 
 fn endless(secs: u64) -> Result<()> {
     let rate = env_parse::<u64>("FLOW_BENCH_ENDLESS_RATE")?.unwrap_or(20_000);
-    let (case, table) = (Case::Batching, "bench_endless");
+    // `push`: the payload mode, through an embedded pipeline fed by the application.
+    let push = std::env::var("FLOW_BENCH_ENDLESS_MODE").as_deref() == Ok("push");
+    let (case, table) = (
+        Case::Batching,
+        if push {
+            "bench_endless_push"
+        } else {
+            "bench_endless"
+        },
+    );
     let ch = ClickHouse {
         runtime: tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?,
     };
-    ch.settle()?;
+    for [a, b] in case.shards() {
+        ch.exec(a, &format!("DROP TABLE IF EXISTS default.{table}"))?;
+        ch.exec(b, &format!("DROP TABLE IF EXISTS default.{table}"))?;
+    }
     ch.create_table(table, &case.shards())?;
     let work = std::env::temp_dir().join(format!("flow-bench-endless-{}", std::process::id()));
     let state_dir = work.join("state");
@@ -591,18 +609,33 @@ fn endless(secs: u64) -> Result<()> {
     let per_partition = rate.div_ceil(u64::from(PARTITIONS));
     std::fs::write(&spec_path, spec(case, table, 0, per_partition))?;
     println!("# endless {}: {secs} s at {rate} rows/s ({per_partition} per partition), samples every 5 s", case.class());
-    let mut child = Command::new(WORKER)
-        .args(["--log-format", "json", "run"])
-        .arg(&spec_path)
-        .arg("--state-dir")
-        .arg(&state_dir)
+    let mut command = if push {
+        let mut command = Command::new(std::env::current_exe()?);
+        command
+            .env(ROLE, "push")
+            .env("FLOW_BENCH_PUSH_RATE", rate.to_string())
+            .env("FLOW_BENCH_PUSH_TABLE", table)
+            .env("FLOW_BENCH_PUSH_STATE", &state_dir);
+        command
+    } else {
+        let mut command = Command::new(WORKER);
+        command
+            .args(["--log-format", "json", "run"])
+            .arg(&spec_path)
+            .arg("--state-dir")
+            .arg(&state_dir);
+        command
+    };
+    let mut child = command
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()?;
     let stderr = child.stderr.take().context("worker stderr")?;
     let latency: Arc<Mutex<(u64, Option<serde_json::Value>)>> = Arc::default();
+    let p99s: Arc<Mutex<Vec<u64>>> = Arc::default();
     let collector = {
         let latency = Arc::clone(&latency);
+        let p99s = Arc::clone(&p99s);
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
@@ -615,6 +648,9 @@ fn endless(secs: u64) -> Result<()> {
                     .or_else(|| event.get("message"))
                     .and_then(|m| m.as_str());
                 if message == Some("delivery latency") {
+                    if let Some(p99) = event.pointer("/fields/p99_ms").and_then(|v| v.as_u64()) {
+                        p99s.lock().unwrap().push(p99);
+                    }
                     let mut latency = latency.lock().unwrap();
                     latency.0 += 1;
                     latency.1 = Some(event.get("fields").cloned().unwrap_or(event));
@@ -685,6 +721,21 @@ fn endless(secs: u64) -> Result<()> {
         Some(event) => println!("delivery latency: {events} events, last {event}"),
         None => println!("delivery latency: none logged"),
     }
+    let p99s = p99s.lock().unwrap().clone();
+    println!(
+        "delivery latency p99 per 60 s window: {p99s:?} ms (max {} ms; target <= 2 x max_duration_ms + 1 s = {} ms)",
+        p99s.iter().max().copied().unwrap_or_default(),
+        2 * EPOCH_MAX_DURATION_MS + 1000
+    );
+    for (t, rss, state) in &samples {
+        if (*t as u64) % 60 < 5 {
+            println!(
+                "sample {t:>6.0} s  RSS {:>6.1} MiB  state {:>6.1} MiB",
+                *rss as f64 / 1024.0,
+                *state as f64 / 1048576.0
+            );
+        }
+    }
     let (rows, ids) = ch.counts(table, &case.shards())?;
     println!("table rows {rows}, distinct ids {ids}");
     ensure!(
@@ -701,4 +752,173 @@ fn endless(secs: u64) -> Result<()> {
         }
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Push: the outbox's payload mode, through an embedded pipeline that an application feeds
+
+/// What the application pushes: the generator's values for one offset (built by the producer,
+/// one allocation per message, as an application handing over its own records would).
+struct Pushed {
+    id: u64,
+    user_id: u64,
+    ts: u64,
+    payload: Vec<u8>,
+}
+
+type Inbox = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Pushed>>>;
+
+/// A source that cannot re-read what it was given, so the exactly-once sink keeps payloads.
+struct PushFactory {
+    inboxes: Vec<Inbox>,
+}
+
+struct PushSource {
+    partition: u32,
+    inbox: Inbox,
+    next: u64,
+}
+
+impl flow_core::SourceFactory for PushFactory {
+    fn stream_id(&self) -> &str {
+        "rows"
+    }
+
+    fn schema(&self) -> Arc<flow_core::StreamSchema> {
+        flow_core::sources::generator::schema()
+    }
+
+    fn open_partition(
+        &self,
+        partition: u32,
+        position: Option<&[u8]>,
+    ) -> Result<Box<dyn flow_core::Source>, flow_core::SourceError> {
+        let next = position
+            .and_then(|p| <[u8; 8]>::try_from(p).ok())
+            .map_or(0, u64::from_be_bytes);
+        Ok(Box::new(PushSource {
+            partition,
+            inbox: Arc::clone(&self.inboxes[partition as usize]),
+            next,
+        }))
+    }
+}
+
+#[async_trait::async_trait]
+impl flow_core::Source for PushSource {
+    async fn read(
+        &mut self,
+        out: &mut flow_core::SourceOutput<'_>,
+        limits: flow_core::ReadLimits,
+    ) -> Result<flow_core::SourceRead, flow_core::SourceError> {
+        use flow_core::Value;
+        let mut inbox = self.inbox.lock().await;
+        let mut exhausted = false;
+        for _ in 0..limits.max_messages {
+            let message = match tokio::time::timeout_at(limits.deadline, inbox.recv()).await {
+                Ok(Some(message)) => message,
+                Ok(None) => {
+                    exhausted = true;
+                    break;
+                }
+                Err(_) => break,
+            };
+            let id = flow_core::MessageId::new(self.partition, self.next);
+            let mut row = out.batch.start_row(id);
+            row.push(Value::Uint(message.id))
+                .and_then(|r| r.push(Value::Uint(u64::from(self.partition))))
+                .and_then(|r| r.push(Value::Uint(self.next)))
+                .and_then(|r| r.push(Value::Uint(message.user_id)))
+                .and_then(|r| r.push(Value::Uint(message.ts)))
+                .and_then(|r| r.push(Value::Bytes(&message.payload)))
+                .map_err(|err| flow_core::SourceError::Plugin(Box::new(err)))?;
+            row.finish()
+                .map_err(|err| flow_core::SourceError::Plugin(Box::new(err)))?;
+            self.next += 1;
+        }
+        Ok(flow_core::SourceRead {
+            position: self.next.to_be_bytes().to_vec(),
+            exhausted,
+        })
+    }
+}
+
+/// Pushes `rate` messages per second into one partition's inbox, in 10 ms ticks.
+async fn produce(partition: u32, rate: u64, inbox: tokio::sync::mpsc::Sender<Pushed>) {
+    let per_tick = rate.div_ceil(100).max(1);
+    let mut ticks = tokio::time::interval(Duration::from_millis(10));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut offset = 0u64;
+    loop {
+        ticks.tick().await;
+        for _ in 0..per_tick {
+            let (id, user_id, ts) = row_values(partition, offset, PARTITIONS);
+            let mut payload = Vec::with_capacity(PAYLOAD_BYTES);
+            fill_payload(id, PAYLOAD_BYTES, &mut payload);
+            let message = Pushed {
+                id,
+                user_id,
+                ts,
+                payload,
+            };
+            if inbox.send(message).await.is_err() {
+                return;
+            }
+            offset += 1;
+        }
+    }
+}
+
+/// The `push` role: an embedded pipeline with [`PushFactory`] into `ClickHouseBatchingSink`,
+/// fed at `FLOW_BENCH_PUSH_RATE` rows/s until SIGTERM. JSON logs on stderr, like the worker's.
+fn push_pipeline() -> Result<()> {
+    let rate: u64 = env_parse("FLOW_BENCH_PUSH_RATE")?.context("FLOW_BENCH_PUSH_RATE")?;
+    let table = std::env::var("FLOW_BENCH_PUSH_TABLE").context("FLOW_BENCH_PUSH_TABLE")?;
+    let state = std::env::var_os("FLOW_BENCH_PUSH_STATE").context("FLOW_BENCH_PUSH_STATE")?;
+    tracing_subscriber::fmt()
+        .json()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let (mut senders, mut inboxes) = (Vec::new(), Vec::new());
+        for _ in 0..PARTITIONS {
+            let (tx, rx) = tokio::sync::mpsc::channel(10_000);
+            senders.push(tx);
+            inboxes.push(Arc::new(tokio::sync::Mutex::new(rx)));
+        }
+        let factory: Arc<dyn flow_core::SourceFactory> = Arc::new(PushFactory { inboxes });
+        let mut registry = flow_core::Registry::with_builtins();
+        flow_clickhouse::register(&mut registry);
+        registry.register_source(
+            "push",
+            Arc::new(
+                move |_: &flow_core::registry::SourceBuildContext<'_>, _: &serde_yaml::Value| {
+                    Ok(Arc::clone(&factory))
+                },
+            ),
+        );
+        let text =
+            spec(Case::Batching, &table, 0, 0).replace("  class: generator\n", "  class: push\n");
+        let validated = registry
+            .build_yaml(&text)
+            .map_err(|err| anyhow::anyhow!("{err}"))?;
+        let store = flow_state::StateStore::open(Path::new(&state))?;
+        let pipeline = flow_core::Pipeline::new(validated, store.clone());
+        let control = pipeline.control();
+        for (partition, tx) in (0..PARTITIONS).zip(senders) {
+            tokio::spawn(produce(partition, rate.div_ceil(u64::from(PARTITIONS)), tx));
+        }
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::spawn(async move {
+            term.recv().await;
+            control.shutdown();
+        });
+        pipeline.run().await?;
+        tokio::task::spawn_blocking(move || store.close()).await??;
+        Ok(())
+    })
 }
