@@ -46,7 +46,10 @@ pub fn fault_seed(default: u64) -> u64 {
 /// A pipeline spec: a generator source into one sink.
 ///
 /// Defaults: 1 partition, epochs of `{max_messages: 1000, max_duration_ms: 500}`, 100 messages per
-/// partition, no rate limit, 8-byte payloads, sink `out`, `dynamic_parameters: {}`.
+/// partition, no rate limit, 8-byte payloads, sink `out`, `dynamic_parameters: {}`, and the
+/// outbox's default (bounds for this replayable source) unless `FLOW_TEST_OUTBOX_PAYLOADS=always`
+/// is set: then every spec built here stores payloads, so the whole suite (fault suite and kill -9
+/// tests included) runs in the outbox's other mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GeneratorSpec {
     pub pipeline: String,
@@ -64,6 +67,8 @@ pub struct GeneratorSpec {
     pub parameters: String,
     /// The sink's `dynamic_parameters`, a YAML flow mapping.
     pub dynamic_parameters: String,
+    /// `outbox: {payloads: always}`.
+    pub store_payloads: bool,
 }
 
 impl GeneratorSpec {
@@ -80,7 +85,14 @@ impl GeneratorSpec {
             sink_class: sink_class.to_owned(),
             parameters: parameters.into(),
             dynamic_parameters: "{}".to_owned(),
+            store_payloads: std::env::var("FLOW_TEST_OUTBOX_PAYLOADS").as_deref() == Ok("always"),
         }
+    }
+
+    /// Stores payloads in the outbox (`outbox: {payloads: always}`).
+    pub fn store_payloads(mut self) -> GeneratorSpec {
+        self.store_payloads = true;
+        self
     }
 
     pub fn partitions(mut self, partitions: u64) -> GeneratorSpec {
@@ -127,11 +139,16 @@ impl GeneratorSpec {
             .rate_per_second
             .map(|r| format!("rate_per_second: {r}, "))
             .unwrap_or_default();
+        let outbox = if self.store_payloads {
+            "outbox: {payloads: always}\n"
+        } else {
+            ""
+        };
         format!(
             "pipeline: {pipeline}\n\
              partitions: {partitions}\n\
              epoch: {{max_messages: {max_messages}, max_duration_ms: {max_ms}}}\n\
-             source:\n  class: generator\n  parameters: {{count: {count}, {rate}payload_bytes: {payload}}}\n\
+             {outbox}source:\n  class: generator\n  parameters: {{count: {count}, {rate}payload_bytes: {payload}}}\n\
              sinks:\n  - name: {sink}\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {parameters}\n    dynamic_parameters: {dynamic}\n",
             pipeline = self.pipeline,
             partitions = self.partitions,

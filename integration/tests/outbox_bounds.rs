@@ -172,7 +172,7 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
     let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
     let proxy = rt.block_on(FaultProxy::start(node_addr(A1))).unwrap();
 
-    let mut yaml = GeneratorSpec::new(
+    let mut spec = GeneratorSpec::new(
         tag,
         "ClickHouseBatchingSink",
         format!(
@@ -188,11 +188,10 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
     .sink_name("events")
     .dynamic(format!(
         "{{max_rows_per_batch: {BATCH}, retry_backoff: 300ms, max_insert_attempts: 1000}}"
-    ))
-    .yaml();
-    if mode == Mode::Payloads {
-        yaml.push_str("outbox: {payloads: always}\n");
-    }
+    ));
+    // Each mode is this test's subject: `FLOW_TEST_OUTBOX_PAYLOADS` does not apply.
+    spec.store_payloads = mode == Mode::Payloads;
+    let yaml = spec.yaml();
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("spec.yaml");
     std::fs::write(&spec, &yaml).unwrap();
