@@ -2,30 +2,35 @@
 //!
 //! A pipeline reads typed messages from a **source** (one reader per partition), passes them
 //! through **processors** and hands them to **sinks**; all three are plugins built by class name
-//! from a YAML **spec** ([`spec`], [`registry`]). Each partition runs **epochs**
-//! ([`runtime`]): read a bounded slice of messages, let every sink seal what it will deliver,
+//! from a YAML **spec** ([`PipelineSpec`], [`registry`]). Each partition runs **epochs**
+//! ([`Pipeline`]): read a bounded slice of messages, let every sink seal what it will deliver,
 //! then commit the new source position together with the sealed batches in one atomic transaction
 //! of the `flow-state` outbox. Sinks deliver committed batches asynchronously and in order
 //! ([`delivery`]), and remove a batch from the outbox only once its target holds it, so a crash at
-//! any point loses nothing and replays the stored bytes unchanged.
+//! any point loses nothing. A replayable source lets the outbox keep only a batch's bounds: the
+//! sink rebuilds it on replay through a [`Replay`] reader (the source reopened at the epoch's start
+//! and the processors run again) and checks it against the stored hash.
 //!
 //! Messages travel in [`MessageBatch`]es, row-major arenas reused across epochs: no allocation per
 //! message on the hot path.
 
-mod builtins;
+// API modules: what plugin authors build on (`delivery` for outbox sinks, `registry` for
+// builders) and the built-in plugins' parameter types. The rest is re-exported below.
 pub mod delivery;
-pub mod error;
-mod graph;
-pub mod message;
-pub mod plugin;
 pub mod processors;
 pub mod registry;
-mod replay;
-pub mod runtime;
 pub mod sinks;
 pub mod sources;
-pub mod spec;
-pub mod types;
+
+mod builtins;
+mod error;
+mod graph;
+mod message;
+mod plugin;
+mod replay;
+mod runtime;
+mod spec;
+mod types;
 
 pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
@@ -40,5 +45,9 @@ pub use registry::Registry;
 pub use runtime::{
     PartitionEnd, PartitionReport, Pipeline, PipelineControl, ReloadOutcome, RunReport,
 };
-pub use spec::{PayloadPolicy, PipelineSpec, ValidatedPipeline};
+pub use spec::{
+    is_valid_name, EpochSettings, EpochSpec, OutboxSpec, PayloadPolicy, PipelineSpec,
+    ProcessorSpec, SinkSpec, SourceSpec, ValidatedPipeline, ValidatedProcessor, ValidatedSink,
+    MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
+};
 pub use types::{Column, SchemaError, StreamSchema, StreamType};

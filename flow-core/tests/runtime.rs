@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flow_core::registry::{BuildResult, SinkBuildContext};
-use flow_core::runtime::ReloadOutcome;
 use flow_core::sources::generator::{fill_payload, TS_BASE};
+use flow_core::ReloadOutcome;
 use flow_core::{
     Epoch, EpochOutcome, EpochWrite, PartitionEnd, Pipeline, PipelineSpec, Registry, RunReport,
     RuntimeError, Sink, SinkContext, SinkError, SinkFactory, SourceError, Violation,
