@@ -55,6 +55,8 @@ const NODES: [&str; 4] = [A1, A2, B1, B2];
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Case {
     Inserter,
+    /// The loop over both shards: the sharded class's baseline (four servers take the rows).
+    InserterSharded,
     Batching,
     Sharded,
     AtLeastOnce,
@@ -62,8 +64,9 @@ enum Case {
 }
 
 impl Case {
-    const ALL: [Case; 5] = [
+    const ALL: [Case; 6] = [
         Case::Inserter,
+        Case::InserterSharded,
         Case::Batching,
         Case::Sharded,
         Case::AtLeastOnce,
@@ -73,6 +76,7 @@ impl Case {
     fn name(self) -> &'static str {
         match self {
             Case::Inserter => "inserter",
+            Case::InserterSharded => "inserter_sharded",
             Case::Batching => "batching",
             Case::Sharded => "sharded",
             Case::AtLeastOnce => "at_least_once",
@@ -83,6 +87,7 @@ impl Case {
     fn class(self) -> &'static str {
         match self {
             Case::Inserter => "clickhouse::Inserter loop",
+            Case::InserterSharded => "clickhouse::Inserter loop, 2 shards",
             Case::Batching => "ClickHouseBatchingSink",
             Case::Sharded => "ShardedClickHouseBatchingSink",
             Case::AtLeastOnce => "AtLeastOnceClickHouseSink",
@@ -97,8 +102,20 @@ impl Case {
     /// Replicas per shard; the first of each shard is where the rows are counted.
     fn shards(self) -> Vec<[&'static str; 2]> {
         match self {
-            Case::Sharded => vec![[A1, A2], [B1, B2]],
+            Case::Sharded | Case::InserterSharded => vec![[A1, A2], [B1, B2]],
             _ => vec![[A1, A2]],
+        }
+    }
+
+    fn is_loop(self) -> bool {
+        matches!(self, Case::Inserter | Case::InserterSharded)
+    }
+
+    /// The loop this case is compared with: the one writing to the same servers.
+    fn baseline(self) -> Case {
+        match self {
+            Case::Sharded | Case::InserterSharded => Case::InserterSharded,
+            _ => Case::Inserter,
         }
     }
 
@@ -194,19 +211,30 @@ struct GeneratorRow<'a> {
 fn inserter_loop() -> Result<()> {
     let rows: u64 = env_parse("FLOW_BENCH_INSERTER_ROWS")?.context("FLOW_BENCH_INSERTER_ROWS")?;
     let table = std::env::var("FLOW_BENCH_INSERTER_TABLE").context("FLOW_BENCH_INSERTER_TABLE")?;
+    let sharded = env_parse::<bool>("FLOW_BENCH_INSERTER_SHARDED")?.unwrap_or(false);
+    // Sharded: one inserter per shard in every task, rows routed as the sharded sink routes them
+    // (rendezvous hashing of `user_id` over shards `a`, `b`).
+    let nodes: &[&str] = if sharded { &[A1, B1] } else { &[A1] };
+    let router = flow_clickhouse::RendezvousRouter::new(&["a".to_owned(), "b".to_owned()]);
     let per_partition = rows / u64::from(PARTITIONS);
     tokio::runtime::Runtime::new()?.block_on(async move {
-        let client = clickhouse::Client::default()
-            .with_url(format!("http://{A1}"))
-            .with_validation(false)
-            .with_compression(clickhouse::Compression::Lz4);
         let tasks: Vec<_> = (0..PARTITIONS)
             .map(|partition| {
-                let mut inserter = client
-                    .inserter::<GeneratorRow<'static>>(&table)
-                    .with_max_rows(BATCH_ROWS);
+                let mut inserters: Vec<_> = nodes
+                    .iter()
+                    .map(|node| {
+                        clickhouse::Client::default()
+                            .with_url(format!("http://{node}"))
+                            .with_validation(false)
+                            .with_compression(clickhouse::Compression::Lz4)
+                            .inserter::<GeneratorRow<'static>>(&table)
+                            .with_max_rows(BATCH_ROWS)
+                    })
+                    .collect();
+                let router = router.clone();
                 tokio::spawn(async move {
                     let mut payload = Vec::with_capacity(PAYLOAD_BYTES);
+                    let mut key = Vec::with_capacity(9);
                     for offset in 0..per_partition {
                         let (id, user_id, ts) = row_values(partition, offset, PARTITIONS);
                         fill_payload(id, PAYLOAD_BYTES, &mut payload);
@@ -218,10 +246,20 @@ fn inserter_loop() -> Result<()> {
                             ts: u32::try_from(ts)?,
                             payload: &payload,
                         };
-                        inserter.write(&row).await?;
-                        inserter.commit().await?;
+                        let shard = if inserters.len() > 1 {
+                            key.clear();
+                            key.push(2u8);
+                            key.extend_from_slice(&user_id.to_le_bytes());
+                            router.route(&key)
+                        } else {
+                            0
+                        };
+                        inserters[shard].write(&row).await?;
+                        inserters[shard].commit().await?;
                     }
-                    inserter.end().await?;
+                    for inserter in inserters {
+                        inserter.end().await?;
+                    }
                     anyhow::Ok(())
                 })
             })
@@ -374,12 +412,16 @@ fn run_case(ch: &ClickHouse, case: Case, rows: u64, work: &Path, tag: &str) -> R
     let log = work.join(format!("{tag}.log"));
     let mut command = Command::new(std::env::current_exe()?);
     command.env(ROLE, "runner");
-    if case == Case::Inserter {
+    if case.is_loop() {
         command
             .arg(std::env::current_exe()?)
             .env(CHILD_ROLE, "inserter")
             .env("FLOW_BENCH_INSERTER_ROWS", rows.to_string())
-            .env("FLOW_BENCH_INSERTER_TABLE", &table);
+            .env("FLOW_BENCH_INSERTER_TABLE", &table)
+            .env(
+                "FLOW_BENCH_INSERTER_SHARDED",
+                (case == Case::InserterSharded).to_string(),
+            );
     } else {
         let spec_path = work.join(format!("{tag}.yaml"));
         std::fs::write(
@@ -417,10 +459,10 @@ fn run_case(ch: &ClickHouse, case: Case, rows: u64, work: &Path, tag: &str) -> R
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
-    let state_bytes = (case != Case::Inserter).then(|| dir_bytes(&state_dir));
+    let state_bytes = (!case.is_loop()).then(|| dir_bytes(&state_dir));
     let (table_rows, ids) = ch.counts(&table, &case.shards())?;
     match case {
-        Case::Inserter | Case::Batching | Case::Sharded => ensure!(
+        Case::Inserter | Case::InserterSharded | Case::Batching | Case::Sharded => ensure!(
             table_rows == rows && ids == rows,
             "{tag}: {} wrote {rows} rows but the table holds {table_rows} rows with {ids} distinct ids: rows were lost or duplicated",
             case.class()
@@ -538,21 +580,23 @@ fn print_table(samples: &BTreeMap<(u64, Case), Vec<Sample>>) {
         let pick = |f: fn(&Sample) -> f64| median(runs.iter().map(f).collect());
         let rate = pick(|s| s.rows_per_s);
         let cpu = pick(|s| s.cpu_s);
-        let loop_median = samples.get(&(rows, Case::Inserter)).map(|runs| {
+        let loop_median = samples.get(&(rows, case.baseline())).map(|runs| {
             (
                 median(runs.iter().map(|s| s.rows_per_s).collect()),
                 median(runs.iter().map(|s| s.cpu_s).collect()),
             )
         });
         let (ratio, cpu_ratio) = match (case, loop_median) {
-            (Case::Inserter, _) => ("1.00 (baseline)".to_owned(), "1.00".to_owned()),
+            (Case::Inserter | Case::InserterSharded, _) => {
+                ("1.00 (baseline)".to_owned(), "1.00".to_owned())
+            }
             (_, Some((loop_rate, loop_cpu))) => (
                 format!("{:.2} (>= {:.2})", rate / loop_rate, case.target_ratio()),
                 format!("{:.2}", cpu / loop_cpu),
             ),
             (_, None) => (format!("- (>= {:.2})", case.target_ratio()), "-".to_owned()),
         };
-        let state = if case == Case::Inserter {
+        let state = if case.is_loop() {
             "-".to_owned()
         } else {
             format!("{:.0}", pick(|s| s.state_bytes.unwrap_or_default() as f64))
