@@ -148,12 +148,10 @@ impl Sealer for BatchingSink {
         let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
             return Ok(());
         };
-        let plan = session.encoder.plan_fingerprint();
         let requeue = Requeue {
             shared: &self.shared,
             session: &session,
             ctx: &self.ctx,
-            plan: &plan,
         };
         requeue.run(backlog, delivery).await
     }
@@ -197,7 +195,7 @@ impl Sealer for BatchingSink {
                     last_offset: part.last_offset,
                     rows: part.rows,
                     encoded_bytes: part.encoded_bytes,
-                    plan: plan.clone(),
+                    plan: plan.to_owned(),
                     sealed_at_ms,
                     content_hash: part.content_hash,
                     payload: part.payload,

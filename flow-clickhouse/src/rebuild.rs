@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use flow_core::delivery::{load_stored_payload, OutboxDelivery};
+use flow_core::delivery::OutboxDelivery;
 use flow_core::{MessageBatch, Replay, SinkContext, SinkError};
 use flow_state::{SealedBatch, StoredBatch, StoredBody};
 
@@ -29,7 +29,6 @@ pub struct Requeue<'a> {
     pub shared: &'a SinkShared,
     pub session: &'a WriterSession,
     pub ctx: &'a SinkContext,
-    pub plan: &'a str,
 }
 
 impl Requeue<'_> {
@@ -51,12 +50,9 @@ impl Requeue<'_> {
             if !self.rebuild(std::mem::take(&mut run), delivery).await? {
                 return Ok(());
             }
-            let (seq, sealed_at) = (stored.seq, stored.batch.sealed_at_ms);
             let key = self.ctx.state_key();
-            if let Some(batch) = load_stored_payload(&self.ctx.store, &key, stored).await? {
-                if !delivery.push(seq, batch, sealed_at).await? {
-                    return Ok(());
-                }
+            if !delivery.push_stored(&self.ctx.store, &key, stored).await? {
+                return Ok(());
             }
         }
         self.rebuild(run, delivery).await.map(|_| ())
@@ -81,13 +77,14 @@ impl Requeue<'_> {
                 "it was stored as bounds, but the source can no longer re-read its range (its class changed)",
             ));
         };
+        let plan = self.session.encoder.plan_fingerprint();
         for stored in &run {
-            if stored.batch.plan != self.plan {
+            if stored.batch.plan != plan {
                 return Err(self.mismatch(
                     stored,
                     &format!(
                         "it was encoded with plan {} and the table's columns now give plan {} (a column was added, removed or changed type)",
-                        stored.batch.plan, self.plan
+                        stored.batch.plan, plan
                     ),
                 ));
             }

@@ -20,6 +20,8 @@ pub struct EncodedColumn {
 #[derive(Clone, Debug)]
 pub struct RowBinaryEncoder {
     columns: Vec<EncodedColumn>,
+    /// See [`RowBinaryEncoder::plan_fingerprint`]; fixed with the columns.
+    plan: String,
 }
 
 /// Why a row could not be encoded.
@@ -32,7 +34,13 @@ pub struct EncodeError {
 
 impl RowBinaryEncoder {
     pub fn new(columns: Vec<EncodedColumn>) -> RowBinaryEncoder {
-        RowBinaryEncoder { columns }
+        let plan = columns
+            .iter()
+            .map(|c| format!("{} {} <- {}", c.name, c.ty, c.stream_index))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let plan = format!("{:016x}", xxhash_rust::xxh64::xxh64(plan.as_bytes(), 0));
+        RowBinaryEncoder { columns, plan }
     }
 
     /// The table column names in encoding order, for the `INSERT INTO t (names...)` clause.
@@ -46,14 +54,8 @@ impl RowBinaryEncoder {
 
     /// Identifies the encoding: table columns, their types and the stream columns they take.
     /// Rows encoded under different plans are different bytes.
-    pub fn plan_fingerprint(&self) -> String {
-        let plan = self
-            .columns
-            .iter()
-            .map(|c| format!("{} {} <- {}", c.name, c.ty, c.stream_index))
-            .collect::<Vec<_>>()
-            .join(", ");
-        format!("{:016x}", xxhash_rust::xxh64::xxh64(plan.as_bytes(), 0))
+    pub fn plan_fingerprint(&self) -> &str {
+        &self.plan
     }
 
     /// Appends one row to `out`. On error `out` is truncated back to its length before the call

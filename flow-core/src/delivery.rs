@@ -405,6 +405,31 @@ impl OutboxDelivery {
         }
     }
 
+    /// Queues an undelivered batch found in the outbox whose payload is stored, read back (and
+    /// checked) off the runtime threads; `false` (nothing queued) once the pipeline is stopping.
+    /// A batch stored as bounds must be rebuilt by its sink: it is refused here.
+    pub async fn push_stored(
+        &mut self,
+        store: &StateStore,
+        key: &SinkPartition,
+        stored: StoredBatch,
+    ) -> Result<bool, SinkError> {
+        let StoredBody::Payload(location) = stored.body else {
+            return Err(SinkError::Refused(format!(
+                "{key}: batch {} was stored without its payload, and this sink cannot rebuild it from the source; start with a new state directory",
+                stored.seq
+            )));
+        };
+        let (store, task_key) = (store.clone(), key.clone());
+        let payload = blocking(move || store.load_payload(&task_key, &location)).await?;
+        let sealed_at_ms = stored.batch.sealed_at_ms;
+        let batch = SealedBatch {
+            payload,
+            ..stored.batch
+        };
+        self.push(stored.seq, batch, sealed_at_ms).await
+    }
+
     /// Queues the batches of a durable commit (`Sink::committed`).
     pub async fn committed(
         &mut self,
@@ -450,25 +475,6 @@ pub async fn load_backlog(
     let store = store.clone();
     let key = key.clone();
     blocking(move || store.undelivered(&key)).await
-}
-
-/// A stored batch with its payload read back from the outbox; `None` for a batch stored as
-/// bounds (the sink must rebuild it).
-pub async fn load_stored_payload(
-    store: &StateStore,
-    key: &SinkPartition,
-    stored: StoredBatch,
-) -> Result<Option<SealedBatch>, SinkError> {
-    let StoredBody::Payload(location) = stored.body else {
-        return Ok(None);
-    };
-    let store = store.clone();
-    let key = key.clone();
-    let payload = blocking(move || store.load_payload(&key, &location)).await?;
-    Ok(Some(SealedBatch {
-        payload,
-        ..stored.batch
-    }))
 }
 
 async fn blocking<T: Send + 'static>(

@@ -21,7 +21,7 @@ use crate::graph::StreamGraph;
 use crate::plugin::{Epoch, EpochOutcome, Replay, Sink, SinkContext, Source};
 use crate::registry::Registry;
 use crate::replay::PipelineReplay;
-use crate::spec::{PayloadPolicy, PipelineSpec, ValidatedPipeline};
+use crate::spec::{PipelineSpec, ValidatedPipeline};
 
 /// How a partition ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,8 +235,6 @@ struct SinkSlot {
     sink: Box<dyn Sink>,
     /// Indexes into the partition's stream batches, in `input_stream_ids` order.
     inputs: Vec<usize>,
-    /// The sink's rebuildable batches are stored as bounds.
-    store_bounds: bool,
 }
 
 impl PartitionRunner {
@@ -280,7 +278,6 @@ impl PartitionRunner {
         // A replayable source lets sinks rebuild what they stored as bounds, even when this
         // run stores payloads (`outbox.payloads: always` set on a state directory with bounds).
         let source_replayable = pipeline.source.replayable();
-        let store_bounds = pipeline.payloads == PayloadPolicy::Auto && source_replayable;
 
         let mut sinks: Vec<SinkSlot> = Vec::new();
         for (s, dynamic) in pipeline.sinks.iter().zip(&self.dynamic) {
@@ -314,7 +311,6 @@ impl PartitionRunner {
                 name: s.name.clone(),
                 sink,
                 inputs,
-                store_bounds,
             });
         }
         for slot in &mut sinks {
@@ -432,7 +428,7 @@ impl PartitionRunner {
                 match slot.sink.write_epoch(&epoch).await {
                     Ok(EpochOutcome::Commit(write)) => sink_commits.push(SinkEpochCommit {
                         sink: slot.name.clone(),
-                        storage: if write.rebuildable && slot.store_bounds {
+                        storage: if write.rebuildable && pipeline.stores_bounds() {
                             BatchStorage::Bounds {
                                 epoch_start: committed.clone(),
                             }

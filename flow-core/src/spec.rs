@@ -353,6 +353,14 @@ pub struct ValidatedPipeline {
     pub spec: PipelineSpec,
 }
 
+impl ValidatedPipeline {
+    /// Whether the outbox keeps only the bounds of rebuildable batches: the source can re-read
+    /// a committed range and the spec does not ask for payloads.
+    pub fn stores_bounds(&self) -> bool {
+        self.payloads == PayloadPolicy::Auto && self.source.replayable()
+    }
+}
+
 /// `[A-Za-z0-9_-]+`, the alphabet of names that end up in state keys and tokens.
 pub fn is_valid_name(name: &str) -> bool {
     !name.is_empty()

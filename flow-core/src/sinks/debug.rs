@@ -19,8 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Mutex};
 
 use crate::delivery::{
-    load_backlog, load_stored_payload, now_ms, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer,
-    SinkDelivery,
+    load_backlog, now_ms, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer, SinkDelivery,
 };
 use crate::error::{SinkError, Violation};
 use crate::message::{MessageBatch, Value};
@@ -150,13 +149,7 @@ impl Sealer for DebugSink {
             self.ctx.shutdown.clone(),
         );
         for stored in backlog {
-            let (seq, sealed_at_ms) = (stored.seq, stored.batch.sealed_at_ms);
-            let Some(batch) = load_stored_payload(&self.ctx.store, &key, stored).await? else {
-                return Err(SinkError::Refused(format!(
-                    "{key}: batch {seq} was stored without its payload, which the debug sink cannot rebuild; start with a new state directory"
-                )));
-            };
-            if !delivery.push(seq, batch, sealed_at_ms).await? {
+            if !delivery.push_stored(&self.ctx.store, &key, stored).await? {
                 break;
             }
         }
