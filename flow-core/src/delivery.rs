@@ -1,7 +1,9 @@
-//! Asynchronous, strictly ordered delivery of a sink partition's sealed batches.
+//! Asynchronous delivery of a sink partition's sealed batches, in order per shard.
 //!
 //! A [`DeliveryQueue`] owns one task per sink partition. Batches enter in outbox order (first the
-//! undelivered ones found at open, then each newly committed epoch's) through a bounded channel.
+//! undelivered ones found at open, then each newly committed epoch's) through a bounded channel;
+//! the task keeps one lane per shard, each sending one batch at a time in that order, so the parts
+//! of a logical batch go to their shards side by side.
 //! Memory is bounded twice: the channel holds at most [`DELIVERY_QUEUE_CAPACITY`] batches, and
 //! every batch holds a permit of its sink's [`ByteBudget`] from the moment it is queued until its
 //! target holds it, so a sink's payloads in memory never exceed the budget whatever the run's
@@ -9,6 +11,7 @@
 //! never skips a batch: the first error stops the task and is reported by the next `push` or
 //! `drain`. [`OutboxSink`] wraps a [`Sealer`] into a [`Sink`] that owns this lifecycle.
 
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,13 +19,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use flow_state::{SealedBatch, SinkPartition, StateStore, StoredBatch, StoredBody};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, info, warn};
 
 use crate::error::SinkError;
 use crate::plugin::{Epoch, EpochOutcome, Sink};
 
-/// Batches that may wait in memory for delivery, per sink partition.
+/// Batches that may wait in memory for delivery, per sink partition, twice: in the channel to
+/// the delivery task and in its lanes (besides one in flight per lane).
 pub const DELIVERY_QUEUE_CAPACITY: usize = 8;
 
 /// How often a sink logs its delivery latency.
@@ -238,35 +242,19 @@ impl DeliveryQueue {
         deliverer: Arc<dyn BatchDeliverer>,
         latency: Arc<DeliveryLatency>,
     ) -> DeliveryQueue {
-        let (tx, mut rx) = mpsc::channel::<Queued>(DELIVERY_QUEUE_CAPACITY);
+        let (tx, rx) = mpsc::channel::<Queued>(DELIVERY_QUEUE_CAPACITY);
         let (stop, stop_rx) = watch::channel(false);
-        let task_key = key.clone();
-        let task = tokio::spawn(async move {
-            while let Some(queued) = rx.recv().await {
-                if *stop_rx.borrow() {
-                    break;
-                }
-                let Queued {
-                    seq,
-                    batch,
-                    origin_ms,
-                    ..
-                } = &queued;
-                deliverer.deliver(&task_key, *seq, batch, &stop_rx).await?;
-                if !*stop_rx.borrow() {
-                    latency.record(*origin_ms);
-                }
-                debug!(
-                    pipeline = %task_key.pipeline,
-                    sink = %task_key.sink,
-                    partition = task_key.partition,
-                    seq,
-                    rows = batch.rows,
-                    "batch delivered"
-                );
-            }
-            Ok(())
-        });
+        let lanes = Lanes {
+            key: key.clone(),
+            deliverer,
+            latency,
+            stop: stop_rx,
+            waiting: BTreeMap::new(),
+            waiting_count: 0,
+            busy: BTreeSet::new(),
+            in_flight: JoinSet::new(),
+        };
+        let task = tokio::spawn(lanes.run(rx));
         DeliveryQueue {
             key,
             tx: Some(tx),
@@ -327,6 +315,129 @@ impl Drop for DeliveryQueue {
         if let Some(task) = self.task.take() {
             task.abort();
         }
+    }
+}
+
+/// What one delivery of a lane reports back.
+struct LaneDone {
+    shard: String,
+    seq: u64,
+    rows: u64,
+    origin_ms: u64,
+    result: Result<(), SinkError>,
+}
+
+/// The delivery task of a sink partition: one lane per shard (`SealedBatch::shard`), each
+/// delivering its batches one at a time in outbox order, lanes side by side. A slow shard thus
+/// delays only its own parts until the queue ahead of it is full; an unsharded sink has one lane
+/// and delivers strictly in order.
+struct Lanes {
+    key: SinkPartition,
+    deliverer: Arc<dyn BatchDeliverer>,
+    latency: Arc<DeliveryLatency>,
+    stop: watch::Receiver<bool>,
+    waiting: BTreeMap<String, VecDeque<Queued>>,
+    waiting_count: usize,
+    busy: BTreeSet<String>,
+    in_flight: JoinSet<LaneDone>,
+}
+
+impl Lanes {
+    async fn run(mut self, mut rx: mpsc::Receiver<Queued>) -> Result<(), SinkError> {
+        let mut open = true;
+        loop {
+            let stopping = *self.stop.borrow();
+            if !stopping {
+                self.start_idle_lanes();
+            }
+            if (stopping || !open) && self.in_flight.is_empty() {
+                // Closed: every lane ran dry; stopping: what is not delivered stays in the outbox.
+                return Ok(());
+            }
+            let room = open && !stopping && self.waiting_count < DELIVERY_QUEUE_CAPACITY;
+            tokio::select! {
+                queued = rx.recv(), if room => match queued {
+                    Some(queued) => {
+                        self.waiting_count += 1;
+                        self.waiting
+                            .entry(queued.batch.shard.clone())
+                            .or_default()
+                            .push_back(queued);
+                    }
+                    None => open = false,
+                },
+                Some(done) = self.in_flight.join_next() => self.finished(done)?,
+                changed = self.stop.changed(), if !stopping => {
+                    if changed.is_err() {
+                        // The queue is gone: nobody waits for this task any more.
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_idle_lanes(&mut self) {
+        for (shard, queue) in &mut self.waiting {
+            if self.busy.contains(shard) {
+                continue;
+            }
+            let Some(queued) = queue.pop_front() else {
+                continue;
+            };
+            self.waiting_count -= 1;
+            self.busy.insert(shard.clone());
+            let (deliverer, key, stop) = (
+                Arc::clone(&self.deliverer),
+                self.key.clone(),
+                self.stop.clone(),
+            );
+            self.in_flight.spawn(async move {
+                // Bound whole, so the budget permit is held until the delivery ends.
+                let Queued {
+                    seq,
+                    batch,
+                    origin_ms,
+                    _permit: permit,
+                } = queued;
+                let result = deliverer.deliver(&key, seq, &batch, &stop).await;
+                drop(permit);
+                LaneDone {
+                    shard: batch.shard,
+                    seq,
+                    rows: batch.rows,
+                    origin_ms,
+                    result,
+                }
+            });
+        }
+    }
+
+    fn finished(
+        &mut self,
+        done: Result<LaneDone, tokio::task::JoinError>,
+    ) -> Result<(), SinkError> {
+        let done = done.map_err(|err| {
+            warn!(pipeline = %self.key.pipeline, sink = %self.key.sink, partition = self.key.partition, error = %err, "delivery task panicked");
+            SinkError::Delivery {
+                reason: format!("the delivery task failed: {err}"),
+            }
+        })?;
+        self.busy.remove(&done.shard);
+        done.result?;
+        if !*self.stop.borrow() {
+            self.latency.record(done.origin_ms);
+        }
+        debug!(
+            pipeline = %self.key.pipeline,
+            sink = %self.key.sink,
+            partition = self.key.partition,
+            shard = %done.shard,
+            seq = done.seq,
+            rows = done.rows,
+            "batch delivered"
+        );
+        Ok(())
     }
 }
 
@@ -611,8 +722,8 @@ mod tests {
             SinkDelivery::new("s", 1 << 20),
             shutdown,
         );
-        // One batch in delivery plus a full queue: the next commit has to wait.
-        let batches: Vec<_> = (0..=DELIVERY_QUEUE_CAPACITY as u64)
+        // One batch in delivery plus a full channel and a full lane: the next commit has to wait.
+        let batches: Vec<_> = (0..=2 * DELIVERY_QUEUE_CAPACITY as u64)
             .map(|seq| (seq, batch(1)))
             .collect();
         delivery.committed(batches, 0).await.unwrap();
@@ -636,6 +747,84 @@ mod tests {
         delivery.close().await.unwrap();
     }
 
+    /// Records deliveries; shard `b` waits for shutdown, the others take 5 ms.
+    struct ShardBStuck {
+        delivered: Mutex<Vec<(String, u64)>>,
+    }
+
+    #[async_trait]
+    impl BatchDeliverer for ShardBStuck {
+        async fn deliver(
+            &self,
+            _key: &SinkPartition,
+            seq: u64,
+            batch: &SealedBatch,
+            stop: &watch::Receiver<bool>,
+        ) -> Result<(), SinkError> {
+            if batch.shard == "b" {
+                let mut stop = stop.clone();
+                let _ = stop.wait_for(|s| *s).await;
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let mut delivered = self.delivered.lock().unwrap();
+            delivered.push((batch.shard.clone(), seq));
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stuck_shard_delays_only_its_own_parts_and_each_shard_keeps_outbox_order() {
+        let (stop, shutdown) = watch::channel(false);
+        let deliverer = Arc::new(ShardBStuck {
+            delivered: Mutex::new(Vec::new()),
+        });
+        let mut delivery = OutboxDelivery::default();
+        let shared = SinkDelivery::new("s", 1 << 20);
+        let as_dyn: Arc<dyn BatchDeliverer> = deliverer.clone();
+        delivery.open(key(), as_dyn, shared, shutdown);
+        // Parts alternate a, c, b as one logical batch per three seqs.
+        let shards = ["a", "c", "b"];
+        let batches: Vec<_> = (0..9u64)
+            .map(|seq| {
+                let mut b = batch(1);
+                b.shard = shards[seq as usize % 3].to_owned();
+                (seq, b)
+            })
+            .collect();
+        delivery.committed(batches, 0).await.unwrap();
+        let want: Vec<(String, u64)> = vec![
+            ("a".into(), 0),
+            ("a".into(), 3),
+            ("a".into(), 6),
+            ("c".into(), 1),
+            ("c".into(), 4),
+            ("c".into(), 7),
+        ];
+        for _ in 0..200 {
+            if deliverer.delivered.lock().unwrap().len() == want.len() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut got = deliverer.delivered.lock().unwrap().clone();
+        let in_order: Vec<_> = ["a", "c"]
+            .iter()
+            .map(|s| {
+                got.iter()
+                    .filter(|(g, _)| g == s)
+                    .map(|(_, q)| *q)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(in_order, vec![vec![0, 3, 6], vec![1, 4, 7]]);
+        got.sort();
+        assert_eq!(got, want);
+        let _ = stop.send(true);
+        delivery.close().await.unwrap();
+        assert_eq!(deliverer.delivered.lock().unwrap().len(), 6);
+    }
+
     #[tokio::test]
     async fn payload_bytes_held_for_delivery_never_exceed_the_sink_budget() {
         let (_stop, shutdown) = watch::channel(false);
@@ -652,7 +841,10 @@ mod tests {
             delivery.committed(vec![(3, batch(300))], 0),
         )
         .await;
-        assert!(blocked.is_err(), "the fourth batch must wait for budget");
+        assert!(
+            blocked.is_err(),
+            "the fourth batch must wait for budget: {blocked:?}"
+        );
         assert_eq!(shared.budget.semaphore.available_permits(), 100);
         // A batch larger than the whole budget still goes once everything else is done.
         shared.budget.resize(2000);

@@ -402,35 +402,35 @@ pub(crate) fn apply_commit(t: &Trees, c: &PreparedCommit) -> Result<CommitReceip
         })
 }
 
-/// Removes the oldest batch; returns the segment its payload was in, if any.
+/// Removes a pending batch; returns the segment its payload was in, if any.
+///
+/// Any pending batch may go, not only the oldest: the parts of one logical batch bound for
+/// different shards are delivered independently, each in order within its shard. `head` stays a
+/// lower bound of the pending sequence numbers.
 pub(crate) fn apply_ack(t: &Trees, a: &PreparedAck) -> Result<Option<u64>, StateError> {
     (&t.batches, &t.batch_seq, &t.sink_values)
         .transaction(|(batches, batch_seq, sink_values)| {
             let mut bounds = read_bounds(batch_seq, &a.queue_key)?;
-            if bounds.head >= bounds.next || a.seq != bounds.head {
-                return abort(StateError::NotOldestBatch {
-                    key: a.key.clone(),
-                    expected: (bounds.head < bounds.next).then_some(bounds.head),
-                    got: a.seq,
-                });
-            }
             let batch_key = seq_key(&a.queue_key, a.seq);
-            let Some(removed) = batches.remove(batch_key.as_slice())? else {
-                return abort(StateError::Decode {
-                    what: "batch queue",
-                    key: show_key(&batch_key),
-                    detail: format!(
-                        "queue bounds {}..{} but the oldest batch is missing",
-                        bounds.head, bounds.next
-                    ),
+            let removed = if (bounds.head..bounds.next).contains(&a.seq) {
+                batches.remove(batch_key.as_slice())?
+            } else {
+                None
+            };
+            let Some(removed) = removed else {
+                return abort(StateError::NotPending {
+                    key: a.key.clone(),
+                    seq: a.seq,
                 });
             };
             let segment = match decode_batch_parts(&batch_key, &removed).or_else(abort)?.1 {
                 BodyRecord::Segment { segment, .. } => Some(segment),
                 BodyRecord::Rebuild { .. } => None,
             };
-            bounds.head = a.seq + 1;
-            batch_seq.insert(a.queue_key.as_slice(), &bounds.encode()[..])?;
+            if a.seq == bounds.head {
+                bounds.head = a.seq + 1;
+                batch_seq.insert(a.queue_key.as_slice(), &bounds.encode()[..])?;
+            }
             for (key, value) in &a.sink_values {
                 sink_values.insert(key.as_slice(), value.as_slice())?;
             }

@@ -45,16 +45,10 @@ pub enum StateError {
         context: String,
         detail: String,
     },
-    /// `acknowledge` was called for a batch that is not the oldest batch of its queue
-    /// (`expected` is the oldest sequence number, `None` when the queue is empty).
-    #[error(
-        "cannot acknowledge batch {got} of {key}: the oldest undelivered batch is {expected:?}"
-    )]
-    NotOldestBatch {
-        key: SinkPartition,
-        expected: Option<u64>,
-        got: u64,
-    },
+    /// `acknowledge` was called for a batch that is not pending in its queue (never committed,
+    /// or already acknowledged).
+    #[error("cannot acknowledge batch {seq} of {key}: it is not pending (never committed, or already acknowledged)")]
+    NotPending { key: SinkPartition, seq: u64 },
     /// A pipeline, sink or value name cannot be used as part of a key.
     #[error("invalid {what} name {name:?}: {reason}")]
     InvalidName {
@@ -113,10 +107,9 @@ impl StateError {
                 context: context.clone(),
                 detail: detail.clone(),
             },
-            StateError::NotOldestBatch { key, expected, got } => StateError::NotOldestBatch {
+            StateError::NotPending { key, seq } => StateError::NotPending {
                 key: key.clone(),
-                expected: *expected,
-                got: *got,
+                seq: *seq,
             },
             StateError::InvalidName { what, name, reason } => StateError::InvalidName {
                 what,

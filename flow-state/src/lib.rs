@@ -6,8 +6,8 @@
 //! `batches` (`pipeline\0 sink\0 partition seq` -> `[2][header_len][bincode header][body]`, the
 //! body being either the location of the payload in a segment file ([`segments`]) or the source
 //! position to rebuild the batch from),
-//! `batch_seq` (`pipeline\0 sink\0 partition` -> queue bounds `head..next`, so a queue is always
-//! the contiguous range of sequence numbers `head..next` and seqs are never reused),
+//! `batch_seq` (`pipeline\0 sink\0 partition` -> queue bounds `head..next`: every pending seq is in
+//! that range, `head` is at most the oldest, and seqs are never reused),
 //! `fingerprints` (`pipeline\0 sink\0 partition` -> bincode map), `dead_letters`
 //! (`pipeline\0 owner\0 partition seq`, owner = sink name or `"source"`), `dead_letter_seq`
 //! (next dead-letter seq per owner/partition) and `sink_values` (`pipeline\0 sink\0 name`).
@@ -15,8 +15,9 @@
 //! **Commit protocol.** Callers encode everything (batches, dead letters, fingerprints) on their
 //! own thread and send the request to a dedicated committer thread. Each request is applied in
 //! its own multi-tree sled transaction whose closure only reads and inserts pre-encoded bytes (sled
-//! may rerun it). A batch leaves its queue only through `acknowledge`, which accepts only the
-//! oldest batch (`NotOldestBatch` otherwise).
+//! may rerun it). A batch leaves its queue only through `acknowledge`, which accepts any pending
+//! batch (`NotPending` otherwise): the shard parts of one logical batch are delivered
+//! independently, so the queue may hold gaps above its oldest entry.
 //!
 //! **Group commit + fsync.** The committer drains every queued request, applies each, then makes
 //! the whole group durable at once: one `db.flush()` (sled's `sync_file_range`, which survives a
