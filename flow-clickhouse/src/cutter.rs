@@ -3,7 +3,7 @@
 //! batch limits.
 
 use bytes::Bytes;
-use flow_core::{MessageBatch, Row, SinkError};
+use flow_core::{CapacityDecay, MessageBatch, Row, SinkError};
 
 use crate::compress::{is_framed, seal};
 use crate::routing::routing_key;
@@ -33,10 +33,12 @@ impl Part {
 }
 
 /// Cuts an epoch's rows into batches (`max_rows_per_batch`, `max_bytes_per_batch`, in message
-/// order), routes each row to its shard and encodes it once. Buffers are reused across epochs.
+/// order), routes each row to its shard and encodes it once. Buffers are reused across epochs
+/// and give back a burst's capacity after a run of smaller batches.
 #[derive(Default)]
 pub struct BatchCutter {
     buffers: Vec<Vec<u8>>,
+    decay: Vec<CapacityDecay>,
     rows: Vec<u64>,
     key: Vec<u8>,
 }
@@ -52,6 +54,7 @@ impl BatchCutter {
     ) -> Result<(), SinkError> {
         let shards = shared.router.shards().len().max(1);
         self.buffers.resize_with(shards, Vec::new);
+        self.decay.resize(shards, CapacityDecay::default());
         self.rows.resize(shards, 0);
         let dynamic = shared.dynamic();
         let max_rows = dynamic.max_rows_per_batch;
@@ -88,6 +91,7 @@ impl BatchCutter {
     ) -> Result<(), SinkError> {
         let shards = shared.router.shards().len().max(1);
         self.buffers.resize_with(shards, Vec::new);
+        self.decay.resize(shards, CapacityDecay::default());
         self.rows.resize(shards, 0);
         let (shard, _) = encode_routed(shared, session, row, &mut self.buffers, &mut self.key)?;
         self.rows[shard] += 1;
@@ -103,7 +107,7 @@ impl BatchCutter {
         last_offset: u64,
         parts: &mut Vec<Part>,
     ) {
-        for (index, buffer) in self.buffers.iter_mut().enumerate() {
+        for (index, (buffer, decay)) in self.buffers.iter_mut().zip(&mut self.decay).enumerate() {
             if buffer.is_empty() {
                 continue;
             }
@@ -120,8 +124,12 @@ impl BatchCutter {
                 format,
                 payload,
             });
-            // The encode buffer keeps its capacity for the next batch.
+            // The encode buffer keeps its capacity for the next batch, unless it is oversized.
+            let used = buffer.len();
             buffer.clear();
+            if decay.should_shrink(used, buffer.capacity()) {
+                buffer.shrink_to(used);
+            }
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod sinks;
 pub mod sources;
 
 mod builtins;
+mod capacity;
 mod error;
 mod graph;
 mod message;
@@ -32,6 +33,7 @@ mod runtime;
 mod spec;
 mod types;
 
+pub use capacity::CapacityDecay;
 pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::capacity::CapacityDecay;
 use crate::error::ValueError;
 use crate::types::{StreamSchema, StreamType};
 
@@ -90,13 +91,15 @@ enum Cell {
 const _: () = assert!(std::mem::size_of::<Cell>() == 16);
 
 /// The messages of one stream in one epoch, stored row-major: a flat cell vector and one byte arena.
-/// Clearing keeps the capacity, so a partition reuses its batches across epochs.
+/// Clearing keeps the capacity, so a partition reuses its batches across epochs, until a run of
+/// small epochs lets a burst's capacity go ([`CapacityDecay`]).
 #[derive(Clone, Debug)]
 pub struct MessageBatch {
     schema: Arc<StreamSchema>,
     ids: Vec<MessageId>,
     cells: Vec<Cell>,
     arena: Vec<u8>,
+    decay: CapacityDecay,
 }
 
 impl MessageBatch {
@@ -106,6 +109,7 @@ impl MessageBatch {
             ids: Vec::new(),
             cells: Vec::new(),
             arena: Vec::new(),
+            decay: CapacityDecay::default(),
         }
     }
 
@@ -122,9 +126,29 @@ impl MessageBatch {
     }
 
     pub fn clear(&mut self) {
+        let used = self.held_bytes(|v| v.len(), |v| v.len(), |v| v.len());
+        let capacity = self.held_bytes(|v| v.capacity(), |v| v.capacity(), |v| v.capacity());
+        let shrink = self.decay.should_shrink(used, capacity);
+        let lens = (self.ids.len(), self.cells.len(), self.arena.len());
         self.ids.clear();
         self.cells.clear();
         self.arena.clear();
+        if shrink {
+            self.ids.shrink_to(lens.0);
+            self.cells.shrink_to(lens.1);
+            self.arena.shrink_to(lens.2);
+        }
+    }
+
+    fn held_bytes(
+        &self,
+        ids: impl Fn(&Vec<MessageId>) -> usize,
+        cells: impl Fn(&Vec<Cell>) -> usize,
+        arena: impl Fn(&Vec<u8>) -> usize,
+    ) -> usize {
+        ids(&self.ids) * std::mem::size_of::<MessageId>()
+            + cells(&self.cells) * std::mem::size_of::<Cell>()
+            + arena(&self.arena)
     }
 
     pub fn ids(&self) -> &[MessageId] {

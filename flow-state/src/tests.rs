@@ -939,3 +939,56 @@ fn a_version_1_batch_value_is_refused_with_a_message_naming_the_format() {
     let err = store.undelivered(&k).unwrap_err().to_string();
     assert!(err.contains("batch format version 1"), "{err}");
 }
+
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let meta = entry.metadata().unwrap();
+        total += if meta.is_dir() {
+            dir_bytes(&entry.path())
+        } else {
+            meta.len()
+        };
+    }
+    total
+}
+
+#[test]
+fn an_endless_run_of_bounds_commits_and_acknowledgements_keeps_the_store_size_flat() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions {
+        fsync: false,
+        ..StoreOptions::default()
+    };
+    let store = StateStore::open_with(dir.path(), options).unwrap();
+    let mut sizes = Vec::new();
+    // sled's log grows to its working size within the first thousands of cycles, then reuses
+    // the space of removed records.
+    for n in 0..24_000u64 {
+        let partition = (n % 4) as u32;
+        let position = format!("position-{n:012}");
+        let sinks = vec![bounds_sink(
+            "ch",
+            Some(b"start"),
+            vec![batch(partition, n, 0)],
+        )];
+        let receipt = store
+            .commit_blocking(epoch(partition, &position, sinks))
+            .unwrap();
+        let seq = receipt.seqs("ch")[0];
+        store
+            .acknowledge_blocking(&key("ch", partition), seq, vec![])
+            .unwrap();
+        if n % 3_000 == 2_999 {
+            sizes.push(dir_bytes(dir.path()));
+        }
+    }
+    let (first, last) = sizes.split_at(sizes.len() / 2);
+    let first_max = *first.iter().max().unwrap();
+    let last_max = *last.iter().max().unwrap();
+    assert!(
+        last_max <= first_max + first_max / 4 && last_max < 8 << 20,
+        "store sizes every 3,000 cycles: {sizes:?}"
+    );
+}
