@@ -4,8 +4,8 @@
 //! `max_bytes_per_batch`), routed to shards by rendezvous hashing and encoded once
 //! ([`BatchCutter`]). Each (batch, shard) part is sealed into the outbox as one entry, in
 //! shard-name order, in the same commit as the source position; a logical batch has left the
-//! outbox when its last shard entry is acknowledged. Delivery is asynchronous and strictly ordered
-//! per partition; every replay sends the stored bytes with the same token
+//! outbox when its last shard entry is acknowledged. Delivery is asynchronous and ordered per
+//! partition and shard (the shards of a partition are written side by side); every replay sends the stored bytes with the same token
 //! `<namespace><max message id>[:<shard>]`. With a replayable source the outbox keeps only each
 //! batch's bounds and hash; after a restart the batches are rebuilt from the source and checked
 //! ([`crate::rebuild`]) before they are sent.

@@ -198,9 +198,13 @@ impl Default for AtMostOnceDynamic {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClickHouseParams {
-    /// The single host of the unsharded form (`host` or `host:port`); "" when unset.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub host: String,
+    /// The single host of the unsharded form (`host` or `host:port`). An empty string in a
+    /// spec reads as unset.
+    #[serde(
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub host: Option<String>,
     /// HTTP port of every host entry that carries no port of its own.
     pub port: u16,
     /// The hosts of one unsharded table (at least two).
@@ -214,8 +218,13 @@ pub struct ClickHouseParams {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sharding_key_columns: Vec<String>,
     pub user: String,
-    /// Name of the environment variable holding the password; "" connects without one.
-    pub password_env_var: String,
+    /// Name of the environment variable holding the password; unset (or `""` in a spec)
+    /// connects without one.
+    #[serde(
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub password_env_var: Option<String>,
     pub database: String,
     /// Required.
     pub table: String,
@@ -223,7 +232,11 @@ pub struct ClickHouseParams {
     pub enable_tls: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tls_ca_files: Vec<PathBuf>,
-    pub tls_ca_directory: String,
+    #[serde(
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tls_ca_directory: Option<PathBuf>,
     pub tls_skip_verification: bool,
     /// Our addition: the prefix of deduplication tokens; `None` means `<pipeline>.<sink>/`.
     /// Must match `[A-Za-z0-9_./-]*`.
@@ -236,20 +249,20 @@ pub struct ClickHouseParams {
 impl Default for ClickHouseParams {
     fn default() -> Self {
         ClickHouseParams {
-            host: String::new(),
+            host: None,
             port: DEFAULT_PORT,
             hosts: Vec::new(),
             host_selection_policy: HostSelectionPolicy::default(),
             shard_hosts: BTreeMap::new(),
             sharding_key_columns: Vec::new(),
             user: "default".to_owned(),
-            password_env_var: String::new(),
+            password_env_var: None,
             database: "default".to_owned(),
             table: String::new(),
             codec: Codec::default(),
             enable_tls: false,
             tls_ca_files: Vec::new(),
-            tls_ca_directory: String::new(),
+            tls_ca_directory: None,
             tls_skip_verification: false,
             token_namespace: None,
             at_most_once_strategy: None,
@@ -284,21 +297,19 @@ impl ClickHouseParams {
     /// The password, read from `password_env_var` (call it when creating a client). `Ok(None)`
     /// when no variable is named; `Err` naming the variable when it is unset or not UTF-8.
     pub fn password(&self) -> Result<Option<String>, String> {
-        if self.password_env_var.is_empty() {
+        let Some(var) = &self.password_env_var else {
             return Ok(None);
-        }
-        match std::env::var(&self.password_env_var) {
+        };
+        match std::env::var(var) {
             Ok(password) => Ok(Some(password)),
             Err(std::env::VarError::NotPresent) => Err(format!(
-                "the environment variable `{}` named by parameters.password_env_var is not set; \
+                "the environment variable `{var}` named by parameters.password_env_var is not set; \
                  export it with the ClickHouse password, or set password_env_var to \"\" to \
-                 connect without a password",
-                self.password_env_var
+                 connect without a password"
             )),
             Err(std::env::VarError::NotUnicode(_)) => Err(format!(
-                "the environment variable `{}` named by parameters.password_env_var is not valid \
-                 UTF-8; export the password as UTF-8 text",
-                self.password_env_var
+                "the environment variable `{var}` named by parameters.password_env_var is not valid \
+                 UTF-8; export the password as UTF-8 text"
             )),
         }
     }
@@ -324,8 +335,7 @@ impl ClickHouseParams {
     fn tls_config(&self) -> Option<TlsConfig> {
         self.enable_tls.then(|| TlsConfig {
             ca_files: self.tls_ca_files.clone(),
-            ca_directory: (!self.tls_ca_directory.is_empty())
-                .then(|| PathBuf::from(&self.tls_ca_directory)),
+            ca_directory: self.tls_ca_directory.clone(),
             skip_verification: self.tls_skip_verification,
         })
     }
@@ -366,7 +376,7 @@ impl ClickHouseParams {
 
     fn validate_host_forms(&self, class: SinkClass, v: &mut Vec<Violation>) {
         let mut set = Vec::new();
-        if !self.host.is_empty() {
+        if self.host.is_some() {
             set.push("`host`");
         }
         if !self.hosts.is_empty() {
@@ -417,7 +427,7 @@ impl ClickHouseParams {
             )),
             HostForms::Sharded if !self.is_sharded() => {
                 for (field, is_set) in [
-                    ("host", !self.host.is_empty()),
+                    ("host", self.host.is_some()),
                     ("hosts", !self.hosts.is_empty()),
                 ] {
                     if is_set {
@@ -466,10 +476,11 @@ impl ClickHouseParams {
             }
             Some(endpoint)
         };
-        // An empty `host` means "not set"; the host-form check reports a missing form.
-        let single = (!self.host.is_empty())
-            .then(|| check("parameters.host".to_owned(), &self.host, v))
-            .flatten();
+        // An unset `host` is reported by the host-form check.
+        let single = self
+            .host
+            .as_ref()
+            .and_then(|host| check("parameters.host".to_owned(), host, v));
         // Every entry is checked: collect all of them before giving up on the form.
         let replicas: Vec<Option<Endpoint>> = self
             .hosts
@@ -580,14 +591,17 @@ impl ClickHouseParams {
                 "the user is empty: set the ClickHouse user, or remove `user` to use `default`",
             ));
         }
-        if !self.password_env_var.is_empty() && !is_env_var_name(&self.password_env_var) {
+        if let Some(var) = self
+            .password_env_var
+            .as_ref()
+            .filter(|v| !is_env_var_name(v))
+        {
             v.push(Violation::new(
                 "parameters.password_env_var",
                 format!(
-                    "`{}` is not an environment variable name: name the variable that holds the \
-                     password (letters, digits and `_`, not starting with a digit), not the \
-                     password itself",
-                    self.password_env_var
+                    "`{var}` is not an environment variable name: name the variable that holds \
+                     the password (letters, digits and `_`, not starting with a digit), not the \
+                     password itself"
                 ),
             ));
         }
@@ -604,7 +618,7 @@ impl ClickHouseParams {
                     needs_tls("tls_ca_files"),
                 ));
             }
-            if !self.tls_ca_directory.is_empty() {
+            if self.tls_ca_directory.is_some() {
                 v.push(Violation::new(
                     "parameters.tls_ca_directory",
                     needs_tls("tls_ca_directory"),
@@ -627,7 +641,7 @@ impl ClickHouseParams {
             }
         }
         if self.tls_skip_verification
-            && (!self.tls_ca_files.is_empty() || !self.tls_ca_directory.is_empty())
+            && (!self.tls_ca_files.is_empty() || self.tls_ca_directory.is_some())
         {
             v.push(Violation::new(
                 "parameters.tls_skip_verification",
@@ -673,6 +687,17 @@ fn is_shard_name(name: &str) -> bool {
 
 fn is_identifier(name: &str) -> bool {
     !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Reads an optional text parameter, an empty string standing for unset (specs written for the
+/// reference spell "no value" that way).
+fn empty_as_none<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: From<String>,
+{
+    let text = Option::<String>::deserialize(deserializer)?;
+    Ok(text.filter(|t| !t.is_empty()).map(T::from))
 }
 
 fn is_env_var_name(name: &str) -> bool {
@@ -980,7 +1005,7 @@ mod tests {
         assert_eq!(
             p,
             ClickHouseParams {
-                host: "ch".into(),
+                host: Some("ch".into()),
                 table: "events".into(),
                 ..ClickHouseParams::default()
             }
@@ -988,14 +1013,14 @@ mod tests {
         assert_eq!(p.port, 8123);
         assert_eq!(p.user, "default");
         assert_eq!(p.database, "default");
-        assert_eq!(p.password_env_var, "");
+        assert_eq!(p.password_env_var, None);
         assert_eq!(p.codec, Codec::Lz4);
         assert_eq!(
             p.host_selection_policy,
             HostSelectionPolicy::OrderedRoundRobin
         );
         assert!(!p.enable_tls && !p.tls_skip_verification);
-        assert!(p.tls_ca_files.is_empty() && p.tls_ca_directory.is_empty());
+        assert!(p.tls_ca_files.is_empty() && p.tls_ca_directory.is_none());
         assert_eq!(p.token_namespace, None);
         assert_eq!(p.at_most_once_strategy, None);
         assert_eq!(d.write_timeout, Duration::from_secs(60));
@@ -1503,10 +1528,29 @@ mod tests {
     }
 
     #[test]
+    fn empty_optional_texts_read_as_unset() {
+        let p = ok(
+            SinkClass::Batching,
+            "{host: '', hosts: [a1, a2], table: t, password_env_var: '', tls_ca_directory: ''}",
+        );
+        assert_eq!(
+            (p.host, p.password_env_var, p.tls_ca_directory),
+            (None, None, None)
+        );
+        let p = ok(
+            SinkClass::Batching,
+            "{host: h, table: t, password_env_var: CH_PASS, enable_tls: true, tls_ca_directory: /cas}",
+        );
+        assert_eq!(p.host.as_deref(), Some("h"));
+        assert_eq!(p.password_env_var.as_deref(), Some("CH_PASS"));
+        assert_eq!(p.tls_ca_directory, Some(PathBuf::from("/cas")));
+    }
+
+    #[test]
     fn password_is_read_from_the_named_variable() {
         let mut p = ClickHouseParams::default();
         assert_eq!(p.password(), Ok(None));
-        p.password_env_var = "FLOW_CLICKHOUSE_PARAMS_TEST_SURELY_UNSET_VAR".into();
+        p.password_env_var = Some("FLOW_CLICKHOUSE_PARAMS_TEST_SURELY_UNSET_VAR".into());
         let err = p.password().unwrap_err();
         assert!(
             err.contains("`FLOW_CLICKHOUSE_PARAMS_TEST_SURELY_UNSET_VAR`")
@@ -1514,7 +1558,7 @@ mod tests {
             "{err}"
         );
         // PATH is set in every test environment.
-        p.password_env_var = "PATH".into();
+        p.password_env_var = Some("PATH".into());
         assert_eq!(p.password(), Ok(std::env::var("PATH").ok()));
     }
 
