@@ -176,7 +176,8 @@ impl DeliveryLatency {
         }
     }
 
-    /// Logs what the current window holds (at the end of a run).
+    /// Logs what the current window holds (at the end of a run, when the sink's last partition
+    /// lets go of it).
     pub fn flush(&self) {
         let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
         self.report(&mut window);
@@ -201,6 +202,12 @@ impl DeliveryLatency {
             "delivery latency"
         );
         samples.clear();
+    }
+}
+
+impl Drop for DeliveryLatency {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 
@@ -557,16 +564,12 @@ impl OutboxDelivery {
 
     /// Delivers everything queued (`Sink::drain`).
     pub async fn drain(&mut self) -> Result<(), SinkError> {
-        let result = match self.queue.as_mut() {
+        match self.queue.as_mut() {
             Some(queue) => queue.drain().await,
             None => Err(SinkError::Delivery {
                 reason: "the sink was not opened".to_owned(),
             }),
-        };
-        if let Some(shared) = &self.shared {
-            shared.latency.flush();
         }
-        result
     }
 
     /// Stops after the batch in flight (`Sink::close`).

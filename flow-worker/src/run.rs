@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use flow_core::{Pipeline, PipelineControl, PipelineSpec, Registry};
 use flow_state::StateStore;
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 pub fn run(
     registry: &Registry,
@@ -69,10 +69,8 @@ pub fn run(
                     Err(err) => Err(err).context("closing the state store"),
                 }
             }
-            Err(err) => {
-                error!(pipeline = %spec.pipeline, error = %err, "pipeline failed");
-                Err(err.into())
-            }
+            // Each partition's failure was logged when it happened; `main` prints the whole.
+            Err(err) => Err(err.into()),
         }
     })
 }
