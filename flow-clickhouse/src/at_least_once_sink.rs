@@ -1,9 +1,9 @@
 //! `AtLeastOnceClickHouseSink`: writes each epoch synchronously while it is processed, with no
-//! outbox and no token. The epoch commits only after every part was inserted; a failed write vetoes
-//! the commit, so the runtime replays the epoch from the committed position — nothing is lost, and
-//! a part inserted before the failure may be inserted again (a duplicate). Retryable errors are
-//! retried without limit, unknown ones up to `max_insert_attempts` attempts before the veto,
-//! permanent ones fail the partition at once. Accepts all three host forms; `shard_hosts` routes
+//! outbox and no token. The epoch commits only after every part was inserted; nothing is lost, and
+//! a part inserted before a failure may be inserted again when the epoch is replayed (a
+//! duplicate). Retryable errors are retried without limit; as in the reference, unknown ones fail
+//! the write (and the partition) after `max_insert_attempts` attempts and permanent ones at once.
+//! A stop in the middle of an epoch vetoes its commit, so the next run replays it. Accepts all three host forms; `shard_hosts` routes
 //! like the sharded exactly-once sink. It takes no part in the topology guard.
 
 use std::sync::Arc;
@@ -52,8 +52,8 @@ struct AtLeastOnceSink {
 }
 
 impl AtLeastOnceSink {
-    /// What a given-up insert means for the epoch, as the guarantee says: a permanent error fails
-    /// the partition, any other vetoes the commit so the epoch is replayed.
+    /// What a given-up insert means for the epoch, as the guarantee says: an unknown or
+    /// permanent error fails the partition; any other vetoes the commit so the epoch is replayed.
     fn given_up(
         &self,
         session: &WriterSession,

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{Map, Value as Json};
 
+use crate::backoff::RetryBackoff;
 use crate::classify::ClassifiedError;
 use crate::params::{HostSelectionPolicy, SinkParams};
 use crate::tls::{self, TlsOptions};
@@ -29,6 +30,8 @@ pub struct ShardClients {
     pub endpoints: Vec<EndpointClient>,
     /// The endpoint to try first; moves on after a failure so the next attempt fails over.
     cursor: AtomicUsize,
+    /// The shard's error count and retry pause, shared by the sink's partitions.
+    pub backoff: RetryBackoff,
 }
 
 impl ShardClients {
@@ -86,6 +89,7 @@ pub fn build_shards(params: &SinkParams) -> Result<Vec<ShardClients>, String> {
                 name: name.unwrap_or_default().to_owned(),
                 endpoints,
                 cursor: AtomicUsize::new(start),
+                backoff: RetryBackoff::default(),
             }
         })
         .collect();

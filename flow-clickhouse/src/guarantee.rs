@@ -73,8 +73,12 @@ impl Guarantee {
     pub fn on_failure(self, class: ErrorClass) -> OnFailure {
         let (retry, give_up) = match (self, class) {
             (Guarantee::ExactlyOnce, class) => (Retry::by_class(class), GiveUp::StopSink),
-            (Guarantee::AtLeastOnce, ErrorClass::Permanent) => (Retry::No, GiveUp::FailPartition),
-            (Guarantee::AtLeastOnce, class) => (Retry::by_class(class), GiveUp::VetoEpoch),
+            // As the reference: an unknown error fails the write after `max_insert_attempts`
+            // instead of vetoing and replaying the epoch forever.
+            (Guarantee::AtLeastOnce, ErrorClass::Retryable) => {
+                (Retry::Unlimited, GiveUp::VetoEpoch)
+            }
+            (Guarantee::AtLeastOnce, class) => (Retry::by_class(class), GiveUp::FailPartition),
             // Once an INSERT has started, its failure is final.
             (Guarantee::AtMostOnce, _) => (Retry::No, GiveUp::LoseRows),
         };
@@ -118,7 +122,7 @@ mod tests {
             row(Guarantee::AtLeastOnce),
             [
                 (Retry::Unlimited, GiveUp::VetoEpoch),
-                (Retry::UpToMaxAttempts, GiveUp::VetoEpoch),
+                (Retry::UpToMaxAttempts, GiveUp::FailPartition),
                 (Retry::No, GiveUp::FailPartition),
             ]
         );

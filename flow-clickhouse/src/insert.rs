@@ -136,7 +136,10 @@ pub async fn insert_part(
             )
             .await;
         let err = match result {
-            Ok(()) => return Ok(attempts),
+            Ok(()) => {
+                shard.backoff.succeeded();
+                return Ok(attempts);
+            }
             Err(err) => err,
         };
         if err.class == ErrorClass::Unknown {
@@ -163,6 +166,9 @@ pub async fn insert_part(
                 give_up: on_failure.give_up,
             }));
         }
+        let pause = shard
+            .backoff
+            .failed(dynamic.retry_backoff, dynamic.retry_backoff_cap());
         warn!(
             database = %session.database,
             table = %session.table,
@@ -170,11 +176,13 @@ pub async fn insert_part(
             endpoint = %endpoint.endpoint,
             token = token.unwrap_or(""),
             attempt = attempts,
+            pause_ms = pause.as_millis() as u64,
+            shard_errors = shard.backoff.errors(),
             error = %err,
             "insert failed; retrying on the next host of the shard"
         );
         tokio::select! {
-            _ = tokio::time::sleep(dynamic.retry_backoff) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
         }
     }

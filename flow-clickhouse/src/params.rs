@@ -28,6 +28,10 @@ pub const MIN_WRITE_TIMEOUT: Duration = Duration::from_millis(1);
 pub const MAX_WRITE_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 pub const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(600);
+/// Default cap of the growing pause between retries (`max_retry_backoff`).
+pub const DEFAULT_MAX_RETRY_BACKOFF: Duration = Duration::from_secs(30);
+/// Largest `max_retry_backoff`.
+pub const MAX_MAX_RETRY_BACKOFF: Duration = Duration::from_secs(3600);
 pub const DEFAULT_MAX_INSERT_ATTEMPTS: u32 = 10;
 pub const MAX_INSERT_ATTEMPTS: u32 = 1000;
 pub const DEFAULT_REPLAY_HORIZON: Duration = Duration::from_secs(86_400);
@@ -716,9 +720,13 @@ pub struct ClickHouseDynamicParams {
     /// Timeout of one HTTP request (send and receive). 1ms..=1h.
     #[serde(with = "duration")]
     pub write_timeout: Duration,
-    /// Pause between insert attempts. 0..=10m.
+    /// Pause after the first failed attempt; it doubles while errors repeat. 0..=10m.
     #[serde(with = "duration")]
     pub retry_backoff: Duration,
+    /// Cap of the growing pause ([`crate::backoff`]). retry_backoff..=1h; unset, the larger of
+    /// 30 s and `retry_backoff` (see [`ClickHouseDynamicParams::retry_backoff_cap`]).
+    #[serde(with = "optional_duration", skip_serializing_if = "Option::is_none")]
+    pub max_retry_backoff: Option<Duration>,
     /// Attempts for unclassified errors (known transient ones retry without limit). 1..=1000.
     pub max_insert_attempts: u32,
     /// Server-side asynchronous inserts (`async_insert=1`, `wait_for_async_insert=1`).
@@ -742,6 +750,7 @@ impl Default for ClickHouseDynamicParams {
         ClickHouseDynamicParams {
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             retry_backoff: DEFAULT_RETRY_BACKOFF,
+            max_retry_backoff: None,
             max_insert_attempts: DEFAULT_MAX_INSERT_ATTEMPTS,
             async_insert: false,
             replay_horizon: DEFAULT_REPLAY_HORIZON,
@@ -754,6 +763,13 @@ impl Default for ClickHouseDynamicParams {
 }
 
 impl ClickHouseDynamicParams {
+    /// The cap of the growing retry pause: `max_retry_backoff`, or unset the larger of
+    /// [`DEFAULT_MAX_RETRY_BACKOFF`] and `retry_backoff`.
+    pub fn retry_backoff_cap(&self) -> Duration {
+        self.max_retry_backoff
+            .unwrap_or(DEFAULT_MAX_RETRY_BACKOFF.max(self.retry_backoff))
+    }
+
     /// Every semantic violation of these parameters for `class`, with paths under
     /// `dynamic_parameters`.
     pub fn validate(&self, class: SinkClass) -> Vec<Violation> {
@@ -787,12 +803,34 @@ impl ClickHouseDynamicParams {
             Duration::ZERO,
             Some(MAX_RETRY_BACKOFF),
         );
+        if let Some(max_retry_backoff) = self.max_retry_backoff {
+            duration_range(
+                "max_retry_backoff",
+                max_retry_backoff,
+                Duration::ZERO,
+                Some(MAX_MAX_RETRY_BACKOFF),
+            );
+        }
         duration_range(
             "replay_horizon",
             self.replay_horizon,
             MIN_REPLAY_HORIZON,
             None,
         );
+        let below = self
+            .max_retry_backoff
+            .filter(|max| *max < self.retry_backoff && self.retry_backoff <= MAX_RETRY_BACKOFF);
+        if let Some(max_retry_backoff) = below {
+            v.push(Violation::new(
+                "dynamic_parameters.max_retry_backoff",
+                format!(
+                    "{} is below retry_backoff ({}): the pause grows from retry_backoff up to \
+                     max_retry_backoff; raise max_retry_backoff or lower retry_backoff",
+                    show(max_retry_backoff),
+                    show(self.retry_backoff)
+                ),
+            ));
+        }
         let mut int_range = |field: &str, value: u64, min: u64, max: Option<u64>| {
             if value < min || max.is_some_and(|max| value > max) {
                 let range = match max {
@@ -898,6 +936,29 @@ pub fn parse_dynamic(
 
 /// Serde for `Duration`: a humantime string (`1m`, `500ms`, `1d`, `1h 30m`) or an integer
 /// number of milliseconds; serialized as a humantime string.
+/// An optional [`duration`]: absent means `None`.
+pub mod optional_duration {
+    use std::time::Duration;
+
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        value: &Option<Duration>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(value) => super::duration::serialize(value, serializer),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        super::duration::deserialize(deserializer).map(Some)
+    }
+}
+
 pub mod duration {
     use std::fmt;
     use std::time::Duration;
@@ -1652,6 +1713,16 @@ mod tests {
                 "{retry_backoff: 11m}",
                 "dynamic_parameters.retry_backoff",
                 "11m is out of range (0s..=10m); set a duration in that range",
+            ),
+            (
+                "{max_retry_backoff: 61m}",
+                "dynamic_parameters.max_retry_backoff",
+                "1h 1m is out of range (0s..=1h); set a duration in that range",
+            ),
+            (
+                "{retry_backoff: 10s, max_retry_backoff: 5s}",
+                "dynamic_parameters.max_retry_backoff",
+                "5s is below retry_backoff (10s): the pause grows from retry_backoff up to max_retry_backoff; raise max_retry_backoff or lower retry_backoff",
             ),
             (
                 "{replay_horizon: 999ms}",

@@ -1,5 +1,5 @@
 //! Starting the writer session while endpoints may be unreachable: unreachable endpoints are
-//! waited for (with `retry_backoff`), warning on the first failure and then every
+//! waited for (with the growing pause of [`crate::backoff`]), warning on the first failure and then every
 //! [`SESSION_WAIT_WARNING_INTERVAL`]; a target that cannot be written refuses the start; a stop
 //! ends the wait. Whether to wait again is the retry decision inserts use ([`should_retry`]).
 
@@ -10,6 +10,7 @@ use flow_core::SinkError;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::backoff::RetryBackoff;
 use crate::classify::should_retry;
 use crate::session::WriterSession;
 use crate::sink_state::SinkShared;
@@ -33,6 +34,7 @@ pub(crate) async fn wait_for_session(
     let waiting_since = Instant::now();
     let mut attempts = 0u32;
     let mut last_warning: Option<Instant> = None;
+    let backoff = RetryBackoff::default();
     loop {
         let dynamic = shared.dynamic();
         attempts = attempts.saturating_add(1);
@@ -67,11 +69,13 @@ pub(crate) async fn wait_for_session(
                         attempts,
                         waited_s = waiting_since.elapsed().as_secs(),
                         error = %err,
-                        "cannot start the ClickHouse writer session yet; retrying every retry_backoff. Check that every listed host is up and reachable from this worker"
+                        "cannot start the ClickHouse writer session yet; retrying with a pause growing from retry_backoff to max_retry_backoff. Check that every listed host is up and reachable from this worker"
                     );
                     last_warning = Some(Instant::now());
                 }
-                let pause = dynamic.retry_backoff.max(Duration::from_millis(100));
+                let pause = backoff
+                    .failed(dynamic.retry_backoff, dynamic.retry_backoff_cap())
+                    .max(Duration::from_millis(100));
                 // As in `insert_part`: a stop (or a pipeline gone) ends the wait.
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}

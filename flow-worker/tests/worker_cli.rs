@@ -234,7 +234,7 @@ fn sigterm_while_the_clickhouse_target_is_unreachable_exits_0_for_every_class() 
         let spec = write_spec(
             dir.path(),
             &format!(
-                "pipeline: unreachable\npartitions: 2\nsource:\n  class: generator\n  parameters: {{count: 1000}}\nsinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {{host: '127.0.0.1:1', table: t}}\n    dynamic_parameters: {{retry_backoff: 100ms}}\n"
+                "pipeline: unreachable\npartitions: 2\nsource:\n  class: generator\n  parameters: {{count: 1000}}\nsinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {{host: '127.0.0.1:1', table: t}}\n    dynamic_parameters: {{retry_backoff: 100ms, max_retry_backoff: 2s}}\n"
             ),
         );
         let mut child = run_command(&spec, &state)

@@ -52,7 +52,7 @@ fn a1_spec(table: &str) -> String {
         "session",
         "ClickHouseBatchingSink",
         &format!("{{host: '{}', table: {table}}}", A1.http_addr()),
-        "{retry_backoff: 100ms}",
+        "{retry_backoff: 100ms, max_retry_backoff: 2s}",
         ROWS,
     )
 }
@@ -331,7 +331,7 @@ fn table_level_dedup_window_too_small_is_warned_with_the_table_value() {
             "session",
             "ClickHouseBatchingSink",
             &format!("{{host: '{}', table: {t}}}", A1.http_addr()),
-            "{retry_backoff: 100ms, replay_horizon: 1h}",
+            "{retry_backoff: 100ms, max_retry_backoff: 2s, replay_horizon: 1h}",
             ROWS,
         ),
     )
@@ -539,7 +539,7 @@ fn password_from_the_environment_works_and_a_wrong_one_fails_with_code_193() {
                 "{{host: '{}', table: {t}, user: {SECRET_USER}, password_env_var: FLOW_IT_CH_PASSWORD}}",
                 A1.http_addr()
             ),
-            "{retry_backoff: 100ms}",
+            "{retry_backoff: 100ms, max_retry_backoff: 2s}",
             ROWS,
         ),
     )
@@ -578,7 +578,7 @@ async fn https_with_the_cluster_ca_runs() {
             A1.https_port,
             tls_ca_cert().display()
         ),
-        "{retry_backoff: 100ms}",
+        "{retry_backoff: 100ms, max_retry_backoff: 2s}",
         ROWS,
     );
     let report = run(&yaml).await.unwrap();
@@ -668,7 +668,7 @@ fn topology_spec(class: &str, table: &str, key: &str, count: u64) -> String {
     .count(count)
     .payload_bytes(8)
     .sink_name("out")
-    .dynamic("{retry_backoff: 100ms, max_rows_per_batch: 1000}")
+    .dynamic("{retry_backoff: 100ms, max_retry_backoff: 2s, max_rows_per_batch: 1000}")
     .yaml()
 }
 

@@ -123,7 +123,7 @@ impl Scenario {
         .rate(RATE_PER_PARTITION)
         .payload_bytes(16)
         .sink_name("events")
-        .dynamic("{max_rows_per_batch: 2000, retry_backoff: 250ms}")
+        .dynamic("{max_rows_per_batch: 2000, retry_backoff: 250ms, max_retry_backoff: 2s}")
         .yaml()
     }
 }

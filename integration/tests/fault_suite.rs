@@ -168,7 +168,7 @@ impl Class {
         .rate(schedule.rate_per_partition)
         .payload_bytes(16)
         .sink_name("events")
-        .dynamic("{max_rows_per_batch: 2000, retry_backoff: 200ms, write_timeout: 2s}")
+        .dynamic("{max_rows_per_batch: 2000, retry_backoff: 200ms, max_retry_backoff: 2s, write_timeout: 2s}")
         .yaml()
     }
 }

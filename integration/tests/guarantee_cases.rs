@@ -63,7 +63,7 @@ fn lost_ack_spec(pipeline: &str, class: &str, parameters: &str) -> String {
         .payload_bytes(8)
         .sink_name("out")
         .dynamic(format!(
-            "{{retry_backoff: 100ms, max_rows_per_batch: {BATCH}}}"
+            "{{retry_backoff: 100ms, max_retry_backoff: 2s, max_rows_per_batch: {BATCH}}}"
         ))
         .yaml()
 }
@@ -465,7 +465,7 @@ sinks:
     sink_class_name: AtMostOnceClickHouseSink
     input_stream_ids: [rows]
     parameters: {{host: '{}', table: {t}, at_most_once_strategy: {{enabled: true}}}}
-    dynamic_parameters: {{retry_backoff: 100ms, at_most_once_strategy: {{total_queue_bytes_limit: 50000}}}}
+    dynamic_parameters: {{retry_backoff: 100ms, max_retry_backoff: 2s, at_most_once_strategy: {{total_queue_bytes_limit: 50000}}}}
 "#,
         A1.http_addr()
     );

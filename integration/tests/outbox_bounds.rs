@@ -187,7 +187,7 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
     .payload_bytes(16)
     .sink_name("events")
     .dynamic(format!(
-        "{{max_rows_per_batch: {BATCH}, retry_backoff: 300ms, max_insert_attempts: 1000}}"
+        "{{max_rows_per_batch: {BATCH}, retry_backoff: 300ms, max_retry_backoff: 2s, max_insert_attempts: 1000}}"
     ));
     // Each mode is this test's subject: `FLOW_TEST_OUTBOX_PAYLOADS` does not apply.
     spec.store_payloads = mode == Mode::Payloads;
@@ -529,7 +529,7 @@ fn editing_a_replayable_input_under_a_pending_batch_refuses_to_resend_and_keeps_
          partitions: 1\n\
          epoch: {{max_messages: 1000, max_duration_ms: 600000}}\n\
          source:\n  class: jsonl_file\n  parameters: {{files: ['{}'], schema: [{{name: id, type: uint64}}, {{name: v, type: uint64}}, {{name: s, type: string}}]}}\n\
-         sinks:\n  - name: out\n    sink_class_name: ClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{host: '{}', database: default, table: {t}}}\n    dynamic_parameters: {{max_rows_per_batch: {JSONL_BATCH}, retry_backoff: 200ms, max_insert_attempts: 1000}}\n",
+         sinks:\n  - name: out\n    sink_class_name: ClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{host: '{}', database: default, table: {t}}}\n    dynamic_parameters: {{max_rows_per_batch: {JSONL_BATCH}, retry_backoff: 200ms, max_retry_backoff: 2s, max_insert_attempts: 1000}}\n",
         input.display(),
         proxy.addr()
     );

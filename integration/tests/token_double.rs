@@ -710,6 +710,31 @@ async fn unclassified_code_is_tried_max_insert_attempts_times() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_least_once_fails_the_write_after_max_insert_attempts_on_an_unknown_error() {
+    let double = Double::start(Flavor::Modern, 1);
+    double.answer_every_insert_with(
+        500,
+        "Code: 62, e.displayText() = DB::Exception: Syntax error: failed at position 1, e.what() = DB::Exception",
+    );
+    let err = run(&spec(
+        "AtLeastOnceClickHouseSink",
+        &unsharded_params(&double, ""),
+        "{max_rows_per_batch: 4, retry_backoff: 1ms, max_insert_attempts: 3}",
+        4,
+    ))
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("after 3 attempt(s)"), "{err}");
+    assert!(
+        err.contains("unclassified error (code 62 SYNTAX_ERROR)"),
+        "{err}"
+    );
+    // No veto and replay: exactly the three attempts of the first part were made.
+    assert_eq!(double.inserts().len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lz4_retries_resend_identical_compressed_bytes() {
     let double = Double::start(Flavor::Modern, 1);
     double.script_inserts(&[(500, TOO_MANY_PARTS)]);
