@@ -92,9 +92,10 @@ impl Sink for AtLeastOnceSink {
                 retry_after: Duration::ZERO,
             });
         };
-        let mut parts = Vec::new();
+        let (mut parts, mut dead_letters) = (Vec::new(), Vec::new());
         for batch in epoch.inputs {
-            self.cutter.cut(&self.shared, &session, batch, &mut parts)?;
+            self.cutter
+                .cut(&self.shared, &session, batch, &mut parts, &mut dead_letters)?;
         }
         let mut stop = self.ctx.shutdown.clone();
         for part in &parts {
@@ -119,7 +120,10 @@ impl Sink for AtLeastOnceSink {
                 }
             }
         }
-        Ok(EpochOutcome::Commit(EpochWrite::default()))
+        Ok(EpochOutcome::Commit(EpochWrite {
+            dead_letters,
+            ..EpochWrite::default()
+        }))
     }
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {

@@ -24,13 +24,13 @@ use async_trait::async_trait;
 use flow_core::delivery::{BudgetPermit, ByteBudget};
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
-use flow_state::SealedBatch;
+use flow_state::{DeadLetter, SealedBatch};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::compress::seal;
-use crate::cutter::{encode_routed, BatchCutter, Part};
+use crate::cutter::{encode_routed, reject_row, BadRows, BatchCutter, Part};
 use crate::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
 use crate::params::{SinkClass, DEFAULT_TOTAL_QUEUE_BYTES_LIMIT};
 use crate::sink_state::{build_shared, SinkShared};
@@ -150,6 +150,7 @@ impl Sink for AtMostOnceSink {
                 retry_after: Duration::ZERO,
             });
         };
+        let mut dead_letters = Vec::new();
         match &self.queue {
             Some(queue) => {
                 let limit = self
@@ -160,7 +161,7 @@ impl Sink for AtMostOnceSink {
                         d.total_queue_bytes_limit
                     });
                 for batch in epoch.inputs {
-                    queue.enqueue(
+                    let mut rejected = queue.enqueue(
                         &self.shared,
                         &session,
                         batch,
@@ -168,17 +169,26 @@ impl Sink for AtMostOnceSink {
                         &self.counters,
                         &mut self.key,
                     )?;
+                    dead_letters.append(&mut rejected);
                 }
             }
             None => {
                 self.pending.clear();
                 for batch in epoch.inputs {
-                    self.cutter
-                        .cut(&self.shared, &session, batch, &mut self.pending)?;
+                    self.cutter.cut(
+                        &self.shared,
+                        &session,
+                        batch,
+                        &mut self.pending,
+                        &mut dead_letters,
+                    )?;
                 }
             }
         }
-        Ok(EpochOutcome::Commit(EpochWrite::default()))
+        Ok(EpochOutcome::Commit(EpochWrite {
+            dead_letters,
+            ..EpochWrite::default()
+        }))
     }
 
     async fn committed(&mut self, _batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
@@ -366,7 +376,8 @@ impl SharedQueue {
         });
     }
 
-    /// Encodes every row of `batch` into the queue, dropping rows that do not fit.
+    /// Encodes every row of `batch` into the queue, dropping rows that do not fit; returns the
+    /// rows rejected under `on_bad_rows: dead_letter`.
     fn enqueue(
         &self,
         shared: &SinkShared,
@@ -375,7 +386,8 @@ impl SharedQueue {
         limit: u64,
         counters: &Counters,
         key: &mut Vec<u8>,
-    ) -> Result<(), SinkError> {
+    ) -> Result<Vec<DeadLetter>, SinkError> {
+        let mut dead_letters = Vec::new();
         let shards = shared.router.shards().len().max(1);
         let mut state = self.lock();
         let state = &mut *state;
@@ -384,7 +396,14 @@ impl SharedQueue {
         let mut queued = 0u64;
         let mut dropped = 0u64;
         for row in batch.rows() {
-            let (shard, size) = encode_routed(shared, session, &row, &mut state.buffers, key)?;
+            let (shard, size) = match encode_routed(shared, session, &row, &mut state.buffers, key)
+            {
+                Ok(routed) => routed,
+                Err(rejected) => {
+                    reject_row(shared, &row, rejected, BadRows::Record(&mut dead_letters))?;
+                    continue;
+                }
+            };
             if state.bytes + size as u64 > limit {
                 let buffer = &mut state.buffers[shard];
                 buffer.truncate(buffer.len() - size);
@@ -417,7 +436,7 @@ impl SharedQueue {
             self.changed.notify_waiters();
             self.changed.notify_one();
         }
-        Ok(())
+        Ok(dead_letters)
     }
 
     async fn run(&self, shared: Arc<SinkShared>, counters: Arc<Counters>) {

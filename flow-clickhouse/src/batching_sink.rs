@@ -168,9 +168,10 @@ impl Sealer for BatchingSink {
         if !self.fingerprints_checked && !self.check_fingerprints(0, None).await? {
             return Ok(stopping());
         }
-        let mut parts = Vec::new();
+        let (mut parts, mut dead_letters) = (Vec::new(), Vec::new());
         for batch in epoch.inputs {
-            self.cutter.cut(&self.shared, &session, batch, &mut parts)?;
+            self.cutter
+                .cut(&self.shared, &session, batch, &mut parts, &mut dead_letters)?;
         }
         let target = format!(
             "{}.{}",
@@ -204,7 +205,7 @@ impl Sealer for BatchingSink {
             .collect();
         Ok(EpochOutcome::Commit(EpochWrite {
             batches,
-            dead_letters: Vec::new(),
+            dead_letters,
             rebuildable: true,
         }))
     }

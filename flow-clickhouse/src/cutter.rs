@@ -3,10 +3,13 @@
 //! batch limits.
 
 use bytes::Bytes;
-use flow_core::{CapacityDecay, MessageBatch, Row, SinkError};
+use flow_core::{CapacityDecay, DeadRow, MessageBatch, Row, SinkError};
+use flow_state::DeadLetter;
 
 use crate::compress::{is_framed, seal};
+use crate::params::OnBadRows;
 use crate::routing::routing_key;
+use crate::rowbinary::EncodeError;
 use crate::session::WriterSession;
 use crate::sink_state::SinkShared;
 
@@ -44,13 +47,16 @@ pub struct BatchCutter {
 }
 
 impl BatchCutter {
-    /// Appends the parts of `batch` to `parts`, batch by batch, shards in name order.
+    /// Appends the parts of `batch` to `parts`, batch by batch, shards in name order; rows that
+    /// fail the checks go to `dead` or fail the epoch, as `on_bad_rows` says ([`reject_row`]).
+    /// A batch's bounds cover its rejected rows too, so a rebuild cuts it at the same places.
     pub fn cut(
         &mut self,
         shared: &SinkShared,
         session: &WriterSession,
         batch: &MessageBatch,
         parts: &mut Vec<Part>,
+        dead: &mut Vec<DeadLetter>,
     ) -> Result<(), SinkError> {
         let shards = shared.router.shards().len().max(1);
         self.buffers.resize_with(shards, Vec::new);
@@ -63,12 +69,18 @@ impl BatchCutter {
         let mut batch_bytes = 0usize;
         let mut first_offset = None;
         for row in batch.rows() {
-            let (shard, size) =
-                encode_routed(shared, session, &row, &mut self.buffers, &mut self.key)?;
-            batch_bytes += size;
-            self.rows[shard] += 1;
-            batch_rows += 1;
             let first = *first_offset.get_or_insert(row.id().offset);
+            match encode_routed(shared, session, &row, &mut self.buffers, &mut self.key) {
+                Ok((shard, size)) => {
+                    batch_bytes += size;
+                    self.rows[shard] += 1;
+                    batch_rows += 1;
+                }
+                Err(rejected) => {
+                    reject_row(shared, &row, rejected, BadRows::Record(dead))?;
+                    continue;
+                }
+            }
             if batch_rows >= max_rows || batch_bytes >= max_bytes {
                 self.seal(shared, first, row.id().offset, parts);
                 batch_rows = 0;
@@ -93,9 +105,14 @@ impl BatchCutter {
         self.buffers.resize_with(shards, Vec::new);
         self.decay.resize(shards, CapacityDecay::default());
         self.rows.resize(shards, 0);
-        let (shard, _) = encode_routed(shared, session, row, &mut self.buffers, &mut self.key)?;
-        self.rows[shard] += 1;
-        Ok(())
+        match encode_routed(shared, session, row, &mut self.buffers, &mut self.key) {
+            Ok((shard, _)) => {
+                self.rows[shard] += 1;
+                Ok(())
+            }
+            // Its dead letter was committed with the batch's epoch.
+            Err(rejected) => reject_row(shared, row, rejected, BadRows::Recorded),
+        }
     }
 
     /// Seals what the buffers hold as one batch with the given bounds: one part per shard that
@@ -134,8 +151,63 @@ impl BatchCutter {
     }
 }
 
+/// A row that failed the checks before sealing, with the shard it was routed to.
+#[derive(Debug)]
+pub struct RowRejected {
+    pub shard: usize,
+    pub error: EncodeError,
+}
+
+/// Where a rejected row goes under `on_bad_rows: dead_letter`.
+pub enum BadRows<'a> {
+    /// Into these dead letters (sealing an epoch).
+    Record(&'a mut Vec<DeadLetter>),
+    /// Nowhere: it was recorded when its epoch was sealed (rebuilding a batch).
+    Recorded,
+}
+
+/// The one decision for a rejected row: with `on_bad_rows: stop` the epoch fails with the row's
+/// id, column and reason; with `dead_letter` the row becomes a dead letter ([`DeadRow`]).
+pub fn reject_row(
+    shared: &SinkShared,
+    row: &Row<'_>,
+    rejected: RowRejected,
+    bad_rows: BadRows<'_>,
+) -> Result<(), SinkError> {
+    if shared.params.spec.on_bad_rows == OnBadRows::Stop {
+        return Err(SinkError::Rejected {
+            message_id: row.id().to_string(),
+            reason: rejected.error.to_string(),
+        });
+    }
+    if let BadRows::Record(dead) = bad_rows {
+        let shard = shared.sharded.then(|| shared.shard_name(rejected.shard));
+        // The row's values are in its stream's column order.
+        let columns: Vec<String> = shared
+            .stream
+            .columns()
+            .iter()
+            .map(|c| c.name.clone())
+            .collect();
+        dead.push(DeadLetter {
+            partition: row.id().partition,
+            offset: Some(row.id().offset),
+            reason: rejected.error.to_string(),
+            payload: DeadRow::encode(
+                row,
+                &columns,
+                shard.as_deref(),
+                Some(&rejected.error.column),
+                None,
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Routes `row` to its shard (always shard 0 unless sharded) and appends its RowBinary
-/// encoding to that shard's buffer; returns the shard index and the encoded size.
+/// encoding to that shard's buffer; returns the shard index and the encoded size. A row that
+/// fails leaves the buffer as it was.
 #[inline]
 pub fn encode_routed(
     shared: &SinkShared,
@@ -143,7 +215,7 @@ pub fn encode_routed(
     row: &Row<'_>,
     buffers: &mut [Vec<u8>],
     key: &mut Vec<u8>,
-) -> Result<(usize, usize), SinkError> {
+) -> Result<(usize, usize), RowRejected> {
     let shard = if shared.sharded {
         routing_key(row, &shared.key_columns, key);
         shared.router.route(key)
@@ -152,12 +224,9 @@ pub fn encode_routed(
     };
     let buffer = &mut buffers[shard];
     let before = buffer.len();
-    session
-        .encoder
-        .encode_row(row, buffer)
-        .map_err(|err| SinkError::Rejected {
-            message_id: row.id().to_string(),
-            reason: err.to_string(),
-        })?;
+    if let Err(error) = session.encoder.encode_row(row, buffer) {
+        buffer.truncate(before);
+        return Err(RowRejected { shard, error });
+    }
     Ok((shard, buffer.len() - before))
 }

@@ -173,6 +173,17 @@ pub enum Codec {
     None,
 }
 
+/// What a sink does with a row that fails its checks (static `on_bad_rows`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBadRows {
+    /// The partition fails with the row's id, column and reason (the reference's behaviour).
+    #[default]
+    Stop,
+    /// The row goes to the sink's dead letters and the rest of the epoch goes on.
+    DeadLetter,
+}
+
 /// Static `at_most_once_strategy`; accepted only by `AtMostOnceClickHouseSink`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -248,6 +259,7 @@ pub struct ClickHouseParams {
     pub token_namespace: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub at_most_once_strategy: Option<AtMostOnceStrategy>,
+    pub on_bad_rows: OnBadRows,
 }
 
 impl Default for ClickHouseParams {
@@ -270,6 +282,7 @@ impl Default for ClickHouseParams {
             tls_skip_verification: false,
             token_namespace: None,
             at_most_once_strategy: None,
+            on_bad_rows: OnBadRows::Stop,
         }
     }
 }

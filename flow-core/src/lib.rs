@@ -24,16 +24,19 @@ pub mod sources;
 
 mod builtins;
 mod capacity;
+mod dead_row;
 mod error;
 mod graph;
 mod message;
 mod plugin;
 mod replay;
+mod row_json;
 mod runtime;
 mod spec;
 mod types;
 
 pub use capacity::CapacityDecay;
+pub use dead_row::DeadRow;
 pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,
@@ -44,6 +47,7 @@ pub use plugin::{
     Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,
 };
 pub use registry::Registry;
+pub use row_json::{write_json_string, write_row_object};
 pub use runtime::{
     PartitionEnd, PartitionReport, Pipeline, PipelineControl, ReloadOutcome, RunReport,
 };

@@ -118,12 +118,16 @@ pub(crate) enum Op {
     Commit(PreparedCommit),
     Ack(PreparedAck),
     SetFingerprints(PreparedFingerprints),
+    /// Removes these `dead_letters` keys (their owners' counters stay: seqs are never reused).
+    RemoveDeadLetters(Vec<Vec<u8>>),
     Shutdown,
 }
 
 pub(crate) enum Outcome {
     Commit(CommitReceipt),
     Done,
+    /// How many of the requested entries existed and were removed.
+    Removed(u64),
 }
 
 pub(crate) type Reply = Box<dyn FnOnce(Result<Outcome, StateError>) + Send>;
@@ -439,6 +443,18 @@ pub(crate) fn apply_ack(t: &Trees, a: &PreparedAck) -> Result<Option<u64>, State
         .map_err(|e| tx_error("acknowledge transaction", a.key.to_string(), e))
 }
 
+pub(crate) fn apply_dead_letter_removal(t: &Trees, keys: &[Vec<u8>]) -> Result<u64, StateError> {
+    t.dead_letters
+        .transaction(|tree| {
+            let mut removed = 0;
+            for key in keys {
+                removed += u64::from(tree.remove(key.as_slice())?.is_some());
+            }
+            Ok(removed)
+        })
+        .map_err(|e| tx_error("dead letter removal", format!("{} keys", keys.len()), e))
+}
+
 pub(crate) fn apply_fingerprints(t: &Trees, f: &PreparedFingerprints) -> Result<(), StateError> {
     let result = match &f.encoded {
         Some(value) => t
@@ -528,6 +544,9 @@ impl Committer {
                 Ok(Outcome::Done)
             }
             Op::SetFingerprints(f) => apply_fingerprints(&self.trees, f).map(|()| Outcome::Done),
+            Op::RemoveDeadLetters(keys) => {
+                apply_dead_letter_removal(&self.trees, keys).map(Outcome::Removed)
+            }
         }
     }
 

@@ -49,7 +49,7 @@ pub use summary::{
 };
 pub use types::{
     BatchStorage, CommitReceipt, DeadLetter, EpochCommit, PayloadRef, SealedBatch, SinkEpochCommit,
-    SinkPartition, StoreOptions, StoreStats, StoredBatch, StoredBody,
+    SinkPartition, StoreOptions, StoreStats, StoredBatch, StoredBody, StoredDeadLetter,
 };
 
 use codec::BodyRecord;
@@ -132,7 +132,7 @@ impl Drop for Inner {
 fn receipt(outcome: Outcome) -> CommitReceipt {
     match outcome {
         Outcome::Commit(receipt) => receipt,
-        Outcome::Done => CommitReceipt::default(),
+        Outcome::Done | Outcome::Removed(_) => CommitReceipt::default(),
     }
 }
 
@@ -317,6 +317,49 @@ impl StateStore {
             out.push(codec::decode_dead_letter(&k, &v)?);
         }
         Ok(out)
+    }
+
+    /// Every stored dead letter of every pipeline and owner, in key order (owner, partition,
+    /// seq), optionally only those of one owner.
+    pub fn all_dead_letters(
+        &self,
+        owner: Option<&str>,
+    ) -> Result<Vec<StoredDeadLetter>, StateError> {
+        let mut out = Vec::new();
+        for item in self.inner.trees.dead_letters.iter() {
+            let (k, v) = item.map_err(|e| StateError::sled("scan dead letters", "all", e))?;
+            let prefix = &k[..k.len().saturating_sub(8)];
+            let (pipeline, name, _) = codec::parse_queue_key("dead letter key", prefix)?;
+            if owner.is_some_and(|owner| owner != name) {
+                continue;
+            }
+            out.push(StoredDeadLetter {
+                seq: codec::parse_seq_suffix("dead letter key", &k)?,
+                letter: codec::decode_dead_letter(&k, &v)?,
+                pipeline,
+                owner: name,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Durably removes these dead letters (blocking); returns how many were still there. The
+    /// owners' counters stay, so later dead letters never reuse a seq.
+    pub fn remove_dead_letters_blocking(
+        &self,
+        letters: &[StoredDeadLetter],
+    ) -> Result<u64, StateError> {
+        let keys = letters
+            .iter()
+            .map(|d| {
+                let prefix = codec::queue_key(&d.pipeline, &d.owner, d.letter.partition);
+                codec::seq_key(&prefix, d.seq)
+            })
+            .collect();
+        match self.inner.submit_blocking(Op::RemoveDeadLetters(keys))? {
+            Outcome::Removed(removed) => Ok(removed),
+            Outcome::Commit(_) | Outcome::Done => Ok(0),
+        }
     }
 
     /// A sink-wide value set by [`StateStore::acknowledge`].

@@ -992,3 +992,56 @@ fn an_endless_run_of_bounds_commits_and_acknowledgements_keeps_the_store_size_fl
         "store sizes every 3,000 cycles: {sizes:?}"
     );
 }
+
+#[test]
+fn dead_letters_are_listed_by_owner_and_removed_durably_without_reusing_seqs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    let mut c = epoch(1, "p1", vec![sink("ch", vec![])]);
+    c.source_dead_letters = vec![dead_letter(1, 5, "bad json")];
+    c.sinks[0].dead_letters = vec![dead_letter(1, 6, "r6"), dead_letter(1, 7, "r7")];
+    store.commit_blocking(c).unwrap();
+
+    let all = store.all_dead_letters(None).unwrap();
+    let owners: Vec<(&str, u64, &str)> = all
+        .iter()
+        .map(|d| (d.owner.as_str(), d.seq, d.letter.reason.as_str()))
+        .collect();
+    assert_eq!(
+        owners,
+        [
+            ("ch", 0, "r6"),
+            ("ch", 1, "r7"),
+            (SOURCE_OWNER, 0, "bad json")
+        ]
+    );
+    let of_sink = store.all_dead_letters(Some("ch")).unwrap();
+    assert_eq!(of_sink.len(), 2);
+    assert!(of_sink.iter().all(|d| d.pipeline == "pipe"));
+
+    assert_eq!(
+        store.remove_dead_letters_blocking(&of_sink[..1]).unwrap(),
+        1
+    );
+    // Removing again finds nothing.
+    assert_eq!(
+        store.remove_dead_letters_blocking(&of_sink[..1]).unwrap(),
+        0
+    );
+    drop(store);
+    let store = StateStore::open(dir.path()).unwrap();
+    let left = store.all_dead_letters(Some("ch")).unwrap();
+    assert_eq!(left.iter().map(|d| d.seq).collect::<Vec<_>>(), [1]);
+
+    // The next dead letter continues the sequence.
+    let mut c = epoch(1, "p2", vec![sink("ch", vec![])]);
+    c.sinks[0].dead_letters = vec![dead_letter(1, 9, "r9")];
+    store.commit_blocking(c).unwrap();
+    let seqs: Vec<u64> = store
+        .all_dead_letters(Some("ch"))
+        .unwrap()
+        .iter()
+        .map(|d| d.seq)
+        .collect();
+    assert_eq!(seqs, [1, 2]);
+}

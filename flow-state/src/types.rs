@@ -166,6 +166,16 @@ pub struct DeadLetter {
     pub payload: Vec<u8>,
 }
 
+/// A dead letter as stored: its owner (a sink name, or [`crate::SOURCE_OWNER`]) and its place in
+/// the owner's per-partition sequence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredDeadLetter {
+    pub pipeline: String,
+    pub owner: String,
+    pub seq: u64,
+    pub letter: DeadLetter,
+}
+
 /// Options of [`crate::StateStore::open_with`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreOptions {

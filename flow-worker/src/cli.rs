@@ -1,5 +1,6 @@
 //! The command line: argument parsing, logging set-up and dispatch.
 
+use crate::dead_letters::{self, Action};
 use crate::{run, status};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,6 +46,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// List, export (JSON lines on stdout) or purge the dead letters of a stopped worker.
+    DeadLetters {
+        #[arg(value_enum)]
+        action: Action,
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Only this sink's dead letters.
+        #[arg(long)]
+        sink: Option<String>,
+        /// Confirms `purge`.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 fn init_logging(format: LogFormat, default_level: &str) {
@@ -78,6 +92,12 @@ pub fn main() -> ExitCode {
         Command::Run { spec, state_dir } => run::run(&registry, &spec, state_dir.as_deref()),
         Command::Validate { spec } => Ok(validate(&registry, &spec)),
         Command::Status { state_dir, json } => status::status(&state_dir, json),
+        Command::DeadLetters {
+            action,
+            state_dir,
+            sink,
+            yes,
+        } => dead_letters::dead_letters(&state_dir, action, sink.as_deref(), yes),
     };
     match result {
         Ok(code) => code,

@@ -22,8 +22,9 @@ use crate::delivery::{
     load_backlog, now_ms, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer, SinkDelivery,
 };
 use crate::error::{SinkError, Violation};
-use crate::message::{MessageBatch, Value};
+use crate::message::MessageBatch;
 use crate::plugin::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkFactory};
+use crate::row_json::{write_json_string, write_row_object};
 
 /// Payload bytes the debug sink holds in memory for delivery.
 const IN_FLIGHT_BYTES: u64 = 64 << 20;
@@ -208,16 +209,9 @@ fn encode_batch(
         let _ = write!(payload, "{}", row.id());
         payload.extend_from_slice(b"\",\"stream\":");
         write_json_string(&mut payload, stream.as_bytes());
-        payload.extend_from_slice(b",\"row\":{");
-        for (i, (name, value)) in columns.iter().zip(row.values()).enumerate() {
-            if i > 0 {
-                payload.push(b',');
-            }
-            write_json_string(&mut payload, name.as_bytes());
-            payload.push(b':');
-            write_json_value(&mut payload, value);
-        }
-        payload.extend_from_slice(b"}}\n");
+        payload.extend_from_slice(b",\"row\":");
+        write_row_object(&mut payload, columns, &row);
+        payload.extend_from_slice(b"}\n");
     }
     SealedBatch {
         target: path.display().to_string(),
@@ -234,52 +228,6 @@ fn encode_batch(
         content_hash: xxhash_rust::xxh64::xxh64(&payload, 0),
         payload: payload.into(),
     }
-}
-
-fn write_json_value(out: &mut Vec<u8>, value: Value<'_>) {
-    match value {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Int(v) => {
-            let _ = write!(out, "{v}");
-        }
-        Value::Uint(v) => {
-            let _ = write!(out, "{v}");
-        }
-        Value::Float(v) if v.is_finite() => {
-            let _ = write!(out, "{v}");
-        }
-        // JSON has no NaN or infinity.
-        Value::Float(v) => write_json_string(out, v.to_string().as_bytes()),
-        Value::Bool(v) => out.extend_from_slice(if v { b"true" } else { b"false" }),
-        Value::Bytes(bytes) => write_json_string(out, bytes),
-    }
-}
-
-/// Writes a JSON string; bytes that are not UTF-8 are replaced with U+FFFD.
-fn write_json_string(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.push(b'"');
-    for chunk in bytes.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '"' => out.extend_from_slice(b"\\\""),
-                '\\' => out.extend_from_slice(b"\\\\"),
-                '\n' => out.extend_from_slice(b"\\n"),
-                '\r' => out.extend_from_slice(b"\\r"),
-                '\t' => out.extend_from_slice(b"\\t"),
-                c if (c as u32) < 0x20 => {
-                    let _ = write!(out, "\\u{:04x}", c as u32);
-                }
-                c => {
-                    let mut buf = [0u8; 4];
-                    out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-                }
-            }
-        }
-        if !chunk.invalid().is_empty() {
-            out.extend_from_slice("\u{fffd}".as_bytes());
-        }
-    }
-    out.push(b'"');
 }
 
 /// The shared output of one sink: every partition's delivery goes through its lock.

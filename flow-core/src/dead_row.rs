@@ -1,0 +1,97 @@
+//! A row a sink could not write ([`DeadRow`]): the JSON payload of a sink's dead letter, written
+//! when the row is rejected and read back by `flow-worker dead-letters`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::message::Row;
+use crate::row_json::{write_json_string, write_row_object};
+
+/// A sink's dead row as stored (the dead letter's `reason` holds the why).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadRow {
+    pub message_id: String,
+    /// The shard the row was routed to (sharded sinks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
+    /// The column whose value failed a check before sealing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column: Option<String>,
+    /// The server's error code, when the server refused the row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<i64>,
+    /// The row by column name.
+    pub row: serde_json::Value,
+}
+
+impl DeadRow {
+    /// Encodes a dead row straight from the rejected `row` (the JSON of its values is written
+    /// once, not built as a tree).
+    pub fn encode(
+        row: &Row<'_>,
+        columns: &[String],
+        shard: Option<&str>,
+        column: Option<&str>,
+        code: Option<i64>,
+    ) -> Vec<u8> {
+        let mut out = Vec::with_capacity(128);
+        out.extend_from_slice(b"{\"message_id\":");
+        write_json_string(&mut out, row.id().to_string().as_bytes());
+        if let Some(shard) = shard {
+            out.extend_from_slice(b",\"shard\":");
+            write_json_string(&mut out, shard.as_bytes());
+        }
+        if let Some(column) = column {
+            out.extend_from_slice(b",\"column\":");
+            write_json_string(&mut out, column.as_bytes());
+        }
+        if let Some(code) = code {
+            out.extend_from_slice(format!(",\"code\":{code}").as_bytes());
+        }
+        out.extend_from_slice(b",\"row\":");
+        write_row_object(&mut out, columns, row);
+        out.push(b'}');
+        out
+    }
+
+    /// Reads a stored dead row.
+    pub fn decode(payload: &[u8]) -> Result<DeadRow, serde_json::Error> {
+        serde_json::from_slice(payload)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::message::{MessageBatch, MessageId, Value};
+    use crate::types::{Column, StreamSchema, StreamType};
+
+    #[test]
+    fn a_dead_row_round_trips_through_its_json_payload() {
+        let schema = StreamSchema::new(vec![
+            Column::new("id", StreamType::Uint64),
+            Column::new("name", StreamType::String),
+        ])
+        .unwrap();
+        let mut batch = MessageBatch::new(Arc::clone(&schema));
+        let mut writer = batch.start_row(MessageId::new(3, 17));
+        writer.push(Value::Uint(5)).unwrap();
+        writer.push(Value::Bytes(b"a \"quoted\"\n name")).unwrap();
+        writer.finish().unwrap();
+        let columns = vec!["id".to_owned(), "name".to_owned()];
+        let payload = DeadRow::encode(&batch.row(0), &columns, Some("b"), Some("name"), None);
+        let dead = DeadRow::decode(&payload).unwrap();
+        assert_eq!(
+            dead,
+            DeadRow {
+                message_id: "3-17".to_owned(),
+                shard: Some("b".to_owned()),
+                column: Some("name".to_owned()),
+                code: None,
+                row: serde_json::json!({"id": 5, "name": "a \"quoted\"\n name"}),
+            }
+        );
+    }
+}
