@@ -3,6 +3,7 @@
 //! every other row lands once; with the default `stop` the run fails naming the first of them.
 //! `flow-worker dead-letters export|purge` read and remove them.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
