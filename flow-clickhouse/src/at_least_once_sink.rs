@@ -104,6 +104,7 @@ impl Sink for AtLeastOnceSink {
                 token: None,
                 payload: &part.payload,
                 compressed: part.compressed(),
+                sealed_at_ms: None,
             };
             let result = insert_part(&self.shared, &session, request, &mut stop).await;
             let retry_after = self.shared.dynamic().retry_backoff;

@@ -304,6 +304,7 @@ async fn deliver_once(
         token: None,
         payload: &part.payload,
         compressed: part.compressed(),
+        sealed_at_ms: None,
     };
     match insert_part(shared, &session, request, stop).await {
         Ok(_) => {

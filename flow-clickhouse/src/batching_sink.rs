@@ -249,6 +249,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 token: Some(&batch.token),
                 payload: &batch.payload,
                 compressed: is_framed(&batch.format),
+                sealed_at_ms: Some(batch.sealed_at_ms),
             },
             &mut stop,
         )

@@ -47,8 +47,12 @@ impl fmt::Display for ErrorClass {
     }
 }
 
-/// The retryable codes: the reference's retryable table plus 252 and 319.
+/// The retryable codes: the reference's retryable table plus 252 and 319, and two a 10-minute
+/// endless run met when the server's disk filled and ZooKeeper went down with it: 75 (a write of
+/// the server's own files failed, `No space left on device`) and 225 (no ZooKeeper session).
+/// Both heal without any change on our side, and a replay is deduplicated.
 pub const RETRYABLE_CODES: &[(u32, &str)] = &[
+    (75, "CANNOT_WRITE_TO_FILE_DESCRIPTOR"),
     (159, "TIMEOUT_EXCEEDED"),
     (198, "DNS_ERROR"),
     (201, "QUOTA_EXPIRED"),
@@ -56,6 +60,7 @@ pub const RETRYABLE_CODES: &[(u32, &str)] = &[
     (203, "NO_FREE_CONNECTION"),
     (209, "SOCKET_TIMEOUT"),
     (210, "NETWORK_ERROR"),
+    (225, "NO_ZOOKEEPER"),
     (236, "ABORTED"),
     (241, "MEMORY_LIMIT_EXCEEDED"),
     (242, "TABLE_IS_READ_ONLY"),
@@ -375,8 +380,21 @@ mod tests {
     }
 
     #[test]
+    fn our_additions_to_the_reference_retryable_table_are_retryable() {
+        for (code, name) in [
+            (75, "CANNOT_WRITE_TO_FILE_DESCRIPTOR"),
+            (225, "NO_ZOOKEEPER"),
+            (252, "TOO_MANY_PARTS"),
+            (319, "UNKNOWN_STATUS_OF_INSERT"),
+        ] {
+            assert_eq!(classify_code(code), ErrorClass::Retryable, "{code}");
+            assert_eq!(code_name(code), Some(name));
+        }
+    }
+
+    #[test]
     fn codes_outside_the_tables_are_unknown() {
-        for code in [0, 1, 62, 115, 225, 253, 999_999] {
+        for code in [0, 1, 62, 115, 253, 999_999] {
             assert_eq!(classify_code(code), ErrorClass::Unknown, "{code}");
         }
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{Map, Value as Json};
 
+use crate::backlog_age::BacklogAge;
 use crate::backoff::RetryBackoff;
 use crate::classify::ClassifiedError;
 use crate::params::{HostSelectionPolicy, SinkParams};
@@ -32,6 +33,8 @@ pub struct ShardClients {
     cursor: AtomicUsize,
     /// The shard's error count and retry pause, shared by the sink's partitions.
     pub backoff: RetryBackoff,
+    /// When the shard's backlog was last warned about.
+    pub backlog: BacklogAge,
 }
 
 impl ShardClients {
@@ -90,6 +93,7 @@ pub fn build_shards(params: &SinkParams) -> Result<Vec<ShardClients>, String> {
                 endpoints,
                 cursor: AtomicUsize::new(start),
                 backoff: RetryBackoff::default(),
+                backlog: BacklogAge::default(),
             }
         })
         .collect();

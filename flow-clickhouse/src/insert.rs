@@ -3,13 +3,16 @@
 //! class ([`crate::guarantee::Guarantee::on_failure`]), ending early on a stop.
 
 use std::fmt;
+use std::time::Duration;
 
 use bytes::Bytes;
+use flow_core::delivery::now_ms;
 use flow_core::SinkError;
 use tokio::sync::watch;
 use tracing::warn;
 
 use crate::classify::{log_unknown, ClassifiedError, ErrorClass};
+use crate::client::ShardClients;
 use crate::guarantee::{GiveUp, OnFailure};
 use crate::session::WriterSession;
 use crate::sink_state::SinkShared;
@@ -93,6 +96,9 @@ pub struct InsertRequest<'a> {
     pub payload: &'a Bytes,
     /// The payload is in ClickHouse's compression framing.
     pub compressed: bool,
+    /// When the part was sealed into the outbox (ms since the Unix epoch): while it cannot be
+    /// sent, its age is watched against the shard's dedup window ([`crate::backlog_age`]).
+    pub sealed_at_ms: Option<u64>,
 }
 
 /// Sends one part to its shard, failing over to the next host after each failed attempt.
@@ -108,6 +114,7 @@ pub async fn insert_part(
         token,
         payload,
         compressed,
+        sealed_at_ms,
     } = request;
     let Some(shard) = session.shard(shard_name) else {
         return Err(InsertFailure::GaveUp(GaveUp {
@@ -181,10 +188,32 @@ pub async fn insert_part(
             error = %err,
             "insert failed; retrying on the next host of the shard"
         );
+        if let Some(sealed_at_ms) = sealed_at_ms {
+            warn_backlog_age(session, shard, sealed_at_ms);
+        }
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
             _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
         }
+    }
+}
+
+/// Warns (once a minute per shard) while the part being retried is older than half the shard's
+/// dedup window.
+fn warn_backlog_age(session: &WriterSession, shard: &ShardClients, sealed_at_ms: u64) {
+    let Some(window) = session.dedup_window_time(&shard.name) else {
+        return;
+    };
+    let age = Duration::from_millis(now_ms().saturating_sub(sealed_at_ms));
+    if shard.backlog.warn_now(age, window) {
+        warn!(
+            database = %session.database,
+            table = %session.table,
+            shard = %shard.name,
+            age_s = age.as_secs(),
+            window_s = window.as_secs(),
+            "the oldest pending batch of this shard is past half of the table's deduplication window; once past the window, a replay of a batch that landed unanswered would be inserted twice. Bring the shard back, or raise replicated_deduplication_window_seconds"
+        );
     }
 }
 

@@ -17,6 +17,7 @@
 
 mod at_least_once_sink;
 mod at_most_once_sink;
+mod backlog_age;
 mod backoff;
 mod batching_sink;
 mod chtype;

@@ -160,6 +160,19 @@ pub struct WriterSession {
 }
 
 impl WriterSession {
+    /// The time bound of `shard`'s deduplication window (`replicated_deduplication_window_seconds`
+    /// of a replicated table); `None` where only a block count bounds it.
+    pub fn dedup_window_time(&self, shard: &str) -> Option<std::time::Duration> {
+        let window = self.dedup_windows.iter().find(|w| w.shard == shard)?;
+        if !window.replicated {
+            return None;
+        }
+        let seconds = window
+            .windows
+            .get("replicated_deduplication_window_seconds")?;
+        (seconds.value > 0).then(|| std::time::Duration::from_secs(seconds.value))
+    }
+
     /// Re-checks what depends on dynamic parameters after a reload: `async_insert` needs the
     /// server's support, and the dedup window is compared with the new `replay_horizon`.
     pub fn check_dynamic(

@@ -334,9 +334,12 @@ impl ClickHouse {
         }
     }
 
+    /// `old_parts_lifetime = 30`: an endless run at 200k rows/s merges so much that parts merged
+    /// away (kept 8 minutes by default) once filled this machine's disk; it changes nothing the
+    /// client measures.
     fn create_table(&self, table: &str, shards: &[[&str; 2]]) -> Result<()> {
         for node in shards.iter().flatten() {
-            self.exec(node, &format!("CREATE TABLE default.{table} (id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{{shard}}/default.{table}', '{{replica}}') ORDER BY id"))?;
+            self.exec(node, &format!("CREATE TABLE default.{table} (id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{{shard}}/default.{table}', '{{replica}}') ORDER BY id SETTINGS old_parts_lifetime = 30"))?;
         }
         Ok(())
     }
