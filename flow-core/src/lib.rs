@@ -33,6 +33,7 @@ mod replay;
 mod row_json;
 mod runtime;
 mod spec;
+mod spec_text;
 mod types;
 
 pub use capacity::CapacityDecay;
@@ -56,4 +57,5 @@ pub use spec::{
     ProcessorSpec, SinkSpec, SourceSpec, ValidatedPipeline, ValidatedProcessor, ValidatedSink,
     MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
 };
+pub use spec_text::MAX_SPEC_NESTING;
 pub use types::{Column, SchemaError, StreamSchema, StreamType};
