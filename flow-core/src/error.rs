@@ -216,6 +216,9 @@ pub enum RuntimeError {
         #[source]
         source: flow_state::StateError,
     },
+    /// The state directory belongs to another pipeline or partition count.
+    #[error("{0}")]
+    OtherPipeline(#[source] flow_state::StateError),
     #[error("{} partition(s) failed:{}", .0.len(), list(.0))]
     PartitionsFailed(Vec<RuntimeError>),
 }

@@ -59,7 +59,7 @@ fn open_store(dir: &Path) -> StateStore {
         match StateStore::open(dir) {
             Ok(store) => return store,
             Err(err)
-                if format!("{err:?}").contains("could not acquire lock")
+                if matches!(err, flow_state::StateError::Locked { .. })
                     && started.elapsed() < Duration::from_secs(5) =>
             {
                 std::thread::sleep(Duration::from_millis(20));
@@ -615,6 +615,7 @@ sinks:
         ReloadOutcome {
             reconfigured: vec!["out".to_owned()],
             static_changed: false,
+            static_changes: vec![],
         }
     );
     // Same parameters again: nothing to do.
@@ -629,6 +630,8 @@ sinks:
         ReloadOutcome {
             reconfigured: vec![],
             static_changed: true,
+            // The SIGHUP warning names it.
+            static_changes: vec!["sinks[0].parameters.path".to_owned()],
         }
     );
     let err = control.reload(&registry, &spec(&out, 0)).unwrap_err();
@@ -863,11 +866,14 @@ async fn jsonl_bad_line_becomes_a_source_dead_letter_and_good_lines_are_written(
         .dead_letters(PIPELINE, SOURCE_OWNER, 1)
         .unwrap()
         .is_empty());
-    // Lines are messages 0..3 of partition 0: the position is (bytes of the file, 3 lines).
+    // Lines are messages 0..3 of partition 0: the position starts with (bytes of the file,
+    // 3 lines), then the file's identity (device, inode, hash of the bytes before the offset).
     let len = std::fs::metadata(&files[0]).unwrap().len();
     let mut expected = len.to_be_bytes().to_vec();
     expected.extend_from_slice(&3u64.to_be_bytes());
-    assert_eq!(store.position(PIPELINE, 0).unwrap(), Some(expected));
+    let position = store.position(PIPELINE, 0).unwrap().unwrap();
+    assert_eq!(position.len(), 40);
+    assert_eq!(position[..16], expected[..]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1058,10 +1064,55 @@ sinks:
         )
         .unwrap();
     assert!(outcome.static_changed);
+    assert_eq!(
+        outcome.static_changes,
+        vec!["sinks[1].sink_class_name", "sinks[1].parameters"]
+    );
     assert!(outcome.reconfigured.is_empty(), "{outcome:?}");
     recorder.go.notify_one();
 
     let report = running.await.unwrap().unwrap();
     assert_eq!(report.messages(), 300);
     assert_each_id_once(&out, 300);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_pipeline_or_fewer_partitions_on_a_state_directory_refuses_to_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let store = open_store(&tmp.path().join("state"));
+    let registry = Registry::with_builtins();
+    run_yaml(
+        &registry,
+        &generator_yaml(4, 10, 5, "DebugSink", &out),
+        &store,
+    )
+    .await
+    .unwrap();
+    let delivered = read_lines(&out).len();
+
+    let renamed =
+        generator_yaml(4, 10, 5, "DebugSink", &out).replace("pipeline: rt", "pipeline: rt2");
+    let err = run_yaml(&registry, &renamed, &store).await.unwrap_err();
+    assert!(matches!(err, RuntimeError::OtherPipeline(_)), "{err:?}");
+    assert!(
+        err.to_string().contains("belongs to pipeline `rt` with 4 partition(s), but the spec says pipeline `rt2` with 4 partition(s)"),
+        "{err}"
+    );
+    let fewer = run_yaml(
+        &registry,
+        &generator_yaml(2, 10, 5, "DebugSink", &out),
+        &store,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        fewer
+            .to_string()
+            .contains("but the spec says pipeline `rt` with 2 partition(s)"),
+        "{fewer}"
+    );
+    // Nothing was sent again.
+    assert_eq!(read_lines(&out).len(), delivered);
+    store.close().unwrap();
 }

@@ -24,6 +24,9 @@ pub fn run(
             spec_path.display()
         ),
     };
+    if state_dir.as_os_str().is_empty() {
+        bail!("--state-dir is an empty path; name a directory");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("flow-worker")
@@ -34,12 +37,8 @@ pub fn run(
         let store = tokio::task::spawn_blocking(move || StateStore::open(&dir))
             .await
             .context("opening the state store")?
-            .with_context(|| {
-                format!(
-                    "cannot open the state directory `{}` (is another worker running on it?)",
-                    state_dir.display()
-                )
-            })?;
+            // The store's error says whether another worker holds it (and only then).
+            .with_context(|| format!("cannot open the state directory `{}`", state_dir.display()))?;
         let pipeline = Pipeline::new(validated, store.clone());
         let snapshots = tokio::spawn(write_snapshots(store.clone(), state_dir.clone()));
         let control = pipeline.control();
@@ -107,7 +106,8 @@ async fn handle_signals(control: PipelineControl, registry: Registry, spec_path:
             Ok(outcome) => {
                 info!(spec = %spec_path.display(), reconfigured = ?outcome.reconfigured, "spec reloaded");
                 if outcome.static_changed {
-                    warn!(spec = %spec_path.display(), "static parameters changed in the spec; they take effect only after a restart of the worker");
+                    let changed = outcome.static_changes.join(", ");
+                    warn!(spec = %spec_path.display(), changed = %changed, "static parameters changed in the spec ({changed}); they take effect only after a restart of the worker");
                 }
             }
             Err(err) => {
