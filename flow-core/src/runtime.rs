@@ -11,6 +11,7 @@
 //! concurrently and fail alone: a failed partition is reported, the others go on.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use flow_state::{BatchStorage, DeadLetter, EpochCommit, SinkEpochCommit, StateStore};
 use tokio::sync::watch;
@@ -423,6 +424,12 @@ impl PartitionRunner {
                     }
                 }
             }
+            Ok(report) if report.end == PartitionEnd::Stopped => {
+                drain_for(&mut sinks, pipeline.drain_timeout, partition).await;
+                close_all(&mut sinks).await;
+                let names: Vec<String> = sinks.iter().map(|slot| slot.name.clone()).collect();
+                log_outbox(&self.store, &pipeline.name, &names, partition).await;
+            }
             _ => close_all(&mut sinks).await,
         }
         if let Ok(report) = &result {
@@ -642,6 +649,64 @@ impl PartitionRunner {
             }
         }
         Ok(())
+    }
+}
+
+/// A graceful stop lets the sinks deliver what is pending for at most `limit`; `close` then
+/// stops what is still in flight and the rest stays in the outbox.
+async fn drain_for(sinks: &mut [SinkSlot], limit: Duration, partition: u32) {
+    if limit.is_zero() {
+        return;
+    }
+    let drain = async {
+        for slot in sinks.iter_mut() {
+            if let Err(err) = slot.sink.drain().await {
+                // Not a failure of the stop: what was not delivered stays in the outbox.
+                info!(partition, sink = %slot.name, error = %err, "delivery ended early while stopping");
+            }
+        }
+    };
+    if tokio::time::timeout(limit, drain).await.is_err() {
+        info!(
+            partition,
+            drain_timeout_ms = limit.as_millis() as u64,
+            "the drain time of the stop ran out"
+        );
+    }
+}
+
+/// After a stop: how many batches and rows each sink leaves in the outbox for the next run.
+async fn log_outbox(store: &StateStore, pipeline: &str, sinks: &[String], partition: u32) {
+    for sink in sinks {
+        let key = flow_state::SinkPartition {
+            pipeline: pipeline.to_owned(),
+            sink: sink.clone(),
+            partition,
+        };
+        let reader = store.clone();
+        let pending = tokio::task::spawn_blocking(move || reader.undelivered(&key)).await;
+        match pending {
+            Ok(Ok(batches)) if batches.is_empty() => {
+                info!(partition, sink = %sink, "stopped with nothing left in the outbox");
+            }
+            Ok(Ok(batches)) => {
+                let rows: u64 = batches.iter().map(|b| b.batch.rows).sum();
+                warn!(
+                    partition,
+                    sink = %sink,
+                    batches = batches.len(),
+                    rows,
+                    "stopped with {} batch(es), {rows} row(s) undelivered; they stay in the outbox and the next run delivers them",
+                    batches.len()
+                );
+            }
+            Ok(Err(err)) => {
+                warn!(partition, sink = %sink, error = %err, "cannot count the undelivered batches");
+            }
+            Err(err) => {
+                warn!(partition, sink = %sink, error = %err, "cannot count the undelivered batches");
+            }
+        }
     }
 }
 

@@ -19,6 +19,7 @@ use crate::types::StreamSchema;
 pub const MAX_PARTITIONS: u32 = 1024;
 pub const MAX_EPOCH_MESSAGES: u64 = 10_000_000;
 pub const MAX_EPOCH_DURATION_MS: u64 = 3_600_000;
+pub const MAX_DRAIN_TIMEOUT_MS: u64 = 3_600_000;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +34,8 @@ pub struct PipelineSpec {
     pub epoch: EpochSpec,
     #[serde(default, skip_serializing_if = "OutboxSpec::is_default")]
     pub outbox: OutboxSpec,
+    #[serde(default, skip_serializing_if = "ShutdownSpec::is_default")]
+    pub shutdown: ShutdownSpec,
     pub source: SourceSpec,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processors: Vec<ProcessorSpec>,
@@ -68,6 +71,34 @@ impl Default for EpochSpec {
             max_messages: default_max_messages(),
             max_duration_ms: default_max_duration_ms(),
         }
+    }
+}
+
+/// What a graceful stop (SIGINT/SIGTERM) does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownSpec {
+    /// How long sinks may go on delivering pending batches after a stop was asked for; what is
+    /// still pending then stays in the outbox for the next run (and is logged). 0: stop at once.
+    #[serde(default = "default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+}
+
+fn default_drain_timeout_ms() -> u64 {
+    10_000
+}
+
+impl Default for ShutdownSpec {
+    fn default() -> Self {
+        ShutdownSpec {
+            drain_timeout_ms: default_drain_timeout_ms(),
+        }
+    }
+}
+
+impl ShutdownSpec {
+    fn is_default(&self) -> bool {
+        *self == ShutdownSpec::default()
     }
 }
 
@@ -138,6 +169,7 @@ const TOP_LEVEL_FIELDS: &[&str] = &[
     "state_dir",
     "epoch",
     "outbox",
+    "shutdown",
     "source",
     "processors",
     "sinks",
@@ -178,6 +210,7 @@ impl PipelineSpec {
         let state_dir = optional::<PathBuf>(get("state_dir"), "state_dir", &mut violations);
         let epoch = optional::<EpochSpec>(get("epoch"), "epoch", &mut violations);
         let outbox = optional::<OutboxSpec>(get("outbox"), "outbox", &mut violations);
+        let shutdown = optional::<ShutdownSpec>(get("shutdown"), "shutdown", &mut violations);
         let source = required::<SourceSpec>(get("source"), "source", &mut violations);
         let processors = list::<ProcessorSpec>(get("processors"), "processors", &mut violations);
         let sinks = match get("sinks") {
@@ -191,7 +224,7 @@ impl PipelineSpec {
             return Err(SpecError { violations });
         }
         match (
-            pipeline, partitions, state_dir, epoch, outbox, source, processors, sinks,
+            pipeline, partitions, state_dir, epoch, outbox, shutdown, source, processors, sinks,
         ) {
             (
                 Some(pipeline),
@@ -199,6 +232,7 @@ impl PipelineSpec {
                 Some(state_dir),
                 Some(epoch),
                 Some(outbox),
+                Some(shutdown),
                 Some(source),
                 Some(processors),
                 Some(sinks),
@@ -208,6 +242,7 @@ impl PipelineSpec {
                 state_dir,
                 epoch: epoch.unwrap_or_default(),
                 outbox: outbox.unwrap_or_default(),
+                shutdown: shutdown.unwrap_or_default(),
                 source,
                 processors,
                 sinks,
@@ -386,6 +421,8 @@ pub struct ValidatedPipeline {
     pub state_dir: Option<PathBuf>,
     pub epoch: EpochSettings,
     pub payloads: PayloadPolicy,
+    /// How long a graceful stop lets sinks deliver what is pending.
+    pub drain_timeout: Duration,
     pub source: Arc<dyn SourceFactory>,
     pub processors: Vec<ValidatedProcessor>,
     pub sinks: Vec<ValidatedSink>,
@@ -454,6 +491,15 @@ impl Registry {
             violations.push(Violation::new(
                 "state_dir",
                 "an empty path; name a directory (for example `./flow-state`), or remove the key and pass --state-dir",
+            ));
+        }
+        if spec.shutdown.drain_timeout_ms > MAX_DRAIN_TIMEOUT_MS {
+            violations.push(Violation::new(
+                "shutdown.drain_timeout_ms",
+                format!(
+                    "{} is out of range 0..={MAX_DRAIN_TIMEOUT_MS}",
+                    spec.shutdown.drain_timeout_ms
+                ),
             ));
         }
         let partitions = spec.partitions.clamp(1, MAX_PARTITIONS);
@@ -656,6 +702,7 @@ impl Registry {
                     max_duration: Duration::from_millis(spec.epoch.max_duration_ms),
                 },
                 payloads: spec.outbox.payloads,
+                drain_timeout: Duration::from_millis(spec.shutdown.drain_timeout_ms),
                 source,
                 processors,
                 sinks,

@@ -1116,3 +1116,110 @@ async fn a_renamed_pipeline_or_fewer_partitions_on_a_state_directory_refuses_to_
     assert_eq!(read_lines(&out).len(), delivered);
     store.close().unwrap();
 }
+
+/// A target that answers slowly (`drain` takes a while before delivering what is queued), or,
+/// with `stuck`, not at all (`drain` never ends).
+struct SlowTarget {
+    inner: Box<dyn Sink>,
+    stuck: bool,
+}
+
+#[async_trait]
+impl Sink for SlowTarget {
+    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        self.inner.write_epoch(epoch).await
+    }
+    async fn open(&mut self) -> Result<(), SinkError> {
+        self.inner.open().await
+    }
+    async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
+        self.inner.committed(batches).await
+    }
+    async fn drain(&mut self) -> Result<(), SinkError> {
+        if self.stuck {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        self.inner.drain().await
+    }
+    async fn close(&mut self) -> Result<(), SinkError> {
+        self.inner.close().await
+    }
+}
+
+async fn stop_after(
+    registry: &Registry,
+    yaml: &str,
+    store: &StateStore,
+    after: Duration,
+) -> (RunReport, Duration) {
+    let spec = PipelineSpec::from_yaml(yaml).unwrap();
+    let pipeline = Pipeline::new(registry.build(&spec).unwrap(), store.clone());
+    let control = pipeline.control();
+    let running = tokio::spawn(pipeline.run());
+    tokio::time::sleep(after).await;
+    control.shutdown();
+    let stopped = std::time::Instant::now();
+    let report = running.await.unwrap().unwrap();
+    (report, stopped.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_graceful_stop_delivers_what_is_pending_within_the_drain_time_and_no_longer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut registry = Registry::with_builtins();
+    for (class, stuck) in [("HeldDebugSink", false), ("StuckDebugSink", true)] {
+        register_wrapped_debug_sink(
+            &mut registry,
+            class,
+            Arc::new(move |inner, _ctx| Box::new(SlowTarget { inner, stuck })),
+        );
+    }
+    let yaml = |class: &str, out: &Path, drain_ms: u64| {
+        format!(
+            "pipeline: {PIPELINE}\npartitions: 2\nepoch: {{max_messages: 50, max_duration_ms: 20}}\nshutdown: {{drain_timeout_ms: {drain_ms}}}\nsource: {{class: generator, parameters: {{count: 100000, rate_per_second: 2000}}}}\nsinks:\n  - {{name: out, sink_class_name: {class}, input_stream_ids: [rows], parameters: {{path: \"{}\"}}}}\n",
+            out.display()
+        )
+    };
+
+    // A slow target: the stop waits for it, everything committed is delivered.
+    let out = tmp.path().join("held.jsonl");
+    let store = open_store(&tmp.path().join("held"));
+    let (report, _) = stop_after(
+        &registry,
+        &yaml("HeldDebugSink", &out, 10_000),
+        &store,
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(report.messages() > 0);
+    assert_eq!(read_lines(&out).len() as u64, report.messages());
+    for p in 0..2 {
+        assert!(undelivered_rows(&store, "out", p).is_empty());
+    }
+    store.close().unwrap();
+
+    // A target that stopped answering: the stop ends after the drain time; what was not
+    // delivered stays in the outbox.
+    let out = tmp.path().join("stuck.jsonl");
+    let store = open_store(&tmp.path().join("stuck"));
+    let (report, took) = stop_after(
+        &registry,
+        &yaml("StuckDebugSink", &out, 300),
+        &store,
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(report.messages() > 0);
+    let pending: u64 = (0..2)
+        .map(|p| {
+            undelivered_rows(&store, "out", p)
+                .iter()
+                .map(|(first, last)| last - first + 1)
+                .sum::<u64>()
+        })
+        .sum();
+    assert_eq!(pending + read_lines(&out).len() as u64, report.messages());
+    store.close().unwrap();
+}
