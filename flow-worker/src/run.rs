@@ -32,7 +32,7 @@ pub fn run(
         .thread_name("flow-worker")
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(async move {
+    let outcome = runtime.block_on(async move {
         let dir = state_dir.clone();
         let store = tokio::task::spawn_blocking(move || StateStore::open(&dir))
             .await
@@ -53,7 +53,16 @@ pub fn run(
         snapshots.abort();
         // Once the worker is gone, `status` reads the store itself.
         let _ = std::fs::remove_file(crate::status::snapshot_path(&state_dir));
-        let closed = tokio::task::spawn_blocking(move || store.close()).await;
+        // A committer blocked in the file system (a full disk) must not keep the process alive:
+        // what was committed is durable, so the worker exits after a bounded wait.
+        let closing = tokio::task::spawn_blocking(move || store.close());
+        let closed = match tokio::time::timeout(STORE_CLOSE_TIMEOUT, closing).await {
+            Ok(closed) => closed,
+            Err(_) => {
+                error!(state_dir = %state_dir.display(), "the state store did not close within {} s (its writes are blocked: is the disk full?); exiting anyway, what was committed is durable", STORE_CLOSE_TIMEOUT.as_secs());
+                Ok(Err(flow_state::StateError::Closed))
+            }
+        };
         match result {
             Ok(report) => {
                 info!(
@@ -71,8 +80,14 @@ pub fn run(
             // Each partition's failure was logged when it happened; `main` prints the whole.
             Err(err) => Err(err.into()),
         }
-    })
+    });
+    // Blocking tasks still stuck in the file system are not waited for.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    outcome
 }
+
+/// How long closing the state store may take before the worker exits without it.
+const STORE_CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// SIGINT/SIGTERM: graceful stop (a second one exits at once; the outbox makes that safe).
 /// SIGHUP: reload the spec file and apply changed dynamic parameters.
