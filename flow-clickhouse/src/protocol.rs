@@ -41,6 +41,10 @@ pub fn tls_met_plain_text(err: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// How long [`speaks_tls`] waits for the answer of a port that is up: a TLS server answers a
+/// ClientHello at once.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Whether `host:port` answers a TLS ClientHello with a TLS record (a handshake or an alert):
 /// asked only after a plain HTTP request to it failed, to tell an HTTPS port from a dead one.
 pub async fn speaks_tls(host: &str, port: u16, timeout: Duration) -> bool {

@@ -218,7 +218,8 @@ impl WriterSession {
                             && crate::protocol::speaks_tls(
                                 &endpoint.endpoint.host,
                                 endpoint.endpoint.port,
-                                timeout,
+                                // A port that does not answer at all is not an HTTPS port.
+                                timeout.min(crate::protocol::PROBE_TIMEOUT),
                             )
                             .await =>
                     {
