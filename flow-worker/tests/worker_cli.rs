@@ -406,3 +406,41 @@ fn status_with_a_leftover_snapshot_but_an_openable_store_shows_the_store_and_say
     assert_eq!(position["value"], format!("{:016x}", 100u64), "{summary}");
     assert_eq!(position["text"], serde_json::Value::Null, "{summary}");
 }
+
+#[test]
+fn another_worker_is_blamed_only_when_it_holds_the_state_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("out.jsonl");
+    let state = dir.path().join("state");
+    let spec = write_spec(dir.path(), &generator_spec(&output, 1, 1_000_000, 5_000));
+    let mut first = run_command(&spec, &state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while count_lines(&output) == 0 && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let second = run_command(&spec, &state).output().unwrap();
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    let stderr = String::from_utf8(second.stderr).unwrap();
+    assert!(
+        stderr.contains("is in use by another process (is another worker running on it?)"),
+        "{stderr}"
+    );
+
+    // A state directory that is a plain file: an error, but not another worker's.
+    let file = dir.path().join("not-a-directory");
+    std::fs::write(&file, b"x").unwrap();
+    let refused = run_command(&spec, &file).output().unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8(refused.stderr).unwrap();
+    assert!(
+        stderr.contains("cannot open the state directory"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("another worker"), "{stderr}");
+}

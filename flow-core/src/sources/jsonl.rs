@@ -664,6 +664,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_copy_with_the_same_bytes_under_a_new_inode_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(&path, "{\"id\":1,\"day\":0}\n").unwrap();
+        let factory = factory(path.clone(), OnBadRecord::Stop);
+        let (_, _, first) = read_all(&factory, None).await.unwrap();
+        // An atomic rewrite that kept what was read and appended a line (or a restore).
+        let rewritten = dir.path().join("rewritten.jsonl");
+        std::fs::write(&rewritten, "{\"id\":1,\"day\":0}\n{\"id\":2,\"day\":0}\n").unwrap();
+        std::fs::rename(&rewritten, &path).unwrap();
+        let (batch, _, end) = read_all(&factory, Some(&first.position)).await.unwrap();
+        assert_eq!(batch.ids(), &[MessageId::new(0, 1)]);
+        assert!(end.exhausted);
+    }
+
+    #[tokio::test]
     async fn a_truncated_file_is_refused_with_its_length_and_the_position() {
         let file = write_file("{\"id\":1,\"day\":0}\n{\"id\":2,\"day\":0}\n");
         let factory = factory(file.path().to_path_buf(), OnBadRecord::Stop);
