@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use flow_core::{Pipeline, PipelineControl, PipelineSpec, Registry};
 use flow_state::StateStore;
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 pub fn run(
     registry: &Registry,
