@@ -444,3 +444,34 @@ fn another_worker_is_blamed_only_when_it_holds_the_state_directory() {
     );
     assert!(!stderr.contains("another worker"), "{stderr}");
 }
+
+#[test]
+fn sigterm_logs_what_each_sink_leaves_in_the_outbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("out.jsonl");
+    let state = dir.path().join("state");
+    let spec = write_spec(dir.path(), &generator_spec(&output, 2, 1_000_000, 5_000));
+    let child = run_command(&spec, &state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while count_lines(&output) == 0 && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    send_signal(child.id(), "TERM");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let log = String::from_utf8(out.stderr).unwrap();
+    // The debug sink delivers within the drain time: each partition says so.
+    for partition in 0..2 {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("stopped with nothing left in the outbox")
+                    && l.contains(&format!("partition={partition}"))
+                    && l.contains("sink=out")),
+            "{log}"
+        );
+    }
+}
