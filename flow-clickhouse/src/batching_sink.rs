@@ -157,7 +157,7 @@ impl Sealer for BatchingSink {
     }
 
     async fn seal(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
-        self.exactly_once.check_gave_up()?;
+        self.exactly_once.check_gave_up(self.ctx.partition, None)?;
         let stopping = || EpochOutcome::Veto {
             reason: "the pipeline is stopping before the writer session started".to_owned(),
             retry_after: Duration::ZERO,
@@ -235,7 +235,8 @@ impl BatchDeliverer for ClickHouseDeliverer {
         batch: &SealedBatch,
         stop: &watch::Receiver<bool>,
     ) -> Result<(), SinkError> {
-        self.exactly_once.check_gave_up()?;
+        self.exactly_once
+            .check_gave_up(key.partition, Some(&batch.token))?;
         let Some(session) = self.shared.session(stop).await? else {
             // Stopping: the batch stays in the outbox for the next run.
             return Ok(());

@@ -227,6 +227,14 @@ impl ClassifiedError {
     /// broken connection is retryable; everything else (compression, decompression, data format,
     /// schema mismatch, ...) is unknown.
     pub fn from_clickhouse(err: &clickhouse::error::Error) -> Self {
+        if crate::protocol::tls_met_plain_text(err) {
+            // Retrying cannot help: the configuration must change.
+            return ClassifiedError {
+                class: ErrorClass::Permanent,
+                code: None,
+                message: crate::protocol::TLS_TO_PLAIN.to_owned(),
+            };
+        }
         match err {
             clickhouse::error::Error::Network(_) | clickhouse::error::Error::TimedOut => {
                 ClassifiedError::network(err.to_string())

@@ -31,6 +31,7 @@ mod fingerprint;
 mod guarantee;
 mod insert;
 mod params;
+mod protocol;
 mod rebuild;
 mod routing;
 mod rowbinary;

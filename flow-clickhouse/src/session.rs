@@ -223,7 +223,27 @@ impl WriterSession {
         for shard in &shards {
             let mut shard_first: Option<(String, EndpointMetadata)> = None;
             for endpoint in &shard.endpoints {
-                let meta = probe(endpoint, params, timeout).await?;
+                let meta = match probe(endpoint, params, timeout).await {
+                    Ok(meta) => meta,
+                    // A plain HTTP request that got no answer: an HTTPS port answers TLS.
+                    Err(SessionError::Unreachable { .. })
+                        if sink_params.tls.is_none()
+                            && crate::protocol::speaks_tls(
+                                &endpoint.endpoint.host,
+                                endpoint.endpoint.port,
+                                // A port that does not answer at all is not an HTTPS port.
+                                timeout.min(crate::protocol::PROBE_TIMEOUT),
+                            )
+                            .await =>
+                    {
+                        return Err(refused(format!(
+                            "{}: {}",
+                            endpoint.endpoint,
+                            crate::protocol::PLAIN_TO_TLS
+                        )));
+                    }
+                    Err(err) => return Err(err),
+                };
                 let here = describe(&shard.name, endpoint);
                 capabilities = min_capabilities(capabilities, meta.capabilities);
                 if let Some((there, reference)) = &shard_first {

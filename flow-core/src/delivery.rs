@@ -301,10 +301,14 @@ impl DeliveryQueue {
 
     async fn finish(&mut self) -> Result<(), SinkError> {
         self.tx = None;
-        let Some(task) = self.task.take() else {
+        // The handle stays until the task ended, so a drain given up part-way (a stop's bounded
+        // drain time) leaves `close` a task to stop and wait for.
+        let Some(task) = self.task.as_mut() else {
             return Ok(());
         };
-        match task.await {
+        let joined = task.await;
+        self.task = None;
+        match joined {
             Ok(result) => result,
             Err(err) => {
                 warn!(pipeline = %self.key.pipeline, sink = %self.key.sink, partition = self.key.partition, error = %err, "delivery task panicked");
@@ -517,7 +521,10 @@ impl OutboxDelivery {
                 })
                 .await
         };
+        // Biased: a batch with room is queued even while stopping, so a stop's drain delivers
+        // it; only waiting for room ends with the stop.
         tokio::select! {
+            biased;
             pushed = enqueue => pushed.map(|()| true),
             () = stopping => Ok(false),
         }

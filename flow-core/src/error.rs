@@ -107,6 +107,10 @@ pub enum SourceError {
     /// A record that does not match the declared schema: `file:line: column: what is wrong`.
     #[error("{location}: {what}")]
     BadRecord { location: String, what: String },
+    /// An input file cannot be read as the source needs (not a regular file, or no longer the
+    /// file the committed position was taken in); `what` says why and how to go on.
+    #[error("input file `{path}`: {what}")]
+    InputFile { path: PathBuf, what: String },
     #[error("source position `{position:?}` cannot be decoded: {what}")]
     BadPosition { position: Vec<u8>, what: String },
     #[error(transparent)]
@@ -212,6 +216,9 @@ pub enum RuntimeError {
         #[source]
         source: flow_state::StateError,
     },
+    /// The state directory belongs to another pipeline or partition count.
+    #[error("{0}")]
+    OtherPipeline(#[source] flow_state::StateError),
     #[error("{} partition(s) failed:{}", .0.len(), list(.0))]
     PartitionsFailed(Vec<RuntimeError>),
 }

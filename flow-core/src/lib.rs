@@ -33,6 +33,7 @@ mod replay;
 mod row_json;
 mod runtime;
 mod spec;
+mod spec_text;
 mod types;
 
 pub use capacity::CapacityDecay;
@@ -53,7 +54,8 @@ pub use runtime::{
 };
 pub use spec::{
     is_valid_name, EpochSettings, EpochSpec, OutboxSpec, PayloadPolicy, PipelineSpec,
-    ProcessorSpec, SinkSpec, SourceSpec, ValidatedPipeline, ValidatedProcessor, ValidatedSink,
-    MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
+    ProcessorSpec, ShutdownSpec, SinkSpec, SourceSpec, ValidatedPipeline, ValidatedProcessor,
+    ValidatedSink, MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
 };
+pub use spec_text::MAX_SPEC_NESTING;
 pub use types::{Column, SchemaError, StreamSchema, StreamType};

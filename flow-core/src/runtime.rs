@@ -11,6 +11,7 @@
 //! concurrently and fail alone: a failed partition is reported, the others go on.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use flow_state::{BatchStorage, DeadLetter, EpochCommit, SinkEpochCommit, StateStore};
 use tokio::sync::watch;
@@ -68,6 +69,55 @@ pub struct ReloadOutcome {
     pub reconfigured: Vec<String>,
     /// The static part differs from the running spec; it takes effect only after a restart.
     pub static_changed: bool,
+    /// The spec paths of the static values that differ (`sinks[0].parameters.table`).
+    pub static_changes: Vec<String>,
+}
+
+/// The paths at which two spec values differ, in document order: a whole list or map when its
+/// length or keys changed only at the level they changed.
+fn differing_paths(
+    running: &serde_yaml::Value,
+    new: &serde_yaml::Value,
+    path: &str,
+    out: &mut Vec<String>,
+) {
+    use serde_yaml::Value;
+    if running == new {
+        return;
+    }
+    let join = |key: &str| {
+        if path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match (running, new) {
+        (Value::Mapping(a), Value::Mapping(b)) => {
+            let mut keys: Vec<&Value> = a.keys().collect();
+            keys.extend(b.keys().filter(|k| !a.contains_key(*k)));
+            for key in keys {
+                let name = key
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| format!("{key:?}"));
+                match (a.get(key), b.get(key)) {
+                    (Some(x), Some(y)) => differing_paths(x, y, &join(&name), out),
+                    _ => out.push(join(&name)),
+                }
+            }
+        }
+        (Value::Sequence(a), Value::Sequence(b)) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                differing_paths(x, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => out.push(if path.is_empty() {
+            "(the whole spec)".to_owned()
+        } else {
+            path.to_owned()
+        }),
+    }
 }
 
 impl PipelineControl {
@@ -96,6 +146,17 @@ impl PipelineControl {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         outcome.static_changed = running.static_part() != spec.static_part();
+        if outcome.static_changed {
+            let as_value = |s: &PipelineSpec| {
+                serde_yaml::to_value(s.static_part()).unwrap_or(serde_yaml::Value::Null)
+            };
+            differing_paths(
+                &as_value(&running),
+                &as_value(spec),
+                "",
+                &mut outcome.static_changes,
+            );
+        }
         for sink in &spec.sinks {
             let Some((_, sender)) = self.dynamic.iter().find(|(name, _)| name == &sink.name) else {
                 continue;
@@ -166,8 +227,32 @@ impl Pipeline {
         self.control.clone()
     }
 
+    /// Records this pipeline's name and partition count in the store, or refuses to start on a
+    /// store of another pipeline or partition count (see [`StateStore::claim`]).
+    async fn claim_store(&self) -> Result<(), RuntimeError> {
+        let store = self.store.clone();
+        let name = self.validated.name.clone();
+        let partitions = self.validated.partitions;
+        tokio::task::spawn_blocking(move || store.claim(&name, partitions))
+            .await
+            .map_err(|err| RuntimeError::Task {
+                partition: 0,
+                reason: err.to_string(),
+            })?
+            .map_err(|err| match err {
+                err @ flow_state::StateError::OtherPipeline { .. } => {
+                    RuntimeError::OtherPipeline(err)
+                }
+                source => RuntimeError::OpenState {
+                    dir: self.store.dir().to_path_buf(),
+                    source,
+                },
+            })
+    }
+
     /// Runs every partition to its end. Fails if any partition failed, after the others ended.
     pub async fn run(self) -> Result<RunReport, RuntimeError> {
+        self.claim_store().await?;
         let mut tasks = tokio::task::JoinSet::new();
         // A panicking task returns no value, only its id.
         let mut partition_of_task = std::collections::HashMap::new();
@@ -338,6 +423,12 @@ impl PartitionRunner {
                         });
                     }
                 }
+            }
+            Ok(report) if report.end == PartitionEnd::Stopped => {
+                drain_for(&mut sinks, pipeline.drain_timeout, partition).await;
+                close_all(&mut sinks).await;
+                let names: Vec<String> = sinks.iter().map(|slot| slot.name.clone()).collect();
+                log_outbox(&self.store, &pipeline.name, &names, partition).await;
             }
             _ => close_all(&mut sinks).await,
         }
@@ -561,10 +652,87 @@ impl PartitionRunner {
     }
 }
 
+/// A graceful stop lets the sinks deliver what is pending for at most `limit`; `close` then
+/// stops what is still in flight and the rest stays in the outbox.
+async fn drain_for(sinks: &mut [SinkSlot], limit: Duration, partition: u32) {
+    if limit.is_zero() {
+        return;
+    }
+    let drain = async {
+        for slot in sinks.iter_mut() {
+            if let Err(err) = slot.sink.drain().await {
+                // Not a failure of the stop: what was not delivered stays in the outbox.
+                info!(partition, sink = %slot.name, error = %err, "delivery ended early while stopping");
+            }
+        }
+    };
+    if tokio::time::timeout(limit, drain).await.is_err() {
+        info!(
+            partition,
+            drain_timeout_ms = limit.as_millis() as u64,
+            "the drain time of the stop ran out"
+        );
+    }
+}
+
+/// After a stop: how many batches and rows each sink leaves in the outbox for the next run.
+async fn log_outbox(store: &StateStore, pipeline: &str, sinks: &[String], partition: u32) {
+    for sink in sinks {
+        let key = flow_state::SinkPartition {
+            pipeline: pipeline.to_owned(),
+            sink: sink.clone(),
+            partition,
+        };
+        let reader = store.clone();
+        let pending = tokio::task::spawn_blocking(move || reader.undelivered(&key)).await;
+        match pending {
+            Ok(Ok(batches)) if batches.is_empty() => {
+                info!(partition, sink = %sink, "stopped with nothing left in the outbox");
+            }
+            Ok(Ok(batches)) => {
+                let rows: u64 = batches.iter().map(|b| b.batch.rows).sum();
+                warn!(
+                    partition,
+                    sink = %sink,
+                    batches = batches.len(),
+                    rows,
+                    "stopped with {} batch(es), {rows} row(s) undelivered; they stay in the outbox and the next run delivers them",
+                    batches.len()
+                );
+            }
+            Ok(Err(err)) => {
+                warn!(partition, sink = %sink, error = %err, "cannot count the undelivered batches");
+            }
+            Err(err) => {
+                warn!(partition, sink = %sink, error = %err, "cannot count the undelivered batches");
+            }
+        }
+    }
+}
+
 async fn close_all(sinks: &mut [SinkSlot]) {
     for slot in sinks {
         if let Err(err) = slot.sink.close().await {
             warn!(sink = %slot.name, error = %err, "sink close failed; its undelivered batches stay in the outbox");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_static_change_is_named_by_its_spec_path() {
+        let spec = |table: &str, partitions: u32| {
+            let text = format!(
+                "pipeline: p\npartitions: {partitions}\nsource: {{class: generator, parameters: {{count: 1}}}}\nsinks:\n  - {{name: s, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: {table}, extra: [1, 2]}}}}\n"
+            );
+            serde_yaml::to_value(PipelineSpec::from_yaml(&text).unwrap_or_else(|e| panic!("{e}")))
+                .unwrap_or(serde_yaml::Value::Null)
+        };
+        let mut changes = Vec::new();
+        differing_paths(&spec("a", 1), &spec("b", 2), "", &mut changes);
+        assert_eq!(changes, vec!["partitions", "sinks[0].parameters.path"]);
     }
 }

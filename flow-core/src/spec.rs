@@ -19,6 +19,7 @@ use crate::types::StreamSchema;
 pub const MAX_PARTITIONS: u32 = 1024;
 pub const MAX_EPOCH_MESSAGES: u64 = 10_000_000;
 pub const MAX_EPOCH_DURATION_MS: u64 = 3_600_000;
+pub const MAX_DRAIN_TIMEOUT_MS: u64 = 3_600_000;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +34,8 @@ pub struct PipelineSpec {
     pub epoch: EpochSpec,
     #[serde(default, skip_serializing_if = "OutboxSpec::is_default")]
     pub outbox: OutboxSpec,
+    #[serde(default, skip_serializing_if = "ShutdownSpec::is_default")]
+    pub shutdown: ShutdownSpec,
     pub source: SourceSpec,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processors: Vec<ProcessorSpec>,
@@ -68,6 +71,34 @@ impl Default for EpochSpec {
             max_messages: default_max_messages(),
             max_duration_ms: default_max_duration_ms(),
         }
+    }
+}
+
+/// What a graceful stop (SIGINT/SIGTERM) does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownSpec {
+    /// How long sinks may go on delivering pending batches after a stop was asked for; what is
+    /// still pending then stays in the outbox for the next run (and is logged). 0: stop at once.
+    #[serde(default = "default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+}
+
+fn default_drain_timeout_ms() -> u64 {
+    10_000
+}
+
+impl Default for ShutdownSpec {
+    fn default() -> Self {
+        ShutdownSpec {
+            drain_timeout_ms: default_drain_timeout_ms(),
+        }
+    }
+}
+
+impl ShutdownSpec {
+    fn is_default(&self) -> bool {
+        *self == ShutdownSpec::default()
     }
 }
 
@@ -138,6 +169,7 @@ const TOP_LEVEL_FIELDS: &[&str] = &[
     "state_dir",
     "epoch",
     "outbox",
+    "shutdown",
     "source",
     "processors",
     "sinks",
@@ -147,8 +179,11 @@ impl PipelineSpec {
     /// Parses YAML, reporting every structural mistake (unknown field, wrong type, missing
     /// field) of each section with its path, not just the first one.
     pub fn from_yaml(text: &str) -> Result<PipelineSpec, SpecError> {
+        let text = crate::spec_text::prepare(text).map_err(|violation| SpecError {
+            violations: vec![violation],
+        })?;
         let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|err| SpecError {
-            violations: vec![Violation::new("", format!("not valid YAML: {err}"))],
+            violations: vec![yaml_violation(text, &err)],
         })?;
         let serde_yaml::Value::Mapping(map) = value else {
             return Err(SpecError {
@@ -175,6 +210,7 @@ impl PipelineSpec {
         let state_dir = optional::<PathBuf>(get("state_dir"), "state_dir", &mut violations);
         let epoch = optional::<EpochSpec>(get("epoch"), "epoch", &mut violations);
         let outbox = optional::<OutboxSpec>(get("outbox"), "outbox", &mut violations);
+        let shutdown = optional::<ShutdownSpec>(get("shutdown"), "shutdown", &mut violations);
         let source = required::<SourceSpec>(get("source"), "source", &mut violations);
         let processors = list::<ProcessorSpec>(get("processors"), "processors", &mut violations);
         let sinks = match get("sinks") {
@@ -188,7 +224,7 @@ impl PipelineSpec {
             return Err(SpecError { violations });
         }
         match (
-            pipeline, partitions, state_dir, epoch, outbox, source, processors, sinks,
+            pipeline, partitions, state_dir, epoch, outbox, shutdown, source, processors, sinks,
         ) {
             (
                 Some(pipeline),
@@ -196,6 +232,7 @@ impl PipelineSpec {
                 Some(state_dir),
                 Some(epoch),
                 Some(outbox),
+                Some(shutdown),
                 Some(source),
                 Some(processors),
                 Some(sinks),
@@ -205,6 +242,7 @@ impl PipelineSpec {
                 state_dir,
                 epoch: epoch.unwrap_or_default(),
                 outbox: outbox.unwrap_or_default(),
+                shutdown: shutdown.unwrap_or_default(),
                 source,
                 processors,
                 sinks,
@@ -235,6 +273,43 @@ impl PipelineSpec {
             sink.dynamic_parameters = serde_yaml::Value::Null;
         }
         copy
+    }
+}
+
+/// The violation for text the YAML parser refused. An integer beyond 64 bits is valid YAML that
+/// the parser cannot hold: it is reported as out of range at its key, not as broken YAML.
+fn yaml_violation(text: &str, err: &serde_yaml::Error) -> Violation {
+    let message = err.to_string();
+    const HUGE: &str = "invalid type: integer `";
+    let huge = message
+        .find(HUGE)
+        .and_then(|at| message[at + HUGE.len()..].split_once('`'))
+        .filter(|(_, rest)| rest.starts_with(" as u128") || rest.starts_with(" as i128"))
+        .map(|(number, _)| number.to_owned());
+    let (Some(number), Some(location)) = (huge, err.location()) else {
+        return Violation::new("", format!("not valid YAML: {message}"));
+    };
+    let key = text
+        .lines()
+        .nth(location.line().saturating_sub(1))
+        .and_then(|line| line.split_once(':'))
+        .map(|(key, _)| key.trim().trim_start_matches("- ").to_owned())
+        .filter(|key| is_valid_name(key));
+    let range = match key.as_deref() {
+        Some("partitions") => format!("1..={MAX_PARTITIONS}"),
+        _ => "of any parameter (it does not fit in 64 bits)".to_owned(),
+    };
+    let at = format!("line {} column {}", location.line(), location.column());
+    match key {
+        // A top-level key names its path; a nested one is named by its line.
+        Some(key) if TOP_LEVEL_FIELDS.contains(&key.as_str()) => {
+            Violation::new(key, format!("{number} is out of range {range}"))
+        }
+        Some(key) => Violation::new(
+            "",
+            format!("`{key}` at {at}: {number} is out of range {range}"),
+        ),
+        None => Violation::new("", format!("{at}: {number} is out of range {range}")),
     }
 }
 
@@ -346,6 +421,8 @@ pub struct ValidatedPipeline {
     pub state_dir: Option<PathBuf>,
     pub epoch: EpochSettings,
     pub payloads: PayloadPolicy,
+    /// How long a graceful stop lets sinks deliver what is pending.
+    pub drain_timeout: Duration,
     pub source: Arc<dyn SourceFactory>,
     pub processors: Vec<ValidatedProcessor>,
     pub sinks: Vec<ValidatedSink>,
@@ -403,6 +480,25 @@ impl Registry {
                 format!(
                     "{} is out of range 1..={MAX_EPOCH_DURATION_MS}",
                     spec.epoch.max_duration_ms
+                ),
+            ));
+        }
+        if spec
+            .state_dir
+            .as_ref()
+            .is_some_and(|dir| dir.as_os_str().is_empty())
+        {
+            violations.push(Violation::new(
+                "state_dir",
+                "an empty path; name a directory (for example `./flow-state`), or remove the key and pass --state-dir",
+            ));
+        }
+        if spec.shutdown.drain_timeout_ms > MAX_DRAIN_TIMEOUT_MS {
+            violations.push(Violation::new(
+                "shutdown.drain_timeout_ms",
+                format!(
+                    "{} is out of range 0..={MAX_DRAIN_TIMEOUT_MS}",
+                    spec.shutdown.drain_timeout_ms
                 ),
             ));
         }
@@ -586,7 +682,13 @@ impl Registry {
                     input_stream_ids: s.input_stream_ids.clone(),
                     dynamic_parameters: s.dynamic_parameters.clone(),
                 }),
-                Err(errs) => violations.extend(errs.into_iter().map(|v| v.under(&path))),
+                // An unresolved input is already explained (an unknown stream, or a source that
+                // failed to build); the sink's view of its empty input list would only mislead.
+                Err(errs) => violations.extend(
+                    errs.into_iter()
+                        .filter(|v| resolved || !v.path.starts_with("input_stream_ids"))
+                        .map(|v| v.under(&path)),
+                ),
             }
         }
 
@@ -600,6 +702,7 @@ impl Registry {
                     max_duration: Duration::from_millis(spec.epoch.max_duration_ms),
                 },
                 payloads: spec.outbox.payloads,
+                drain_timeout: Duration::from_millis(spec.shutdown.drain_timeout_ms),
                 source,
                 processors,
                 sinks,
@@ -692,5 +795,95 @@ mod tests {
                 "sinks[1].parameters"
             ]
         );
+    }
+
+    const DEBUG_SINK: &str = "sinks:\n  - {name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {path: x}}\n";
+
+    #[test]
+    fn a_utf8_byte_order_mark_before_the_spec_is_accepted() {
+        let text = format!("\u{feff}pipeline: p\nsource: {{class: generator}}\n{DEBUG_SINK}");
+        let spec = PipelineSpec::from_yaml(&text).unwrap();
+        assert_eq!(spec.pipeline, "p");
+    }
+
+    #[test]
+    fn a_deeply_nested_spec_is_refused_before_parsing_and_fast() {
+        let text = format!(
+            "pipeline: p\nsource: {{class: generator, parameters: {}}}\n{DEBUG_SINK}",
+            "[".repeat(200_000)
+        );
+        let started = std::time::Instant::now();
+        let err = PipelineSpec::from_yaml(&text).unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            err.violations,
+            vec![Violation::new(
+                "",
+                "the spec is nested more than 64 levels deep (line 2); a pipeline spec never needs that many"
+            )]
+        );
+    }
+
+    #[test]
+    fn partitions_beyond_64_bits_are_out_of_range_not_invalid_yaml() {
+        let text = format!(
+            "pipeline: p\npartitions: 1000000000000000000000000000000\nsource: {{class: generator}}\n{DEBUG_SINK}"
+        );
+        let err = PipelineSpec::from_yaml(&text).unwrap_err();
+        assert_eq!(
+            err.violations,
+            vec![Violation::new(
+                "partitions",
+                "1000000000000000000000000000000 is out of range 1..=1024"
+            )]
+        );
+        let nested = format!(
+            "pipeline: p\nsource:\n  class: generator\n  parameters:\n    count: 99999999999999999999999\n{DEBUG_SINK}"
+        );
+        let err = PipelineSpec::from_yaml(&nested).unwrap_err();
+        assert_eq!(
+            err.violations[0].message,
+            "`count` at line 5 column 12: 99999999999999999999999 is out of range of any parameter (it does not fit in 64 bits)"
+        );
+    }
+
+    #[test]
+    fn an_empty_state_dir_is_a_violation() {
+        let text =
+            format!("pipeline: p\nstate_dir: \"\"\nsource: {{class: generator, parameters: {{count: 1}}}}\n{DEBUG_SINK}");
+        let spec = PipelineSpec::from_yaml(&text).unwrap();
+        let err = Registry::with_builtins().build(&spec).err().unwrap();
+        assert_eq!(paths(&err), vec!["state_dir"]);
+        assert!(
+            err.violations[0].message.starts_with("an empty path"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_failed_source_does_not_also_make_the_sinks_input_list_wrong() {
+        let mut registry = Registry::with_builtins();
+        // Like the ClickHouse sinks: exactly one input stream.
+        registry.register_sink(
+            "OneInput",
+            Arc::new(
+                |ctx: &SinkBuildContext<'_>, _: &serde_yaml::Value, _: &serde_yaml::Value| {
+                    Err(vec![Violation::new(
+                        "input_stream_ids",
+                        format!("exactly one stream; {} are listed", ctx.inputs.len()),
+                    )])
+                },
+            ),
+        );
+        let spec = PipelineSpec::from_yaml(
+            "pipeline: p\nsource: {class: generator, parameters: {count: -1}}\nsinks:\n  - {name: out, sink_class_name: OneInput, input_stream_ids: [rows]}\n",
+        )
+        .unwrap();
+        let err = registry.build(&spec).err().unwrap();
+        assert_eq!(paths(&err), vec!["source.parameters.count"]);
     }
 }

@@ -59,7 +59,7 @@ fn open_store(dir: &Path) -> StateStore {
         match StateStore::open(dir) {
             Ok(store) => return store,
             Err(err)
-                if format!("{err:?}").contains("could not acquire lock")
+                if matches!(err, flow_state::StateError::Locked { .. })
                     && started.elapsed() < Duration::from_secs(5) =>
             {
                 std::thread::sleep(Duration::from_millis(20));
@@ -615,6 +615,7 @@ sinks:
         ReloadOutcome {
             reconfigured: vec!["out".to_owned()],
             static_changed: false,
+            static_changes: vec![],
         }
     );
     // Same parameters again: nothing to do.
@@ -629,6 +630,8 @@ sinks:
         ReloadOutcome {
             reconfigured: vec![],
             static_changed: true,
+            // The SIGHUP warning names it.
+            static_changes: vec!["sinks[0].parameters.path".to_owned()],
         }
     );
     let err = control.reload(&registry, &spec(&out, 0)).unwrap_err();
@@ -863,11 +866,14 @@ async fn jsonl_bad_line_becomes_a_source_dead_letter_and_good_lines_are_written(
         .dead_letters(PIPELINE, SOURCE_OWNER, 1)
         .unwrap()
         .is_empty());
-    // Lines are messages 0..3 of partition 0: the position is (bytes of the file, 3 lines).
+    // Lines are messages 0..3 of partition 0: the position starts with (bytes of the file,
+    // 3 lines), then the file's identity (device, inode, hash of the bytes before the offset).
     let len = std::fs::metadata(&files[0]).unwrap().len();
     let mut expected = len.to_be_bytes().to_vec();
     expected.extend_from_slice(&3u64.to_be_bytes());
-    assert_eq!(store.position(PIPELINE, 0).unwrap(), Some(expected));
+    let position = store.position(PIPELINE, 0).unwrap().unwrap();
+    assert_eq!(position.len(), 40);
+    assert_eq!(position[..16], expected[..]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1058,10 +1064,162 @@ sinks:
         )
         .unwrap();
     assert!(outcome.static_changed);
+    assert_eq!(
+        outcome.static_changes,
+        vec!["sinks[1].sink_class_name", "sinks[1].parameters"]
+    );
     assert!(outcome.reconfigured.is_empty(), "{outcome:?}");
     recorder.go.notify_one();
 
     let report = running.await.unwrap().unwrap();
     assert_eq!(report.messages(), 300);
     assert_each_id_once(&out, 300);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_pipeline_or_fewer_partitions_on_a_state_directory_refuses_to_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let store = open_store(&tmp.path().join("state"));
+    let registry = Registry::with_builtins();
+    run_yaml(
+        &registry,
+        &generator_yaml(4, 10, 5, "DebugSink", &out),
+        &store,
+    )
+    .await
+    .unwrap();
+    let delivered = read_lines(&out).len();
+
+    let renamed =
+        generator_yaml(4, 10, 5, "DebugSink", &out).replace("pipeline: rt", "pipeline: rt2");
+    let err = run_yaml(&registry, &renamed, &store).await.unwrap_err();
+    assert!(matches!(err, RuntimeError::OtherPipeline(_)), "{err:?}");
+    assert!(
+        err.to_string().contains("belongs to pipeline `rt` with 4 partition(s), but the spec says pipeline `rt2` with 4 partition(s)"),
+        "{err}"
+    );
+    let fewer = run_yaml(
+        &registry,
+        &generator_yaml(2, 10, 5, "DebugSink", &out),
+        &store,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        fewer
+            .to_string()
+            .contains("but the spec says pipeline `rt` with 2 partition(s)"),
+        "{fewer}"
+    );
+    // Nothing was sent again.
+    assert_eq!(read_lines(&out).len(), delivered);
+    store.close().unwrap();
+}
+
+/// A target that answers slowly (`drain` takes a while before delivering what is queued), or,
+/// with `stuck`, not at all (`drain` never ends).
+struct SlowTarget {
+    inner: Box<dyn Sink>,
+    stuck: bool,
+}
+
+#[async_trait]
+impl Sink for SlowTarget {
+    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        self.inner.write_epoch(epoch).await
+    }
+    async fn open(&mut self) -> Result<(), SinkError> {
+        self.inner.open().await
+    }
+    async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
+        self.inner.committed(batches).await
+    }
+    async fn drain(&mut self) -> Result<(), SinkError> {
+        if self.stuck {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        self.inner.drain().await
+    }
+    async fn close(&mut self) -> Result<(), SinkError> {
+        self.inner.close().await
+    }
+}
+
+async fn stop_after(
+    registry: &Registry,
+    yaml: &str,
+    store: &StateStore,
+    after: Duration,
+) -> (RunReport, Duration) {
+    let spec = PipelineSpec::from_yaml(yaml).unwrap();
+    let pipeline = Pipeline::new(registry.build(&spec).unwrap(), store.clone());
+    let control = pipeline.control();
+    let running = tokio::spawn(pipeline.run());
+    tokio::time::sleep(after).await;
+    control.shutdown();
+    let stopped = std::time::Instant::now();
+    let report = running.await.unwrap().unwrap();
+    (report, stopped.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_graceful_stop_delivers_what_is_pending_within_the_drain_time_and_no_longer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut registry = Registry::with_builtins();
+    for (class, stuck) in [("HeldDebugSink", false), ("StuckDebugSink", true)] {
+        register_wrapped_debug_sink(
+            &mut registry,
+            class,
+            Arc::new(move |inner, _ctx| Box::new(SlowTarget { inner, stuck })),
+        );
+    }
+    let yaml = |class: &str, out: &Path, drain_ms: u64| {
+        format!(
+            "pipeline: {PIPELINE}\npartitions: 2\nepoch: {{max_messages: 50, max_duration_ms: 20}}\nshutdown: {{drain_timeout_ms: {drain_ms}}}\nsource: {{class: generator, parameters: {{count: 100000, rate_per_second: 2000}}}}\nsinks:\n  - {{name: out, sink_class_name: {class}, input_stream_ids: [rows], parameters: {{path: \"{}\"}}}}\n",
+            out.display()
+        )
+    };
+
+    // A slow target: the stop waits for it, everything committed is delivered.
+    let out = tmp.path().join("held.jsonl");
+    let store = open_store(&tmp.path().join("held"));
+    let (report, _) = stop_after(
+        &registry,
+        &yaml("HeldDebugSink", &out, 10_000),
+        &store,
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(report.messages() > 0);
+    assert_eq!(read_lines(&out).len() as u64, report.messages());
+    for p in 0..2 {
+        assert!(undelivered_rows(&store, "out", p).is_empty());
+    }
+    store.close().unwrap();
+
+    // A target that stopped answering: the stop ends after the drain time; what was not
+    // delivered stays in the outbox.
+    let out = tmp.path().join("stuck.jsonl");
+    let store = open_store(&tmp.path().join("stuck"));
+    let (report, took) = stop_after(
+        &registry,
+        &yaml("StuckDebugSink", &out, 300),
+        &store,
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(report.messages() > 0);
+    let pending: u64 = (0..2)
+        .map(|p| {
+            undelivered_rows(&store, "out", p)
+                .iter()
+                .map(|(first, last)| last - first + 1)
+                .sum::<u64>()
+        })
+        .sum();
+    assert_eq!(pending + read_lines(&out).len() as u64, report.messages());
+    store.close().unwrap();
 }

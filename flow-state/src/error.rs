@@ -15,6 +15,18 @@ pub enum StateError {
         #[source]
         source: sled::Error,
     },
+    /// Another process holds the store's lock: a worker runs on this directory.
+    #[error(
+        "the state directory {dir} is in use by another process (is another worker running on it?)"
+    )]
+    Locked { dir: PathBuf },
+    /// The directory belongs to another pipeline, or to this one with another partition count.
+    #[error("the state directory {dir} belongs to {found}, but the spec says {wanted}. Starting would send everything again under a new name, or strand the undelivered batches of dropped partitions. To go on, either restore the pipeline name and partition count in the spec, or deliver what is pending with the old spec (`flow-worker drain`) and start the new spec with a new state directory")]
+    OtherPipeline {
+        dir: PathBuf,
+        found: Box<crate::identity::PipelineIdentity>,
+        wanted: Box<crate::identity::PipelineIdentity>,
+    },
     /// A sled operation (read, transaction, flush, open tree) failed.
     #[error("sled {op} failed for {target}: {source}")]
     Sled {
@@ -115,6 +127,12 @@ impl StateError {
                 what,
                 name: name.clone(),
                 reason,
+            },
+            StateError::Locked { dir } => StateError::Locked { dir: dir.clone() },
+            StateError::OtherPipeline { dir, found, wanted } => StateError::OtherPipeline {
+                dir: dir.clone(),
+                found: found.clone(),
+                wanted: wanted.clone(),
             },
             StateError::Closed => StateError::Closed,
             StateError::CommitterPanicked => StateError::CommitterPanicked,

@@ -30,6 +30,7 @@
 mod codec;
 mod committer;
 mod error;
+mod identity;
 mod segments;
 mod summary;
 mod types;
@@ -42,10 +43,11 @@ use std::thread::JoinHandle;
 
 pub use codec::SOURCE_OWNER;
 pub use error::StateError;
+pub use identity::PipelineIdentity;
 pub use segments::SEGMENT_ROLL_BYTES;
 pub use summary::{
-    BatchBody, BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, PipelineSummary, PositionInfo,
-    SinkPartitionSummary, StateSummary, RECENT_DEAD_LETTERS,
+    BatchBody, BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, PipelineSummary,
+    PositionEncoding, PositionInfo, SinkPartitionSummary, StateSummary, RECENT_DEAD_LETTERS,
 };
 pub use types::{
     BatchStorage, CommitReceipt, DeadLetter, EpochCommit, PayloadRef, SealedBatch, SinkEpochCommit,
@@ -148,9 +150,17 @@ impl StateStore {
             .path(dir)
             .cache_capacity(options.cache_capacity)
             .open()
-            .map_err(|source| StateError::Open {
-                dir: dir.to_path_buf(),
-                source,
+            .map_err(|source| {
+                if is_locked(dir) {
+                    StateError::Locked {
+                        dir: dir.to_path_buf(),
+                    }
+                } else {
+                    StateError::Open {
+                        dir: dir.to_path_buf(),
+                        source,
+                    }
+                }
             })?;
         let trees = Trees::open(db)?;
         let segments = Segments::open(dir, options.fsync, &referenced_segments(&trees)?)?;
@@ -378,6 +388,22 @@ impl StateStore {
             .map_err(|e| StateError::sled("get sink value", show_key(&key), e))
     }
 
+    /// Records that this store belongs to `pipeline` with `partitions` partitions, or refuses
+    /// ([`StateError::OtherPipeline`]) when it belongs to another name or partition count.
+    pub fn claim(&self, pipeline: &str, partitions: u32) -> Result<(), StateError> {
+        check_name("pipeline", pipeline)?;
+        let wanted = PipelineIdentity {
+            pipeline: pipeline.to_owned(),
+            partitions,
+        };
+        identity::claim(&self.inner.trees, &self.inner.dir, &wanted)
+    }
+
+    /// The pipeline this store was claimed by, if any.
+    pub fn identity(&self) -> Result<Option<PipelineIdentity>, StateError> {
+        identity::recorded(&self.inner.trees)
+    }
+
     /// Everything, for `flow-worker status`.
     pub fn summary(&self) -> Result<StateSummary, StateError> {
         summary::build(&self.inner.trees)
@@ -393,6 +419,16 @@ impl StateStore {
     pub fn stats(&self) -> StoreStats {
         self.inner.stats.snapshot()
     }
+}
+
+/// Whether another process holds the lock sled takes on the store's `db` file, probed with a
+/// non-blocking lock of our own (released at once): only then is "another worker" the reason an
+/// open failed.
+pub fn is_locked(dir: &Path) -> bool {
+    let Ok(file) = std::fs::File::open(dir.join("db")) else {
+        return false;
+    };
+    matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock))
 }
 
 fn stored_batch(key: &[u8], value: &[u8]) -> Result<StoredBatch, StateError> {

@@ -28,12 +28,51 @@ pub struct PipelineSummary {
     pub source_dead_letters: Vec<DeadLetterGroupSummary>,
 }
 
+/// A committed source position. Positions are opaque bytes: `value` holds them in the encoding
+/// `encoding` names, text only when they are printable UTF-8, so a binary position never shows up
+/// as garbage text.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PositionInfo {
-    /// The position as text when it is UTF-8.
+    /// The position as text when it is printable UTF-8 (no control characters).
     pub text: Option<String>,
     /// The position bytes in hex.
     pub hex: String,
+    #[serde(default)]
+    pub encoding: PositionEncoding,
+    /// The position in `encoding`.
+    #[serde(default)]
+    pub value: String,
+}
+
+/// How [`PositionInfo::value`] encodes a position.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PositionEncoding {
+    /// Printable UTF-8 text, as is.
+    Utf8,
+    /// Lowercase hex, two digits per byte.
+    #[default]
+    Hex,
+}
+
+impl PositionInfo {
+    pub fn of(bytes: &[u8]) -> PositionInfo {
+        let text = std::str::from_utf8(bytes)
+            .ok()
+            .filter(|t| !t.chars().any(char::is_control))
+            .map(str::to_owned);
+        let hex = hex(bytes);
+        let (encoding, value) = match &text {
+            Some(text) => (PositionEncoding::Utf8, text.clone()),
+            None => (PositionEncoding::Hex, hex.clone()),
+        };
+        PositionInfo {
+            text,
+            hex,
+            encoding,
+            value,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -156,13 +195,7 @@ pub(crate) fn build(trees: &Trees) -> Result<StateSummary, StateError> {
             .entry(pipeline)
             .or_default()
             .positions
-            .insert(
-                partition,
-                PositionInfo {
-                    text: std::str::from_utf8(&v).ok().map(str::to_owned),
-                    hex: hex(&v),
-                },
-            );
+            .insert(partition, PositionInfo::of(&v));
     }
 
     let mut sinks: BTreeMap<(String, String, u32), SinkPartitionSummary> = BTreeMap::new();
@@ -238,4 +271,32 @@ pub(crate) fn build(trees: &Trees) -> Result<StateSummary, StateError> {
     }
     tracing::trace!(pipelines = summary.pipelines.len(), "state summary built");
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_positions_are_hex_and_never_text() {
+        // Valid UTF-8, but control characters: a big-endian word, not text.
+        let word = PositionInfo::of(&16u64.to_be_bytes());
+        assert_eq!(
+            (word.text, word.encoding, word.value.as_str()),
+            (None, PositionEncoding::Hex, "0000000000000010")
+        );
+        let invalid = PositionInfo::of(&[0xff, 0xfe]);
+        assert_eq!(
+            (invalid.encoding, invalid.value.as_str()),
+            (PositionEncoding::Hex, "fffe")
+        );
+        let text = PositionInfo::of(b"pos-2");
+        assert_eq!(
+            (text.text.as_deref(), text.encoding, text.value.as_str()),
+            (Some("pos-2"), PositionEncoding::Utf8, "pos-2")
+        );
+        let json = serde_json::to_value(PositionInfo::of(&[0x00, 0x80])).unwrap_or_default();
+        assert_eq!(json["encoding"], "hex");
+        assert_eq!(json["value"], "0080");
+    }
 }

@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use flow_core::{Pipeline, PipelineControl, PipelineSpec, Registry};
 use flow_state::StateStore;
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 pub fn run(
     registry: &Registry,
@@ -24,22 +24,21 @@ pub fn run(
             spec_path.display()
         ),
     };
+    if state_dir.as_os_str().is_empty() {
+        bail!("--state-dir is an empty path; name a directory");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("flow-worker")
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(async move {
+    let outcome = runtime.block_on(async move {
         let dir = state_dir.clone();
         let store = tokio::task::spawn_blocking(move || StateStore::open(&dir))
             .await
             .context("opening the state store")?
-            .with_context(|| {
-                format!(
-                    "cannot open the state directory `{}` (is another worker running on it?)",
-                    state_dir.display()
-                )
-            })?;
+            // The store's error says whether another worker holds it (and only then).
+            .with_context(|| format!("cannot open the state directory `{}`", state_dir.display()))?;
         let pipeline = Pipeline::new(validated, store.clone());
         let snapshots = tokio::spawn(write_snapshots(store.clone(), state_dir.clone()));
         let control = pipeline.control();
@@ -54,7 +53,16 @@ pub fn run(
         snapshots.abort();
         // Once the worker is gone, `status` reads the store itself.
         let _ = std::fs::remove_file(crate::status::snapshot_path(&state_dir));
-        let closed = tokio::task::spawn_blocking(move || store.close()).await;
+        // A committer blocked in the file system (a full disk) must not keep the process alive:
+        // what was committed is durable, so the worker exits after a bounded wait.
+        let closing = tokio::task::spawn_blocking(move || store.close());
+        let closed = match tokio::time::timeout(STORE_CLOSE_TIMEOUT, closing).await {
+            Ok(closed) => closed,
+            Err(_) => {
+                error!(state_dir = %state_dir.display(), "the state store did not close within {} s (its writes are blocked: is the disk full?); exiting anyway, what was committed is durable", STORE_CLOSE_TIMEOUT.as_secs());
+                Ok(Err(flow_state::StateError::Closed))
+            }
+        };
         match result {
             Ok(report) => {
                 info!(
@@ -72,8 +80,14 @@ pub fn run(
             // Each partition's failure was logged when it happened; `main` prints the whole.
             Err(err) => Err(err.into()),
         }
-    })
+    });
+    // Blocking tasks still stuck in the file system are not waited for.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    outcome
 }
+
+/// How long closing the state store may take before the worker exits without it.
+const STORE_CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// SIGINT/SIGTERM: graceful stop (a second one exits at once; the outbox makes that safe).
 /// SIGHUP: reload the spec file and apply changed dynamic parameters.
@@ -107,7 +121,8 @@ async fn handle_signals(control: PipelineControl, registry: Registry, spec_path:
             Ok(outcome) => {
                 info!(spec = %spec_path.display(), reconfigured = ?outcome.reconfigured, "spec reloaded");
                 if outcome.static_changed {
-                    warn!(spec = %spec_path.display(), "static parameters changed in the spec; they take effect only after a restart of the worker");
+                    let changed = outcome.static_changes.join(", ");
+                    warn!(spec = %spec_path.display(), changed = %changed, "static parameters changed in the spec ({changed}); they take effect only after a restart of the worker");
                 }
             }
             Err(err) => {

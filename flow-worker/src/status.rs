@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use flow_state::{StateStore, StateSummary};
+use flow_state::{StateError, StateStore, StateSummary};
 
 /// The file a running worker refreshes with its state summary (see `run`).
 pub fn snapshot_path(state_dir: &Path) -> PathBuf {
@@ -16,19 +16,46 @@ pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     if !state_dir.join("db").exists() && !state_dir.join("conf").exists() {
         anyhow::bail!("`{}` is not a flow state directory", state_dir.display());
     }
+    let snapshot = snapshot_path(state_dir);
     let summary = match StateStore::open(state_dir) {
         Ok(store) => {
-            let summary = store.summary().context("reading the state store")?;
+            if snapshot.exists() {
+                // We hold the store's lock, so the worker that wrote the snapshot is gone.
+                eprintln!(
+                    "`{}` is left over from a worker that is gone (it did not stop cleanly); showing the state store itself",
+                    snapshot.display()
+                );
+            }
+            let summary = store.summary().with_context(|| {
+                format!(
+                    "reading the state store in `{}` (it may be corrupt)",
+                    state_dir.display()
+                )
+            })?;
             store.close().context("closing the state store")?;
             summary
         }
-        // sled locks the store while a worker runs; that worker keeps a snapshot up to date.
-        Err(open_error) => read_snapshot(state_dir).with_context(|| {
+        // A running worker holds the lock and keeps a snapshot up to date.
+        Err(StateError::Locked { .. }) => read_snapshot(state_dir).with_context(|| {
             format!(
-                "cannot open the state directory `{}` ({open_error}), and no running worker's snapshot is readable there",
+                "a running worker holds `{}`, and its status snapshot is not readable",
                 state_dir.display()
             )
         })?,
+        Err(open_error) => {
+            let stale = if snapshot.exists() {
+                format!(
+                    ". The status snapshot `{}` there is stale: the worker that wrote it is gone, so it is not shown",
+                    snapshot.display()
+                )
+            } else {
+                String::new()
+            };
+            anyhow::bail!(
+                "cannot open the state directory `{}`: {open_error}{stale}",
+                state_dir.display()
+            );
+        }
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&summary)?);

@@ -337,3 +337,141 @@ fn status_while_running_shows_the_running_workers_snapshot() {
         .unwrap();
     assert_eq!(positions.len(), 2, "{summary}");
 }
+
+#[test]
+fn status_on_a_store_that_cannot_be_opened_exits_non_zero_and_calls_a_leftover_snapshot_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = write_spec(
+        dir.path(),
+        &generator_spec(&dir.path().join("out.jsonl"), 1, 100, 0),
+    );
+    let state = dir.path().join("state");
+    let status = run_command(&spec, &state)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // A snapshot left by a worker that was killed, and a store sled cannot open.
+    std::fs::write(state.join("status-snapshot.json"), r#"{"pipelines":{}}"#).unwrap();
+    std::fs::remove_file(state.join("db")).unwrap();
+    std::fs::create_dir(state.join("db")).unwrap();
+    let output = worker()
+        .arg("status")
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("Is a directory") && stderr.contains(&format!(
+            "The status snapshot `{}` there is stale: the worker that wrote it is gone, so it is not shown",
+            state.join("status-snapshot.json").display()
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("another worker"), "{stderr}");
+    assert!(output.stdout.is_empty());
+}
+
+#[test]
+fn status_with_a_leftover_snapshot_but_an_openable_store_shows_the_store_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = write_spec(
+        dir.path(),
+        &generator_spec(&dir.path().join("out.jsonl"), 1, 100, 0),
+    );
+    let state = dir.path().join("state");
+    assert!(run_command(&spec, &state)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success());
+    std::fs::write(state.join("status-snapshot.json"), r#"{"pipelines":{}}"#).unwrap();
+    let output = worker()
+        .args(["status", "--json", "--state-dir"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("is left over from a worker that is gone"),
+        "{stderr}"
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    // The store, not the empty snapshot; a binary position has a defined encoding.
+    let position = &summary["pipelines"]["crashy"]["positions"]["0"];
+    assert_eq!(position["encoding"], "hex", "{summary}");
+    assert_eq!(position["value"], format!("{:016x}", 100u64), "{summary}");
+    assert_eq!(position["text"], serde_json::Value::Null, "{summary}");
+}
+
+#[test]
+fn another_worker_is_blamed_only_when_it_holds_the_state_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("out.jsonl");
+    let state = dir.path().join("state");
+    let spec = write_spec(dir.path(), &generator_spec(&output, 1, 1_000_000, 5_000));
+    let mut first = run_command(&spec, &state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while count_lines(&output) == 0 && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let second = run_command(&spec, &state).output().unwrap();
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    let stderr = String::from_utf8(second.stderr).unwrap();
+    assert!(
+        stderr.contains("is in use by another process (is another worker running on it?)"),
+        "{stderr}"
+    );
+
+    // A state directory that is a plain file: an error, but not another worker's.
+    let file = dir.path().join("not-a-directory");
+    std::fs::write(&file, b"x").unwrap();
+    let refused = run_command(&spec, &file).output().unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8(refused.stderr).unwrap();
+    assert!(
+        stderr.contains("cannot open the state directory"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("another worker"), "{stderr}");
+}
+
+#[test]
+fn sigterm_logs_what_each_sink_leaves_in_the_outbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("out.jsonl");
+    let state = dir.path().join("state");
+    let spec = write_spec(dir.path(), &generator_spec(&output, 2, 1_000_000, 5_000));
+    let child = run_command(&spec, &state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while count_lines(&output) == 0 && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    send_signal(child.id(), "TERM");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let log = String::from_utf8(out.stderr).unwrap();
+    // The debug sink delivers within the drain time: each partition says so.
+    for partition in 0..2 {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("stopped with nothing left in the outbox")
+                    && l.contains(&format!("partition={partition}"))
+                    && l.contains("sink=out")),
+            "{log}"
+        );
+    }
+}

@@ -1,7 +1,10 @@
 //! `jsonl_file`: one partition per file of JSON objects, one per line, checked against a declared
-//! schema. The position is `(byte offset, line number)` of the next line; a message's offset is its
-//! 0-based line number. A bad line stops the partition with `file:line: column: what is wrong`, or is
-//! committed as a dead letter with `on_bad_record: dead_letter`.
+//! schema. The position is `(byte offset, line number)` of the next line, with the file's device,
+//! inode and the hash of the bytes before the offset (see [`super::line_reader`]); a message's
+//! offset is its 0-based line number. A bad line stops the partition with
+//! `file:line: column: what is wrong`, or is committed as a dead letter with
+//! `on_bad_record: dead_letter`. A last line without its newline is not read until the newline
+//! arrives: a finite run that ends on one reports it instead of parsing half a record.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,7 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use flow_state::DeadLetter;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncSeekExt, BufReader};
+use tokio::io::BufReader;
 
 use crate::error::{SourceError, Violation};
 use crate::message::{MessageBatch, MessageId, Value};
@@ -17,6 +20,17 @@ use crate::plugin::{ReadLimits, Source, SourceFactory, SourceOutput, SourceRead}
 use crate::registry::{parse_parameters, BuildResult, SourceBuildContext};
 use crate::spec::is_valid_name;
 use crate::types::{Column, StreamSchema, StreamType};
+
+use super::line_reader::{self, CheckError, LineEnd, Recorded, Tail};
+
+/// The default of `max_record_bytes`: far above any sane JSON record, far below what hurts.
+pub const DEFAULT_MAX_RECORD_BYTES: u64 = 16 * 1024 * 1024;
+/// The largest `max_record_bytes` accepted.
+pub const MAX_RECORD_BYTES_LIMIT: u64 = 1024 * 1024 * 1024;
+/// How long a last line without its newline may stay unchanged before a finite run reports it.
+const INCOMPLETE_LINE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a read waits for an incomplete last line to grow before returning.
+const INCOMPLETE_LINE_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -40,6 +54,14 @@ pub struct JsonlFileParams {
     pub schema: Vec<Column>,
     #[serde(default)]
     pub on_bad_record: OnBadRecord,
+    /// A longer line is a bad record: it stops the partition or is kept as a dead letter of its
+    /// first `max_record_bytes` bytes; no line is held in memory beyond that.
+    #[serde(default = "default_max_record_bytes")]
+    pub max_record_bytes: u64,
+}
+
+fn default_max_record_bytes() -> u64 {
+    DEFAULT_MAX_RECORD_BYTES
 }
 
 fn default_stream_id() -> String {
@@ -61,6 +83,15 @@ pub(crate) fn build(
                 params.files.len(),
                 ctx.partitions,
                 params.files.len().max(1)
+            ),
+        ));
+    }
+    if params.max_record_bytes == 0 || params.max_record_bytes > MAX_RECORD_BYTES_LIMIT {
+        violations.push(Violation::new(
+            "parameters.max_record_bytes",
+            format!(
+                "{} is out of range 1..={MAX_RECORD_BYTES_LIMIT}",
+                params.max_record_bytes
             ),
         ));
     }
@@ -123,27 +154,47 @@ impl SourceFactory for JsonlFileFactory {
                 position: Vec::new(),
                 what: format!("no file is configured for partition {partition}"),
             })?;
-        let [byte_offset, line] = match position {
-            None => [0, 0],
-            Some(bytes) => {
-                super::decode_words::<2>(bytes).ok_or_else(|| SourceError::BadPosition {
-                    position: bytes.to_vec(),
-                    what: "a jsonl_file position is two big-endian u64 (byte offset, line)"
-                        .to_owned(),
-                })?
-            }
+        let (byte_offset, line, recorded) = match position {
+            None => (0, 0, None),
+            Some(bytes) => decode_position(bytes)?,
         };
         Ok(Box::new(JsonlFileSource {
             path,
             partition,
             schema: Arc::clone(&self.schema),
             on_bad_record: self.params.on_bad_record,
+            max_record_bytes: usize::try_from(self.params.max_record_bytes).unwrap_or(usize::MAX),
             reader: None,
             byte_offset,
             line,
+            recorded,
+            identity: (0, 0),
+            tail: Tail::default(),
+            incomplete: None,
             buffer: Vec::new(),
         }))
     }
+}
+
+/// `(byte offset, line)` and, unless the position predates file identities (two words), what it
+/// recorded about the file.
+fn decode_position(bytes: &[u8]) -> Result<(u64, u64, Option<Recorded>), SourceError> {
+    if let Some([offset, line, device, inode, hash]) = super::decode_words::<5>(bytes) {
+        let recorded = Recorded {
+            offset,
+            device,
+            inode,
+            hash,
+        };
+        return Ok((offset, line, Some(recorded)));
+    }
+    // Written before positions carried the file's identity: nothing to check against.
+    super::decode_words::<2>(bytes)
+        .map(|[offset, line]| (offset, line, None))
+        .ok_or_else(|| SourceError::BadPosition {
+            position: bytes.to_vec(),
+            what: "a jsonl_file position is five big-endian u64 (byte offset, line, device, inode, hash of the bytes before the offset)".to_owned(),
+        })
 }
 
 struct JsonlFileSource {
@@ -151,10 +202,19 @@ struct JsonlFileSource {
     partition: u32,
     schema: Arc<StreamSchema>,
     on_bad_record: OnBadRecord,
+    max_record_bytes: usize,
     reader: Option<BufReader<tokio::fs::File>>,
     byte_offset: u64,
     /// 0-based number of the next line.
     line: u64,
+    /// What the position this reader opened at (or last reopened at) says about the file.
+    recorded: Option<Recorded>,
+    /// Device and inode of the open file.
+    identity: (u64, u64),
+    /// The bytes before `byte_offset`, for the position's hash.
+    tail: Tail,
+    /// Since when the file has ended inside the line at `byte_offset`, and how long that line was.
+    incomplete: Option<(tokio::time::Instant, u64)>,
     buffer: Vec<u8>,
 }
 
@@ -168,7 +228,69 @@ impl JsonlFileSource {
     }
 
     fn position(&self) -> Vec<u8> {
-        super::encode_words(&[self.byte_offset, self.line])
+        let (device, inode) = self.identity;
+        super::encode_words(&[self.byte_offset, self.line, device, inode, self.tail.hash()])
+    }
+
+    /// Opens the file at `byte_offset`, checking that it is still the file the position was
+    /// taken in.
+    async fn open(&mut self) -> Result<(), SourceError> {
+        let mut file = tokio::fs::File::open(&self.path)
+            .await
+            .map_err(|e| self.io_error("cannot open input file", e))?;
+        let tail =
+            line_reader::check_and_load(&mut file, &self.path, self.byte_offset, self.recorded)
+                .await
+                .map_err(|err| match err {
+                    CheckError::Io(e) => self.io_error("cannot read input file", e),
+                    CheckError::Changed(what) => SourceError::InputFile {
+                        path: self.path.clone(),
+                        what,
+                    },
+                })?;
+        let metadata = file
+            .metadata()
+            .await
+            .map_err(|e| self.io_error("cannot read input file", e))?;
+        self.identity =
+            line_reader::identity(&metadata).map_err(|what| SourceError::InputFile {
+                path: self.path.clone(),
+                what,
+            })?;
+        self.tail = tail;
+        self.reader = Some(BufReader::new(file));
+        Ok(())
+    }
+
+    /// The file ends inside a line: nothing of it is a record yet. The reader is dropped so the
+    /// line is read again from its start; a line that stays incomplete past the grace period
+    /// ends a finite run with an error instead of being parsed half-written.
+    async fn incomplete_line(&mut self, consumed: u64, appended: bool) -> Result<(), SourceError> {
+        self.reader = None;
+        self.recorded = Some(Recorded {
+            offset: self.byte_offset,
+            device: self.identity.0,
+            inode: self.identity.1,
+            hash: self.tail.hash(),
+        });
+        let now = tokio::time::Instant::now();
+        let since = match self.incomplete {
+            Some((since, len)) if len == consumed => since,
+            _ => now,
+        };
+        self.incomplete = Some((since, consumed));
+        if now.duration_since(since) >= INCOMPLETE_LINE_GRACE {
+            return Err(SourceError::BadRecord {
+                location: format!("{}:{}", self.path.display(), self.line + 1),
+                what: format!(
+                    "the last line is incomplete: {consumed} byte(s) without a newline at the end of the file. A line is read once its newline is written; end it with a newline and run again"
+                ),
+            });
+        }
+        if !appended {
+            tokio::time::sleep(INCOMPLETE_LINE_POLL).await;
+        }
+        Ok(())
     }
 }
 
@@ -180,36 +302,55 @@ impl Source for JsonlFileSource {
         limits: ReadLimits,
     ) -> Result<SourceRead, SourceError> {
         if self.reader.is_none() {
-            let mut file = tokio::fs::File::open(&self.path)
-                .await
-                .map_err(|e| self.io_error("cannot open input file", e))?;
-            file.seek(std::io::SeekFrom::Start(self.byte_offset))
-                .await
-                .map_err(|e| self.io_error("cannot seek in input file", e))?;
-            self.reader = Some(BufReader::new(file));
+            self.open().await?;
         }
         let mut appended = 0usize;
+        let mut handled = 0usize;
         while appended < limits.max_messages {
             let Some(reader) = self.reader.as_mut() else {
                 break;
             };
-            self.buffer.clear();
-            let n = reader.read_until(b'\n', &mut self.buffer).await;
-            let n = n.map_err(|e| self.io_error("cannot read input file", e))?;
-            if n == 0 {
-                return Ok(SourceRead {
-                    position: self.position(),
-                    exhausted: true,
-                });
-            }
+            let end = line_reader::read_line(
+                reader,
+                &mut self.buffer,
+                self.max_record_bytes,
+                &mut self.tail,
+            )
+            .await
+            .map_err(|e| self.io_error("cannot read input file", e))?;
+            let (consumed, truncated) = match end {
+                LineEnd::Eof => {
+                    return Ok(SourceRead {
+                        position: self.position(),
+                        exhausted: true,
+                    });
+                }
+                LineEnd::Incomplete { consumed } => {
+                    self.incomplete_line(consumed, handled > 0).await?;
+                    break;
+                }
+                LineEnd::Complete {
+                    consumed,
+                    truncated,
+                } => (consumed, truncated),
+            };
+            self.incomplete = None;
+            handled += 1;
             let line_index = self.line;
-            let result = parse_line(
-                &self.buffer,
-                &self.schema,
-                out.batch,
-                MessageId::new(self.partition, line_index),
-            );
-            self.byte_offset += n as u64;
+            let result = if truncated {
+                Err(format!(
+                    "the line is {consumed} bytes long, more than max_record_bytes ({})",
+                    self.max_record_bytes
+                ))
+            } else {
+                parse_line(
+                    &self.buffer,
+                    &self.schema,
+                    out.batch,
+                    MessageId::new(self.partition, line_index),
+                )
+            };
+            self.byte_offset += consumed;
             self.line += 1;
             match result {
                 Ok(true) => appended += 1,
@@ -224,6 +365,7 @@ impl Source for JsonlFileSource {
                             partition: self.partition,
                             offset: Some(line_index),
                             reason: format!("{location}: {what}"),
+                            // At most `max_record_bytes`: the buffer holds no more.
                             payload: trim_newline(&self.buffer).to_vec(),
                         }),
                     }
@@ -366,6 +508,7 @@ mod tests {
                 Column::new("day", StreamType::Date),
             ],
             on_bad_record,
+            max_record_bytes: 64,
         };
         let schema = StreamSchema::new(params.schema.clone()).unwrap();
         JsonlFileFactory { params, schema }
@@ -399,7 +542,7 @@ mod tests {
 
     #[tokio::test]
     async fn reads_lines_and_resumes_from_the_committed_position() {
-        let file = write_file("{\"id\":1,\"name\":\"a\",\"day\":\"1970-01-02\"}\n\n{\"id\":2,\"day\":3}\n{\"id\":3,\"day\":0}");
+        let file = write_file("{\"id\":1,\"name\":\"a\",\"day\":\"1970-01-02\"}\n\n{\"id\":2,\"day\":3}\n{\"id\":3,\"day\":0}\n");
         let factory = factory(file.path().to_path_buf(), OnBadRecord::Stop);
         let mut source = factory.open_partition(0, None).unwrap();
         let mut batch = MessageBatch::new(factory.schema());
@@ -478,6 +621,206 @@ mod tests {
         );
         assert!(parse_datetime("2023-11-14 24:00:00").is_err());
         assert!(parse_date("1969-12-31").is_err());
+    }
+
+    async fn read_all(
+        factory: &JsonlFileFactory,
+        position: Option<&[u8]>,
+    ) -> Result<(MessageBatch, Vec<DeadLetter>, SourceRead), SourceError> {
+        let mut source = factory.open_partition(0, position)?;
+        let mut batch = MessageBatch::new(factory.schema());
+        let mut dead = Vec::new();
+        let read = read(&mut source, &mut batch, &mut dead, 100).await?;
+        Ok((batch, dead, read))
+    }
+
+    #[tokio::test]
+    async fn a_file_replaced_between_runs_is_refused_not_read_from_a_stale_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(&path, "{\"id\":1,\"day\":0}\n{\"id\":2,\"day\":0}\n").unwrap();
+        let factory = factory(path.clone(), OnBadRecord::DeadLetter);
+        let (batch, _, first) = read_all(&factory, None).await.unwrap();
+        assert_eq!(batch.len(), 2);
+        // `mv` of a new, longer file over the input.
+        let replacement = dir.path().join("new.jsonl");
+        std::fs::write(
+            &replacement,
+            "{\"id\":7,\"day\":0}\n{\"id\":8,\"day\":0}\n{\"id\":9,\"day\":0}\n",
+        )
+        .unwrap();
+        std::fs::rename(&replacement, &path).unwrap();
+        let err = read_all(&factory, Some(&first.position))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "input file `{}`: the bytes before the committed position (byte 34) are not the ones read before: the file was replaced or rewritten since the last run (a file read by jsonl_file may only be appended to). Restore the file, or start over with a new state directory (everything is then read and sent again)",
+                path.display()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_copy_with_the_same_bytes_under_a_new_inode_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(&path, "{\"id\":1,\"day\":0}\n").unwrap();
+        let factory = factory(path.clone(), OnBadRecord::Stop);
+        let (_, _, first) = read_all(&factory, None).await.unwrap();
+        // An atomic rewrite that kept what was read and appended a line (or a restore).
+        let rewritten = dir.path().join("rewritten.jsonl");
+        std::fs::write(&rewritten, "{\"id\":1,\"day\":0}\n{\"id\":2,\"day\":0}\n").unwrap();
+        std::fs::rename(&rewritten, &path).unwrap();
+        let (batch, _, end) = read_all(&factory, Some(&first.position)).await.unwrap();
+        assert_eq!(batch.ids(), &[MessageId::new(0, 1)]);
+        assert!(end.exhausted);
+    }
+
+    #[tokio::test]
+    async fn a_truncated_file_is_refused_with_its_length_and_the_position() {
+        let file = write_file("{\"id\":1,\"day\":0}\n{\"id\":2,\"day\":0}\n");
+        let factory = factory(file.path().to_path_buf(), OnBadRecord::Stop);
+        let (_, _, first) = read_all(&factory, None).await.unwrap();
+        std::fs::write(file.path(), "{\"id\":1}\n").unwrap();
+        let err = read_all(&factory, Some(&first.position))
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().contains(
+                "9 bytes long, shorter than the committed position (byte 34): it was truncated or replaced"
+            ),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_file_only_appended_to_resumes_and_positions_are_deterministic() {
+        let file = write_file("{\"id\":1,\"day\":0}\n");
+        let factory = factory(file.path().to_path_buf(), OnBadRecord::Stop);
+        let (_, _, first) = read_all(&factory, None).await.unwrap();
+        let (_, _, again) = read_all(&factory, None).await.unwrap();
+        assert_eq!(first.position, again.position);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(file.path())
+            .unwrap()
+            .write_all(b"{\"id\":2,\"day\":0}\n")
+            .unwrap();
+        let (batch, _, end) = read_all(&factory, Some(&first.position)).await.unwrap();
+        assert_eq!(batch.ids(), &[MessageId::new(0, 1)]);
+        assert!(end.exhausted);
+        // Two-word positions (written before file identities) are still accepted.
+        let legacy = super::super::encode_words(&[17, 1]);
+        let (batch, _, _) = read_all(&factory, Some(&legacy)).await.unwrap();
+        assert_eq!(batch.ids(), &[MessageId::new(0, 1)]);
+    }
+
+    #[tokio::test]
+    async fn an_incomplete_last_line_is_not_a_record_and_is_read_once_its_newline_arrives() {
+        let file = write_file("{\"id\":1,\"day\":0}\n{\"id\":2,");
+        let factory = factory(file.path().to_path_buf(), OnBadRecord::DeadLetter);
+        let mut source = factory.open_partition(0, None).unwrap();
+        let mut batch = MessageBatch::new(factory.schema());
+        let mut dead = Vec::new();
+        let first = read(&mut source, &mut batch, &mut dead, 10).await.unwrap();
+        assert!(!first.exhausted);
+        assert_eq!(batch.ids(), &[MessageId::new(0, 0)]);
+        assert!(dead.is_empty());
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(file.path())
+            .unwrap()
+            .write_all(b"\"day\":0}\n")
+            .unwrap();
+        let end = read(&mut source, &mut batch, &mut dead, 10).await.unwrap();
+        assert!(end.exhausted);
+        assert_eq!(batch.ids(), &[MessageId::new(0, 0), MessageId::new(0, 1)]);
+        assert!(dead.is_empty(), "{dead:?}");
+        // The position after the completed line is the one a fresh read of the whole file gives.
+        let (_, _, fresh) = read_all(&factory, None).await.unwrap();
+        assert_eq!(end.position, fresh.position);
+    }
+
+    #[tokio::test]
+    async fn an_incomplete_last_line_that_stays_so_is_reported_with_file_and_line() {
+        let file = write_file("{\"id\":1,\"day\":0}\n{\"id\":2,");
+        let factory = factory(file.path().to_path_buf(), OnBadRecord::DeadLetter);
+        let mut source = factory.open_partition(0, None).unwrap();
+        let mut batch = MessageBatch::new(factory.schema());
+        let mut dead = Vec::new();
+        let started = std::time::Instant::now();
+        let err = loop {
+            match read(&mut source, &mut batch, &mut dead, 10).await {
+                Ok(read) => assert!(!read.exhausted),
+                Err(err) => break err,
+            }
+            assert!(started.elapsed() < Duration::from_secs(10));
+        };
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}:2: the last line is incomplete: 8 byte(s) without a newline at the end of the file. A line is read once its newline is written; end it with a newline and run again",
+                file.path().display()
+            )
+        );
+        assert!(dead.is_empty());
+        assert_eq!(batch.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_line_over_max_record_bytes_is_refused_and_its_dead_letter_is_bounded() {
+        let long = format!(
+            "{{\"id\":1,\"day\":0,\"name\":\"{}\"}}\n",
+            "x".repeat(10_000)
+        );
+        let file = write_file(&format!("{long}{{\"id\":2,\"day\":0}}\n"));
+        let stop = factory(file.path().to_path_buf(), OnBadRecord::Stop);
+        let err = read_all(&stop, None).await.err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}:1: the line is 10027 bytes long, more than max_record_bytes (64)",
+                file.path().display()
+            )
+        );
+        let dead_letter = factory(file.path().to_path_buf(), OnBadRecord::DeadLetter);
+        let (batch, dead, end) = read_all(&dead_letter, None).await.unwrap();
+        assert!(end.exhausted);
+        assert_eq!(batch.ids(), &[MessageId::new(0, 1)]);
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].payload, long.as_bytes()[..64].to_vec());
+    }
+
+    #[tokio::test]
+    async fn a_device_that_is_not_a_regular_file_is_refused() {
+        let factory = factory(PathBuf::from("/dev/zero"), OnBadRecord::DeadLetter);
+        let err = read_all(&factory, None).await.err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "input file `/dev/zero`: not a regular file: jsonl_file resumes at a byte offset, so it reads regular files only (copy the data into a file)"
+        );
+    }
+
+    #[test]
+    fn max_record_bytes_has_a_default_and_a_range() {
+        let ctx = SourceBuildContext {
+            pipeline: "p",
+            partitions: 1,
+        };
+        let params: serde_yaml::Value =
+            serde_yaml::from_str("{files: [a.jsonl], schema: [{name: id, type: uint64}]}").unwrap();
+        assert!(build(&ctx, &params).is_ok());
+        let params: serde_yaml::Value = serde_yaml::from_str(
+            "{files: [a.jsonl], schema: [{name: id, type: uint64}], max_record_bytes: 0}",
+        )
+        .unwrap();
+        let err = build(&ctx, &params).err().unwrap();
+        assert_eq!(err[0].path, "parameters.max_record_bytes");
+        assert_eq!(err[0].message, "0 is out of range 1..=1073741824");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 pub mod generator;
 pub mod jsonl;
+mod line_reader;
 
 pub use generator::{GeneratorParams, GeneratorSource};
 pub use jsonl::{JsonlFileParams, OnBadRecord};

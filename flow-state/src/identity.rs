@@ -1,0 +1,125 @@
+//! Which pipeline a state directory belongs to. The store records the pipeline's name and
+//! partition count on first use and refuses a different one: a renamed pipeline would send
+//! everything again under its new name, and fewer partitions would strand the committed but
+//! undelivered batches of the partitions dropped.
+
+use std::collections::BTreeSet;
+
+use crate::codec;
+use crate::committer::Trees;
+use crate::error::StateError;
+
+/// Key of the record in sled's default tree: `partitions (be32) ++ pipeline name`.
+const IDENTITY_KEY: &[u8] = b"flow/pipeline-identity";
+
+/// The pipeline a state directory belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PipelineIdentity {
+    pub pipeline: String,
+    pub partitions: u32,
+}
+
+impl std::fmt::Display for PipelineIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pipeline `{}` with {} partition(s)",
+            self.pipeline, self.partitions
+        )
+    }
+}
+
+/// The recorded identity, if any.
+pub(crate) fn recorded(trees: &Trees) -> Result<Option<PipelineIdentity>, StateError> {
+    let value = trees
+        .db
+        .get(IDENTITY_KEY)
+        .map_err(|e| StateError::sled("get", "pipeline identity", e))?;
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let decoded = value
+        .get(..4)
+        .zip(value.get(4..))
+        .and_then(|(count, name)| {
+            let partitions = u32::from_be_bytes(count.try_into().ok()?);
+            let pipeline = std::str::from_utf8(name).ok()?.to_owned();
+            Some(PipelineIdentity {
+                pipeline,
+                partitions,
+            })
+        });
+    decoded.map(Some).ok_or_else(|| StateError::Decode {
+        what: "pipeline identity",
+        key: String::from_utf8_lossy(IDENTITY_KEY).into_owned(),
+        detail: format!(
+            "{} bytes, expected a partition count and a name",
+            value.len()
+        ),
+    })
+}
+
+/// What a store written before identities were recorded says about itself: the pipelines with a
+/// committed position or a sink queue, and the highest partition among them.
+fn inferred(trees: &Trees) -> Result<(BTreeSet<String>, Option<u32>), StateError> {
+    let mut names = BTreeSet::new();
+    let mut highest: Option<u32> = None;
+    for item in trees.positions.iter() {
+        let (k, _) = item.map_err(|e| StateError::sled("scan", "positions", e))?;
+        let (pipeline, partition) = codec::parse_position_key(&k)?;
+        names.insert(pipeline);
+        highest = highest.max(Some(partition));
+    }
+    for item in trees.batch_seq.iter() {
+        let (k, _) = item.map_err(|e| StateError::sled("scan", "batch_seq", e))?;
+        let (pipeline, _, partition) = codec::parse_queue_key("queue key", &k)?;
+        names.insert(pipeline);
+        highest = highest.max(Some(partition));
+    }
+    Ok((names, highest))
+}
+
+/// Records `wanted` on first use, or checks it against what was recorded (or, for an older
+/// store, what its keys show).
+pub(crate) fn claim(
+    trees: &Trees,
+    dir: &std::path::Path,
+    wanted: &PipelineIdentity,
+) -> Result<(), StateError> {
+    let mismatch = |found: PipelineIdentity| StateError::OtherPipeline {
+        dir: dir.to_path_buf(),
+        found: Box::new(found),
+        wanted: Box::new(wanted.clone()),
+    };
+    if let Some(found) = recorded(trees)? {
+        return if &found == wanted {
+            Ok(())
+        } else {
+            Err(mismatch(found))
+        };
+    }
+    let (names, highest) = inferred(trees)?;
+    if let Some(other) = names.iter().find(|name| **name != wanted.pipeline) {
+        return Err(mismatch(PipelineIdentity {
+            pipeline: other.clone(),
+            partitions: highest.map_or(0, |p| p.saturating_add(1)),
+        }));
+    }
+    if let Some(highest) = highest.filter(|&p| p >= wanted.partitions) {
+        return Err(mismatch(PipelineIdentity {
+            pipeline: wanted.pipeline.clone(),
+            partitions: highest.saturating_add(1),
+        }));
+    }
+    let mut value = wanted.partitions.to_be_bytes().to_vec();
+    value.extend_from_slice(wanted.pipeline.as_bytes());
+    trees
+        .db
+        .insert(IDENTITY_KEY, value)
+        .map_err(|e| StateError::sled("insert", "pipeline identity", e))?;
+    trees
+        .db
+        .flush()
+        .map_err(|e| StateError::sled("flush", "pipeline identity", e))?;
+    Ok(())
+}
