@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The local cluster: one ZooKeeper and four ClickHouse 18.16 servers (two shards of two replicas).
+# The local cluster: one ZooKeeper, four ClickHouse 18.16 servers (two shards of two replicas) and one
+# NATS server with JetStream.
 #
 #   scripts/cluster.sh up            start every node that is not running (keeps data), wait, print endpoints
 #   scripts/cluster.sh down          stop every node (TERM, then KILL after a timeout); keeps data
 #   scripts/cluster.sh status        one line per node: running/stopped, pid, ports
-#   scripts/cluster.sh start NODE    start one node (zk, a1, a2, b1, b2) and wait until it answers
+#   scripts/cluster.sh start NODE    start one node (zk, a1, a2, b1, b2, nats) and wait until it answers
 #   scripts/cluster.sh stop NODE     stop one node gracefully (TERM, then KILL); keeps data
 #   scripts/cluster.sh kill NODE     SIGKILL one node (crash simulation); keeps data
 #   scripts/cluster.sh endpoints     print the endpoints
@@ -18,6 +19,7 @@
 #   a2  http 18124  native 19001  interserver 19010  https 18444   shard a
 #   b1  http 18125  native 19002  interserver 19011  https 18445   shard b
 #   b2  http 18126  native 19003  interserver 19012  https 18446   shard b
+#   nats  client 14222  monitoring 18222   JetStream store under $FLOW_CLUSTER_DIR/nats/jetstream
 # Users: `default` (no password) and `flow_secret` (password `flow-pass`).
 # remote_servers cluster `flow`: shard a = a1,a2; shard b = b1,b2 (internal_replication true).
 # TLS: self-signed certificate for 127.0.0.1/localhost at $FLOW_CLUSTER_DIR/tls/ca.crt.
@@ -33,8 +35,10 @@ START_TIMEOUT="${FLOW_CLUSTER_TIMEOUT:-90}"
 STOP_TIMEOUT="${FLOW_CLUSTER_STOP_TIMEOUT:-30}"
 HOST=127.0.0.1
 ZK_PORT=12181
+NATS_PORT=14222
+NATS_MONITOR_PORT=18222
 CH_NODES=(a1 a2 b1 b2)
-ALL_NODES=(zk a1 a2 b1 b2)
+ALL_NODES=(zk a1 a2 b1 b2 nats)
 
 node_index() {
     case "$1" in
@@ -53,19 +57,27 @@ shard_of() { echo "${1:0:1}"; }
 
 valid_node() {
     case "$1" in
-        zk | a1 | a2 | b1 | b2) return 0 ;;
+        zk | a1 | a2 | b1 | b2 | nats) return 0 ;;
         *) return 1 ;;
     esac
 }
 
 node_dir() { echo "$BASE/$1"; }
 node_log() {
-    if [ "$1" = zk ]; then echo "$BASE/zk/zookeeper.log"; else echo "$BASE/$1/log/clickhouse-server.log"; fi
+    case "$1" in
+        zk) echo "$BASE/zk/zookeeper.log" ;;
+        nats) echo "$BASE/nats/nats-server.log" ;;
+        *) echo "$BASE/$1/log/clickhouse-server.log" ;;
+    esac
 }
 
 # The node's config file; its path on a command line identifies the node's server process.
 node_config() {
-    if [ "$1" = zk ]; then echo "$(node_dir zk)/zoo.cfg"; else echo "$(node_dir "$1")/config.xml"; fi
+    case "$1" in
+        zk) echo "$(node_dir zk)/zoo.cfg" ;;
+        nats) echo "$(node_dir nats)/nats.conf" ;;
+        *) echo "$(node_dir "$1")/config.xml" ;;
+    esac
 }
 
 # The pid of the node's server if it is running, else nothing (and status 1).
@@ -288,6 +300,27 @@ zk_ok() {
     grep -q '^Mode: ' <<<"$answer"
 }
 
+# NATS answers its monitoring endpoint once it serves clients; `jetstream` must be enabled.
+nats_ok() {
+    curl -sS --max-time 3 "http://$HOST:$NATS_MONITOR_PORT/jsz" 2>/dev/null | grep -q '"config"'
+}
+
+write_nats_config() {
+    local dir
+    dir="$(node_dir nats)"
+    mkdir -p "$dir/jetstream"
+    cat >"$dir/nats.conf" <<CONF
+listen: $HOST:$NATS_PORT
+http: $HOST:$NATS_MONITOR_PORT
+server_name: flow-nats
+jetstream {
+    store_dir: "$dir/jetstream"
+    max_memory_store: 256MB
+    max_file_store: 8GB
+}
+CONF
+}
+
 ch_query() { # ch_query NODE SQL
     curl -sS --max-time 5 --data-binary "$2" "http://$HOST:$(http_port "$1")/" 2>/dev/null
 }
@@ -308,11 +341,19 @@ ch_zk_ok() {
 }
 
 node_ok() {
-    if [ "$1" = zk ]; then zk_ok; else ch_ok "$1"; fi
+    case "$1" in
+        zk) zk_ok ;;
+        nats) nats_ok ;;
+        *) ch_ok "$1" ;;
+    esac
 }
 
 node_port() {
-    if [ "$1" = zk ]; then echo "$ZK_PORT"; else http_port "$1"; fi
+    case "$1" in
+        zk) echo "$ZK_PORT" ;;
+        nats) echo "$NATS_PORT" ;;
+        *) http_port "$1" ;;
+    esac
 }
 
 # ---------------------------------------------------------------------------------------------------
@@ -336,6 +377,12 @@ launch() { # launch NODE: start the node's server detached, write its pid file
             -Dzookeeper.log.dir="$dir" -Dlog4j.configuration="file:$dir/log4j.properties" \
             -cp "$cp" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" \
             </dev/null >>"$dir/zookeeper.log" 2>&1 &
+    elif [ "$node" = nats ]; then
+        write_nats_config
+        # shellcheck disable=SC2016
+        setsid nohup bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" \
+            "$(command -v nats-server || echo /usr/sbin/nats-server)" --config "$dir/nats.conf" \
+            </dev/null >>"$dir/nats-server.log" 2>&1 &
     else
         ensure_tls
         write_ch_config "$node"
@@ -379,7 +426,7 @@ wait_node() { # wait_node NODE [with-zk]: wait until the node answers (and, for 
             # ClickHouse 18.16 exits when ZooKeeper drops its first handshake while it loads replicated
             # tables (ZooKeeper restarting, or its sessions from a kill still expiring). A second and
             # third launch succeed once ZooKeeper serves; a real configuration error fails all three.
-            if [ "$node" != zk ] && [ "$launches" -lt 3 ] && zk_ok; then
+            if [ "$node" != zk ] && [ "$node" != nats ] && [ "$launches" -lt 3 ] && zk_ok; then
                 launches=$((launches + 1))
                 flow_log "node $node exited during start-up; launching it again (launch $launches of 3)"
                 sleep 1
@@ -388,11 +435,11 @@ wait_node() { # wait_node NODE [with-zk]: wait until the node answers (and, for 
             fi
             flow_log "node $node exited during start-up; last lines of its logs:"
             tail -n 20 "$(node_log "$node")" >&2 2>/dev/null || true
-            [ "$node" = zk ] || tail -n 20 "$(node_dir "$node")/log/stdout.log" >&2 2>/dev/null || true
+            case "$node" in zk | nats) ;; *) tail -n 20 "$(node_dir "$node")/log/stdout.log" >&2 2>/dev/null || true ;; esac
             flow_die "node $node failed to start; see $(node_log "$node")"
         fi
         if node_ok "$node"; then
-            if [ "$node" = zk ] || [ -z "$with_zk" ] || ch_zk_ok "$node"; then
+            if [ "$node" = zk ] || [ "$node" = nats ] || [ -z "$with_zk" ] || ch_zk_ok "$node"; then
                 return 0
             fi
         fi
@@ -434,8 +481,9 @@ print_endpoints() {
     done
     echo "  users: default (no password), flow_secret / flow-pass"
     echo "  cluster 'flow' (remote_servers): shard a = a1,a2; shard b = b1,b2"
+    echo "  nats  nats://127.0.0.1:$NATS_PORT (JetStream)  monitoring http://127.0.0.1:$NATS_MONITOR_PORT"
     echo "  TLS CA certificate: $BASE/tls/ca.crt"
-    echo "  logs: $BASE/<node>/log/clickhouse-server.log, $BASE/zk/zookeeper.log"
+    echo "  logs: $BASE/<node>/log/clickhouse-server.log, $BASE/zk/zookeeper.log, $BASE/nats/nats-server.log"
 }
 
 # ---------------------------------------------------------------------------------------------------
@@ -471,9 +519,11 @@ cmd_up() {
     for node in "${CH_NODES[@]}"; do
         start_node "$node"
     done
+    start_node nats
     for node in "${CH_NODES[@]}"; do
         wait_node "$node" with-zk
     done
+    wait_node nats
     wait_replicas_writable
     print_endpoints
 }
@@ -484,6 +534,7 @@ cmd_down() {
     for node in b2 b1 a2 a1; do
         stop_node "$node" &
     done
+    stop_node nats &
     wait
     stop_node zk
     flow_log "cluster stopped (data kept in $BASE)"
@@ -500,10 +551,12 @@ cmd_status() {
         fi
         if [ "$node" = zk ]; then
             ports="client $ZK_PORT"
+        elif [ "$node" = nats ]; then
+            ports="client $NATS_PORT monitoring $NATS_MONITOR_PORT"
         else
             ports="http $(http_port "$node") native $(tcp_port "$node") https $(https_port "$node")"
         fi
-        printf '%-3s %-24s pid %-8s %s\n' "$node" "$state" "$pid" "$ports"
+        printf '%-4s %-24s pid %-8s %s\n' "$node" "$state" "$pid" "$ports"
     done
 }
 
@@ -515,7 +568,7 @@ cmd_start() {
     wait_node "$node"
     # After a kill -9, the old ZooKeeper session (and its replica `is_active` nodes) lives until it
     # times out; the replicas are read-only until then. Wait for that unless ZooKeeper is down.
-    if [ "$node" != zk ] && zk_ok; then
+    if [ "$node" != zk ] && [ "$node" != nats ] && zk_ok; then
         wait_node "$node" with-zk
         wait_replicas_writable "$node"
     fi
@@ -538,7 +591,7 @@ main() {
         endpoints) print_endpoints ;;
         start | stop | kill)
             if [ $# -ne 1 ] || ! valid_node "$1"; then
-                flow_die "usage: $0 $cmd zk|a1|a2|b1|b2"
+                flow_die "usage: $0 $cmd zk|a1|a2|b1|b2|nats"
             fi
             case "$cmd" in
                 start) cmd_start "$1" ;;

@@ -38,12 +38,13 @@ flow_ensure_packages() {
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
-# The packages the local cluster needs (ClickHouse 18.16, ZooKeeper 3.8 + Java, curl, openssl).
+# The packages the local cluster needs (ClickHouse 18.16, ZooKeeper 3.8 + Java, NATS, curl, openssl).
 flow_ensure_cluster_packages() {
     local need=()
     command -v clickhouse-server >/dev/null 2>&1 || need+=(clickhouse-server)
     command -v clickhouse-client >/dev/null 2>&1 || need+=(clickhouse-client)
     { [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; } || need+=(zookeeper)
+    command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need+=(nats-server)
     command -v curl >/dev/null 2>&1 || need+=(curl)
     command -v openssl >/dev/null 2>&1 || need+=(openssl)
     [ -d /etc/ssl/certs ] && [ -n "$(ls -A /etc/ssl/certs 2>/dev/null)" ] || need+=(ca-certificates)
