@@ -13,9 +13,11 @@ mod status;
 
 pub use cli::main;
 
-/// Every plugin class the worker knows: flow-core's built-ins and the ClickHouse sinks.
+/// Every plugin class the worker knows: flow-core's built-ins, the broker sources and the
+/// ClickHouse sinks.
 pub fn registry() -> flow_core::Registry {
     let mut registry = flow_core::Registry::with_builtins();
+    flow_brokers::register(&mut registry);
     flow_clickhouse::register(&mut registry);
     registry
 }

@@ -388,7 +388,7 @@ fn trim_newline(line: &[u8]) -> &[u8] {
 }
 
 /// Appends the line's message; `Ok(false)` for a blank line. The error says what is wrong.
-fn parse_line(
+pub(super) fn parse_line(
     raw: &[u8],
     schema: &StreamSchema,
     batch: &mut MessageBatch,

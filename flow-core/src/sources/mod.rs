@@ -1,9 +1,13 @@
 //! Built-in sources.
 
+pub mod broker;
 pub mod generator;
 pub mod jsonl;
 mod line_reader;
 
+pub use broker::{
+    decode_broker_position, encode_broker_position, BrokerDecoder, BrokerFormat, BrokerRecord,
+};
 pub use generator::{GeneratorParams, GeneratorSource};
 pub use jsonl::{JsonlFileParams, OnBadRecord};
 

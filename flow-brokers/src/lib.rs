@@ -1,0 +1,88 @@
+//! flow-brokers: sources that read a message broker from the positions flow commits.
+//!
+//! Each source is replayable: its position is the broker's own (a JetStream stream sequence),
+//! committed in flow's outbox together with the epoch's sealed batches, and never acknowledged to
+//! the broker as the source of truth. A restart, or the rebuild of a pending batch, re-reads the
+//! broker from there; rows are decoded by flow-core's broker formats
+//! ([`flow_core::sources::BrokerFormat`]).
+//!
+//! - [`nats_jetstream`](NatsJetStreamParams): one subject of a JetStream stream per partition.
+
+mod nats_auth;
+mod nats_jetstream;
+
+use std::path::PathBuf;
+
+use flow_core::{Registry, SourceError};
+
+pub use nats_auth::NatsAuth;
+pub use nats_jetstream::NatsJetStreamParams;
+
+/// Registers the broker sources (`nats_jetstream`) into `registry`.
+pub fn register(registry: &mut Registry) {
+    registry.register_source("nats_jetstream", std::sync::Arc::new(nats_jetstream::build));
+}
+
+/// Why a broker source could not read.
+#[derive(Debug, thiserror::Error)]
+pub enum NatsSourceError {
+    #[error("cannot connect to NATS at {servers}: {source}")]
+    Connect {
+        servers: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error("cannot load the NATS credentials file `{path}`: {source}")]
+    Credentials {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("JetStream stream `{stream}` is not available: {source}")]
+    Stream {
+        stream: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("JetStream {what} failed: {source}")]
+    Request {
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("a JetStream pull did not end within 5 s of its expiry")]
+    PullOverran,
+    /// Retention removed messages the partition had not read yet.
+    #[error("stream `{stream}` no longer holds sequences {}..={}: its retention removed them before partition {partition} read them (committed position {position}); any message of subject `{subject}` among them is lost. Raise the stream's retention (max_age, max_msgs, max_bytes) above the worker's downtime; to go on without them, start with a new state directory or drain this one first", position + 1, first_sequence - 1)]
+    Gap {
+        stream: String,
+        subject: String,
+        partition: u32,
+        position: u64,
+        first_sequence: u64,
+    },
+    /// The stream ends below the committed position: it was deleted and created again.
+    #[error("stream `{stream}` ends at sequence {last_sequence}, below partition {partition}'s committed position {position}: the stream was deleted and created again, so its sequences no longer name the messages flow committed. Use a new state directory for the new stream")]
+    StreamReset {
+        stream: String,
+        partition: u32,
+        position: u64,
+        last_sequence: u64,
+    },
+    /// A message that does not fit the declared schema, under `on_bad_record: stop`.
+    #[error(transparent)]
+    Record(Box<SourceError>),
+}
+
+impl NatsSourceError {
+    /// Waiting cannot cure these: the partition stops.
+    fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            NatsSourceError::Gap { .. }
+                | NatsSourceError::StreamReset { .. }
+                | NatsSourceError::Credentials { .. }
+                | NatsSourceError::Record(_)
+        )
+    }
+}
