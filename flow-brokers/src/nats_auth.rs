@@ -12,9 +12,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::NatsSourceError;
 
-/// One way to authenticate (`auth:` in the source's parameters).
+/// One way to authenticate (`auth:` in the source's parameters), written as a map with exactly
+/// one of the keys below (serde_yaml 0.9 reads enums only from `!tag` values, which a spec
+/// author should not need to know).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", try_from = "AuthForms")]
 pub enum NatsAuth {
     /// `{user_password: {user: NAME, password_env_var: VAR}}`
     UserPassword {
@@ -27,6 +29,67 @@ pub enum NatsAuth {
     NkeySeedFile(PathBuf),
     /// `{credentials_file: PATH}`: a `.creds` file (JWT and nkey seed).
     CredentialsFile(PathBuf),
+}
+
+/// The `auth:` map as written: every form optional, exactly one required.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuthForms {
+    user_password: Option<UserPassword>,
+    token: Option<TokenAuth>,
+    nkey_seed_file: Option<PathBuf>,
+    credentials_file: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UserPassword {
+    user: String,
+    password_env_var: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenAuth {
+    env_var: String,
+}
+
+impl TryFrom<AuthForms> for NatsAuth {
+    type Error = String;
+
+    fn try_from(forms: AuthForms) -> Result<NatsAuth, String> {
+        let mut chosen = Vec::new();
+        if let Some(UserPassword {
+            user,
+            password_env_var,
+        }) = forms.user_password
+        {
+            chosen.push(NatsAuth::UserPassword {
+                user,
+                password_env_var,
+            });
+        }
+        if let Some(TokenAuth { env_var }) = forms.token {
+            chosen.push(NatsAuth::Token { env_var });
+        }
+        if let Some(path) = forms.nkey_seed_file {
+            chosen.push(NatsAuth::NkeySeedFile(path));
+        }
+        if let Some(path) = forms.credentials_file {
+            chosen.push(NatsAuth::CredentialsFile(path));
+        }
+        match chosen.len() {
+            1 => Ok(chosen.remove(0)),
+            0 => Err(
+                "give one of `user_password`, `token`, `nkey_seed_file`, `credentials_file`"
+                    .to_owned(),
+            ),
+            _ => Err(
+                "give only one of `user_password`, `token`, `nkey_seed_file`, `credentials_file`"
+                    .to_owned(),
+            ),
+        }
+    }
 }
 
 /// The resolved secrets and TLS settings; builds fresh [`ConnectOptions`] for each connect.
@@ -175,8 +238,11 @@ mod tests {
     }
 
     #[test]
-    fn auth_forms_parse_from_yaml() -> Result<(), serde_yaml::Error> {
-        let auth: NatsAuth = serde_yaml::from_str("token: {env_var: NATS_TOKEN}")?;
+    fn auth_forms_parse_from_a_spec_map_and_exactly_one_is_required(
+    ) -> Result<(), serde_yaml::Error> {
+        // Specs reach the source as a `serde_yaml::Value`.
+        let value: serde_yaml::Value = serde_yaml::from_str("token: {env_var: NATS_TOKEN}")?;
+        let auth: NatsAuth = serde_yaml::from_value(value)?;
         assert_eq!(
             auth,
             NatsAuth::Token {
@@ -187,6 +253,28 @@ mod tests {
         assert_eq!(
             auth,
             NatsAuth::CredentialsFile("/etc/flow/user.creds".into())
+        );
+        let auth: NatsAuth =
+            serde_yaml::from_str("user_password: {user: flow, password_env_var: NATS_PASSWORD}")?;
+        assert_eq!(
+            auth,
+            NatsAuth::UserPassword {
+                user: "flow".into(),
+                password_env_var: "NATS_PASSWORD".into()
+            }
+        );
+        let two = serde_yaml::from_str::<NatsAuth>("token: {env_var: T}\nnkey_seed_file: /s")
+            .map_err(|e| e.to_string());
+        assert!(
+            two.as_ref().is_err_and(|e| e.contains("give only one of")),
+            "{two:?}"
+        );
+        let typo =
+            serde_yaml::from_str::<NatsAuth>("tokn: {env_var: T}").map_err(|e| e.to_string());
+        assert!(
+            typo.as_ref()
+                .is_err_and(|e| e.contains("unknown field `tokn`")),
+            "{typo:?}"
         );
         Ok(())
     }

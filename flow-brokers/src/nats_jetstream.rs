@@ -319,6 +319,7 @@ impl SourceFactory for NatsJetStreamFactory {
             last,
             consumer: None,
             idle: false,
+            lag: None,
             last_warning: None,
         }))
     }
@@ -335,6 +336,9 @@ struct NatsPartition {
     consumer: Option<PullConsumer>,
     /// The previous pull returned nothing: the next one learns the stream's head first.
     idle: bool,
+    /// Messages of the subject the server holds beyond `last`: the `pending` count of the last
+    /// message read, or 0 after a pull that found nothing. `None` before the first pull.
+    lag: Option<u64>,
     last_warning: Option<Instant>,
 }
 
@@ -383,6 +387,7 @@ impl NatsPartition {
         SourceRead {
             position: encode_broker_position(self.last),
             exhausted: false,
+            lag: self.lag,
         }
     }
 
@@ -406,6 +411,9 @@ impl NatsPartition {
         match self.pull_batch(&consumer, out, limits).await {
             Pulled::Complete { messages } => {
                 self.idle = messages == 0;
+                if messages == 0 {
+                    self.lag = Some(0);
+                }
                 // Nothing of this subject arrived up to `head`, which was taken before the pull:
                 // the position may pass it, so that retention of other subjects' messages below
                 // it is never taken for a loss.
@@ -556,6 +564,7 @@ impl NatsPartition {
             .append(&record, out)
             .map_err(|source| NatsSourceError::Record(Box::new(source)))?;
         self.last = sequence;
+        self.lag = Some(info.pending);
         Ok(true)
     }
 

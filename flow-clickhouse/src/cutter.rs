@@ -3,7 +3,7 @@
 //! batch limits.
 
 use bytes::Bytes;
-use flow_core::{CapacityDecay, DeadRow, MessageBatch, Row, SinkError};
+use flow_core::{CapacityDecay, DeadRow, FaultedIn, MessageBatch, Row, SinkError};
 use flow_state::DeadLetter;
 
 use crate::compress::{is_framed, seal};
@@ -42,6 +42,7 @@ impl Part {
 pub struct BatchCutter {
     buffers: Vec<Vec<u8>>,
     decay: Vec<CapacityDecay>,
+    faulted: Vec<FaultedIn>,
     rows: Vec<u64>,
     key: Vec<u8>,
 }
@@ -124,7 +125,10 @@ impl BatchCutter {
         last_offset: u64,
         parts: &mut Vec<Part>,
     ) {
-        for (index, (buffer, decay)) in self.buffers.iter_mut().zip(&mut self.decay).enumerate() {
+        self.faulted
+            .resize(self.buffers.len(), FaultedIn::default());
+        let buffers = self.buffers.iter_mut().zip(&mut self.decay);
+        for (index, ((buffer, decay), faulted)) in buffers.zip(&mut self.faulted).enumerate() {
             if buffer.is_empty() {
                 continue;
             }
@@ -147,6 +151,7 @@ impl BatchCutter {
             if decay.should_shrink(used, buffer.capacity()) {
                 buffer.shrink_to(used);
             }
+            faulted.fault_in(buffer, 0);
         }
     }
 }

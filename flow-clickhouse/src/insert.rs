@@ -133,17 +133,38 @@ pub async fn insert_part(
         let settings = insert_settings(session, token, dynamic.async_insert);
         let endpoint = shard.current();
         attempts += 1;
-        let result = endpoint
-            .insert(
-                &session.insert_sql,
-                &settings,
-                payload.clone(),
-                compressed,
-                dynamic.write_timeout,
-            )
-            .await;
+        let guard = &session.columns_guard;
+        let result = match guard.before_insert(endpoint, dynamic.write_timeout).await {
+            Ok(()) => {
+                endpoint
+                    .insert(
+                        &session.insert_sql,
+                        &settings,
+                        payload.clone(),
+                        compressed,
+                        dynamic.write_timeout,
+                    )
+                    .await
+            }
+            Err(err) => Err(err),
+        };
         let err = match result {
             Ok(()) => {
+                let part = match token {
+                    Some(token) => format!("the part with token {token}"),
+                    None => format!("a part of shard `{shard_name}`"),
+                };
+                if let Err(error) = guard
+                    .after_insert(endpoint, dynamic.write_timeout, &part)
+                    .await
+                {
+                    return Err(InsertFailure::GaveUp(GaveUp {
+                        give_up: on_failure_of(shared, error.class).give_up,
+                        error,
+                        attempts,
+                        endpoint: endpoint.endpoint.to_string(),
+                    }));
+                }
                 shard.backoff.succeeded();
                 return Ok(attempts);
             }

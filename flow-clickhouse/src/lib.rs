@@ -23,6 +23,7 @@ mod batching_sink;
 mod chtype;
 mod classify;
 mod client;
+mod columns_guard;
 mod compress;
 mod cutter;
 mod dedup_window;

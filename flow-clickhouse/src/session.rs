@@ -2,6 +2,7 @@
 //! that they expose one logical table the stream can be written to — engine, complete ordered
 //! schema, replication identity, server capabilities, dedup window — before anything is sent.
 
+use crate::columns_guard::{read_columns, ColumnsGuard};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -157,6 +158,8 @@ pub struct WriterSession {
     /// The dedup window of each shard that deduplicates, for re-checks on reload.
     dedup_windows: Vec<ShardDedupWindow>,
     partitions: u32,
+    /// The columns every INSERT is checked against (those the encoder was planned for).
+    pub columns_guard: ColumnsGuard,
 }
 
 impl WriterSession {
@@ -341,6 +344,13 @@ impl WriterSession {
         }
         let encoder = plan_columns(class, params, stream, &reference.columns, capabilities)
             .map_err(refused)?;
+        let columns_guard = ColumnsGuard::new(
+            ColumnsGuard::query(
+                &quote_literal(&params.database),
+                &quote_literal(&params.table),
+            ),
+            reference.columns.clone(),
+        );
         if class.is_exactly_once() && !capabilities.insert_deduplication_token {
             warn!(
                 database = %params.database,
@@ -377,6 +387,7 @@ impl WriterSession {
             table: params.table.clone(),
             dedup_windows,
             partitions,
+            columns_guard,
         })
     }
 }
@@ -462,23 +473,9 @@ async fn probe(
         )));
     };
 
-    let columns = endpoint
-        .query_json(
-            &format!(
-                "SELECT name, type, default_kind, default_expression FROM system.columns WHERE database = {db} AND table = {table}"
-            ),
-            timeout,
-        )
+    let columns = read_columns(endpoint, &ColumnsGuard::query(&db, &table), timeout)
         .await
-        .map_err(fail)?
-        .iter()
-        .map(|row| ColumnMeta {
-            name: json_text(row, "name"),
-            type_text: json_text(row, "type"),
-            default_kind: json_text(row, "default_kind"),
-            default_expression: json_text(row, "default_expression"),
-        })
-        .collect();
+        .map_err(fail)?;
 
     let settings: Vec<String> = endpoint
         .query_json(

@@ -36,9 +36,59 @@ impl CapacityDecay {
     }
 }
 
+/// Remembers the capacity of a reused buffer at the time all of it was last written.
+///
+/// A buffer grown by doubling holds up to half of its capacity in pages nobody has written yet,
+/// which are not resident. Later epochs that happen to be a little larger fault them in one by
+/// one, so resident memory creeps up for minutes although nothing more is allocated: in a
+/// 10-minute endless run the allocator's live bytes stayed at 166-178 MiB from the first minute
+/// while resident memory rose from 103 to 147 MiB, which looks like a leak and makes a memory
+/// limit bite long after the start. Writing a grown buffer's capacity once, when it is empty,
+/// makes its pages resident when they are allocated, and resident memory flat from there.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FaultedIn {
+    capacity: usize,
+}
+
+impl FaultedIn {
+    /// On an emptied buffer whose capacity changed since the last call: writes `fill` over all
+    /// of its capacity, then empties it again. Costs one pass over the new capacity per growth or
+    /// shrink, nothing otherwise.
+    pub fn fault_in<T: Copy>(&mut self, buffer: &mut Vec<T>, fill: T) {
+        if !buffer.is_empty() || buffer.capacity() == self.capacity {
+            return;
+        }
+        buffer.resize(buffer.capacity(), fill);
+        buffer.clear();
+        self.capacity = buffer.capacity();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_buffer_is_written_over_its_capacity_once_per_capacity_change_and_left_empty() {
+        let mut buffer: Vec<u8> = Vec::with_capacity(10);
+        let mut faulted = FaultedIn::default();
+        faulted.fault_in(&mut buffer, 7);
+        assert_eq!(
+            (buffer.len(), buffer.capacity(), faulted.capacity),
+            (0, 10, 10)
+        );
+        buffer.extend_from_slice(&[1; 40]);
+        let grown = buffer.capacity();
+        // Not while it holds data.
+        faulted.fault_in(&mut buffer, 7);
+        assert_eq!((buffer.len(), faulted.capacity), (40, 10));
+        buffer.clear();
+        faulted.fault_in(&mut buffer, 7);
+        assert_eq!(
+            (buffer.len(), buffer.capacity(), faulted.capacity),
+            (0, grown, grown)
+        );
+    }
 
     #[test]
     fn a_buffer_shrinks_only_after_enough_uses_in_a_row_below_half_its_capacity() {

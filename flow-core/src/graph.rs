@@ -16,6 +16,8 @@ pub(crate) struct SliceEnd {
     /// The position after the last read (`None` if nothing was read: still where it started).
     pub position: Option<Vec<u8>>,
     pub exhausted: bool,
+    /// The lag the last read that knew it reported.
+    pub lag: Option<u64>,
 }
 
 struct ProcessorSlot {
@@ -108,6 +110,7 @@ impl StreamGraph {
         let mut end = SliceEnd {
             position: None,
             exhausted: false,
+            lag: None,
         };
         while let Some(batch) = self.batches.first_mut() {
             let remaining = epoch.max_messages.saturating_sub(batch.len());
@@ -126,6 +129,7 @@ impl StreamGraph {
             let read = source.read(&mut out, limits).await?;
             let reached = until.is_some_and(|u| u == read.position.as_slice());
             end.position = Some(read.position);
+            end.lag = read.lag.or(end.lag);
             if read.exhausted {
                 end.exhausted = true;
                 break;

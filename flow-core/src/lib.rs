@@ -27,6 +27,7 @@ mod capacity;
 mod dead_row;
 mod error;
 mod graph;
+mod lag;
 mod message;
 mod plugin;
 mod replay;
@@ -36,7 +37,7 @@ mod spec;
 mod spec_text;
 mod types;
 
-pub use capacity::CapacityDecay;
+pub use capacity::{CapacityDecay, FaultedIn};
 pub use dead_row::DeadRow;
 pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::capacity::CapacityDecay;
+use crate::capacity::{CapacityDecay, FaultedIn};
 use crate::error::ValueError;
 use crate::types::{StreamSchema, StreamType};
 
@@ -100,6 +100,8 @@ pub struct MessageBatch {
     cells: Vec<Cell>,
     arena: Vec<u8>,
     decay: CapacityDecay,
+    /// Ids, cells and arena: their capacity is written once when it changes ([`FaultedIn`]).
+    faulted: [FaultedIn; 3],
 }
 
 impl MessageBatch {
@@ -110,6 +112,7 @@ impl MessageBatch {
             cells: Vec::new(),
             arena: Vec::new(),
             decay: CapacityDecay::default(),
+            faulted: [FaultedIn::default(); 3],
         }
     }
 
@@ -138,6 +141,10 @@ impl MessageBatch {
             self.cells.shrink_to(lens.1);
             self.arena.shrink_to(lens.2);
         }
+        let [ids, cells, arena] = &mut self.faulted;
+        ids.fault_in(&mut self.ids, MessageId::new(0, 0));
+        cells.fault_in(&mut self.cells, Cell::Null);
+        arena.fault_in(&mut self.arena, 0);
     }
 
     fn held_bytes(

@@ -48,6 +48,9 @@ pub struct SourceRead {
     pub position: Vec<u8>,
     /// The partition has no more messages and never will.
     pub exhausted: bool,
+    /// How many messages the source's broker holds beyond `position` for this partition, when
+    /// the source knows (broker sources); `None` otherwise. Shown by `status` as the lag.
+    pub lag: Option<u64>,
 }
 
 /// Where a source appends what it read.

@@ -19,6 +19,7 @@ use tracing::{error, info, warn};
 
 use crate::error::{RuntimeError, SinkError, SpecError};
 use crate::graph::StreamGraph;
+use crate::lag::SourceLags;
 use crate::plugin::{Epoch, EpochOutcome, Replay, Sink, SinkContext, Source};
 use crate::registry::Registry;
 use crate::replay::PipelineReplay;
@@ -60,6 +61,7 @@ pub struct PipelineControl {
     shutdown: Arc<watch::Sender<bool>>,
     dynamic: Arc<Vec<(String, watch::Sender<serde_yaml::Value>)>>,
     running_spec: Arc<std::sync::Mutex<PipelineSpec>>,
+    lags: SourceLags,
 }
 
 /// What a reload changed.
@@ -126,6 +128,12 @@ impl PipelineControl {
         // `send_replace`, not `send`: `send` drops the value when no receiver exists yet (before
         // `run`) or any more, which would lose the request.
         self.shutdown.send_replace(true);
+    }
+
+    /// How many messages the broker holds beyond what `partition` has read, as its last read
+    /// reported; `None` for a source that does not report lag or before its first read.
+    pub fn source_lag(&self, partition: u32) -> Option<u64> {
+        self.lags.get(partition)
     }
 
     pub fn is_shutting_down(&self) -> bool {
@@ -215,6 +223,7 @@ impl Pipeline {
             shutdown: Arc::new(shutdown),
             dynamic: Arc::new(dynamic),
             running_spec: Arc::new(std::sync::Mutex::new(validated.spec.clone())),
+            lags: SourceLags::new(validated.spec.partitions),
         };
         Pipeline {
             validated: Arc::new(validated),
@@ -261,6 +270,7 @@ impl Pipeline {
                 pipeline: Arc::clone(&self.validated),
                 store: self.store.clone(),
                 partition,
+                lags: self.control.lags.clone(),
                 shutdown: self.control.shutdown.subscribe(),
                 dynamic: self
                     .control
@@ -313,6 +323,7 @@ struct PartitionRunner {
     partition: u32,
     shutdown: watch::Receiver<bool>,
     dynamic: Vec<watch::Receiver<serde_yaml::Value>>,
+    lags: SourceLags,
 }
 
 struct SinkSlot {
@@ -485,6 +496,7 @@ impl PartitionRunner {
                 )
                 .await
                 .map_err(|source| RuntimeError::Source { partition, source })?;
+            self.lags.report(partition, end.lag);
             let position = end.position.or_else(|| committed.clone());
             let exhausted = end.exhausted;
 

@@ -42,6 +42,10 @@ pub struct PositionInfo {
     /// The position in `encoding`.
     #[serde(default)]
     pub value: String,
+    /// Messages the source's broker holds beyond the position, as a running worker last saw
+    /// them; the store does not keep it (a worker's status snapshot fills it in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<u64>,
 }
 
 /// How [`PositionInfo::value`] encodes a position.
@@ -71,6 +75,7 @@ impl PositionInfo {
             hex,
             encoding,
             value,
+            lag: None,
         }
     }
 }

@@ -14,8 +14,9 @@
 //! grandchild of the orchestrator so that the loop and flow-worker are measured the same way.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-/// Every process of the benchmark, the loop included, allocates with jemalloc, as `flow-worker`
-/// does: the cases differ in what they do, not in their allocator.
+/// Every process of the benchmark, the loop included, allocates with jemalloc tuned as
+/// `flow-worker` tunes it (`flow_worker::configure_allocator`): the cases differ in what they
+/// do, not in their allocator.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -142,6 +143,7 @@ impl Case {
 }
 
 fn main() -> ExitCode {
+    flow_worker::configure_allocator();
     let result = match std::env::var(ROLE).as_deref() {
         Ok("runner") => runner(),
         Ok("inserter") => inserter_loop(),
@@ -694,7 +696,20 @@ fn endless(secs: u64) -> Result<()> {
                     .pointer("/fields/message")
                     .or_else(|| event.get("message"))
                     .and_then(|m| m.as_str());
-                if message == Some("delivery latency") {
+                if message == Some("memory") {
+                    let field = |name: &str| {
+                        event
+                            .pointer(&format!("/fields/{name}"))
+                            .and_then(|v| v.as_f64())
+                            .unwrap_or(f64::NAN)
+                    };
+                    println!(
+                        "   allocator: allocated {:.1} MiB, active {:.1} MiB, resident {:.1} MiB",
+                        field("allocated_mib"),
+                        field("active_mib"),
+                        field("resident_mib")
+                    );
+                } else if message == Some("delivery latency") {
                     if let Some(p99) = event.pointer("/fields/p99_ms").and_then(|v| v.as_u64()) {
                         p99s.lock().unwrap().push(p99);
                     }
@@ -886,6 +901,7 @@ impl flow_core::Source for PushSource {
         Ok(flow_core::SourceRead {
             position: self.next.to_be_bytes().to_vec(),
             exhausted,
+            lag: None,
         })
     }
 }
@@ -956,6 +972,7 @@ fn push_pipeline() -> Result<()> {
         let store = flow_state::StateStore::open(Path::new(&state))?;
         let pipeline = flow_core::Pipeline::new(validated, store.clone());
         let control = pipeline.control();
+        tokio::spawn(flow_worker::report_memory());
         for (partition, tx) in (0..PARTITIONS).zip(senders) {
             tokio::spawn(produce(partition, rate.div_ceil(u64::from(PARTITIONS)), tx));
         }

@@ -8,10 +8,18 @@
 
 mod cli;
 mod dead_letters;
+mod memory;
 mod run;
 mod status;
 
 pub use cli::main;
+/// For programs that run pipelines on jemalloc as the worker does (the benchmark's processes).
+pub use memory::{configure_allocator, report_memory};
+
+/// The unit tests read jemalloc's statistics, so they run on it like the binary.
+#[cfg(test)]
+#[global_allocator]
+static TEST_ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// Every plugin class the worker knows: flow-core's built-ins, the broker sources and the
 /// ClickHouse sinks.

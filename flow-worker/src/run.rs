@@ -27,6 +27,8 @@ pub fn run(
     if state_dir.as_os_str().is_empty() {
         bail!("--state-dir is an empty path; name a directory");
     }
+    // Before the runtime's threads exist, so that every arena gets the settings.
+    crate::memory::configure_allocator();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("flow-worker")
@@ -40,8 +42,14 @@ pub fn run(
             // The store's error says whether another worker holds it (and only then).
             .with_context(|| format!("cannot open the state directory `{}`", state_dir.display()))?;
         let pipeline = Pipeline::new(validated, store.clone());
-        let snapshots = tokio::spawn(write_snapshots(store.clone(), state_dir.clone()));
         let control = pipeline.control();
+        let snapshots = tokio::spawn(write_snapshots(
+            store.clone(),
+            state_dir.clone(),
+            control.clone(),
+            spec.pipeline.clone(),
+        ));
+        let memory = tokio::spawn(crate::memory::report_memory());
         let signals = tokio::spawn(handle_signals(
             control.clone(),
             registry.clone(),
@@ -51,6 +59,7 @@ pub fn run(
         let result = pipeline.run().await;
         signals.abort();
         snapshots.abort();
+        memory.abort();
         // Once the worker is gone, `status` reads the store itself.
         let _ = std::fs::remove_file(crate::status::snapshot_path(&state_dir));
         // A committer blocked in the file system (a full disk) must not keep the process alive:
@@ -136,22 +145,34 @@ async fn handle_signals(control: PipelineControl, registry: Registry, spec_path:
 /// store is locked.
 const SNAPSHOT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Writes `StateStore::summary` to the state directory every `SNAPSHOT_INTERVAL` (atomically:
-/// a temporary file, then a rename).
-async fn write_snapshots(store: StateStore, state_dir: PathBuf) {
+/// Writes `StateStore::summary`, with the running pipeline's source lag, to the state directory
+/// every `SNAPSHOT_INTERVAL` (atomically: a temporary file, then a rename).
+async fn write_snapshots(
+    store: StateStore,
+    state_dir: PathBuf,
+    control: PipelineControl,
+    pipeline: String,
+) {
     let path = crate::status::snapshot_path(&state_dir);
     let temporary = path.with_extension("json.tmp");
     let mut warned = false;
     loop {
         let reader = store.clone();
         let written = match tokio::task::spawn_blocking(move || reader.summary()).await {
-            Ok(Ok(summary)) => serde_json::to_vec(&summary)
-                .map_err(|err| err.to_string())
-                .and_then(|bytes| {
-                    std::fs::write(&temporary, bytes)
-                        .and_then(|()| std::fs::rename(&temporary, &path))
-                        .map_err(|err| err.to_string())
-                }),
+            Ok(Ok(mut summary)) => {
+                if let Some(running) = summary.pipelines.get_mut(&pipeline) {
+                    for (&partition, position) in &mut running.positions {
+                        position.lag = control.source_lag(partition);
+                    }
+                }
+                serde_json::to_vec(&summary)
+                    .map_err(|err| err.to_string())
+                    .and_then(|bytes| {
+                        std::fs::write(&temporary, bytes)
+                            .and_then(|()| std::fs::rename(&temporary, &path))
+                            .map_err(|err| err.to_string())
+                    })
+            }
             Ok(Err(err)) => Err(err.to_string()),
             Err(err) => Err(err.to_string()),
         };

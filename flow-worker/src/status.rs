@@ -107,11 +107,19 @@ pub fn render(summary: &StateSummary) -> String {
     }
     for (name, pipeline) in &summary.pipelines {
         let _ = writeln!(out, "pipeline {name}");
-        let _ = writeln!(out, "  {:<10} {:>20}", "partition", "position");
+        // A running worker of a broker source knows its lag; other sources have none to show.
+        let with_lag = pipeline.positions.values().any(|p| p.lag.is_some());
+        let lag_header = if with_lag { "  lag (messages)" } else { "" };
+        let _ = writeln!(out, "  {:<10} {:>20}{lag_header}", "partition", "position");
         for (partition, position) in &pipeline.positions {
+            let lag = match (with_lag, position.lag) {
+                (false, _) => String::new(),
+                (true, Some(lag)) => format!("  {lag:>14}"),
+                (true, None) => format!("  {:>14}", "-"),
+            };
             let _ = writeln!(
                 out,
-                "  {:<10} {:>20}",
+                "  {:<10} {:>20}{lag}",
                 partition,
                 position_text(&position.hex)
             );
@@ -171,5 +179,29 @@ mod tests {
         assert_eq!(position_text("000000000000c350"), "50000");
         assert_eq!(position_text("00000000000000100000000000000002"), "16/2");
         assert_eq!(position_text("abcd"), "0xabcd");
+    }
+
+    #[test]
+    fn the_lag_column_appears_when_a_running_broker_source_reported_lag() {
+        let mut summary = StateSummary::default();
+        let pipeline = summary.pipelines.entry("p".to_owned()).or_default();
+        pipeline
+            .positions
+            .insert(0, flow_state::PositionInfo::of(&50_000u64.to_be_bytes()));
+        assert_eq!(
+            render(&summary),
+            "pipeline p\n  partition              position\n  0                         50000\n"
+        );
+        let pipeline = summary.pipelines.entry("p".to_owned()).or_default();
+        pipeline
+            .positions
+            .insert(1, flow_state::PositionInfo::of(&7u64.to_be_bytes()));
+        if let Some(position) = pipeline.positions.get_mut(&0) {
+            position.lag = Some(12);
+        }
+        assert_eq!(
+            render(&summary),
+            "pipeline p\n  partition              position  lag (messages)\n  0                         50000              12\n  1                             7               -\n"
+        );
     }
 }

@@ -72,6 +72,27 @@ fn validate_accepts_a_good_spec_and_exits_0() {
 }
 
 #[test]
+fn every_example_spec_validates() {
+    let specs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/specs");
+    let mut checked = Vec::new();
+    for entry in std::fs::read_dir(&specs).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let output = worker().arg("validate").arg(&path).output().unwrap();
+            assert_eq!(
+                output.status.code(),
+                Some(0),
+                "{}: {output:?}",
+                path.display()
+            );
+            checked.push(path.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    checked.sort();
+    assert_eq!(checked, ["nats_to_clickhouse.yaml", "quickstart.yaml"]);
+}
+
+#[test]
 fn run_without_state_dir_is_refused_with_a_message() {
     let dir = tempfile::tempdir().unwrap();
     let spec = write_spec(dir.path(), &generator_spec(&dir.path().join("o"), 1, 10, 0));

@@ -127,6 +127,19 @@ fn write_spec(dir: &Path, stream: &str, prefix: &str, table: &str) -> PathBuf {
     spec
 }
 
+/// Each partition's lag in `status --json`, in partition order.
+fn partition_lags(state: &Path) -> Result<Vec<Option<u64>>> {
+    let summary = status_json(worker_bin!(), state)?.context("no status yet")?;
+    let positions = summary
+        .pointer("/pipelines/nats_it/positions")
+        .and_then(|p| p.as_object())
+        .context("no positions in status")?;
+    Ok(positions
+        .values()
+        .map(|p| p.get("lag").and_then(serde_json::Value::as_u64))
+        .collect())
+}
+
 /// Rows on shard a plus shard b (first replica of each), and their distinct ids.
 fn landed(qualified: &str) -> Result<(u64, u64)> {
     let (ca, ua) = count_uniq(A1, qualified)?;
@@ -200,6 +213,14 @@ fn jetstream_messages_land_exactly_once_across_worker_kills_and_nats_restarts() 
     })
     .with_context(|| format!("not every message landed\n{}", worker.log_tail()))?;
     let elapsed = started.elapsed();
+    // The running worker's status (its snapshot, refreshed every 2 s) shows every partition
+    // caught up with the stream.
+    let mut lags = Vec::new();
+    wait_until(Duration::from_secs(20), || {
+        lags = partition_lags(&state)?;
+        Ok(lags.len() == PARTITIONS as usize && lags.iter().all(|&lag| lag == Some(0)))
+    })
+    .with_context(|| format!("status shows lags {lags:?}, not 0 for each partition"))?;
     worker.kill_9()?;
 
     for node in NODES {

@@ -235,6 +235,7 @@ impl Source for GeneratorSource {
         Ok(SourceRead {
             position: super::encode_words(&[self.next]),
             exhausted: self.exhausted(),
+            lag: None,
         })
     }
 }

@@ -323,6 +323,7 @@ impl Source for JsonlFileSource {
                     return Ok(SourceRead {
                         position: self.position(),
                         exhausted: true,
+                        lag: None,
                     });
                 }
                 LineEnd::Incomplete { consumed } => {
@@ -378,6 +379,7 @@ impl Source for JsonlFileSource {
         Ok(SourceRead {
             position: self.position(),
             exhausted: false,
+            lag: None,
         })
     }
 }
