@@ -54,7 +54,7 @@ pub fn build(
         .is_some_and(|s| s.enabled);
     Ok(Arc::new(AtMostOnceFactory {
         counters: Arc::new(Counters::default()),
-        budget: ByteBudget::new(shared.dynamic().max_in_flight_bytes),
+        budget: ByteBudget::new(shared.in_flight_budget()),
         queue: queued.then(|| Arc::new(SharedQueue::default())),
         shared,
     }))
@@ -249,8 +249,7 @@ impl Sink for AtMostOnceSink {
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
         self.shared.reconfigure(dynamic)?;
-        self.budget
-            .resize(self.shared.dynamic().max_in_flight_bytes);
+        self.budget.resize(self.shared.in_flight_budget());
         Ok(())
     }
 }

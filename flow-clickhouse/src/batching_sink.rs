@@ -39,7 +39,7 @@ pub fn build(
     dynamic: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SinkFactory>> {
     let shared = build_shared(class, ctx, parameters, dynamic)?;
-    let delivery = SinkDelivery::new(ctx.sink, shared.dynamic().max_in_flight_bytes);
+    let delivery = SinkDelivery::new(ctx.sink, shared.in_flight_budget());
     Ok(Arc::new(BatchingSinkFactory {
         exactly_once: Arc::new(ExactlyOnce::new(&shared, ctx)),
         shared,
@@ -212,9 +212,7 @@ impl Sealer for BatchingSink {
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
         self.shared.reconfigure(dynamic)?;
-        self.delivery
-            .budget
-            .resize(self.shared.dynamic().max_in_flight_bytes);
+        self.delivery.budget.resize(self.shared.in_flight_budget());
         Ok(())
     }
 }

@@ -22,6 +22,10 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct EndpointClient {
     pub endpoint: Endpoint,
     client: clickhouse::Client,
+    /// When the table's columns were last found unchanged here (ms since the Unix epoch; 0:
+    /// never), so that an INSERT right after a verified one needs no check of its own
+    /// ([`crate::columns_guard`]).
+    pub columns_checked_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The endpoints of one shard, in failover order.
@@ -73,6 +77,7 @@ pub fn build_shards(params: &SinkParams) -> Result<Vec<ShardClients>, String> {
             let endpoints: Vec<EndpointClient> = endpoints
                 .iter()
                 .map(|endpoint| EndpointClient {
+                    columns_checked_ms: std::sync::Arc::default(),
                     client: base.clone().with_url(format!(
                         "{scheme}://{}:{}",
                         url_host(&endpoint.host),

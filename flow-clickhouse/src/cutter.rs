@@ -146,12 +146,10 @@ impl BatchCutter {
                 payload,
             });
             // The encode buffer keeps its capacity for the next batch, unless it is oversized.
-            let used = buffer.len();
-            buffer.clear();
-            if decay.should_shrink(used, buffer.capacity()) {
-                buffer.shrink_to(used);
+            if decay.should_shrink(buffer.len(), buffer.capacity()) {
+                buffer.shrink_to_fit();
             }
-            faulted.fault_in(buffer, 0);
+            faulted.settle(buffer, 0);
         }
     }
 }

@@ -43,9 +43,9 @@ pub const MAX_ROWS_PER_BATCH: u64 = 1_000_000;
 pub const DEFAULT_MAX_BYTES_PER_BATCH: u64 = 5 * 1024 * 1024;
 /// Extended from the reference's 10 MiB.
 pub const MAX_BYTES_PER_BATCH: u64 = 256 * 1024 * 1024;
-/// Default of `max_in_flight_bytes`: about two framed 100k-row batches of the benchmark's rows
-/// per partition of a 4-partition pipeline; 64 MiB added 20 MiB of resident memory and no
-/// measurable throughput (see docs/performance.md).
+/// Default of `max_in_flight_bytes` (per shard): about two framed 100k-row batches of the
+/// benchmark's rows per partition of a 4-partition pipeline; 64 MiB for one shard added 20 MiB of
+/// resident memory and no measurable throughput (see docs/performance.md).
 pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 32 * 1024 * 1024;
 pub const MIN_IN_FLIGHT_BYTES: u64 = 1024 * 1024;
 pub const DEFAULT_TOTAL_QUEUE_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
@@ -751,8 +751,8 @@ pub struct ClickHouseDynamicParams {
     pub max_rows_per_batch: u64,
     /// A batch is sealed at this many bytes of messages. 1..=256 MiB.
     pub max_bytes_per_batch: u64,
-    /// Payload bytes (as sent, after framing) the sink holds in memory for delivery, across
-    /// its partitions. 1 MiB..=4 GiB.
+    /// Payload bytes (as sent, after framing) the sink holds in memory for delivery, per shard,
+    /// across its partitions. 1 MiB..=4 GiB.
     pub max_in_flight_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub at_most_once_strategy: Option<AtMostOnceDynamic>,

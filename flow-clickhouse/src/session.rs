@@ -345,10 +345,7 @@ impl WriterSession {
         let encoder = plan_columns(class, params, stream, &reference.columns, capabilities)
             .map_err(refused)?;
         let columns_guard = ColumnsGuard::new(
-            ColumnsGuard::query(
-                &quote_literal(&params.database),
-                &quote_literal(&params.table),
-            ),
+            ColumnsGuard::query(&params.database, &params.table),
             reference.columns.clone(),
         );
         if class.is_exactly_once() && !capabilities.insert_deduplication_token {
@@ -473,9 +470,13 @@ async fn probe(
         )));
     };
 
-    let columns = read_columns(endpoint, &ColumnsGuard::query(&db, &table), timeout)
-        .await
-        .map_err(fail)?;
+    let columns = read_columns(
+        endpoint,
+        &ColumnsGuard::query(&params.database, &params.table),
+        timeout,
+    )
+    .await
+    .map_err(fail)?;
 
     let settings: Vec<String> = endpoint
         .query_json(

@@ -100,7 +100,8 @@ pub struct MessageBatch {
     cells: Vec<Cell>,
     arena: Vec<u8>,
     decay: CapacityDecay,
-    /// Ids, cells and arena: their capacity is written once when it changes ([`FaultedIn`]).
+    /// Ids, cells and arena: trimmed to their use and written once when their capacity changes
+    /// ([`FaultedIn`]).
     faulted: [FaultedIn; 3],
 }
 
@@ -132,19 +133,15 @@ impl MessageBatch {
         let used = self.held_bytes(|v| v.len(), |v| v.len(), |v| v.len());
         let capacity = self.held_bytes(|v| v.capacity(), |v| v.capacity(), |v| v.capacity());
         let shrink = self.decay.should_shrink(used, capacity);
-        let lens = (self.ids.len(), self.cells.len(), self.arena.len());
-        self.ids.clear();
-        self.cells.clear();
-        self.arena.clear();
         if shrink {
-            self.ids.shrink_to(lens.0);
-            self.cells.shrink_to(lens.1);
-            self.arena.shrink_to(lens.2);
+            self.ids.shrink_to_fit();
+            self.cells.shrink_to_fit();
+            self.arena.shrink_to_fit();
         }
         let [ids, cells, arena] = &mut self.faulted;
-        ids.fault_in(&mut self.ids, MessageId::new(0, 0));
-        cells.fault_in(&mut self.cells, Cell::Null);
-        arena.fault_in(&mut self.arena, 0);
+        ids.settle(&mut self.ids, MessageId::new(0, 0));
+        cells.settle(&mut self.cells, Cell::Null);
+        arena.settle(&mut self.arena, 0);
     }
 
     fn held_bytes(
