@@ -18,7 +18,7 @@ const DIRTY_DECAY_MS: isize = 1_000;
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 
 /// Applies the decay settings to every arena (the ones that exist and those created later) and
-/// starts jemalloc's background purging thread. Called first in `main`, before any thread exists.
+/// starts jemalloc's background purging thread. Called before the runtime's threads exist.
 pub fn configure_allocator() {
     let settings: [(&[u8], isize); 4] = [
         (b"arenas.dirty_decay_ms\0", DIRTY_DECAY_MS),

@@ -113,6 +113,8 @@ struct Mode {
     /// A one-shot fault, consumed by the next request (or response, for `CutResponse`; or
     /// connection, for `Refuse`) it applies to.
     once: Option<Fault>,
+    /// A one-shot fault for the next INSERT request only ([`FaultProxy::set_once_on_insert`]).
+    once_insert: Option<Fault>,
 }
 
 #[derive(Debug)]
@@ -141,8 +143,18 @@ impl Shared {
 
     /// At a request start: the fault for this request. Consumes a one-shot fault other than
     /// `CutResponse` (which is consumed by the next response start).
-    fn request_fault(&self) -> Fault {
+    fn request_fault(&self, is_insert: bool, cut_this_response: &mut bool) -> Fault {
         let mut mode = lock(&self.mode);
+        if is_insert {
+            match mode.once_insert.take() {
+                Some(Fault::CutResponse) => {
+                    *cut_this_response = true;
+                    return mode.base.clone();
+                }
+                Some(fault) => return fault,
+                None => {}
+            }
+        }
         match mode.once.take() {
             Some(Fault::CutResponse) => {
                 mode.once = Some(Fault::CutResponse);
@@ -188,6 +200,7 @@ impl FaultProxy {
             mode: Mutex::new(Mode {
                 base: Fault::Pass,
                 once: None,
+                once_insert: None,
             }),
             counters: Counters::default(),
             closing: watch::Sender::new(false),
@@ -216,12 +229,26 @@ impl FaultProxy {
         let mut mode = lock(&self.shared.mode);
         mode.base = fault;
         mode.once = None;
+        mode.once_insert = None;
     }
 
     /// The pending one-shot fault if one is armed, otherwise the standing mode.
     pub fn fault(&self) -> Fault {
         let mode = lock(&self.shared.mode);
-        mode.once.clone().unwrap_or_else(|| mode.base.clone())
+        mode.once
+            .clone()
+            .or_else(|| mode.once_insert.clone())
+            .unwrap_or_else(|| mode.base.clone())
+    }
+
+    /// Like [`FaultProxy::set_once`], but the fault waits for the next INSERT request (the
+    /// statement in the URL's `query`, as ClickHouse clients send an INSERT), letting the sink's
+    /// other queries (its columns checks) pass; a `CutResponse` cuts that INSERT's response.
+    pub fn set_once_on_insert(&self, fault: Fault) {
+        let mut mode = lock(&self.shared.mode);
+        mode.base = Fault::Pass;
+        mode.once = None;
+        mode.once_insert = (fault != Fault::Pass).then_some(fault);
     }
 
     /// Arms a one-shot fault and sets the standing mode to [`Fault::Pass`]: the next request gets
@@ -320,6 +347,8 @@ struct ConnState {
     request_bytes: u64,
     /// The server started answering the current request.
     response_started: bool,
+    /// A one-shot `CutResponse` armed for the current INSERT.
+    cut_this_response: bool,
 }
 
 enum Outcome {
@@ -357,6 +386,7 @@ async fn handle_connection(shared: Arc<Shared>, client: TcpStream) {
         fault: Fault::Pass,
         request_bytes: 0,
         response_started: false,
+        cut_this_response: false,
     });
     let (mut client_r, mut client_w) = client.into_split();
     let (mut upstream_r, mut upstream_w) = upstream.into_split();
@@ -408,6 +438,17 @@ fn starts_with_method(chunk: &[u8]) -> bool {
     METHODS.iter().any(|m| chunk.starts_with(m))
 }
 
+/// Whether a request's first chunk carries an INSERT in its request line's `query` parameter.
+fn is_insert_request(chunk: &[u8]) -> bool {
+    let line_end = chunk
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .unwrap_or(chunk.len());
+    chunk[..line_end]
+        .windows(b"query=INSERT".len())
+        .any(|w| w.eq_ignore_ascii_case(b"query=INSERT"))
+}
+
 /// Does this server chunk hold more than `1xx` interim responses (i.e. the start of the real
 /// response)? Chunks that do not look like an HTTP status line count as a response start.
 fn has_final_response(mut chunk: &[u8]) -> bool {
@@ -455,7 +496,9 @@ async fn pump_up(
                 st.at_boundary = false;
                 st.response_started = false;
                 st.request_bytes = 0;
-                st.fault = shared.request_fault();
+                st.cut_this_response = false;
+                let is_insert = is_request && is_insert_request(chunk);
+                st.fault = shared.request_fault(is_insert, &mut st.cut_this_response);
             }
             (st.fault.clone(), st.request_bytes, started)
         };
@@ -524,7 +567,7 @@ async fn pump_down(
                 st.response_started = true;
                 st.at_boundary = true;
                 bump(&counters.responses, 1);
-                cut = shared.cut_response();
+                cut = std::mem::take(&mut st.cut_this_response) || shared.cut_response();
             }
             (st.fault.clone(), cut)
         };

@@ -1,15 +1,15 @@
 //! The fault suite: each ClickHouse sink class through a seeded random schedule of faults, against
 //! the local cluster (`scripts/cluster.sh up`).
 //!
-//! Every test runs the worker binary on a generator (short schedule: 4 partitions x 75,000
-//! messages, rate-limited to ~60 s undisturbed) into a fresh ReplicatedMergeTree table. Every
+//! Every test runs the worker binary on a generator (short schedule: 4 partitions x 50,000
+//! messages, rate-limited to ~40 s undisturbed) into a fresh ReplicatedMergeTree table. Every
 //! ClickHouse endpoint of the sink sits behind its own [`FaultProxy`] and the spec lists the proxy
 //! addresses (the replicated target fingerprint is the ZooKeeper path, so the proxies do not change
 //! it). While the worker runs, a schedule drawn from a seeded RNG applies faults one after another,
 //! each held for a short random time and then reverted:
 //!
 //! * on one proxy: `Refuse`, `CutRequestAfter(n)` (random n), a lost acknowledgement
-//!   (`set_once(CutResponse)`), `Latency(50..300 ms)`, `Stall` (held past the spec's 2 s
+//!   (`set_once_on_insert(CutResponse)`), `Latency(50..300 ms)`, `Stall` (held past the spec's 2 s
 //!   `write_timeout`, so it becomes a timeout);
 //! * the worker `kill -9`ed and restarted on the same state directory;
 //! * a replica stopped (`cluster.sh stop a2`, or `b2` for the sharded classes) and started again.
@@ -82,11 +82,11 @@ impl Schedule {
                 finish_timeout: Duration::from_secs(900),
             }
         } else {
-            // ~60 s undisturbed per class; 24 faults take ~35-45 s.
+            // ~40 s undisturbed per class; 24 faults take ~35-45 s.
             Schedule {
                 long,
                 faults: 24,
-                per_partition: 75_000,
+                per_partition: 50_000,
                 rate_per_partition: 1_250,
                 finish_timeout: Duration::from_secs(300),
             }
@@ -519,7 +519,7 @@ fn run_class(class: &Class) {
             Kind::LostAck => {
                 let hold = rng.gen_range(500..2_000);
                 let cuts = proxy.stats().cuts;
-                proxy.set_once(Fault::CutResponse);
+                proxy.set_once_on_insert(Fault::CutResponse);
                 std::thread::sleep(Duration::from_millis(hold));
                 let hit = proxy.stats().cuts > cuts;
                 proxy.set(Fault::Pass);

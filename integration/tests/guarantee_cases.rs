@@ -130,7 +130,7 @@ async fn wait_for_first_rows(node: Node, table: &str) {
 /// Arms `fault` once on `proxy` after the first rows reached `table` on `node`, in the background.
 async fn arm_after_first_rows(proxy: &FaultProxy, node: Node, table: &str, fault: Fault) {
     wait_for_first_rows(node, table).await;
-    proxy.set_once(fault);
+    proxy.set_once_on_insert(fault);
 }
 
 /// `(duplicated ids, min, max)` of the ids present more than once.
