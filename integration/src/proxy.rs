@@ -115,6 +115,19 @@ struct Mode {
     once: Option<Fault>,
     /// A one-shot fault for the next INSERT request only ([`FaultProxy::set_once_on_insert`]).
     once_insert: Option<Fault>,
+    /// The standing mode applies to INSERT requests only ([`FaultProxy::set_on_inserts`]).
+    inserts_only: bool,
+}
+
+impl Mode {
+    /// The standing fault for a request.
+    fn base_for(&self, is_insert: bool) -> Fault {
+        if self.inserts_only && !is_insert {
+            Fault::Pass
+        } else {
+            self.base.clone()
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -149,7 +162,7 @@ impl Shared {
             match mode.once_insert.take() {
                 Some(Fault::CutResponse) => {
                     *cut_this_response = true;
-                    return mode.base.clone();
+                    return mode.base_for(is_insert);
                 }
                 Some(fault) => return fault,
                 None => {}
@@ -158,21 +171,21 @@ impl Shared {
         match mode.once.take() {
             Some(Fault::CutResponse) => {
                 mode.once = Some(Fault::CutResponse);
-                mode.base.clone()
+                mode.base_for(is_insert)
             }
             Some(fault) => fault,
-            None => mode.base.clone(),
+            None => mode.base_for(is_insert),
         }
     }
 
     /// At a response start: cut it? Consumes a one-shot `CutResponse`.
-    fn cut_response(&self) -> bool {
+    fn cut_response(&self, is_insert: bool) -> bool {
         let mut mode = lock(&self.mode);
         if mode.once == Some(Fault::CutResponse) {
             mode.once = None;
             return true;
         }
-        mode.base == Fault::CutResponse
+        mode.base_for(is_insert) == Fault::CutResponse
     }
 }
 
@@ -201,6 +214,7 @@ impl FaultProxy {
                 base: Fault::Pass,
                 once: None,
                 once_insert: None,
+                inserts_only: false,
             }),
             counters: Counters::default(),
             closing: watch::Sender::new(false),
@@ -230,6 +244,14 @@ impl FaultProxy {
         mode.base = fault;
         mode.once = None;
         mode.once_insert = None;
+        mode.inserts_only = false;
+    }
+
+    /// Like [`FaultProxy::set`], for INSERT requests only: the sink's other queries (its columns
+    /// checks) pass.
+    pub fn set_on_inserts(&self, fault: Fault) {
+        self.set(fault);
+        lock(&self.shared.mode).inserts_only = true;
     }
 
     /// The pending one-shot fault if one is armed, otherwise the standing mode.
@@ -248,6 +270,7 @@ impl FaultProxy {
         let mut mode = lock(&self.shared.mode);
         mode.base = Fault::Pass;
         mode.once = None;
+        mode.inserts_only = false;
         mode.once_insert = (fault != Fault::Pass).then_some(fault);
     }
 
@@ -349,6 +372,8 @@ struct ConnState {
     response_started: bool,
     /// A one-shot `CutResponse` armed for the current INSERT.
     cut_this_response: bool,
+    /// The current request is an INSERT.
+    is_insert: bool,
 }
 
 enum Outcome {
@@ -387,6 +412,7 @@ async fn handle_connection(shared: Arc<Shared>, client: TcpStream) {
         request_bytes: 0,
         response_started: false,
         cut_this_response: false,
+        is_insert: false,
     });
     let (mut client_r, mut client_w) = client.into_split();
     let (mut upstream_r, mut upstream_w) = upstream.into_split();
@@ -498,6 +524,7 @@ async fn pump_up(
                 st.request_bytes = 0;
                 st.cut_this_response = false;
                 let is_insert = is_request && is_insert_request(chunk);
+                st.is_insert = is_insert;
                 st.fault = shared.request_fault(is_insert, &mut st.cut_this_response);
             }
             (st.fault.clone(), st.request_bytes, started)
@@ -567,7 +594,8 @@ async fn pump_down(
                 st.response_started = true;
                 st.at_boundary = true;
                 bump(&counters.responses, 1);
-                cut = std::mem::take(&mut st.cut_this_response) || shared.cut_response();
+                cut =
+                    std::mem::take(&mut st.cut_this_response) || shared.cut_response(st.is_insert);
             }
             (st.fault.clone(), cut)
         };

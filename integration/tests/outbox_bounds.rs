@@ -204,7 +204,7 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
         Ok(query_u64(A1.http_port, &format!("SELECT count() FROM default.{t}"))? > 0)
     })
     .unwrap_or_else(|e| panic!("no row landed within 60 s ({e:#})\n{}", worker.log_tail()));
-    proxy.set(Fault::CutResponse);
+    proxy.set_on_inserts(Fault::CutResponse);
     let cut_at = Instant::now();
     // Batches pile up behind each partition's head, whose acks are lost.
     wait_until(Duration::from_secs(60), || {
@@ -517,7 +517,7 @@ fn editing_a_replayable_input_under_a_pending_batch_refuses_to_resend_and_keeps_
     .unwrap();
     let proxy = rt.block_on(FaultProxy::start(node_addr(A1))).unwrap();
     // The session's queries pass; every INSERT is cut before its end (nothing lands).
-    proxy.set(Fault::CutRequestAfter(CUT_AFTER));
+    proxy.set_on_inserts(Fault::CutRequestAfter(CUT_AFTER));
 
     let dir = tempfile::tempdir().unwrap();
     let input: PathBuf = dir.path().join("input.jsonl");
