@@ -70,13 +70,15 @@ impl ColumnsGuard {
         }
     }
 
-    /// After a successful INSERT of the part with `token`: a permanent error when the columns
-    /// changed meanwhile, since the server may have read that part with the new types.
+    /// After a successful INSERT of the part with `token` (or, without one, of a part of
+    /// `shard`): a permanent error when the columns changed meanwhile, since the server may have
+    /// read that part with the new types.
     pub async fn after_insert(
         &self,
         endpoint: &EndpointClient,
         timeout: Duration,
-        part: &str,
+        token: Option<&str>,
+        shard: &str,
     ) -> Result<(), ClassifiedError> {
         match self.difference(endpoint, timeout).await {
             Ok(None) => {
@@ -84,7 +86,11 @@ impl ColumnsGuard {
                 Ok(())
             }
             Ok(Some(diff)) => Err(changed(format!(
-                "the table's columns changed while {part} was being inserted ({diff}): the server may have stored its rows with the new types. Check those rows, delete them if garbled, then restart the worker (the part is still pending and is sent again)"
+                "the table's columns changed while {} was being inserted ({diff}): the server may have stored its rows with the new types. Check those rows, delete them if garbled, then restart the worker (the part is still pending and is sent again)",
+                match token {
+                    Some(token) => format!("the part with token {token}"),
+                    None => format!("a part of shard `{shard}`"),
+                }
             ))),
             // The INSERT itself succeeded; an unreadable check is caught by the next one.
             Err(_) => Ok(()),

@@ -150,12 +150,8 @@ pub async fn insert_part(
         };
         let err = match result {
             Ok(()) => {
-                let part = match token {
-                    Some(token) => format!("the part with token {token}"),
-                    None => format!("a part of shard `{shard_name}`"),
-                };
                 if let Err(error) = guard
-                    .after_insert(endpoint, dynamic.write_timeout, &part)
+                    .after_insert(endpoint, dynamic.write_timeout, token, shard_name)
                     .await
                 {
                     return Err(InsertFailure::GaveUp(GaveUp {

@@ -25,6 +25,8 @@ use flow_integration::*;
 const NATS_URL: &str = "nats://127.0.0.1:14222";
 const PARTITIONS: u64 = 4;
 const USERS: u64 = 1_000;
+/// The table every test writes, matching the spec's schema.
+const COLUMNS: &str = "id UInt64, user_id UInt64, payload String";
 
 struct Shape {
     messages: u64,
@@ -163,8 +165,7 @@ fn jetstream_messages_land_exactly_once_across_worker_kills_and_nats_restarts() 
         ..Default::default()
     }))
     .context("creating the JetStream stream")?;
-    let columns = "id UInt64, user_id UInt64, payload String";
-    let table = ReplicatedTable::create("default", &name, columns, "id", &NODES)?;
+    let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &NODES)?;
     let dir = tempfile::tempdir()?;
     let spec = write_spec(dir.path(), &name, &prefix, &name);
     let state = dir.path().join("state");
@@ -287,13 +288,7 @@ fn a_message_that_breaks_the_schema_stops_its_partition_naming_partition_positio
     let rt = runtime();
     let name = unique_name("nats_bad");
     let (js, prefix) = stream_with_a_bad_message(&rt, &name)?;
-    let table = ReplicatedTable::create(
-        "default",
-        &name,
-        "id UInt64, user_id UInt64, payload String",
-        "id",
-        &NODES,
-    )?;
+    let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &NODES)?;
     let dir = tempfile::tempdir()?;
     let spec = write_spec(dir.path(), &name, &prefix, &name);
     let log = dir.path().join("worker.log");
@@ -318,13 +313,7 @@ fn a_message_that_breaks_the_schema_is_a_dead_letter_with_on_bad_record_dead_let
     let rt = runtime();
     let name = unique_name("nats_dead");
     let (js, prefix) = stream_with_a_bad_message(&rt, &name)?;
-    let table = ReplicatedTable::create(
-        "default",
-        &name,
-        "id UInt64, user_id UInt64, payload String",
-        "id",
-        &NODES,
-    )?;
+    let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &NODES)?;
     let dir = tempfile::tempdir()?;
     let spec = write_spec(dir.path(), &name, &prefix, &name);
     let yaml = std::fs::read_to_string(&spec)?.replace(
