@@ -37,6 +37,7 @@ struct AtLeastOnceFactory {
 
 impl SinkFactory for AtLeastOnceFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+        self.shared.start_session_early(&ctx.shutdown);
         Ok(Box::new(AtLeastOnceSink {
             shared: Arc::clone(&self.shared),
             ctx,
@@ -95,7 +96,8 @@ impl Sink for AtLeastOnceSink {
         let (mut parts, mut dead_letters) = (Vec::new(), Vec::new());
         for batch in epoch.inputs {
             self.cutter
-                .cut(&self.shared, &session, batch, &mut parts, &mut dead_letters)?;
+                .cut(&self.shared, &session, batch, &mut parts, &mut dead_letters)
+                .await?;
         }
         let mut stop = self.ctx.shutdown.clone();
         for part in &parts {

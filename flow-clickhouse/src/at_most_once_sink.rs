@@ -104,6 +104,7 @@ impl Drop for AtMostOnceFactory {
 
 impl SinkFactory for AtMostOnceFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+        self.shared.start_session_early(&ctx.shutdown);
         if let Some(queue) = &self.queue {
             queue.ensure_task(&self.shared, &self.counters);
         }
@@ -175,13 +176,15 @@ impl Sink for AtMostOnceSink {
             None => {
                 self.pending.clear();
                 for batch in epoch.inputs {
-                    self.cutter.cut(
-                        &self.shared,
-                        &session,
-                        batch,
-                        &mut self.pending,
-                        &mut dead_letters,
-                    )?;
+                    self.cutter
+                        .cut(
+                            &self.shared,
+                            &session,
+                            batch,
+                            &mut self.pending,
+                            &mut dead_letters,
+                        )
+                        .await?;
                 }
             }
         }

@@ -55,6 +55,7 @@ struct BatchingSinkFactory {
 
 impl SinkFactory for BatchingSinkFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+        self.shared.start_session_early(&ctx.shutdown);
         Ok(Box::new(OutboxSink::new(BatchingSink {
             shared: Arc::clone(&self.shared),
             delivery: Arc::clone(&self.delivery),
@@ -171,7 +172,8 @@ impl Sealer for BatchingSink {
         let (mut parts, mut dead_letters) = (Vec::new(), Vec::new());
         for batch in epoch.inputs {
             self.cutter
-                .cut(&self.shared, &session, batch, &mut parts, &mut dead_letters)?;
+                .cut(&self.shared, &session, batch, &mut parts, &mut dead_letters)
+                .await?;
         }
         let target = format!(
             "{}.{}",

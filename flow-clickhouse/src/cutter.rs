@@ -13,6 +13,12 @@ use crate::rowbinary::EncodeError;
 use crate::session::WriterSession;
 use crate::sink_state::SinkShared;
 
+/// Rows encoded between two yields to the runtime: encoding an epoch takes tens of
+/// milliseconds, during which the thread would otherwise not serve the delivery lanes' HTTP
+/// exchanges (a worker measured its first connections taking 100 ms to complete on loopback
+/// while the partitions encoded and generated).
+const YIELD_EVERY_ROWS: usize = 8192;
+
 /// One encoded part of a batch for one shard.
 #[derive(Debug)]
 pub struct Part {
@@ -51,7 +57,7 @@ impl BatchCutter {
     /// Appends the parts of `batch` to `parts`, batch by batch, shards in name order; rows that
     /// fail the checks go to `dead` or fail the epoch, as `on_bad_rows` says ([`reject_row`]).
     /// A batch's bounds cover its rejected rows too, so a rebuild cuts it at the same places.
-    pub fn cut(
+    pub async fn cut(
         &mut self,
         shared: &SinkShared,
         session: &WriterSession,
@@ -69,7 +75,10 @@ impl BatchCutter {
         let mut batch_rows = 0u64;
         let mut batch_bytes = 0usize;
         let mut first_offset = None;
-        for row in batch.rows() {
+        for (index, row) in batch.rows().enumerate() {
+            if index % YIELD_EVERY_ROWS == YIELD_EVERY_ROWS - 1 {
+                tokio::task::yield_now().await;
+            }
             let first = *first_offset.get_or_insert(row.id().offset);
             match encode_routed(shared, session, &row, &mut self.buffers, &mut self.key) {
                 Ok((shard, size)) => {

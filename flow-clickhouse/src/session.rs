@@ -1,13 +1,13 @@
-//! The writer session: created lazily on the first write, it connects to every endpoint and proves
+//! The writer session: started in the background when the sink's first partition opens, it connects to every endpoint and proves
 //! that they expose one logical table the stream can be written to — engine, complete ordered
 //! schema, replication identity, server capabilities, dedup window — before anything is sent.
 
-use crate::columns_guard::{read_columns, ColumnsGuard};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use flow_core::{SinkError, StreamSchema};
+use futures_util::future::join_all;
 use thiserror::Error;
 use tracing::{info, warn};
 
@@ -16,6 +16,7 @@ use crate::classify::{ClassifiedError, ErrorClass};
 use crate::client::{
     build_shards, json_text, json_u64, quote_ident, quote_literal, EndpointClient, ShardClients,
 };
+use crate::columns_guard::{read_columns, ColumnsGuard};
 use crate::dedup_window::{DedupWindows, DEDUP_WINDOW_SETTINGS};
 use crate::fingerprint::{endpoint_target_fingerprint, replicated_target_fingerprint, target_key};
 use crate::params::{ClickHouseDynamicParams, ClickHouseParams, SinkClass, SinkParams};
@@ -223,10 +224,21 @@ impl WriterSession {
         };
         let mut target_fingerprints = BTreeMap::new();
         let mut dedup_windows = Vec::new();
-        for shard in &shards {
+        // Every endpoint is probed at once (a start costs one round of queries, not one per
+        // host); the answers are then checked in the order the spec lists the hosts.
+        let probes = join_all(shards.iter().map(|shard| {
+            join_all(
+                shard
+                    .endpoints
+                    .iter()
+                    .map(|endpoint| probe(endpoint, params, timeout)),
+            )
+        }))
+        .await;
+        for (shard, probes) in shards.iter().zip(probes) {
             let mut shard_first: Option<(String, EndpointMetadata)> = None;
-            for endpoint in &shard.endpoints {
-                let meta = match probe(endpoint, params, timeout).await {
+            for (endpoint, probed) in shard.endpoints.iter().zip(probes) {
+                let meta = match probed {
                     Ok(meta) => meta,
                     // A plain HTTP request that got no answer: an HTTPS port answers TLS.
                     Err(SessionError::Unreachable { .. })

@@ -1,7 +1,8 @@
 //! The state one ClickHouse sink shares across its partitions ([`SinkShared`]): the validated
 //! parameters, the input stream, the shard router, the dynamic parameters in force and the
-//! writer session, started on first use (see [`crate::session_wait`]).
+//! writer session, started when the first partition opens (see [`crate::session_wait`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use flow_core::registry::{BuildResult, SinkBuildContext};
@@ -25,6 +26,8 @@ pub struct SinkShared {
     /// Partitions of the pipeline (bounds the batches in delivery at once).
     pub partitions: u32,
     session: OnceCell<Arc<WriterSession>>,
+    /// Whether a partition already started the session in the background.
+    session_started_early: AtomicBool,
     dynamic: RwLock<ClickHouseDynamicParams>,
 }
 
@@ -55,6 +58,7 @@ pub fn build_shared(
         key_columns,
         partitions: ctx.partitions,
         session: OnceCell::new(),
+        session_started_early: AtomicBool::new(false),
         dynamic: RwLock::new(dynamic),
     }))
 }
@@ -112,6 +116,21 @@ impl SinkShared {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = parsed;
         Ok(())
+    }
+
+    /// Starts the session in the background, once per sink, so that its checks run while the
+    /// partitions read their first epoch instead of after it. A refusal is left to the call
+    /// that needs the session ([`SinkShared::session`]), which starts it again and fails with it.
+    pub fn start_session_early(self: &Arc<Self>, stop: &watch::Receiver<bool>) {
+        if self.session_started_early.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let shared = Arc::clone(self);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            // The outcome is the session cell's: a started session is kept there.
+            let _ = shared.session(&stop).await;
+        });
     }
 
     /// The session, started on first use; `None` if the pipeline began stopping while an

@@ -11,6 +11,10 @@ use crate::message::MessageBatch;
 use crate::plugin::{Processor, ReadLimits, Source, SourceOutput};
 use crate::spec::{EpochSettings, ValidatedPipeline};
 
+/// The most messages one `Source::read` call is asked for; the slice goes on until the
+/// epoch's limits.
+pub(crate) const READ_CHUNK_MESSAGES: usize = 8192;
+
 /// Where one slice of reading ended.
 pub(crate) struct SliceEnd {
     /// The position after the last read (`None` if nothing was read: still where it started).
@@ -96,7 +100,7 @@ impl StreamGraph {
         self.batches.first().map_or(0, MessageBatch::len)
     }
 
-    /// Reads one slice into the source batch: until `epoch.max_messages`, `epoch.max_duration`,
+    /// Reads one slice into the source batch, in reads of at most [`READ_CHUNK_MESSAGES`]: until `epoch.max_messages`, `epoch.max_duration`,
     /// the source's end, a stop request, or (`until`) the given position.
     pub(crate) async fn read_slice(
         &mut self,
@@ -123,10 +127,13 @@ impl StreamGraph {
                 dead_letters: &mut *dead_letters,
             };
             let limits = ReadLimits {
-                max_messages: remaining,
+                max_messages: remaining.min(READ_CHUNK_MESSAGES),
                 deadline,
             };
             let read = source.read(&mut out, limits).await?;
+            // A source that never waits (the generator, a file in the page cache) would hold
+            // the thread for the whole epoch; between chunks the delivery lanes get their turn.
+            tokio::task::yield_now().await;
             let reached = until.is_some_and(|u| u == read.position.as_slice());
             end.position = Some(read.position);
             end.lag = read.lag.or(end.lag);
