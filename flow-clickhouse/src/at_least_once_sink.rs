@@ -3,6 +3,8 @@
 //! a part inserted before a failure may be inserted again when the epoch is replayed (a
 //! duplicate). Retryable errors are retried without limit; as in the reference, unknown ones fail
 //! the write (and the partition) after `max_insert_attempts` attempts and permanent ones at once.
+//! With `on_bad_rows: dead_letter` a part the server refuses for its rows is sent in halves
+//! ([`crate::split`]) and the rows it still refuses are committed as dead letters with the epoch.
 //! A stop in the middle of an epoch vetoes its commit, so the next run replays it. Accepts all three host forms; `shard_hosts` routes
 //! like the sharded exactly-once sink. It takes no part in the topology guard.
 
@@ -14,12 +16,14 @@ use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
 use tracing::warn;
 
+use crate::classify::{is_row_rejection, ClassifiedError};
 use crate::cutter::BatchCutter;
 use crate::guarantee::GiveUp;
 use crate::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
-use crate::params::SinkClass;
+use crate::params::{OnBadRows, SinkClass};
 use crate::session::WriterSession;
 use crate::sink_state::{build_shared, SinkShared};
+use crate::split::{Isolated, RefusedPart};
 
 pub fn build(
     ctx: &SinkBuildContext<'_>,
@@ -84,6 +88,14 @@ impl AtLeastOnceSink {
     }
 }
 
+impl AtLeastOnceSink {
+    /// Whether a refused part is sent in pieces (`on_bad_rows: dead_letter`) rather than failing
+    /// the partition.
+    fn splits(&self, error: &ClassifiedError) -> bool {
+        self.shared.params.spec.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
+    }
+}
+
 #[async_trait]
 impl Sink for AtLeastOnceSink {
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
@@ -107,6 +119,7 @@ impl Sink for AtLeastOnceSink {
                 payload: &part.payload,
                 compressed: part.compressed(),
                 sealed_at_ms: None,
+                answered_code: None,
             };
             let result = insert_part(&self.shared, &session, request, &mut stop).await;
             let retry_after = self.shared.dynamic().retry_backoff;
@@ -117,6 +130,34 @@ impl Sink for AtLeastOnceSink {
                         reason: "the pipeline is stopping before the epoch was written".to_owned(),
                         retry_after,
                     })
+                }
+                Err(InsertFailure::GaveUp(gave_up)) if self.splits(&gave_up.error) => {
+                    let refused = RefusedPart {
+                        shard: &part.shard,
+                        token: None,
+                        format: &part.format,
+                        payload: &part.payload,
+                        first_offset: part.first_offset,
+                        last_offset: part.last_offset,
+                        rows: part.rows,
+                        sealed_at_ms: None,
+                        refused: &gave_up.error,
+                    };
+                    let partition = self.ctx.partition;
+                    match refused
+                        .isolate(&self.shared, &session, partition, &stop)
+                        .await?
+                    {
+                        Isolated::Done(dead) => dead_letters.extend(dead),
+                        Isolated::Stopped => {
+                            return Ok(EpochOutcome::Veto {
+                                reason: "the pipeline is stopping before the epoch was written"
+                                    .to_owned(),
+                                retry_after,
+                            })
+                        }
+                        Isolated::GaveUp(reason) => return Err(reason.to_sink_error()),
+                    }
                 }
                 Err(InsertFailure::GaveUp(gave_up)) => {
                     return self.given_up(&session, &part.shard, &gave_up, retry_after)

@@ -307,6 +307,7 @@ async fn deliver_once(
         payload: &part.payload,
         compressed: part.compressed(),
         sealed_at_ms: None,
+        answered_code: None,
     };
     match insert_part(shared, &session, request, stop).await {
         Ok(_) => {

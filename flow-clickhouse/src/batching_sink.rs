@@ -10,7 +10,8 @@
 //! batch's bounds and hash; after a restart the batches are rebuilt from the source and checked
 //! ([`crate::rebuild`]) before they are sent.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -22,14 +23,17 @@ use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, S
 use flow_state::{SealedBatch, SinkPartition, StateStore};
 use tokio::sync::watch;
 
+use crate::classify::{is_row_rejection, ClassifiedError};
 use crate::compress::is_framed;
 use crate::cutter::BatchCutter;
 use crate::exactly_once::ExactlyOnce;
 use crate::fingerprint::{check_topology, TopologyDecision};
 use crate::insert::{insert_part, InsertFailure, InsertRequest};
-use crate::params::SinkClass;
+use crate::params::{OnBadRows, SinkClass};
 use crate::rebuild::Requeue;
+use crate::session::WriterSession;
 use crate::sink_state::{build_shared, SinkShared};
+use crate::split::{marker_prefix, refusal_from_marker, SplitOutcome, SplitPart};
 
 /// Builds either batching class from its spec parameters.
 pub fn build(
@@ -132,10 +136,15 @@ impl Sealer for BatchingSink {
                 return Ok(());
             }
         }
+        let split = {
+            let (store, key) = (self.ctx.store.clone(), key.clone());
+            blocking(move || split_seqs(&store, &key)).await?
+        };
         let deliverer: Arc<dyn BatchDeliverer> = Arc::new(ClickHouseDeliverer {
             shared: Arc::clone(&self.shared),
             exactly_once: Arc::clone(&self.exactly_once),
             store: self.ctx.store.clone(),
+            split: Mutex::new(split),
         });
         delivery.open(
             key,
@@ -219,11 +228,77 @@ impl Sealer for BatchingSink {
     }
 }
 
+/// The pending entries of `key` marked as delivered in pieces ([`crate::split`]).
+fn split_seqs(
+    store: &StateStore,
+    key: &SinkPartition,
+) -> Result<BTreeMap<u64, ClassifiedError>, flow_state::StateError> {
+    let prefix = marker_prefix(key.partition);
+    let marks = store.sink_values_with_prefix(&key.pipeline, &key.sink, &prefix)?;
+    Ok(marks
+        .iter()
+        .filter_map(|(name, value)| {
+            let seq = name.strip_prefix(&prefix)?.parse().ok()?;
+            Some((seq, refusal_from_marker(value)))
+        })
+        .collect())
+}
+
 /// Sends stored batches, retrying by error class, failing over within the shard.
 struct ClickHouseDeliverer {
     shared: Arc<SinkShared>,
     exactly_once: Arc<ExactlyOnce>,
     store: StateStore,
+    /// Pending entries that were being delivered in pieces when the worker last stopped.
+    split: Mutex<BTreeMap<u64, ClassifiedError>>,
+}
+
+impl ClickHouseDeliverer {
+    /// Whether a failed part is sent in pieces rather than given up.
+    fn splits(&self, error: &ClassifiedError) -> bool {
+        self.shared.params.spec.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
+    }
+
+    /// The refusal of a part that was being delivered in pieces when the worker last stopped.
+    fn was_split(&self, seq: u64) -> Option<ClassifiedError> {
+        self.split
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&seq)
+            .cloned()
+    }
+
+    /// Delivers the part in pieces ([`SplitPart`]), as the server refused it with `refused`.
+    async fn split(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        refused: &ClassifiedError,
+        session: &WriterSession,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(), SinkError> {
+        let part = SplitPart {
+            shared: &self.shared,
+            session,
+            store: &self.store,
+            key,
+            seq,
+            batch,
+            refused,
+        };
+        match part.deliver(stop).await? {
+            SplitOutcome::Delivered => {
+                self.split
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .remove(&seq);
+                Ok(())
+            }
+            SplitOutcome::Stopped => Ok(()),
+            SplitOutcome::GaveUp(reason) => Err(self.exactly_once.give_up(&self.shared, reason)),
+        }
+    }
 }
 
 #[async_trait]
@@ -241,6 +316,9 @@ impl BatchDeliverer for ClickHouseDeliverer {
             // Stopping: the batch stays in the outbox for the next run.
             return Ok(());
         };
+        if let Some(refused) = self.was_split(seq) {
+            return self.split(key, seq, batch, &refused, &session, stop).await;
+        }
         let mut stop = stop.clone();
         let result = insert_part(
             &self.shared,
@@ -251,6 +329,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 payload: &batch.payload,
                 compressed: is_framed(&batch.format),
                 sealed_at_ms: Some(batch.sealed_at_ms),
+                answered_code: None,
             },
             &mut stop,
         )
@@ -262,6 +341,10 @@ impl BatchDeliverer for ClickHouseDeliverer {
             }
             // Stopping leaves the batch in the outbox for the next run.
             Err(InsertFailure::Stopped) => Ok(()),
+            Err(InsertFailure::GaveUp(gave_up)) if self.splits(&gave_up.error) => {
+                self.split(key, seq, batch, &gave_up.error, &session, &stop)
+                    .await
+            }
             Err(InsertFailure::GaveUp(gave_up)) => Err(self.exactly_once.give_up(
                 &self.shared,
                 gave_up.reason(&session, &batch.shard, Some(&batch.token)),

@@ -82,7 +82,8 @@ pub const RETRYABLE_CODES: &[(u32, &str)] = &[
     (1000, "POCO_EXCEPTION"),
 ];
 
-/// The permanent codes: the reference's permanent table.
+/// The permanent codes: the reference's permanent table, plus 395 (a `throwIf` in a column's
+/// expression fired: a deterministic verdict on the rows sent, which a retry repeats).
 pub const PERMANENT_CODES: &[(u32, &str)] = &[
     (6, "CANNOT_PARSE_TEXT"),
     (7, "INCORRECT_NUMBER_OF_COLUMNS"),
@@ -112,7 +113,15 @@ pub const PERMANENT_CODES: &[(u32, &str)] = &[
     (321, "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE"),
     (349, "CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN"),
     (392, "QUERY_IS_PROHIBITED"),
+    (395, "FUNCTION_THROW_IF_VALUE_IS_NON_ZERO"),
     (516, "AUTHENTICATION_FAILED"),
+];
+
+/// Codes that are about the target or the request, never about the rows sent: splitting a part
+/// refused with one of them could only refuse every row, so the insert is given up instead
+/// ([`is_row_rejection`]).
+pub const TARGET_CODES: &[u32] = &[
+    7, 16, 20, 47, 60, 62, 80, 81, 115, 164, 192, 193, 194, 195, 291, 392, 497, 516,
 ];
 
 /// Names of a few frequent codes that are deliberately unclassified, for readable logs.
@@ -143,6 +152,17 @@ pub fn classify_code(code: u32) -> ErrorClass {
         ErrorClass::Permanent
     } else {
         ErrorClass::Unknown
+    }
+}
+
+/// Whether a failure that ended an insert may be caused by some of its rows, so that sending
+/// them in smaller pieces can isolate them: the server refused the insert with an error code
+/// that is neither transient nor about the target ([`TARGET_CODES`]). A failure without a code
+/// (the connection, the columns guard) is never a row's fault.
+pub fn is_row_rejection(err: &ClassifiedError) -> bool {
+    match err.code {
+        Some(code) => err.class != ErrorClass::Retryable && !TARGET_CODES.contains(&code),
+        None => false,
     }
 }
 
@@ -323,6 +343,22 @@ pub fn log_unknown(err: &ClassifiedError, database: &str, table: &str, endpoint:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_coded_refusal_that_is_not_about_the_target_may_be_a_rows_fault() {
+        let coded = |code| ClassifiedError::from_server(Some(code), "x");
+        // throwIf, a value out of range, a parse error: the rows.
+        for code in [395, 321, 27, 53] {
+            assert!(is_row_rejection(&coded(code)), "{code}");
+        }
+        // No table, no column, no right, a wrong password; or transient; or no code at all.
+        for code in [60, 16, 497, 193, 252, 319] {
+            assert!(!is_row_rejection(&coded(code)), "{code}");
+        }
+        assert!(!is_row_rejection(&ClassifiedError::from_server(
+            None, "cut"
+        )));
+    }
 
     /// The tables of the reference document, verbatim.
     const REFERENCE_RETRYABLE: [u32; 24] = [

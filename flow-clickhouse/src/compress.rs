@@ -92,12 +92,41 @@ fn finish_frame(out: &mut [u8], start: usize, method: u8, data_len: usize) {
     out[start..header].copy_from_slice(&checksum.to_le_bytes());
 }
 
+/// The encoded rows inside a stored payload of `format`: the payload itself when it is not
+/// framed, else the data of its one frame (LZ4 decompressed). Errors name what is wrong.
+pub fn unframe(format: &str, payload: &[u8]) -> Result<Vec<u8>, String> {
+    if !is_framed(format) {
+        return Ok(payload.to_vec());
+    }
+    let header = payload
+        .get(CHECKSUM_SIZE..CHECKSUM_SIZE + HEADER_SIZE)
+        .ok_or_else(|| format!("a frame of {} bytes has no header", payload.len()))?;
+    let word = |at: usize| {
+        u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]) as usize
+    };
+    let (frame_len, raw_len) = (word(1), word(5));
+    let frame = &payload[CHECKSUM_SIZE..];
+    if frame.len() != frame_len || frame_len < HEADER_SIZE {
+        return Err(format!(
+            "the frame says {frame_len} bytes, the payload holds {}",
+            frame.len()
+        ));
+    }
+    let data = &frame[HEADER_SIZE..];
+    match header[0] {
+        METHOD_LZ4 => lz4_flex::block::decompress(data, raw_len)
+            .map_err(|err| format!("the LZ4 frame does not decompress: {err}")),
+        METHOD_NONE => Ok(data.to_vec()),
+        other => Err(format!("unknown frame method {other:#x}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Decodes one frame, checking everything ClickHouse checks.
-    fn unframe(framed: &[u8]) -> Vec<u8> {
+    fn unframe_checked(framed: &[u8]) -> Vec<u8> {
         let header = &framed[CHECKSUM_SIZE..CHECKSUM_SIZE + HEADER_SIZE];
         let frame_len = u32::from_le_bytes(header[1..5].try_into().unwrap()) as usize;
         let raw_len = u32::from_le_bytes(header[5..9].try_into().unwrap()) as usize;
@@ -126,7 +155,22 @@ mod tests {
         frame_lz4(&data, &mut framed);
         assert!(framed.len() < data.len() / 4);
         assert_eq!(framed[16], METHOD_LZ4);
-        assert_eq!(unframe(&framed), data);
+        assert_eq!(unframe_checked(&framed), data);
+    }
+
+    #[test]
+    fn unframe_reads_back_what_seal_stored_and_names_a_cut_frame() {
+        let data: Vec<u8> = (0..100_000).map(|i| (i % 7) as u8).collect();
+        for codec in [Codec::Lz4, Codec::None] {
+            let (format, payload) = seal(codec, &data);
+            assert_eq!(unframe(&format, &payload).unwrap(), data);
+            assert_eq!(unframe_checked(&payload), data);
+            let cut = unframe(&format, &payload[..payload.len() - 1]).unwrap_err();
+            assert!(cut.contains("the payload holds"), "{cut}");
+        }
+        assert_eq!(unframe("RowBinary", b"raw").unwrap(), b"raw");
+        let short = unframe("RowBinary;lz4", &[0; 10]).unwrap_err();
+        assert!(short.contains("no header"), "{short}");
     }
 
     #[test]
@@ -137,7 +181,7 @@ mod tests {
         assert_eq!(framed.len(), 25 + data.len());
         assert_eq!(framed[16], METHOD_NONE);
         assert_eq!(&framed[25..], &data[..]);
-        assert_eq!(unframe(&framed), data);
+        assert_eq!(unframe_checked(&framed), data);
     }
 
     #[test]

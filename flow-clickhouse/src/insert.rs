@@ -99,6 +99,9 @@ pub struct InsertRequest<'a> {
     /// When the part was sealed into the outbox (ms since the Unix epoch): while it cannot be
     /// sent, its age is watched against the shard's dedup window ([`crate::backlog_age`]).
     pub sealed_at_ms: Option<u64>,
+    /// The code the server already refused these rows with (a piece of a refused part,
+    /// [`crate::split`]): an attempt failing with it again is final, without a retry.
+    pub answered_code: Option<u32>,
 }
 
 /// Sends one part to its shard, failing over to the next host after each failed attempt.
@@ -115,6 +118,7 @@ pub async fn insert_part(
         payload,
         compressed,
         sealed_at_ms,
+        answered_code,
     } = request;
     let Some(shard) = session.shard(shard_name) else {
         return Err(InsertFailure::GaveUp(GaveUp {
@@ -166,7 +170,8 @@ pub async fn insert_part(
             }
             Err(err) => err,
         };
-        if err.class == ErrorClass::Unknown {
+        let answered = answered_code.is_some() && err.code == answered_code;
+        if err.class == ErrorClass::Unknown && !answered {
             log_unknown(
                 &err,
                 &session.database,
@@ -179,9 +184,10 @@ pub async fn insert_part(
         // the next part must not go to the host that just failed (at-most-once would lose every
         // later part while a live replica waits).
         shard.advance();
-        if !on_failure
-            .retry
-            .again(attempts, dynamic.max_insert_attempts)
+        if answered
+            || !on_failure
+                .retry
+                .again(attempts, dynamic.max_insert_attempts)
         {
             return Err(InsertFailure::GaveUp(GaveUp {
                 error: err,

@@ -3,7 +3,7 @@
 //! Architecture: a sink class ([`SinkClass`]) maps to a delivery [`Guarantee`] and a host-form
 //! rule; its spec is validated once into typed parameters (`params`, with the `topology` of
 //! parsed endpoints and an optional TLS config). Every class shares one per-sink state
-//! (`sink_state`) whose writer session (`session`) starts lazily on the first write, waiting out
+//! (`sink_state`) whose writer session (`session`) starts when the first partition opens, waiting out
 //! unreachable endpoints (`session_wait`), probing every endpoint (engine, schema, replication
 //! identity, capabilities, `dedup_window`) and planning the RowBinary encoding (`chtype`,
 //! `rowbinary`). Epochs are cut into encoded per-shard parts (`cutter`, routed by `routing`,
@@ -12,8 +12,9 @@
 //!
 //! The sinks: `batching_sink` (exactly-once: the outbox, tokens and the topology guard of
 //! `fingerprint`, with its per-sink state in `exactly_once`; pending batches stored as bounds
-//! are rebuilt from the source by `rebuild`), `at_least_once_sink` and
-//! `at_most_once_sink`. [`register`] adds them to a registry.
+//! are rebuilt from the source by `rebuild`; with `on_bad_rows: dead_letter` a part the server
+//! refuses is delivered in halves by `split`, which reads rows back with `row_spans`),
+//! `at_least_once_sink` and `at_most_once_sink`. [`register`] adds them to a registry.
 
 mod at_least_once_sink;
 mod at_most_once_sink;
@@ -35,10 +36,12 @@ mod params;
 mod protocol;
 mod rebuild;
 mod routing;
+mod row_spans;
 mod rowbinary;
 mod session;
 mod session_wait;
 mod sink_state;
+mod split;
 mod tls;
 mod topology;
 
@@ -48,12 +51,13 @@ use flow_core::Registry;
 
 pub use chtype::{check_mapping, ChType};
 pub use classify::{ClassifiedError, ErrorClass};
-pub use compress::seal;
+pub use compress::{seal, unframe};
 pub use fingerprint::topology_fingerprint;
 pub use guarantee::Guarantee;
 pub use params::{ClickHouseDynamicParams, ClickHouseParams, Codec, SinkClass};
 pub use routing::{routing_key, RendezvousRouter};
 pub use rowbinary::{EncodedColumn, RowBinaryEncoder};
+pub use split::requeued_batch;
 pub use tls::{base_client, ConfiguredRootsVerifier, TlsOptions};
 
 /// Registers the ClickHouse sink classes (and their `NYT::NFlow::T…` aliases) in `registry`.

@@ -50,6 +50,18 @@ impl Requeue<'_> {
             if !self.rebuild(std::mem::take(&mut run), delivery).await? {
                 return Ok(());
             }
+            let plan = self.session.encoder.plan_fingerprint();
+            if stored.batch.plan != plan {
+                // Stored bytes are sent as they are: under another plan they would land in the
+                // wrong columns or types.
+                return Err(self.mismatch(
+                    &stored,
+                    &format!(
+                        "its stored rows were encoded with plan {} and the table's columns now give plan {plan} (a column was added, removed or changed type)",
+                        stored.batch.plan
+                    ),
+                ));
+            }
             let key = self.ctx.state_key();
             if !delivery.push_stored(&self.ctx.store, &key, stored).await? {
                 return Ok(());

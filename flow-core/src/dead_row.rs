@@ -22,6 +22,56 @@ pub struct DeadRow {
     pub code: Option<i64>,
     /// The row by column name.
     pub row: serde_json::Value,
+    /// What the sink needs to send the row again as it was (rows the server refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resend: Option<ResendRow>,
+}
+
+/// A refused row as its sink encoded it, so that `dead-letters requeue` can put it back into the
+/// sink's outbox byte for byte, under a token of its own.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResendRow {
+    /// e.g. `default.events`.
+    pub target: String,
+    /// The columns the bytes are encoded for.
+    pub columns: Vec<String>,
+    /// The stored format of the batch the row came from (its framing).
+    pub format: String,
+    /// The fingerprint of the encoding plan.
+    pub plan: String,
+    /// The deduplication token the row is sent under.
+    pub token: String,
+    /// The message-id bounds the row is known to lie within (equal when its offset is known).
+    pub first_offset: u64,
+    pub last_offset: u64,
+    /// The row's encoded bytes, in hexadecimal.
+    pub encoded_hex: String,
+}
+
+impl ResendRow {
+    pub fn hex(bytes: &[u8]) -> String {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = String::with_capacity(bytes.len() * 2);
+        for byte in bytes {
+            out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+            out.push(char::from(DIGITS[usize::from(byte & 15)]));
+        }
+        out
+    }
+
+    /// The encoded bytes; `None` when `encoded_hex` is not hexadecimal.
+    pub fn encoded(&self) -> Option<Vec<u8>> {
+        let digits = self.encoded_hex.as_bytes();
+        if !digits.len().is_multiple_of(2) {
+            return None;
+        }
+        let value = |d: u8| char::from(d).to_digit(16).map(|v| v as u8);
+        digits
+            .chunks(2)
+            .map(|pair| Some(value(pair[0])? << 4 | value(pair[1])?))
+            .collect()
+    }
 }
 
 impl DeadRow {
@@ -69,6 +119,33 @@ mod tests {
     use crate::types::{Column, StreamSchema, StreamType};
 
     #[test]
+    fn resend_bytes_round_trip_through_hex_and_bad_hex_is_none() {
+        let bytes = [0u8, 1, 0x7f, 0x80, 0xff];
+        let resend = ResendRow {
+            target: "default.t".to_owned(),
+            columns: vec!["id".to_owned()],
+            format: "RowBinary;lz4".to_owned(),
+            plan: "p".to_owned(),
+            token: "t#3-3".to_owned(),
+            first_offset: 3,
+            last_offset: 3,
+            encoded_hex: ResendRow::hex(&bytes),
+        };
+        assert_eq!(resend.encoded_hex, "00017f80ff");
+        assert_eq!(resend.encoded().as_deref(), Some(&bytes[..]));
+        let odd = ResendRow {
+            encoded_hex: "abc".to_owned(),
+            ..resend.clone()
+        };
+        assert_eq!(odd.encoded(), None);
+        let not_hex = ResendRow {
+            encoded_hex: "zz".to_owned(),
+            ..resend
+        };
+        assert_eq!(not_hex.encoded(), None);
+    }
+
+    #[test]
     fn a_dead_row_round_trips_through_its_json_payload() {
         let schema = StreamSchema::new(vec![
             Column::new("id", StreamType::Uint64),
@@ -91,6 +168,7 @@ mod tests {
                 column: Some("name".to_owned()),
                 code: None,
                 row: serde_json::json!({"id": 5, "name": "a \"quoted\"\n name"}),
+                resend: None,
             }
         );
     }

@@ -38,7 +38,7 @@ mod spec_text;
 mod types;
 
 pub use capacity::{CapacityDecay, FaultedIn};
-pub use dead_row::DeadRow;
+pub use dead_row::{DeadRow, ResendRow};
 pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,

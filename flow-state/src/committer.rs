@@ -95,9 +95,12 @@ pub(crate) struct PreparedCommit {
     pub pipeline: String,
     pub partition: u32,
     pub position_key: Vec<u8>,
-    pub position: Vec<u8>,
+    /// `None` leaves the position as it is (dead letters requeued into the outbox).
+    pub position: Option<Vec<u8>>,
     pub source_dead_letters: PreparedDeadLetters,
     pub sinks: Vec<PreparedSink>,
+    /// `dead_letters` keys removed in the same transaction.
+    pub removed_dead_letters: Vec<Vec<u8>>,
 }
 
 pub(crate) struct PreparedAck {
@@ -105,6 +108,10 @@ pub(crate) struct PreparedAck {
     pub queue_key: Vec<u8>,
     pub seq: u64,
     pub sink_values: Vec<(Vec<u8>, Vec<u8>)>,
+    /// `sink_values` keys removed with the acknowledgement.
+    pub removed_sink_values: Vec<Vec<u8>>,
+    /// Rows of the batch set aside, recorded in the same transaction.
+    pub dead_letters: PreparedDeadLetters,
 }
 
 pub(crate) struct PreparedFingerprints {
@@ -118,6 +125,8 @@ pub(crate) enum Op {
     Commit(PreparedCommit),
     Ack(PreparedAck),
     SetFingerprints(PreparedFingerprints),
+    /// Sets (`Some`) or removes (`None`) one `sink_values` key.
+    SetSinkValue(Vec<u8>, Option<Vec<u8>>),
     /// Removes these `dead_letters` keys (their owners' counters stay: seqs are never reused).
     RemoveDeadLetters(Vec<Vec<u8>>),
     Shutdown,
@@ -368,7 +377,12 @@ pub(crate) fn apply_commit(t: &Trees, c: &PreparedCommit) -> Result<CommitReceip
         &t.dead_letter_seq,
     )
         .transaction(|(positions, batches, batch_seq, dead_letters, dl_seq)| {
-            positions.insert(c.position_key.as_slice(), c.position.as_slice())?;
+            if let Some(position) = &c.position {
+                positions.insert(c.position_key.as_slice(), position.as_slice())?;
+            }
+            for key in &c.removed_dead_letters {
+                dead_letters.remove(key.as_slice())?;
+            }
             append_dead_letters(dead_letters, dl_seq, &c.source_dead_letters)?;
             let mut receipt = Vec::with_capacity(c.sinks.len());
             for sink in &c.sinks {
@@ -412,8 +426,14 @@ pub(crate) fn apply_commit(t: &Trees, c: &PreparedCommit) -> Result<CommitReceip
 /// different shards are delivered independently, each in order within its shard. `head` stays a
 /// lower bound of the pending sequence numbers.
 pub(crate) fn apply_ack(t: &Trees, a: &PreparedAck) -> Result<Option<u64>, StateError> {
-    (&t.batches, &t.batch_seq, &t.sink_values)
-        .transaction(|(batches, batch_seq, sink_values)| {
+    (
+        &t.batches,
+        &t.batch_seq,
+        &t.sink_values,
+        &t.dead_letters,
+        &t.dead_letter_seq,
+    )
+        .transaction(|(batches, batch_seq, sink_values, dead_letters, dl_seq)| {
             let mut bounds = read_bounds(batch_seq, &a.queue_key)?;
             let batch_key = seq_key(&a.queue_key, a.seq);
             let removed = if (bounds.head..bounds.next).contains(&a.seq) {
@@ -438,9 +458,25 @@ pub(crate) fn apply_ack(t: &Trees, a: &PreparedAck) -> Result<Option<u64>, State
             for (key, value) in &a.sink_values {
                 sink_values.insert(key.as_slice(), value.as_slice())?;
             }
+            for key in &a.removed_sink_values {
+                sink_values.remove(key.as_slice())?;
+            }
+            append_dead_letters(dead_letters, dl_seq, &a.dead_letters)?;
             Ok(segment)
         })
         .map_err(|e| tx_error("acknowledge transaction", a.key.to_string(), e))
+}
+
+pub(crate) fn apply_sink_value(
+    t: &Trees,
+    key: &[u8],
+    value: Option<&[u8]>,
+) -> Result<(), StateError> {
+    let result = match value {
+        Some(value) => t.sink_values.insert(key, value).map(|_| ()),
+        None => t.sink_values.remove(key).map(|_| ()),
+    };
+    result.map_err(|e| StateError::sled("set sink value", show_key(key), e))
 }
 
 pub(crate) fn apply_dead_letter_removal(t: &Trees, keys: &[Vec<u8>]) -> Result<u64, StateError> {
@@ -544,6 +580,9 @@ impl Committer {
                 Ok(Outcome::Done)
             }
             Op::SetFingerprints(f) => apply_fingerprints(&self.trees, f).map(|()| Outcome::Done),
+            Op::SetSinkValue(key, value) => {
+                apply_sink_value(&self.trees, key, value.as_deref()).map(|()| Outcome::Done)
+            }
             Op::RemoveDeadLetters(keys) => {
                 apply_dead_letter_removal(&self.trees, keys).map(Outcome::Removed)
             }

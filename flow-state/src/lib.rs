@@ -50,8 +50,9 @@ pub use summary::{
     PositionEncoding, PositionInfo, SinkPartitionSummary, StateSummary, RECENT_DEAD_LETTERS,
 };
 pub use types::{
-    BatchStorage, CommitReceipt, DeadLetter, EpochCommit, PayloadRef, SealedBatch, SinkEpochCommit,
-    SinkPartition, StoreOptions, StoreStats, StoredBatch, StoredBody, StoredDeadLetter,
+    AckExtras, BatchStorage, CommitReceipt, DeadLetter, EpochCommit, PayloadRef, SealedBatch,
+    SinkEpochCommit, SinkPartition, StoreOptions, StoreStats, StoredBatch, StoredBody,
+    StoredDeadLetter,
 };
 
 use codec::BodyRecord;
@@ -223,6 +224,47 @@ impl StateStore {
         self.inner.submit(op).await.map(|_| ())
     }
 
+    /// Removes a pending batch, as [`StateStore::acknowledge`] does, together with what its
+    /// delivery left behind, in one transaction: the rows set aside (`dead_letters`, which
+    /// join the sink's dead letters of `key.partition`) and the sink values it no longer needs.
+    pub async fn acknowledge_with(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        extras: AckExtras,
+    ) -> Result<(), StateError> {
+        let mut ack = prepare_ack(key, seq, extras.sink_values)?;
+        for name in &extras.removed_sink_values {
+            check_name("sink value", name)?;
+            ack.removed_sink_values
+                .push(codec::sink_value_key(&key.pipeline, &key.sink, name));
+        }
+        ack.dead_letters = prepare_dead_letters(
+            &key.pipeline,
+            &key.sink,
+            key.partition,
+            &extras.dead_letters,
+        )?;
+        self.inner.submit(Op::Ack(ack)).await.map(|_| ())
+    }
+
+    /// Durably sets (`Some`) or removes (`None`) one sink-wide value (see
+    /// [`StateStore::sink_value`]).
+    pub async fn set_sink_value(
+        &self,
+        pipeline: &str,
+        sink: &str,
+        name: &str,
+        value: Option<Vec<u8>>,
+    ) -> Result<(), StateError> {
+        check_name("pipeline", pipeline)?;
+        check_name("sink", sink)?;
+        check_name("sink value", name)?;
+        let key = codec::sink_value_key(pipeline, sink, name);
+        let op = Op::SetSinkValue(key, value);
+        self.inner.submit(op).await.map(|_| ())
+    }
+
     /// Blocking form of [`StateStore::acknowledge`].
     pub fn acknowledge_blocking(
         &self,
@@ -359,20 +401,39 @@ impl StateStore {
         &self,
         letters: &[StoredDeadLetter],
     ) -> Result<u64, StateError> {
-        let keys = letters
-            .iter()
-            .map(|d| {
-                let prefix = codec::queue_key(&d.pipeline, &d.owner, d.letter.partition);
-                codec::seq_key(&prefix, d.seq)
-            })
-            .collect();
+        let keys = letters.iter().map(dead_letter_key).collect();
         match self.inner.submit_blocking(Op::RemoveDeadLetters(keys))? {
             Outcome::Removed(removed) => Ok(removed),
             Outcome::Commit(_) | Outcome::Done => Ok(0),
         }
     }
 
-    /// A sink-wide value set by [`StateStore::acknowledge`].
+    /// Moves sink dead letters back into their sinks' outboxes (blocking): each becomes the
+    /// given batch, appended to the queue of its sink and partition with its payload stored, and
+    /// the dead letter is removed in the same transaction (one per partition). Source positions
+    /// stay as they are. Returns how many were moved.
+    pub fn requeue_dead_letters_blocking(
+        &self,
+        requeued: Vec<(StoredDeadLetter, SealedBatch)>,
+    ) -> Result<u64, StateError> {
+        let mut by_partition: BTreeMap<(String, u32), Vec<(StoredDeadLetter, SealedBatch)>> =
+            BTreeMap::new();
+        for (letter, batch) in requeued {
+            check_name("sink", &letter.owner)?;
+            let place = (letter.pipeline.clone(), letter.letter.partition);
+            by_partition.entry(place).or_default().push((letter, batch));
+        }
+        let mut moved = 0;
+        for ((pipeline, partition), items) in by_partition {
+            let commit = prepare_requeue(&pipeline, partition, &items)?;
+            self.inner.submit_blocking(Op::Commit(commit))?;
+            moved += items.len() as u64;
+        }
+        Ok(moved)
+    }
+
+    /// A sink-wide value set by [`StateStore::acknowledge`], [`StateStore::acknowledge_with`] or
+    /// [`StateStore::set_sink_value`].
     pub fn sink_value(
         &self,
         pipeline: &str,
@@ -386,6 +447,25 @@ impl StateStore {
             .get(&key)
             .map(|v| v.map(|v| v.to_vec()))
             .map_err(|e| StateError::sled("get sink value", show_key(&key), e))
+    }
+
+    /// The sink-wide values of `sink` whose names start with `prefix`, by name.
+    pub fn sink_values_with_prefix(
+        &self,
+        pipeline: &str,
+        sink: &str,
+        prefix: &str,
+    ) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        let key_prefix = codec::sink_value_key(pipeline, sink, prefix);
+        let names_from = key_prefix.len() - prefix.len();
+        let mut out = Vec::new();
+        for item in self.inner.trees.sink_values.scan_prefix(&key_prefix) {
+            let (key, value) =
+                item.map_err(|e| StateError::sled("scan sink values", show_key(&key_prefix), e))?;
+            let name = String::from_utf8_lossy(&key[names_from..]).into_owned();
+            out.push((name, value.to_vec()));
+        }
+        Ok(out)
     }
 
     /// Records that this store belongs to `pipeline` with `partitions` partitions, or refuses
@@ -517,7 +597,7 @@ fn prepare_commit(c: &EpochCommit) -> Result<PreparedCommit, StateError> {
         pipeline: c.pipeline.clone(),
         partition: c.partition,
         position_key: codec::position_key(&c.pipeline, c.partition),
-        position: c.position.clone(),
+        position: Some(c.position.clone()),
         source_dead_letters: prepare_dead_letters(
             &c.pipeline,
             SOURCE_OWNER,
@@ -525,7 +605,53 @@ fn prepare_commit(c: &EpochCommit) -> Result<PreparedCommit, StateError> {
             &c.source_dead_letters,
         )?,
         sinks,
+        removed_dead_letters: Vec::new(),
     })
+}
+
+/// The commit of [`StateStore::requeue_dead_letters_blocking`] for one partition.
+fn prepare_requeue(
+    pipeline: &str,
+    partition: u32,
+    items: &[(StoredDeadLetter, SealedBatch)],
+) -> Result<PreparedCommit, StateError> {
+    check_name("pipeline", pipeline)?;
+    let mut sinks: BTreeMap<&str, Vec<&SealedBatch>> = BTreeMap::new();
+    for (letter, batch) in items {
+        sinks.entry(letter.owner.as_str()).or_default().push(batch);
+    }
+    let none = |owner: &str| prepare_dead_letters(pipeline, owner, partition, &[]);
+    let mut prepared = Vec::with_capacity(sinks.len());
+    for (sink, batches) in sinks {
+        let queue_key = codec::queue_key(pipeline, sink, partition);
+        let context = show_key(&queue_key);
+        let batches = batches
+            .into_iter()
+            .map(|b| prepare_batch(b, &BatchStorage::Payload, &context))
+            .collect::<Result<Vec<_>, _>>()?;
+        prepared.push(PreparedSink {
+            sink: sink.to_owned(),
+            queue_key,
+            values: Vec::with_capacity(batches.len()),
+            segments: Vec::new(),
+            batches,
+            dead_letters: none(sink)?,
+        });
+    }
+    Ok(PreparedCommit {
+        pipeline: pipeline.to_owned(),
+        partition,
+        position_key: codec::position_key(pipeline, partition),
+        position: None,
+        source_dead_letters: none(SOURCE_OWNER)?,
+        sinks: prepared,
+        removed_dead_letters: items.iter().map(|(l, _)| dead_letter_key(l)).collect(),
+    })
+}
+
+fn dead_letter_key(letter: &StoredDeadLetter) -> Vec<u8> {
+    let prefix = codec::queue_key(&letter.pipeline, &letter.owner, letter.letter.partition);
+    codec::seq_key(&prefix, letter.seq)
 }
 
 fn check_key(key: &SinkPartition) -> Result<(), StateError> {
@@ -552,6 +678,11 @@ fn prepare_ack(
         queue_key: codec::sink_queue_key(key),
         seq,
         sink_values: values,
+        removed_sink_values: Vec::new(),
+        dead_letters: PreparedDeadLetters {
+            counter_key: Vec::new(),
+            items: Vec::new(),
+        },
     })
 }
 

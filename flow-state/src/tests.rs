@@ -1045,3 +1045,87 @@ fn dead_letters_are_listed_by_owner_and_removed_durably_without_reusing_seqs() {
         .collect();
     assert_eq!(seqs, [1, 2]);
 }
+
+#[test]
+fn an_acknowledgement_with_extras_records_dead_letters_and_removes_values_in_one_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    let k = key("ch", 3);
+    store
+        .commit_blocking(epoch(3, "p1", vec![sink("ch", vec![batch(3, 0, 64)])]))
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        store
+            .set_sink_value("pipe", "ch", "split/3/0", Some(b"395".to_vec()))
+            .await
+            .unwrap();
+        store
+            .set_sink_value("pipe", "ch", "split/31/0", Some(b"1".to_vec()))
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .sink_values_with_prefix("pipe", "ch", "split/3/")
+                .unwrap(),
+            vec![("split/3/0".to_owned(), b"395".to_vec())]
+        );
+        let extras = AckExtras {
+            removed_sink_values: vec!["split/3/0".to_owned()],
+            dead_letters: vec![dead_letter(3, 7, "refused"), dead_letter(3, 9, "refused")],
+            ..AckExtras::default()
+        };
+        store.acknowledge_with(&k, 0, extras.clone()).await.unwrap();
+        // Acknowledged once: a second time is refused and records nothing.
+        let again = store.acknowledge_with(&k, 0, extras).await.unwrap_err();
+        assert!(matches!(again, StateError::NotPending { .. }), "{again}");
+    });
+    assert_eq!(store.undelivered(&k).unwrap(), vec![]);
+    assert_eq!(store.sink_value("pipe", "ch", "split/3/0").unwrap(), None);
+    assert_eq!(
+        store.sink_value("pipe", "ch", "split/31/0").unwrap(),
+        Some(b"1".to_vec())
+    );
+    let dead = store.dead_letters("pipe", "ch", 3).unwrap();
+    assert_eq!(
+        dead,
+        vec![dead_letter(3, 7, "refused"), dead_letter(3, 9, "refused")]
+    );
+    store.close().unwrap();
+}
+
+#[test]
+fn requeued_dead_letters_become_pending_payload_batches_and_the_position_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    let mut commit = epoch(1, "p9", vec![sink("ch", vec![])]);
+    commit.sinks[0].dead_letters = vec![dead_letter(1, 4, "a"), dead_letter(1, 5, "b")];
+    store.commit_blocking(commit).unwrap();
+    let letters = store.all_dead_letters(Some("ch")).unwrap();
+    assert_eq!(letters.len(), 2);
+    let requeued: Vec<_> = letters
+        .iter()
+        .zip([batch(1, 4, 16), batch(1, 5, 16)])
+        .map(|(letter, batch)| (letter.clone(), batch))
+        .collect();
+    assert_eq!(
+        store
+            .requeue_dead_letters_blocking(requeued.clone())
+            .unwrap(),
+        2
+    );
+    drop(store);
+
+    let store = StateStore::open(dir.path()).unwrap();
+    assert_eq!(store.all_dead_letters(Some("ch")).unwrap(), vec![]);
+    assert_eq!(store.position("pipe", 1).unwrap(), Some(b"p9".to_vec()));
+    let k = key("ch", 1);
+    let pending = store.undelivered(&k).unwrap();
+    assert_eq!(pending.len(), 2);
+    for (stored, (_, batch)) in pending.iter().zip(&requeued) {
+        assert_stored_payload(&store, &k, stored, batch);
+    }
+    store.close().unwrap();
+}

@@ -166,6 +166,17 @@ pub struct DeadLetter {
     pub payload: Vec<u8>,
 }
 
+/// What [`crate::StateStore::acknowledge_with`] records with an acknowledgement.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AckExtras {
+    /// Sink-wide values to set.
+    pub sink_values: Vec<(String, Vec<u8>)>,
+    /// Sink-wide values to remove.
+    pub removed_sink_values: Vec<String>,
+    /// Rows of the batch set aside; they join the sink's dead letters of the partition.
+    pub dead_letters: Vec<DeadLetter>,
+}
+
 /// A dead letter as stored: its owner (a sink name, or [`crate::SOURCE_OWNER`]) and its place in
 /// the owner's per-partition sequence.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -46,7 +46,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List, export (JSON lines on stdout) or purge the dead letters of a stopped worker.
+    /// List, export (JSON lines on stdout), requeue (the rows the server refused go back into the
+    /// outbox for the next run) or purge the dead letters of a stopped worker.
     DeadLetters {
         #[arg(value_enum)]
         action: Action,

@@ -1,4 +1,4 @@
-//! `flow-worker dead-letters list|export|purge`: what sources and sinks set aside, read from a
+//! `flow-worker dead-letters list|export|requeue|purge`: what sources and sinks set aside, read from a
 //! state directory (the worker must be stopped: the store is locked while it runs).
 //!
 //! A sink's dead letter carries a [`DeadRow`] (message id, shard, column, server code, the row by
@@ -21,6 +21,9 @@ pub enum Action {
     List,
     /// JSON lines on stdout: pipeline, sink, message_id, code, column, shard, reason, row.
     Export,
+    /// Put the rows the server refused back into their sinks' outboxes; the next `run` or
+    /// `drain` sends them, exactly once for the exactly-once classes.
+    Requeue,
     /// Remove them (needs --yes).
     Purge,
 }
@@ -46,6 +49,7 @@ pub fn dead_letters(
     let code = match action {
         Action::List => list(&letters),
         Action::Export => export(&letters)?,
+        Action::Requeue => requeue(&store, letters)?,
         Action::Purge => purge(&store, &letters, yes)?,
     };
     store.close().context("closing the state store")?;
@@ -120,6 +124,50 @@ fn export(letters: &[StoredDeadLetter]) -> anyhow::Result<ExitCode> {
         out.write_all(b"\n").context("writing to stdout")?;
     }
     out.flush().context("writing to stdout")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Moves every dead row that carries its encoded bytes back into its sink's outbox; the
+/// others (rows set aside before they were encoded, a source's records) stay, and are listed.
+fn requeue(store: &StateStore, letters: Vec<StoredDeadLetter>) -> anyhow::Result<ExitCode> {
+    let sealed_at_ms = flow_core::delivery::now_ms();
+    let mut moved = Vec::new();
+    let mut kept = 0usize;
+    for letter in letters {
+        let batch = match decode(&letter) {
+            Some(dead) => flow_clickhouse::requeued_batch(&dead, sealed_at_ms),
+            None if letter.owner == SOURCE_OWNER => {
+                Err("it is a source's record: fix the input and read it again".to_owned())
+            }
+            None => Err("its stored row cannot be read".to_owned()),
+        };
+        match batch {
+            Ok(batch) => moved.push((letter, batch)),
+            Err(why) => {
+                kept += 1;
+                eprintln!(
+                    "not requeued: {}/{} {}-{}: {why}",
+                    letter.pipeline,
+                    letter.owner,
+                    letter.letter.partition,
+                    letter
+                        .letter
+                        .offset
+                        .map_or_else(|| "?".to_owned(), |o| o.to_string()),
+                );
+            }
+        }
+    }
+    let requeued = store
+        .requeue_dead_letters_blocking(moved)
+        .context("moving the dead letters into the outbox")?;
+    println!(
+        "requeued {requeued} dead letter(s) into the outbox; `flow-worker run` or `flow-worker drain` with the pipeline's spec sends them"
+    );
+    if kept > 0 {
+        println!("{kept} dead letter(s) cannot be requeued and were kept (see above); `export` them to fix and feed them back");
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
 }
 

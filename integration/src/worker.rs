@@ -335,6 +335,35 @@ pub fn run_worker(
     })
 }
 
+/// `flow-worker-it run SPEC --state-dir STATE` to its end (finite sources), within `timeout`.
+pub fn run_spec(bin: &Path, spec: &Path, state: &Path, timeout: Duration) -> Result<WorkerOutput> {
+    let (spec, state) = (spec.display().to_string(), state.display().to_string());
+    run_worker(bin, &["run", &spec, "--state-dir", &state], &[], timeout)
+}
+
+/// `flow-worker-it dead-letters ACTION --state-dir STATE` (the worker must not be running).
+pub fn dead_letters_command(bin: &Path, action: &str, state: &Path) -> Result<WorkerOutput> {
+    let state = state.display().to_string();
+    run_worker(
+        bin,
+        &["dead-letters", action, "--state-dir", &state],
+        &[],
+        Duration::from_secs(60),
+    )
+}
+
+/// The lines of `dead-letters export`, parsed.
+pub fn export_dead_letters(bin: &Path, state: &Path) -> Result<Vec<serde_json::Value>> {
+    let out = dead_letters_command(bin, "export", state)?;
+    if out.code != Some(0) {
+        bail!("dead-letters export exited {:?}: {}", out.code, out.stderr);
+    }
+    out.stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).with_context(|| format!("parsing {line}")))
+        .collect()
+}
+
 /// `flow-worker-it status --json --state-dir STATE` (the worker must not be running): the JSON
 /// summary, or `None` if nothing was ever committed there (not a flow state directory yet). An
 /// error, with stderr, if the command fails otherwise.

@@ -46,38 +46,11 @@ fn write_spec(dir: &Path, table: &str, class: &str, on_bad_rows: Option<&str>) -
 }
 
 fn run_to_end(spec: &Path, state: &Path) -> WorkerOutput {
-    run_worker(
-        worker_bin!(),
-        &[
-            "run",
-            &spec.display().to_string(),
-            "--state-dir",
-            &state.display().to_string(),
-        ],
-        &[],
-        Duration::from_secs(120),
-    )
-    .unwrap()
+    run_spec(worker_bin!(), spec, state, Duration::from_secs(120)).unwrap()
 }
 
 fn export(state: &Path) -> Vec<Json> {
-    let out = run_worker(
-        worker_bin!(),
-        &[
-            "dead-letters",
-            "export",
-            "--state-dir",
-            &state.display().to_string(),
-        ],
-        &[],
-        Duration::from_secs(30),
-    )
-    .unwrap();
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
-    out.stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
+    export_dead_letters(worker_bin!(), state).unwrap()
 }
 
 fn bad_rows_go_to_dead_letters_and_the_rest_lands_once(class: &str) {
