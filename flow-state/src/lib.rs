@@ -47,7 +47,8 @@ pub use identity::PipelineIdentity;
 pub use segments::SEGMENT_ROLL_BYTES;
 pub use summary::{
     BatchBody, BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, PipelineSummary,
-    PositionEncoding, PositionInfo, SinkPartitionSummary, StateSummary, RECENT_DEAD_LETTERS,
+    PositionEncoding, PositionInfo, ShardBacklog, SinkPartitionSummary, StateSummary,
+    RECENT_DEAD_LETTERS,
 };
 pub use types::{
     AckExtras, BatchStorage, CommitReceipt, DeadLetter, EpochCommit, PayloadRef, SealedBatch,

@@ -92,10 +92,22 @@ pub struct SinkPartitionSummary {
     pub bytes: u64,
     pub oldest: Option<BatchInfo>,
     pub newest: Option<BatchInfo>,
+    /// The undelivered entries per shard (`""` when unsharded).
+    #[serde(default)]
+    pub shards: BTreeMap<String, ShardBacklog>,
     pub fingerprints: BTreeMap<String, String>,
     pub dead_letter_count: u64,
     /// The newest dead letters, newest last.
     pub recent_dead_letters: Vec<DeadLetterInfo>,
+}
+
+/// One shard's part of a sink partition's backlog.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ShardBacklog {
+    pub undelivered: u64,
+    pub rows: u64,
+    /// When its oldest undelivered entry was sealed (ms since the Unix epoch).
+    pub oldest_sealed_at_ms: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -232,6 +244,12 @@ pub(crate) fn build(trees: &Trees) -> Result<StateSummary, StateError> {
             entry.undelivered += 1;
             entry.rows += info.rows;
             entry.bytes += info.bytes;
+            let shard = entry.shards.entry(info.shard.clone()).or_default();
+            if shard.undelivered == 0 || info.sealed_at_ms < shard.oldest_sealed_at_ms {
+                shard.oldest_sealed_at_ms = info.sealed_at_ms;
+            }
+            shard.undelivered += 1;
+            shard.rows += info.rows;
             if entry.oldest.is_none() {
                 entry.oldest = Some(info.clone());
             }

@@ -60,7 +60,7 @@ pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     if json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
-        print!("{}", render(&summary));
+        print!("{}", render(&summary, flow_core::delivery::now_ms()));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -99,7 +99,8 @@ fn position_text(hex: &str) -> String {
     words.map_or_else(|| format!("0x{hex}"), |w| w.join("/"))
 }
 
-pub fn render(summary: &StateSummary) -> String {
+/// The status table; ages are measured at `now_ms` (ms since the Unix epoch).
+pub fn render(summary: &StateSummary, now_ms: u64) -> String {
     let mut out = String::new();
     if summary.pipelines.is_empty() {
         out.push_str("no pipeline has committed anything in this state directory\n");
@@ -139,8 +140,15 @@ pub fn render(summary: &StateSummary) -> String {
         }
         let _ = writeln!(
             out,
-            "  {:<16} {:>9} {:>11} {:>10} {:>12} {:>14} {:>12}",
-            "sink", "partition", "undelivered", "rows", "bytes", "oldest bound", "dead letters"
+            "  {:<16} {:>9} {:>11} {:>10} {:>12} {:>14} {:>10} {:>12}",
+            "sink",
+            "partition",
+            "undelivered",
+            "rows",
+            "bytes",
+            "oldest bound",
+            "oldest age",
+            "dead letters"
         );
         for sink in &pipeline.sinks {
             let oldest = sink
@@ -148,17 +156,32 @@ pub fn render(summary: &StateSummary) -> String {
                 .as_ref()
                 .map(|b| format!("{}-{}", sink.partition, b.last_offset))
                 .unwrap_or_else(|| "-".to_owned());
+            let age = sink.oldest.as_ref().map_or_else(
+                || "-".to_owned(),
+                |b| show_age(now_ms.saturating_sub(b.sealed_at_ms)),
+            );
             let _ = writeln!(
                 out,
-                "  {:<16} {:>9} {:>11} {:>10} {:>12} {:>14} {:>12}",
+                "  {:<16} {:>9} {:>11} {:>10} {:>12} {:>14} {:>10} {:>12}",
                 sink.sink,
                 sink.partition,
                 sink.undelivered,
                 sink.rows,
                 sink.bytes,
                 oldest,
+                age,
                 sink.dead_letter_count
             );
+            // Per shard of a sharded sink: a shard that is down shows its own growing backlog.
+            for (shard, backlog) in sink.shards.iter().filter(|(name, _)| !name.is_empty()) {
+                let _ = writeln!(
+                    out,
+                    "    shard {shard}: {} undelivered, {} rows, oldest age {}",
+                    backlog.undelivered,
+                    backlog.rows,
+                    show_age(now_ms.saturating_sub(backlog.oldest_sealed_at_ms))
+                );
+            }
             for (name, value) in &sink.fingerprints {
                 let _ = writeln!(out, "    fingerprint {name} = {value}");
             }
@@ -170,9 +193,20 @@ pub fn render(summary: &StateSummary) -> String {
     out
 }
 
+/// `45s`, `3m05s`, `2h04m`.
+fn show_age(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flow_state::{BatchInfo, ShardBacklog, SinkPartitionSummary};
 
     #[test]
     fn positions_of_builtin_sources_print_as_numbers() {
@@ -189,7 +223,7 @@ mod tests {
             .positions
             .insert(0, flow_state::PositionInfo::of(&50_000u64.to_be_bytes()));
         assert_eq!(
-            render(&summary),
+            render(&summary, 0),
             "pipeline p\n  partition              position\n  0                         50000\n"
         );
         let pipeline = summary.pipelines.entry("p".to_owned()).or_default();
@@ -200,8 +234,55 @@ mod tests {
             position.lag = Some(12);
         }
         assert_eq!(
-            render(&summary),
+            render(&summary, 0),
             "pipeline p\n  partition              position  lag (messages)\n  0                         50000              12\n  1                             7               -\n"
+        );
+    }
+
+    #[test]
+    fn the_oldest_pending_age_is_shown_per_sink_partition_and_per_shard() {
+        assert_eq!(
+            [0, 45_999, 185_000, 7_440_000].map(show_age),
+            ["0s", "45s", "3m05s", "2h04m"]
+        );
+        let mut summary = StateSummary::default();
+        let pipeline = summary.pipelines.entry("p".to_owned()).or_default();
+        let shard = |undelivered, oldest_sealed_at_ms| ShardBacklog {
+            undelivered,
+            rows: undelivered * 10,
+            oldest_sealed_at_ms,
+        };
+        pipeline.sinks.push(SinkPartitionSummary {
+            sink: "ch".to_owned(),
+            partition: 1,
+            undelivered: 3,
+            rows: 30,
+            oldest: Some(BatchInfo {
+                last_offset: 99,
+                sealed_at_ms: 1_000_000,
+                ..BatchInfo::default()
+            }),
+            shards: [
+                ("a".to_owned(), shard(1, 1_060_000)),
+                ("b".to_owned(), shard(2, 1_000_000)),
+            ]
+            .into_iter()
+            .collect(),
+            ..SinkPartitionSummary::default()
+        });
+        let text = render(&summary, 1_125_000);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[3].contains("1-99") && lines[3].contains("2m05s"),
+            "{text}"
+        );
+        assert_eq!(
+            lines[4],
+            "    shard a: 1 undelivered, 10 rows, oldest age 1m05s"
+        );
+        assert_eq!(
+            lines[5],
+            "    shard b: 2 undelivered, 20 rows, oldest age 2m05s"
         );
     }
 }
