@@ -120,6 +120,7 @@ impl Sink for AtLeastOnceSink {
                 compressed: part.compressed(),
                 sealed_at_ms: None,
                 answered_code: None,
+                attempts: None,
             };
             let result = insert_part(&self.shared, &session, request, &mut stop).await;
             let retry_after = self.shared.dynamic().retry_backoff;
@@ -162,6 +163,7 @@ impl Sink for AtLeastOnceSink {
                 Err(InsertFailure::GaveUp(gave_up)) => {
                     return self.given_up(&session, &part.shard, &gave_up, retry_after)
                 }
+                Err(other) => return Err(other.into_sink_error()),
             }
         }
         Ok(EpochOutcome::Commit(EpochWrite {

@@ -308,6 +308,7 @@ async fn deliver_once(
         compressed: part.compressed(),
         sealed_at_ms: None,
         answered_code: None,
+        attempts: None,
     };
     match insert_part(shared, &session, request, stop).await {
         Ok(_) => {
@@ -315,7 +316,8 @@ async fn deliver_once(
                 .delivered_rows
                 .fetch_add(part.rows, Ordering::Relaxed);
         }
-        Err(InsertFailure::Stopped) => {
+        // Without an attempt log nothing expires and nothing is recorded.
+        Err(InsertFailure::Stopped | InsertFailure::Expired(_) | InsertFailure::State(_)) => {
             counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
         }
         Err(InsertFailure::GaveUp(GaveUp {

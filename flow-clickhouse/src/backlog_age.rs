@@ -7,6 +7,11 @@
 //! batches wait (the shard is down, or rejects them) the sink warns, once a minute per shard,
 //! when the batch it is trying to deliver has passed half of that window: there is still time to
 //! bring the shard back or widen the window.
+//!
+//! Once a batch that an earlier attempt sent without an answer is past the window, sending it
+//! again could land it twice: [`expired`] is the one decision, and the exactly-once sinks set
+//! such a batch's rows aside (`on_expired_backlog: dead_letter`, the default) or send it all the
+//! same (`send`).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -19,6 +24,37 @@ pub const BACKLOG_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 /// Whether a batch of this age is past half of the window.
 pub fn past_half_window(age: Duration, window: Duration) -> bool {
     age.saturating_mul(2) > window
+}
+
+/// The sink value that records an unanswered attempt at pending entry `seq` of `partition`.
+pub fn unanswered_marker(partition: u32, seq: u64) -> String {
+    format!("unanswered/{partition}/{seq}")
+}
+
+/// The prefix of every unanswered-attempt record of `partition`.
+pub fn unanswered_prefix(partition: u32) -> String {
+    format!("unanswered/{partition}/")
+}
+
+/// A pending part that may have landed unanswered and is older than the dedup window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expired {
+    pub age: Duration,
+    pub window: Duration,
+}
+
+/// Whether a part sealed at `sealed_at_ms` must not be sent again at `now_ms`: an earlier attempt
+/// got no answer (`unanswered`) and the part is older than the shard's dedup `window` (none
+/// known: never expired).
+pub fn expired(
+    sealed_at_ms: u64,
+    now_ms: u64,
+    window: Option<Duration>,
+    unanswered: bool,
+) -> Option<Expired> {
+    let window = window.filter(|_| unanswered)?;
+    let age = Duration::from_millis(now_ms.saturating_sub(sealed_at_ms));
+    (age > window).then_some(Expired { age, window })
 }
 
 /// The backlog-warning state of one shard.
@@ -57,6 +93,27 @@ mod tests {
         assert!(!past_half_window(Duration::from_secs(300), WINDOW));
         assert!(past_half_window(Duration::from_secs(301), WINDOW));
         assert!(!past_half_window(Duration::MAX, Duration::MAX));
+    }
+
+    #[test]
+    fn only_an_unanswered_part_older_than_the_window_expires() {
+        let sealed = 1_000_000;
+        let at = |s: u64| sealed + s * 1000;
+        assert_eq!(expired(sealed, at(601), Some(WINDOW), false), None);
+        assert_eq!(expired(sealed, at(600), Some(WINDOW), true), None);
+        assert_eq!(
+            expired(sealed, at(601), Some(WINDOW), true),
+            Some(Expired {
+                age: Duration::from_secs(601),
+                window: WINDOW
+            })
+        );
+        assert_eq!(expired(sealed, at(100_000), None, true), None);
+        // A clock that went back never expires anything.
+        assert_eq!(
+            expired(sealed, sealed - 5, Some(Duration::ZERO), true),
+            None
+        );
     }
 
     #[tokio::test(start_paused = true)]

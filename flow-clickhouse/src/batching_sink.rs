@@ -8,10 +8,10 @@
 //! partition and shard (the shards of a partition are written side by side); every replay sends the stored bytes with the same token
 //! `<namespace><max message id>[:<shard>]`. With a replayable source the outbox keeps only each
 //! batch's bounds and hash; after a restart the batches are rebuilt from the source and checked
-//! ([`crate::rebuild`]) before they are sent.
+//! ([`crate::rebuild`]) before they are sent. Each partition's batches are sent by a
+//! [`ClickHouseDeliverer`].
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,20 +20,15 @@ use flow_core::delivery::{
 };
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
-use flow_state::{SealedBatch, SinkPartition, StateStore};
-use tokio::sync::watch;
+use flow_state::SealedBatch;
 
-use crate::classify::{is_row_rejection, ClassifiedError};
-use crate::compress::is_framed;
 use crate::cutter::BatchCutter;
+use crate::deliverer::{ClickHouseDeliverer, PartitionMarks};
 use crate::exactly_once::ExactlyOnce;
 use crate::fingerprint::{check_topology, TopologyDecision};
-use crate::insert::{insert_part, InsertFailure, InsertRequest};
-use crate::params::{OnBadRows, SinkClass};
+use crate::params::SinkClass;
 use crate::rebuild::Requeue;
-use crate::session::WriterSession;
 use crate::sink_state::{build_shared, SinkShared};
-use crate::split::{marker_prefix, refusal_from_marker, SplitOutcome, SplitPart};
 
 /// Builds either batching class from its spec parameters.
 pub fn build(
@@ -136,16 +131,16 @@ impl Sealer for BatchingSink {
                 return Ok(());
             }
         }
-        let split = {
+        let marks = {
             let (store, key) = (self.ctx.store.clone(), key.clone());
-            blocking(move || split_seqs(&store, &key)).await?
+            blocking(move || PartitionMarks::load(&store, &key)).await?
         };
-        let deliverer: Arc<dyn BatchDeliverer> = Arc::new(ClickHouseDeliverer {
-            shared: Arc::clone(&self.shared),
-            exactly_once: Arc::clone(&self.exactly_once),
-            store: self.ctx.store.clone(),
-            split: Mutex::new(split),
-        });
+        let deliverer: Arc<dyn BatchDeliverer> = Arc::new(ClickHouseDeliverer::new(
+            Arc::clone(&self.shared),
+            Arc::clone(&self.exactly_once),
+            self.ctx.store.clone(),
+            marks,
+        ));
         delivery.open(
             key,
             deliverer,
@@ -225,130 +220,5 @@ impl Sealer for BatchingSink {
         self.shared.reconfigure(dynamic)?;
         self.delivery.budget.resize(self.shared.in_flight_budget());
         Ok(())
-    }
-}
-
-/// The pending entries of `key` marked as delivered in pieces ([`crate::split`]).
-fn split_seqs(
-    store: &StateStore,
-    key: &SinkPartition,
-) -> Result<BTreeMap<u64, ClassifiedError>, flow_state::StateError> {
-    let prefix = marker_prefix(key.partition);
-    let marks = store.sink_values_with_prefix(&key.pipeline, &key.sink, &prefix)?;
-    Ok(marks
-        .iter()
-        .filter_map(|(name, value)| {
-            let seq = name.strip_prefix(&prefix)?.parse().ok()?;
-            Some((seq, refusal_from_marker(value)))
-        })
-        .collect())
-}
-
-/// Sends stored batches, retrying by error class, failing over within the shard.
-struct ClickHouseDeliverer {
-    shared: Arc<SinkShared>,
-    exactly_once: Arc<ExactlyOnce>,
-    store: StateStore,
-    /// Pending entries that were being delivered in pieces when the worker last stopped.
-    split: Mutex<BTreeMap<u64, ClassifiedError>>,
-}
-
-impl ClickHouseDeliverer {
-    /// Whether a failed part is sent in pieces rather than given up.
-    fn splits(&self, error: &ClassifiedError) -> bool {
-        self.shared.params.spec.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
-    }
-
-    /// The refusal of a part that was being delivered in pieces when the worker last stopped.
-    fn was_split(&self, seq: u64) -> Option<ClassifiedError> {
-        self.split
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&seq)
-            .cloned()
-    }
-
-    /// Delivers the part in pieces ([`SplitPart`]), as the server refused it with `refused`.
-    async fn split(
-        &self,
-        key: &SinkPartition,
-        seq: u64,
-        batch: &SealedBatch,
-        refused: &ClassifiedError,
-        session: &WriterSession,
-        stop: &watch::Receiver<bool>,
-    ) -> Result<(), SinkError> {
-        let part = SplitPart {
-            shared: &self.shared,
-            session,
-            store: &self.store,
-            key,
-            seq,
-            batch,
-            refused,
-        };
-        match part.deliver(stop).await? {
-            SplitOutcome::Delivered => {
-                self.split
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .remove(&seq);
-                Ok(())
-            }
-            SplitOutcome::Stopped => Ok(()),
-            SplitOutcome::GaveUp(reason) => Err(self.exactly_once.give_up(&self.shared, reason)),
-        }
-    }
-}
-
-#[async_trait]
-impl BatchDeliverer for ClickHouseDeliverer {
-    async fn deliver(
-        &self,
-        key: &SinkPartition,
-        seq: u64,
-        batch: &SealedBatch,
-        stop: &watch::Receiver<bool>,
-    ) -> Result<(), SinkError> {
-        self.exactly_once
-            .check_gave_up(key.partition, Some(&batch.token))?;
-        let Some(session) = self.shared.session(stop).await? else {
-            // Stopping: the batch stays in the outbox for the next run.
-            return Ok(());
-        };
-        if let Some(refused) = self.was_split(seq) {
-            return self.split(key, seq, batch, &refused, &session, stop).await;
-        }
-        let mut stop = stop.clone();
-        let result = insert_part(
-            &self.shared,
-            &session,
-            InsertRequest {
-                shard: &batch.shard,
-                token: Some(&batch.token),
-                payload: &batch.payload,
-                compressed: is_framed(&batch.format),
-                sealed_at_ms: Some(batch.sealed_at_ms),
-                answered_code: None,
-            },
-            &mut stop,
-        )
-        .await;
-        match result {
-            Ok(_) => {
-                self.store.acknowledge(key, seq, Vec::new()).await?;
-                Ok(())
-            }
-            // Stopping leaves the batch in the outbox for the next run.
-            Err(InsertFailure::Stopped) => Ok(()),
-            Err(InsertFailure::GaveUp(gave_up)) if self.splits(&gave_up.error) => {
-                self.split(key, seq, batch, &gave_up.error, &session, &stop)
-                    .await
-            }
-            Err(InsertFailure::GaveUp(gave_up)) => Err(self.exactly_once.give_up(
-                &self.shared,
-                gave_up.reason(&session, &batch.shard, Some(&batch.token)),
-            )),
-        }
     }
 }

@@ -9,7 +9,7 @@ use serde_json::{Map, Value as Json};
 
 use crate::backlog_age::BacklogAge;
 use crate::backoff::RetryBackoff;
-use crate::classify::ClassifiedError;
+use crate::classify::{ClassifiedError, ErrorClass};
 use crate::params::{HostSelectionPolicy, SinkParams};
 use crate::tls::{self, TlsOptions};
 use crate::topology::Endpoint;
@@ -185,7 +185,7 @@ impl EndpointClient {
         payload: Bytes,
         compressed: bool,
         timeout: Duration,
-    ) -> Result<(), ClassifiedError> {
+    ) -> Result<(), InsertError> {
         let mut insert = self
             .client
             .insert_formatted_with(sql.to_owned())
@@ -196,15 +196,51 @@ impl EndpointClient {
         for (name, value) in settings {
             insert = insert.with_setting(*name, value.clone());
         }
-        insert
-            .send(payload)
-            .await
-            .map_err(|err| ClassifiedError::from_clickhouse(&err))?;
-        insert
-            .end()
-            .await
-            .map_err(|err| ClassifiedError::from_clickhouse(&err))
+        // A body cut while it is sent is one incomplete frame, which the server drops.
+        insert.send(payload).await.map_err(|err| InsertError {
+            error: ClassifiedError::from_clickhouse(&err),
+            unanswered: false,
+        })?;
+        insert.end().await.map_err(|err| {
+            let error = ClassifiedError::from_clickhouse(&err);
+            let unanswered = match error.code {
+                Some(code) => code == UNKNOWN_STATUS_OF_INSERT,
+                None => error.class == ErrorClass::Retryable && !never_connected(&err),
+            };
+            InsertError { error, unanswered }
+        })
     }
+}
+
+/// A failed INSERT request.
+#[derive(Debug)]
+pub struct InsertError {
+    pub error: ClassifiedError,
+    /// The whole body went out and no verdict came back (the connection broke or timed out while
+    /// waiting, or the server answered 319): the rows may have landed.
+    pub unanswered: bool,
+}
+
+/// The server's own "the insert may or may not have landed".
+const UNKNOWN_STATUS_OF_INSERT: u32 = 319;
+
+/// Whether the request failed before a connection to the server existed.
+fn never_connected(err: &clickhouse::error::Error) -> bool {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(err) = current {
+        if let Some(client) = err.downcast_ref::<hyper_util::client::legacy::Error>() {
+            if client.is_connect() {
+                return true;
+            }
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return true;
+            }
+        }
+        current = err.source();
+    }
+    false
 }
 
 /// Reads a JSON field as text (18.16 quotes 64-bit integers in JSON output).

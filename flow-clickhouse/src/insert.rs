@@ -5,14 +5,16 @@
 use std::fmt;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bytes::Bytes;
 use flow_core::delivery::now_ms;
 use flow_core::SinkError;
 use tokio::sync::watch;
 use tracing::warn;
 
+use crate::backlog_age::Expired;
 use crate::classify::{log_unknown, ClassifiedError, ErrorClass};
-use crate::client::ShardClients;
+use crate::client::{InsertError, ShardClients};
 use crate::guarantee::{GiveUp, OnFailure};
 use crate::session::WriterSession;
 use crate::sink_state::SinkShared;
@@ -24,6 +26,42 @@ pub enum InsertFailure {
     Stopped,
     /// The guarantee allows no further attempt.
     GaveUp(GaveUp),
+    /// Not sent again: it may have landed unanswered and is past the dedup window.
+    Expired(Expired),
+    /// Recording an unanswered attempt failed.
+    State(SinkError),
+}
+
+impl InsertFailure {
+    /// The error of a failure its caller has no handling of its own for.
+    pub fn into_sink_error(self) -> SinkError {
+        match self {
+            InsertFailure::Stopped => SinkError::Delivery {
+                reason: "the pipeline stopped during an insert".to_owned(),
+            },
+            InsertFailure::GaveUp(gave_up) => SinkError::Target {
+                context: format!("insert given up after {} attempt(s)", gave_up.attempts),
+                source: Box::new(gave_up.error),
+            },
+            InsertFailure::Expired(expired) => SinkError::Delivery {
+                reason: format!(
+                    "a part that may have landed unanswered is {} s old, past the deduplication window of {} s",
+                    expired.age.as_secs(),
+                    expired.window.as_secs()
+                ),
+            },
+            InsertFailure::State(err) => err,
+        }
+    }
+}
+
+/// What an exactly-once sink keeps about the attempts at one pending part.
+#[async_trait]
+pub trait AttemptLog: Send + Sync {
+    /// An attempt sent the whole part and got no verdict; recorded durably before any retry.
+    async fn unanswered(&self, error: &ClassifiedError) -> Result<(), SinkError>;
+    /// Whether the part must not be sent again ([`crate::backlog_age::expired`]).
+    fn expired(&self) -> Option<Expired>;
 }
 
 /// An INSERT the sink's guarantee allows no further attempt for.
@@ -102,6 +140,8 @@ pub struct InsertRequest<'a> {
     /// The code the server already refused these rows with (a piece of a refused part,
     /// [`crate::split`]): an attempt failing with it again is final, without a retry.
     pub answered_code: Option<u32>,
+    /// Where unanswered attempts are recorded and expiry is decided (exactly-once classes).
+    pub attempts: Option<&'a dyn AttemptLog>,
 }
 
 /// Sends one part to its shard, failing over to the next host after each failed attempt.
@@ -119,6 +159,7 @@ pub async fn insert_part(
         compressed,
         sealed_at_ms,
         answered_code,
+        attempts: attempt_log,
     } = request;
     let Some(shard) = session.shard(shard_name) else {
         return Err(InsertFailure::GaveUp(GaveUp {
@@ -133,6 +174,9 @@ pub async fn insert_part(
     };
     let mut attempts = 0u32;
     loop {
+        if let Some(expired) = attempt_log.and_then(|log| log.expired()) {
+            return Err(InsertFailure::Expired(expired));
+        }
         let dynamic = shared.dynamic();
         let settings = insert_settings(session, token, dynamic.async_insert);
         let endpoint = shard.current();
@@ -150,7 +194,10 @@ pub async fn insert_part(
                     )
                     .await
             }
-            Err(err) => Err(err),
+            Err(error) => Err(InsertError {
+                error,
+                unanswered: false,
+            }),
         };
         let err = match result {
             Ok(()) => {
@@ -168,7 +215,12 @@ pub async fn insert_part(
                 shard.backoff.succeeded();
                 return Ok(attempts);
             }
-            Err(err) => err,
+            Err(InsertError { error, unanswered }) => {
+                if let (true, Some(log)) = (unanswered, attempt_log) {
+                    log.unanswered(&error).await.map_err(InsertFailure::State)?;
+                }
+                error
+            }
         };
         let answered = answered_code.is_some() && err.code == answered_code;
         if err.class == ErrorClass::Unknown && !answered {

@@ -12,7 +12,7 @@
 //!
 //! The sinks: `batching_sink` (exactly-once: the outbox, tokens and the topology guard of
 //! `fingerprint`, with its per-sink state in `exactly_once`; pending batches stored as bounds
-//! are rebuilt from the source by `rebuild`; with `on_bad_rows: dead_letter` a part the server
+//! are rebuilt from the source by `rebuild`; each partition's batches are sent by `deliverer`; with `on_bad_rows: dead_letter` a part the server
 //! refuses is delivered in halves by `split`, which reads rows back with `row_spans`),
 //! `at_least_once_sink` and `at_most_once_sink`. [`register`] adds them to a registry.
 
@@ -28,6 +28,7 @@ mod columns_guard;
 mod compress;
 mod cutter;
 mod dedup_window;
+mod deliverer;
 mod exactly_once;
 mod fingerprint;
 mod guarantee;

@@ -184,6 +184,20 @@ pub enum OnBadRows {
     DeadLetter,
 }
 
+/// What an exactly-once sink does with a pending part that is older than its shard's
+/// deduplication window and may already have landed: an earlier attempt got no answer (static
+/// `on_expired_backlog`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExpiredBacklog {
+    /// Its rows go to the dead letters instead of being sent again: past the window the server
+    /// would no longer recognise a resend, so a part that landed unanswered would land twice.
+    #[default]
+    DeadLetter,
+    /// It is sent again all the same, accepting a duplicate if the unanswered attempt landed.
+    Send,
+}
+
 /// Static `at_most_once_strategy`; accepted only by `AtMostOnceClickHouseSink`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -260,6 +274,9 @@ pub struct ClickHouseParams {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub at_most_once_strategy: Option<AtMostOnceStrategy>,
     pub on_bad_rows: OnBadRows,
+    /// Exactly-once classes only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_expired_backlog: Option<OnExpiredBacklog>,
 }
 
 impl Default for ClickHouseParams {
@@ -283,6 +300,7 @@ impl Default for ClickHouseParams {
             token_namespace: None,
             at_most_once_strategy: None,
             on_bad_rows: OnBadRows::Stop,
+            on_expired_backlog: None,
         }
     }
 }
@@ -378,6 +396,14 @@ impl ClickHouseParams {
                     ),
                 ));
             }
+        }
+        if self.on_expired_backlog.is_some() && !class.is_exactly_once() {
+            v.push(Violation::new(
+                "parameters.on_expired_backlog",
+                format!(
+                    "{class} keeps no backlog of sent batches, so it has nothing to expire;                      remove on_expired_backlog, or use an exactly-once class"
+                ),
+            ));
         }
         if self.at_most_once_strategy.is_some() && class != SinkClass::AtMostOnce {
             v.push(Violation::new(

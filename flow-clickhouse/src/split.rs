@@ -21,6 +21,7 @@ use flow_state::{AckExtras, DeadLetter, SealedBatch, SinkPartition, StateStore};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::backlog_age::unanswered_marker;
 use crate::classify::{is_row_rejection, ClassifiedError};
 use crate::compress::{is_framed, seal, unframe};
 use crate::insert::{insert_part, GiveUpReason, InsertFailure, InsertRequest};
@@ -88,6 +89,45 @@ pub enum Isolated {
     GaveUp(GiveUpReason),
 }
 
+impl<'a> RefusedPart<'a> {
+    /// A pending outbox entry as a refused part.
+    pub fn of_batch(batch: &'a SealedBatch, refused: &'a ClassifiedError) -> RefusedPart<'a> {
+        RefusedPart {
+            shard: &batch.shard,
+            token: Some(&batch.token),
+            format: &batch.format,
+            payload: &batch.payload,
+            first_offset: batch.first_offset,
+            last_offset: batch.last_offset,
+            rows: batch.rows,
+            sealed_at_ms: Some(batch.sealed_at_ms),
+            refused,
+        }
+    }
+
+    /// Every row of the part as a dead letter with `reason`, without sending anything; each
+    /// keeps the token it would have been sent under alone.
+    pub fn set_aside(
+        &self,
+        session: &WriterSession,
+        partition: u32,
+        reason: &str,
+    ) -> Result<Vec<DeadLetter>, SinkError> {
+        let rows = unframe(self.format, self.payload).map_err(|why| self.unreadable(&why))?;
+        let spans = RowSpans::parse(session.encoder.columns(), &rows)
+            .map_err(|err| self.unreadable(&err.to_string()))?;
+        (0..spans.rows())
+            .map(|index| {
+                let token = self.token.map(|t| format!("{t}#{index}-{index}"));
+                let encoded = &rows[spans.bytes(index, index + 1)];
+                let letter =
+                    self.dead_letter(session, partition, index, encoded, token.as_deref())?;
+                Ok(letter.with_reason(reason))
+            })
+            .collect()
+    }
+}
+
 impl RefusedPart<'_> {
     /// Sends the part in halves, recursively, until each refused row is alone.
     pub async fn isolate(
@@ -126,6 +166,7 @@ impl RefusedPart<'_> {
                 compressed: true,
                 sealed_at_ms: self.sealed_at_ms,
                 answered_code: self.refused.code,
+                attempts: None,
             };
             match insert_part(shared, session, request, &mut stop).await {
                 Ok(_) => pieces += 1,
@@ -145,6 +186,7 @@ impl RefusedPart<'_> {
                     let reason = gave_up.reason(session, self.shard, token.as_deref());
                     return Ok(Isolated::GaveUp(reason));
                 }
+                Err(other) => return Err(other.into_sink_error()),
             }
         }
         info!(
@@ -235,12 +277,22 @@ struct PendingLetter {
 impl PendingLetter {
     fn with_error(mut self, error: &ClassifiedError) -> DeadLetter {
         self.dead.code = error.code.map(i64::from);
+        let reason = format!("the server refused {}: {error}", self.what);
+        self.into_letter(reason)
+    }
+
+    fn with_reason(self, reason: &str) -> DeadLetter {
+        let reason = format!("{}: {reason}", self.what);
+        self.into_letter(reason)
+    }
+
+    fn into_letter(self, reason: String) -> DeadLetter {
         // A DeadRow is plain data: serializing it cannot fail.
         let payload = serde_json::to_vec(&self.dead).unwrap_or_default();
         DeadLetter {
             partition: self.partition,
             offset: self.offset,
-            reason: format!("the server refused {}: {error}", self.what),
+            reason,
             payload,
         }
     }
@@ -270,18 +322,7 @@ impl SplitPart<'_> {
                 Some(marker_value(self.refused)),
             )
             .await?;
-        let batch = self.batch;
-        let part = RefusedPart {
-            shard: &batch.shard,
-            token: Some(&batch.token),
-            format: &batch.format,
-            payload: &batch.payload,
-            first_offset: batch.first_offset,
-            last_offset: batch.last_offset,
-            rows: batch.rows,
-            sealed_at_ms: Some(batch.sealed_at_ms),
-            refused: self.refused,
-        };
+        let part = RefusedPart::of_batch(self.batch, self.refused);
         let isolated = part
             .isolate(self.shared, self.session, self.key.partition, stop)
             .await?;
@@ -291,7 +332,8 @@ impl SplitPart<'_> {
             Isolated::GaveUp(reason) => return Ok(SplitOutcome::GaveUp(reason)),
         };
         let extras = AckExtras {
-            removed_sink_values: vec![marker],
+            // An unanswered attempt before the refusal leaves a record too.
+            removed_sink_values: vec![marker, unanswered_marker(self.key.partition, self.seq)],
             dead_letters: dead,
             ..AckExtras::default()
         };

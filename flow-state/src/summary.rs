@@ -96,6 +96,9 @@ pub struct SinkPartitionSummary {
     #[serde(default)]
     pub shards: BTreeMap<String, ShardBacklog>,
     pub fingerprints: BTreeMap<String, String>,
+    /// Pending entries an attempt sent without getting an answer (they may have landed).
+    #[serde(default)]
+    pub unanswered: u64,
     pub dead_letter_count: u64,
     /// The newest dead letters, newest last.
     pub recent_dead_letters: Vec<DeadLetterInfo>,
@@ -202,6 +205,37 @@ fn recent_dead_letters(trees: &Trees, prefix: &[u8]) -> Result<Vec<DeadLetterInf
     Ok(out)
 }
 
+/// The prefix of the sink values a sink keeps per pending entry whose attempt got no answer:
+/// `unanswered/<partition>/<seq>` (written by the ClickHouse sinks).
+const UNANSWERED_PREFIX: &str = "unanswered/";
+
+/// Counts the unanswered-attempt records of each sink partition.
+fn count_unanswered(
+    trees: &Trees,
+    sinks: &mut BTreeMap<(String, String, u32), SinkPartitionSummary>,
+) -> Result<(), StateError> {
+    for item in trees.sink_values.iter() {
+        let (k, _) = item.map_err(sled_err("scan", "sink_values"))?;
+        let mut parts = k.splitn(3, |b| *b == codec::SEP);
+        let (Some(pipeline), Some(sink), Some(name)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let name = String::from_utf8_lossy(name);
+        let Some(partition) = name
+            .strip_prefix(UNANSWERED_PREFIX)
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|p| p.parse().ok())
+        else {
+            continue;
+        };
+        let pipeline = String::from_utf8_lossy(pipeline).into_owned();
+        let sink = String::from_utf8_lossy(sink).into_owned();
+        sink_entry(sinks, pipeline, sink, partition).unanswered += 1;
+    }
+    Ok(())
+}
+
 pub(crate) fn build(trees: &Trees) -> Result<StateSummary, StateError> {
     let mut summary = StateSummary::default();
     for item in trees.positions.iter() {
@@ -284,6 +318,7 @@ pub(crate) fn build(trees: &Trees) -> Result<StateSummary, StateError> {
             entry.recent_dead_letters = recent;
         }
     }
+    count_unanswered(trees, &mut sinks)?;
     for ((pipeline, _, _), entry) in sinks {
         summary
             .pipelines

@@ -1129,3 +1129,32 @@ fn requeued_dead_letters_become_pending_payload_batches_and_the_position_stays()
     }
     store.close().unwrap();
 }
+
+#[test]
+fn the_summary_counts_each_sink_partitions_unanswered_attempt_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    store
+        .commit_blocking(epoch(
+            2,
+            "p",
+            vec![sink("ch", vec![batch(2, 0, 8), batch(2, 1, 8)])],
+        ))
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for name in ["unanswered/2/0", "unanswered/2/1", "split/2/1"] {
+            store
+                .set_sink_value("pipe", "ch", name, Some(b"x".to_vec()))
+                .await
+                .unwrap();
+        }
+    });
+    let summary = store.summary().unwrap();
+    let sinks = &summary.pipelines["pipe"].sinks;
+    assert_eq!(sinks.len(), 1);
+    assert_eq!((sinks[0].partition, sinks[0].unanswered), (2, 2));
+    store.close().unwrap();
+}

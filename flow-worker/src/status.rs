@@ -182,6 +182,13 @@ pub fn render(summary: &StateSummary, now_ms: u64) -> String {
                     show_age(now_ms.saturating_sub(backlog.oldest_sealed_at_ms))
                 );
             }
+            if sink.unanswered > 0 {
+                let _ = writeln!(
+                    out,
+                    "    {} pending batch(es) had an INSERT without an answer: they may have landed; past the shard's deduplication window they are set aside (on_expired_backlog)",
+                    sink.unanswered
+                );
+            }
             for (name, value) in &sink.fingerprints {
                 let _ = writeln!(out, "    fingerprint {name} = {value}");
             }

@@ -287,6 +287,70 @@ async fn batching_sink_lost_ack_retried_on_the_other_replica_lands_every_id_exac
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batching_sink_lost_acks_past_the_dedup_window_set_the_batches_aside_instead_of_resending()
+{
+    cluster();
+    let t = unique_name("it_gc_expired");
+    let mut tables = DropGuard::default();
+    // One replica, and a deduplication window of 2 s.
+    tables
+        .create(
+            A1.http_port,
+            &format!("default.{t}"),
+            &format!(
+                "CREATE TABLE default.{t} ({GENERATOR_COLUMNS}) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{{shard}}/default.{t}', '{{replica}}') \
+                 ORDER BY id SETTINGS replicated_deduplication_window_seconds = 2"
+            ),
+        )
+        .unwrap();
+    let proxy = proxy_for(A1).await;
+    let yaml = lost_ack_spec(
+        "gc_expired",
+        "ClickHouseBatchingSink",
+        &format!("{{host: '{}', table: {t}}}", proxy.addr()),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    // Every INSERT lands and loses its answer for 4 s: each batch then in delivery is retried
+    // (each retry recognised by the server) until it is 2 s old, then set aside.
+    let faults = async {
+        wait_for_first_rows(A1, &t).await;
+        proxy.set_on_inserts(Fault::CutResponse);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        proxy.set_on_inserts(Fault::Pass);
+    };
+    let registry = flow_worker::registry();
+    let (result, ()) = tokio::join!(
+        run_pipeline(&registry, &yaml, dir.path(), RUN_TIMEOUT),
+        faults
+    );
+    let report = result.unwrap().unwrap();
+    assert_eq!(report.messages(), N);
+    assert!(proxy.stats().cuts >= 2, "{:?}", proxy.stats());
+
+    // Every id landed (each unanswered attempt did), none twice.
+    assert_eq!(count_uniq(A1, &t, true).await, (N, N));
+    let store = flow_state::StateStore::open(dir.path()).unwrap();
+    let dead = store.all_dead_letters(Some("out")).unwrap();
+    store.close().unwrap();
+    let rows = dead.len() as u64;
+    println!("REPORT expired backlog: {rows} rows set aside, count = uniqExact = {N}");
+    assert!(
+        rows >= BATCH && rows.is_multiple_of(BATCH),
+        "whole batches are set aside: {rows} rows"
+    );
+    for letter in &dead {
+        assert!(
+            letter
+                .letter
+                .reason
+                .contains("past the shard's deduplication window of 2 s"),
+            "{}",
+            letter.letter.reason
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sharded_batching_sink_lost_ack_retried_on_the_other_replica_lands_every_id_exactly_once() {
     cluster();
     let t = unique_name("it_gc_eo_sharded");

@@ -1,0 +1,278 @@
+//! Sending one sink partition's pending batches (exactly-once classes): [`ClickHouseDeliverer`].
+//!
+//! Each batch goes to its shard with its token, retried and given up as the guarantee's table
+//! says. Two kinds of pending entries are remembered in the state store as sink values, so that
+//! a restart treats them as the run before did ([`PartitionMarks`]):
+//! - entries being delivered in pieces because the server refused them ([`crate::split`]);
+//! - entries an attempt sent without getting a verdict back, which may have landed: once such an
+//!   entry is older than its shard's deduplication window it is not sent again (the server would
+//!   no longer recognise it) but set aside as dead letters, unless `on_expired_backlog: send`
+//!   ([`crate::backlog_age::expired`]).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use flow_core::delivery::{now_ms, BatchDeliverer};
+use flow_core::SinkError;
+use flow_state::{AckExtras, SealedBatch, SinkPartition, StateError, StateStore};
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::backlog_age::{expired, unanswered_marker, unanswered_prefix, Expired};
+use crate::classify::{is_row_rejection, ClassifiedError};
+use crate::compress::is_framed;
+use crate::exactly_once::ExactlyOnce;
+use crate::insert::{insert_part, AttemptLog, InsertFailure, InsertRequest};
+use crate::params::{OnBadRows, OnExpiredBacklog};
+use crate::session::WriterSession;
+use crate::sink_state::SinkShared;
+use crate::split::{marker_prefix, refusal_from_marker, RefusedPart, SplitOutcome, SplitPart};
+
+/// What the state store remembers about a partition's pending entries, by sequence number.
+#[derive(Debug, Default)]
+pub struct PartitionMarks {
+    /// Entries being delivered in pieces, with the refusal that started it.
+    split: BTreeMap<u64, ClassifiedError>,
+    /// Entries an attempt sent without an answer, with that attempt's error.
+    unanswered: BTreeMap<u64, String>,
+}
+
+impl PartitionMarks {
+    /// Reads the marks of `key` (blocking: sled reads).
+    pub fn load(store: &StateStore, key: &SinkPartition) -> Result<PartitionMarks, StateError> {
+        let by_seq = |prefix: &str| -> Result<Vec<(u64, Vec<u8>)>, StateError> {
+            let values = store.sink_values_with_prefix(&key.pipeline, &key.sink, prefix)?;
+            Ok(values
+                .into_iter()
+                .filter_map(|(name, value)| Some((name.strip_prefix(prefix)?.parse().ok()?, value)))
+                .collect())
+        };
+        let split = by_seq(&marker_prefix(key.partition))?
+            .into_iter()
+            .map(|(seq, value)| (seq, refusal_from_marker(&value)))
+            .collect();
+        let unanswered = by_seq(&unanswered_prefix(key.partition))?
+            .into_iter()
+            .map(|(seq, value)| (seq, String::from_utf8_lossy(&value).into_owned()))
+            .collect();
+        Ok(PartitionMarks { split, unanswered })
+    }
+}
+
+/// Sends stored batches, retrying by error class, failing over within the shard.
+pub struct ClickHouseDeliverer {
+    shared: Arc<SinkShared>,
+    exactly_once: Arc<ExactlyOnce>,
+    store: StateStore,
+    marks: Mutex<PartitionMarks>,
+}
+
+impl ClickHouseDeliverer {
+    pub fn new(
+        shared: Arc<SinkShared>,
+        exactly_once: Arc<ExactlyOnce>,
+        store: StateStore,
+        marks: PartitionMarks,
+    ) -> ClickHouseDeliverer {
+        ClickHouseDeliverer {
+            shared,
+            exactly_once,
+            store,
+            marks: Mutex::new(marks),
+        }
+    }
+
+    fn marks(&self) -> std::sync::MutexGuard<'_, PartitionMarks> {
+        self.marks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether a failed part is sent in pieces rather than given up.
+    fn splits(&self, error: &ClassifiedError) -> bool {
+        self.shared.params.spec.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
+    }
+
+    /// Acknowledges entry `seq`, dropping its unanswered-attempt record in the same step.
+    async fn acknowledge(&self, key: &SinkPartition, seq: u64) -> Result<(), SinkError> {
+        let unanswered = self.marks().unanswered.remove(&seq).is_some();
+        if unanswered {
+            let extras = AckExtras {
+                removed_sink_values: vec![unanswered_marker(key.partition, seq)],
+                ..AckExtras::default()
+            };
+            self.store.acknowledge_with(key, seq, extras).await?;
+        } else {
+            self.store.acknowledge(key, seq, Vec::new()).await?;
+        }
+        Ok(())
+    }
+
+    /// Delivers the part in pieces ([`SplitPart`]), as the server refused it with `refused`.
+    async fn split(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        refused: &ClassifiedError,
+        session: &WriterSession,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(), SinkError> {
+        let part = SplitPart {
+            shared: &self.shared,
+            session,
+            store: &self.store,
+            key,
+            seq,
+            batch,
+            refused,
+        };
+        match part.deliver(stop).await? {
+            SplitOutcome::Delivered => {
+                let mut marks = self.marks();
+                marks.split.remove(&seq);
+                marks.unanswered.remove(&seq);
+                Ok(())
+            }
+            SplitOutcome::Stopped => Ok(()),
+            SplitOutcome::GaveUp(reason) => Err(self.exactly_once.give_up(&self.shared, reason)),
+        }
+    }
+
+    /// Sets the rows of an expired part aside as dead letters and acknowledges it.
+    async fn expire(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        session: &WriterSession,
+        expiry: Expired,
+    ) -> Result<(), SinkError> {
+        let error = self
+            .marks()
+            .unanswered
+            .get(&seq)
+            .cloned()
+            .unwrap_or_default();
+        let reason = format!(
+            "not sent again: an earlier attempt got no answer ({error}) and the batch is {} s old, past the shard's deduplication window of {} s, so a resend could land it twice. Check whether its rows are in the table and requeue them if not",
+            expiry.age.as_secs(),
+            expiry.window.as_secs()
+        );
+        let refused = ClassifiedError::from_server(None, error);
+        let part = RefusedPart::of_batch(batch, &refused);
+        let dead = part.set_aside(session, key.partition, &reason)?;
+        warn!(
+            pipeline = %key.pipeline,
+            sink = %key.sink,
+            partition = key.partition,
+            token = %batch.token,
+            rows = batch.rows,
+            age_s = expiry.age.as_secs(),
+            window_s = expiry.window.as_secs(),
+            "a batch that may have landed unanswered is past the deduplication window; its rows are dead letters instead of a possible duplicate (on_expired_backlog: dead_letter). Check the table, then requeue or purge them"
+        );
+        let extras = AckExtras {
+            removed_sink_values: vec![unanswered_marker(key.partition, seq)],
+            dead_letters: dead,
+            ..AckExtras::default()
+        };
+        self.store.acknowledge_with(key, seq, extras).await?;
+        self.marks().unanswered.remove(&seq);
+        Ok(())
+    }
+}
+
+/// The attempt log of one pending entry ([`AttemptLog`]).
+struct EntryAttempts<'a> {
+    deliverer: &'a ClickHouseDeliverer,
+    key: &'a SinkPartition,
+    seq: u64,
+    sealed_at_ms: u64,
+    window: Option<std::time::Duration>,
+}
+
+#[async_trait]
+impl AttemptLog for EntryAttempts<'_> {
+    async fn unanswered(&self, error: &ClassifiedError) -> Result<(), SinkError> {
+        if self.deliverer.marks().unanswered.contains_key(&self.seq) {
+            return Ok(());
+        }
+        let text = error.to_string();
+        let name = unanswered_marker(self.key.partition, self.seq);
+        let (pipeline, sink) = (&self.key.pipeline, &self.key.sink);
+        let value = Some(text.clone().into_bytes());
+        self.deliverer
+            .store
+            .set_sink_value(pipeline, sink, &name, value)
+            .await?;
+        self.deliverer.marks().unanswered.insert(self.seq, text);
+        Ok(())
+    }
+
+    fn expired(&self) -> Option<Expired> {
+        let policy = self.deliverer.shared.params.spec.on_expired_backlog;
+        if policy.unwrap_or_default() == OnExpiredBacklog::Send {
+            return None;
+        }
+        let unanswered = self.deliverer.marks().unanswered.contains_key(&self.seq);
+        expired(self.sealed_at_ms, now_ms(), self.window, unanswered)
+    }
+}
+
+#[async_trait]
+impl BatchDeliverer for ClickHouseDeliverer {
+    async fn deliver(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(), SinkError> {
+        self.exactly_once
+            .check_gave_up(key.partition, Some(&batch.token))?;
+        let Some(session) = self.shared.session(stop).await? else {
+            // Stopping: the batch stays in the outbox for the next run.
+            return Ok(());
+        };
+        let split = self.marks().split.get(&seq).cloned();
+        if let Some(refused) = split {
+            return self.split(key, seq, batch, &refused, &session, stop).await;
+        }
+        let attempts = EntryAttempts {
+            deliverer: self,
+            key,
+            seq,
+            sealed_at_ms: batch.sealed_at_ms,
+            window: session.dedup_window_time(&batch.shard),
+        };
+        let mut stop = stop.clone();
+        let request = InsertRequest {
+            shard: &batch.shard,
+            token: Some(&batch.token),
+            payload: &batch.payload,
+            compressed: is_framed(&batch.format),
+            sealed_at_ms: Some(batch.sealed_at_ms),
+            answered_code: None,
+            attempts: Some(&attempts),
+        };
+        match insert_part(&self.shared, &session, request, &mut stop).await {
+            Ok(_) => self.acknowledge(key, seq).await,
+            // Stopping leaves the batch in the outbox for the next run.
+            Err(InsertFailure::Stopped) => Ok(()),
+            Err(InsertFailure::Expired(expiry)) => {
+                self.expire(key, seq, batch, &session, expiry).await
+            }
+            Err(InsertFailure::State(err)) => Err(err),
+            Err(InsertFailure::GaveUp(gave_up)) if self.splits(&gave_up.error) => {
+                self.split(key, seq, batch, &gave_up.error, &session, &stop)
+                    .await
+            }
+            Err(InsertFailure::GaveUp(gave_up)) => Err(self.exactly_once.give_up(
+                &self.shared,
+                gave_up.reason(&session, &batch.shard, Some(&batch.token)),
+            )),
+        }
+    }
+}
