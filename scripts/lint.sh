@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The lints every commit keeps clean: `cargo fmt --check` and clippy on every target with
+# warnings as errors. Needs no cluster.
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$FLOW_REPO_ROOT"
+
+if ! cargo clippy --version >/dev/null 2>&1; then
+    rustup component add rustfmt clippy
+fi
+flow_log "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+flow_log "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+flow_log "lints clean"
