@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, starts the local cluster, then `cargo fmt --check`
-# and `cargo test --workspace --release`, one test at a time (several cluster tests stop and
-# restart nodes, and the cluster tests share one binary). Lints: scripts/lint.sh (clippy builds
-# every target a second time, which a 20-minute CI run cannot afford).
+# and `cargo test --workspace --release`. Lints: scripts/lint.sh (clippy builds every target a
+# second time, which a 20-minute CI run cannot afford).
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh -- --nocapture`).
 # The local cluster is left running afterwards; stop it with `scripts/cluster.sh down`.
 set -euo pipefail
@@ -37,7 +36,7 @@ bash scripts/cluster.sh up
 flow_log "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
-flow_log "cargo test --workspace --release $* (RUST_TEST_THREADS=1)"
-RUST_TEST_THREADS=1 cargo test --workspace --release "$@"
+flow_log "cargo test --workspace --release $*"
+cargo test --workspace --release "$@"
 
 flow_log "all checks passed; the local cluster is still running (scripts/cluster.sh down stops it)"
