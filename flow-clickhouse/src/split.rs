@@ -113,9 +113,7 @@ impl<'a> RefusedPart<'a> {
         partition: u32,
         reason: &str,
     ) -> Result<Vec<DeadLetter>, SinkError> {
-        let rows = unframe(self.format, self.payload).map_err(|why| self.unreadable(&why))?;
-        let spans = RowSpans::parse(session.encoder.columns(), &rows)
-            .map_err(|err| self.unreadable(&err.to_string()))?;
+        let (rows, spans) = self.read_rows(session)?;
         (0..spans.rows())
             .map(|index| {
                 let token = self.token.map(|t| format!("{t}#{index}-{index}"));
@@ -137,10 +135,7 @@ impl RefusedPart<'_> {
         partition: u32,
         stop: &watch::Receiver<bool>,
     ) -> Result<Isolated, SinkError> {
-        let columns = session.encoder.columns();
-        let rows = unframe(self.format, self.payload).map_err(|reason| self.unreadable(&reason))?;
-        let spans =
-            RowSpans::parse(columns, &rows).map_err(|err| self.unreadable(&err.to_string()))?;
+        let (rows, spans) = self.read_rows(session)?;
         warn!(
             database = %session.database,
             table = %session.table,
@@ -254,6 +249,15 @@ impl RefusedPart<'_> {
                 resend,
             },
         })
+    }
+
+    /// The part's encoded rows and where each starts: what both splitting and setting aside
+    /// work on.
+    fn read_rows(&self, session: &WriterSession) -> Result<(Vec<u8>, RowSpans), SinkError> {
+        let rows = unframe(self.format, self.payload).map_err(|why| self.unreadable(&why))?;
+        let spans = RowSpans::parse(session.encoder.columns(), &rows)
+            .map_err(|err| self.unreadable(&err.to_string()))?;
+        Ok((rows, spans))
     }
 
     fn unreadable(&self, reason: &str) -> SinkError {
