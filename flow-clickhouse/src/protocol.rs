@@ -70,6 +70,30 @@ async fn answers_client_hello(host: &str, port: u16) -> bool {
     is_tls_record(&header)
 }
 
+/// Whether `host:port` answers a plain HTTP request with an HTTP status line: asked of the port
+/// of a TLS sink, to tell a plain HTTP port from an HTTPS one (which answers plain text with a
+/// TLS alert, or not at all).
+pub async fn speaks_plain_http(host: &str, port: u16, timeout: Duration) -> bool {
+    tokio::time::timeout(timeout, answers_plain_request(host, port))
+        .await
+        .unwrap_or(false)
+}
+
+async fn answers_plain_request(host: &str, port: u16) -> bool {
+    let Ok(mut stream) = tokio::net::TcpStream::connect((host, port)).await else {
+        return false;
+    };
+    let request = format!("GET /ping HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut status = [0u8; 5];
+    if stream.read_exact(&mut status).await.is_err() {
+        return false;
+    }
+    &status == b"HTTP/"
+}
+
 /// A TLS record starts with its content type (21 alert, 22 handshake) and version 3.x.
 fn is_tls_record(header: &[u8; 3]) -> bool {
     matches!(header[0], 21 | 22) && header[1] == 3 && header[2] <= 4
@@ -111,6 +135,30 @@ mod tests {
         assert!(is_tls_record(&[21, 3, 1]));
         assert!(!is_tls_record(b"HTT"));
         assert!(client_hello().is_some_and(|hello| hello.first() == Some(&22)));
+    }
+
+    /// A listener that reads one request and answers `answer`; returns its port.
+    async fn answering(answer: &'static [u8]) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
+        tokio::spawn(async move {
+            if let Ok((mut socket, _)) = listener.accept().await {
+                let mut buffer = [0u8; 512];
+                let _ = socket.read(&mut buffer).await;
+                let _ = socket.write_all(answer).await;
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn a_port_answering_a_status_line_speaks_plain_http_and_a_tls_alert_does_not() {
+        let plain = answering(b"HTTP/1.1 200 OK\r\n\r\nOk.\n").await;
+        assert!(speaks_plain_http("127.0.0.1", plain, Duration::from_secs(2)).await);
+        let tls = answering(&[21, 3, 3, 0, 2, 2, 70]).await;
+        assert!(!speaks_plain_http("127.0.0.1", tls, Duration::from_secs(2)).await);
     }
 
     #[tokio::test]

@@ -231,34 +231,14 @@ impl WriterSession {
                 shard
                     .endpoints
                     .iter()
-                    .map(|endpoint| probe(endpoint, params, timeout)),
+                    .map(|endpoint| probe_speaking_its_protocol(endpoint, sink_params, timeout)),
             )
         }))
         .await;
         for (shard, probes) in shards.iter().zip(probes) {
             let mut shard_first: Option<(String, EndpointMetadata)> = None;
             for (endpoint, probed) in shard.endpoints.iter().zip(probes) {
-                let meta = match probed {
-                    Ok(meta) => meta,
-                    // A plain HTTP request that got no answer: an HTTPS port answers TLS.
-                    Err(SessionError::Unreachable { .. })
-                        if sink_params.tls.is_none()
-                            && crate::protocol::speaks_tls(
-                                &endpoint.endpoint.host,
-                                endpoint.endpoint.port,
-                                // A port that does not answer at all is not an HTTPS port.
-                                timeout.min(crate::protocol::PROBE_TIMEOUT),
-                            )
-                            .await =>
-                    {
-                        return Err(refused(format!(
-                            "{}: {}",
-                            endpoint.endpoint,
-                            crate::protocol::PLAIN_TO_TLS
-                        )));
-                    }
-                    Err(err) => return Err(err),
-                };
+                let meta = probed?;
                 let here = describe(&shard.name, endpoint);
                 capabilities = min_capabilities(capabilities, meta.capabilities);
                 if let Some((there, reference)) = &shard_first {
@@ -416,6 +396,48 @@ fn min_capabilities(a: Capabilities, b: Capabilities) -> Capabilities {
         async_insert_deduplicate: a.async_insert_deduplicate && b.async_insert_deduplicate,
         insert_deduplicate: a.insert_deduplicate && b.insert_deduplicate,
         replicas_zookeeper_name: a.replicas_zookeeper_name && b.replicas_zookeeper_name,
+    }
+}
+
+/// [`probe`], refusing at once a port that speaks the other protocol than the sink, which would
+/// otherwise look unreachable and be waited for forever:
+/// - a plain HTTP sink whose request got no answer asks whether the port answers TLS;
+/// - a TLS sink asks, alongside its probe, whether the port answers plain HTTP. A plain HTTP
+///   server may answer a ClientHello, or may wait for the end of a request line that the hello's
+///   random bytes never bring, so the answer to the hello alone cannot tell.
+async fn probe_speaking_its_protocol(
+    endpoint: &EndpointClient,
+    sink_params: &SinkParams,
+    timeout: Duration,
+) -> Result<EndpointMetadata, SessionError> {
+    let params = &sink_params.spec;
+    let (host, port) = (&endpoint.endpoint.host, endpoint.endpoint.port);
+    // A port that does not answer at all is neither.
+    let check_timeout = timeout.min(crate::protocol::PROBE_TIMEOUT);
+    let mismatch = |message: &str| SessionError::Refused {
+        database: params.database.clone(),
+        table: params.table.clone(),
+        reason: format!("{}: {message}", endpoint.endpoint),
+    };
+    if sink_params.tls.is_some() {
+        let plain_port = async {
+            if crate::protocol::speaks_plain_http(host, port, check_timeout).await {
+                return;
+            }
+            std::future::pending::<()>().await
+        };
+        return tokio::select! {
+            probed = probe(endpoint, params, timeout) => probed,
+            () = plain_port => Err(mismatch(crate::protocol::TLS_TO_PLAIN)),
+        };
+    }
+    match probe(endpoint, params, timeout).await {
+        Err(SessionError::Unreachable { .. })
+            if crate::protocol::speaks_tls(host, port, check_timeout).await =>
+        {
+            Err(mismatch(crate::protocol::PLAIN_TO_TLS))
+        }
+        probed => probed,
     }
 }
 
