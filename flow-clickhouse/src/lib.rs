@@ -14,7 +14,8 @@
 //! `fingerprint`, with its per-sink state in `exactly_once`; pending batches stored as bounds
 //! are rebuilt from the source by `rebuild`; each partition's batches are sent by `deliverer`; with `on_bad_rows: dead_letter` a part the server
 //! refuses is delivered in halves by `split`, which reads rows back with `row_spans`),
-//! `at_least_once_sink` and `at_most_once_sink`. [`register`] adds them to a registry.
+//! `at_least_once_sink` and `at_most_once_sink`. [`register`] adds them to a registry; `verify`
+//! checks that the replicas of every shard hold the same rows (`flow-worker verify`).
 
 mod at_least_once_sink;
 mod at_most_once_sink;
@@ -45,6 +46,7 @@ mod sink_state;
 mod split;
 mod tls;
 mod topology;
+mod verify;
 
 use std::sync::Arc;
 
@@ -60,6 +62,10 @@ pub use routing::{routing_key, RendezvousRouter};
 pub use rowbinary::{EncodedColumn, RowBinaryEncoder};
 pub use split::requeued_batch;
 pub use tls::{base_client, ConfiguredRootsVerifier, TlsOptions};
+pub use verify::{
+    verify_replicas, verify_sink, OrphanPart, ReplicaState, Replication, ShardReport, ShardVerdict,
+    VerifyError,
+};
 
 /// Registers the ClickHouse sink classes (and their `NYT::NFlow::T…` aliases) in `registry`.
 pub fn register(registry: &mut Registry) {

@@ -1,7 +1,7 @@
 //! The command line: argument parsing, logging set-up and dispatch.
 
 use crate::dead_letters::{self, Action};
-use crate::{run, status};
+use crate::{run, status, verify};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -38,6 +38,15 @@ enum Command {
     },
     /// Parse and validate a spec without connecting anywhere; exit 1 on any violation.
     Validate { spec: PathBuf },
+    /// Check that the replicas of every shard of every ClickHouse sink hold the same rows; name
+    /// a diverged replica and how to repair it. Exit 0 consistent, 1 invalid spec or a replica
+    /// not reachable, 2 diverged, 3 still replicating.
+    Verify {
+        spec: PathBuf,
+        /// One JSON object per sink instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show committed positions, undelivered batches, fingerprints and dead letters.
     Status {
         #[arg(long)]
@@ -92,6 +101,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { spec, state_dir } => run::run(&registry, &spec, state_dir.as_deref()),
         Command::Validate { spec } => Ok(validate(&registry, &spec)),
+        Command::Verify { spec, json } => verify::verify(&registry, &spec, json),
         Command::Status { state_dir, json } => status::status(&state_dir, json),
         Command::DeadLetters {
             action,

@@ -3,7 +3,8 @@
 //! `run` executes the pipeline until its finite sources are drained (or a signal stops it),
 //! `validate` reports every violation of a spec without connecting anywhere, and `status` reads a
 //! state directory and shows positions, undelivered batches, fingerprints and dead letters, and
-//! `dead-letters` lists, exports or purges what sources and sinks set aside. The
+//! `dead-letters` lists, exports or purges what sources and sinks set aside; `verify` checks that
+//! the replicas of every ClickHouse shard hold the same rows. The
 //! CLI lives in this library so that test harnesses can ship the same binary under their own name.
 
 mod cli;
@@ -11,6 +12,7 @@ mod dead_letters;
 mod memory;
 mod run;
 mod status;
+mod verify;
 
 pub use cli::main;
 /// For programs that run pipelines on jemalloc as the worker does (the benchmark's processes).

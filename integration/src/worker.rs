@@ -17,7 +17,7 @@ use flow_clickhouse::RendezvousRouter;
 use flow_core::{Pipeline, PipelineSpec, Registry, RunReport, RuntimeError};
 use flow_state::StateStore;
 
-use crate::{cluster_sh, query_u64, query_u64s, sync_replica, wait_until, Node};
+use crate::{cluster_sh, exec, query_u64, query_u64s, sync_replica, wait_until, Node};
 
 /// The path of the worker binary `flow-worker-it`, for test crates of this package (where cargo
 /// sets `CARGO_BIN_EXE_flow-worker-it`).
@@ -582,6 +582,52 @@ pub fn check_routing(
         held.push(((*shard).to_owned(), expected.len()));
     }
     Ok(held)
+}
+
+/// `flow-worker-it verify SPEC --json`: its exit code and one JSON object per sink.
+pub fn verify_json(bin: &Path, spec: &Path) -> Result<(Option<i32>, Vec<serde_json::Value>)> {
+    let spec = spec.display().to_string();
+    let out = run_worker(
+        bin,
+        &["verify", &spec, "--json"],
+        &[],
+        Duration::from_secs(60),
+    )?;
+    let sinks = out
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).with_context(|| format!("verify printed {line:?}")))
+        .collect::<Result<Vec<serde_json::Value>>>()
+        .with_context(|| format!("verify's stderr: {}", out.stderr))?;
+    Ok((out.code, sinks))
+}
+
+/// The orphan parts `verify --json` reported, as (endpoint, part, rows).
+pub fn reported_orphans(sinks: &[serde_json::Value]) -> Vec<(String, String, u64)> {
+    let mut orphans = Vec::new();
+    let shards = sinks
+        .iter()
+        .filter_map(|s| s["shards"].as_array())
+        .flatten();
+    for replica in shards.filter_map(|s| s["replicas"].as_array()).flatten() {
+        let parts = replica["replication"]["orphan_parts"].as_array();
+        for part in parts.into_iter().flatten() {
+            orphans.push((
+                replica["endpoint"].as_str().unwrap_or_default().to_owned(),
+                part["name"].as_str().unwrap_or_default().to_owned(),
+                part["rows"].as_u64().unwrap_or_default(),
+            ));
+        }
+    }
+    orphans
+}
+
+/// `DETACH TABLE` then `ATTACH TABLE` on `node`: a replicated table re-reads its parts and sets
+/// aside those ZooKeeper does not list (the repair `verify` names for an orphan part).
+pub fn reattach(node: Node, qualified: &str) -> Result<()> {
+    exec(node.http_port, &format!("DETACH TABLE {qualified}"))?;
+    exec(node.http_port, &format!("ATTACH TABLE {qualified}"))
+        .with_context(|| format!("re-attaching {qualified} on {}", node.name))
 }
 
 #[cfg(test)]

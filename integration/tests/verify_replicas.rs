@@ -1,0 +1,143 @@
+//! `flow-worker verify` against a real orphan part (issue 13, case 10), made on shard a the way
+//! a ZooKeeper outage makes one: a1 writes a part whose ZooKeeper records are lost (the INSERT
+//! that was answered 319), the same rows then land again as a proper part (flow's retry), so a1
+//! holds them twice and a2 once. The lost records are removed with ZooKeeper's own CLI while a2's
+//! fetches are stopped. `verify` must name a1 and the part, and pass once a1 is re-attached.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use flow_integration::worker::*;
+use flow_integration::*;
+
+const ZK_CLI: &str = "/usr/share/zookeeper/bin/zkCli.sh";
+
+/// Runs one zkCli command against the cluster's ZooKeeper; returns its stdout.
+fn zk_cli(args: &[&str]) -> Result<String> {
+    let out = Command::new(ZK_CLI)
+        .args(["-server", "127.0.0.1:12181"])
+        .args(args)
+        .output()
+        .with_context(|| format!("running {ZK_CLI}"))?;
+    ensure!(out.status.success(), "zkCli {args:?}: {:?}", out.status);
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The children zkCli's `ls` printed last (`[a, b]`).
+fn zk_children(path: &str) -> Result<Vec<String>> {
+    let out = zk_cli(&["ls", path])?;
+    let list = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('['))
+        .with_context(|| format!("no listing of {path} in {out:?}"))?;
+    Ok(list
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(", ")
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+fn active_parts(node: Node, database: &str, table: &str) -> Result<String> {
+    query_text(
+        node.http_port,
+        &format!("SELECT name FROM system.parts WHERE database = '{database}' AND table = '{table}' AND active ORDER BY name FORMAT TSV"),
+    )
+}
+
+fn write_spec(dir: &Path, table: &str) -> Result<std::path::PathBuf> {
+    let spec = dir.join("spec.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "pipeline: verify_orphans\nsource:\n  class: generator\n  parameters: {{count: 10}}\nsinks:\n  - name: ch\n    sink_class_name: ClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{hosts: ['{HOST}:{}', '{HOST}:{}'], table: {table}}}\n",
+            A1.http_port, A2.http_port
+        ),
+    )?;
+    Ok(spec)
+}
+
+#[test]
+fn verify_names_the_replica_holding_an_orphan_part_and_passes_after_reattaching_it() -> Result<()> {
+    wait_for_cluster(Duration::from_secs(120))?;
+    let name = unique_name("verify_orphans");
+    let table = ReplicatedTable::create("default", &name, "id UInt64", "id", &[A1, A2])?;
+    let qualified = table.qualified();
+    let dir = tempfile::tempdir()?;
+    let spec = write_spec(dir.path(), &name)?;
+
+    exec(
+        A1.http_port,
+        &format!("INSERT INTO {qualified} SELECT number FROM system.numbers LIMIT 100"),
+    )?;
+    sync_replica(A2.http_port, &qualified)?;
+    let (code, sinks) = verify_json(worker_bin!(), &spec)?;
+    assert_eq!(code, Some(0), "{sinks:?}");
+    assert_eq!(sinks[0]["shards"][0]["verdict"]["verdict"], "consistent");
+
+    // The ambiguous INSERT: a1 keeps the part, its ZooKeeper records go.
+    let zk_path = query_text(
+        A1.http_port,
+        &format!("SELECT zookeeper_path FROM system.replicas WHERE database = 'default' AND table = '{name}' FORMAT TSV"),
+    )?
+    .trim()
+    .to_owned();
+    exec(A2.http_port, &format!("SYSTEM STOP FETCHES {qualified}"))?;
+    let before = active_parts(A1, "default", &name)?;
+    // insert_deduplicate=0: the lost INSERT registered no block id, so the retry is not dropped.
+    let reply = http_request(
+        A1.http_port,
+        "POST",
+        "/?insert_deduplicate=0",
+        &[],
+        format!("INSERT INTO {qualified} SELECT number + 100 FROM system.numbers LIMIT 10")
+            .as_bytes(),
+    )?;
+    ensure!(reply.status == 200, "orphan insert: {}", reply.text());
+    let after = active_parts(A1, "default", &name)?;
+    let orphan = after
+        .lines()
+        .find(|p| !before.lines().any(|b| b == *p))
+        .context("the new part")?
+        .to_owned();
+    for entry in zk_children(&format!("{zk_path}/replicas/a2/queue"))? {
+        zk_cli(&["delete", &format!("{zk_path}/replicas/a2/queue/{entry}")])?;
+    }
+    zk_cli(&[
+        "deleteall",
+        &format!("{zk_path}/replicas/a1/parts/{orphan}"),
+    ])?;
+    // a2 re-reads its (now empty) queue; the retry lands the same rows as a proper part.
+    reattach(A2, &qualified)?;
+    exec(
+        A1.http_port,
+        &format!("INSERT INTO {qualified} SELECT number + 100 FROM system.numbers LIMIT 10"),
+    )?;
+    sync_replica(A2.http_port, &qualified)?;
+    assert_eq!(count_uniq(A1, &qualified)?, (120, 110));
+    assert_eq!(count_uniq(A2, &qualified)?, (110, 110));
+
+    let (code, sinks) = verify_json(worker_bin!(), &spec)?;
+    assert_eq!(code, Some(2), "{sinks:?}");
+    let verdict = &sinks[0]["shards"][0]["verdict"];
+    assert_eq!(verdict["verdict"], "diverged", "{verdict}");
+    assert_eq!(
+        verdict["replicas"],
+        serde_json::json!([A1.http_addr()]),
+        "{verdict}"
+    );
+    assert_eq!(
+        reported_orphans(&sinks),
+        vec![(A1.http_addr(), orphan.clone(), 10)]
+    );
+
+    reattach(A1, &qualified)?;
+    assert_eq!(count_uniq(A1, &qualified)?, (110, 110));
+    let (code, sinks) = verify_json(worker_bin!(), &spec)?;
+    assert_eq!(code, Some(0), "{sinks:?}");
+    assert_eq!(sinks[0]["shards"][0]["verdict"]["rows"], 110);
+    Ok(())
+}
