@@ -40,6 +40,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -133,9 +134,9 @@ impl Class {
             .collect()
     }
 
-    /// The host parameters with every node replaced by its proxy.
-    fn host_parameters(&self, proxies: &Proxies) -> String {
-        let addr = |n: &Node| format!("\"{}\"", proxies.addr(n.name));
+    /// The host parameters, every node written as `addr` gives it.
+    fn host_parameters(&self, addr: impl Fn(&Node) -> String) -> String {
+        let addr = |n: &Node| format!("\"{}\"", addr(n));
         let list = |nodes: &[Node]| nodes.iter().map(addr).collect::<Vec<_>>().join(", ");
         if self.shards.len() == 1 && self.shards[0].0.is_empty() {
             format!("hosts: [{}]", list(&self.shards[0].1))
@@ -153,13 +154,14 @@ impl Class {
         }
     }
 
+    /// The spec the worker runs: every node behind its proxy.
     fn spec(&self, table: &str, schedule: &Schedule, proxies: &Proxies) -> String {
         GeneratorSpec::new(
             self.pipeline,
             self.name,
             format!(
                 "{{{}, database: default, table: {table}}}",
-                self.host_parameters(proxies)
+                self.host_parameters(|n| proxies.addr(n.name))
             ),
         )
         .partitions(PARTITIONS)
@@ -171,6 +173,60 @@ impl Class {
         .dynamic("{max_rows_per_batch: 2000, retry_backoff: 200ms, max_retry_backoff: 2s, write_timeout: 2s}")
         .yaml()
     }
+
+    /// The spec `verify` reads: the nodes themselves.
+    fn verify_spec(&self, table: &str) -> String {
+        GeneratorSpec::new(
+            self.pipeline,
+            self.name,
+            format!(
+                "{{{}, database: default, table: {table}}}",
+                self.host_parameters(Node::http_addr)
+            ),
+        )
+        .partitions(PARTITIONS)
+        .sink_name("events")
+        .yaml()
+    }
+}
+
+/// Runs `flow-worker verify` over the nodes after the last run. An orphan part it names (an
+/// INSERT answered 319 during a ZooKeeper fault left it active on its replica, and the retry
+/// delivered its rows again) is repaired as `verify` says, by re-attaching the table on that
+/// replica, and `verify` must then pass. Returns the orphan parts repaired, as (replica, part,
+/// rows); any other divergence fails the test.
+fn repair_orphans(
+    tag: &str,
+    class: &Class,
+    spec: &Path,
+    qualified: &str,
+) -> Vec<(String, String, u64)> {
+    let (code, sinks) = verify_json(worker_bin!(), spec).unwrap();
+    let orphans = reported_orphans(&sinks);
+    if code == Some(0) {
+        return orphans;
+    }
+    assert!(
+        code == Some(2) && !orphans.is_empty(),
+        "{tag}: verify exited {code:?} without an orphan part to repair: {sinks:?}"
+    );
+    let mut replicas: Vec<&str> = orphans.iter().map(|(r, _, _)| r.as_str()).collect();
+    replicas.dedup();
+    for endpoint in replicas {
+        let node = class
+            .nodes()
+            .into_iter()
+            .find(|n| n.http_addr() == endpoint)
+            .unwrap_or_else(|| panic!("{tag}: verify named an unknown replica {endpoint}"));
+        reattach(node, qualified).unwrap();
+    }
+    for node in class.nodes() {
+        let (database, table) = qualified.split_once('.').unwrap();
+        sync_when_writable(node, database, table, Duration::from_secs(90)).unwrap();
+    }
+    let (code, sinks) = verify_json(worker_bin!(), spec).unwrap();
+    assert_eq!(code, Some(0), "{tag}: verify after re-attaching: {sinks:?}");
+    orphans
 }
 
 fn batching() -> Class {
@@ -609,7 +665,16 @@ fn run_class(class: &Class) {
     for node in class.nodes() {
         sync_when_writable(node, "default", &name, Duration::from_secs(90)).unwrap();
     }
+    let verify_spec = dir.path().join("verify.yaml");
+    std::fs::write(&verify_spec, class.verify_spec(&name)).unwrap();
+    let orphans = repair_orphans(&tag, class, &verify_spec, &qualified);
     let mut report = String::new();
+    let orphan_rows: u64 = orphans.iter().map(|(_, _, rows)| rows).sum();
+    let _ = writeln!(
+        report,
+        "verify: {} orphan part(s), {orphan_rows} orphan rows, repaired by re-attaching: {orphans:?}",
+        orphans.len()
+    );
     let mut seen = vec![0u32; total as usize];
     let mut duplicates = 0u64;
     let mut rows = 0u64;
