@@ -13,7 +13,7 @@ DEMO_DIR="${FLOW_DEMO_DIR:-/tmp/flow-demo}"
 mkdir -p "$DEMO_DIR"
 
 flow_ensure_cluster_packages
-command -v cc >/dev/null 2>&1 || flow_ensure_packages build-essential
+flow_ensure_build_packages
 command -v cargo >/dev/null 2>&1 || flow_die "cargo not found: install rustup; rust-toolchain.toml pins the toolchain"
 
 flow_log "building flow-worker (release)"

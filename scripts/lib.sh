@@ -50,3 +50,13 @@ flow_ensure_cluster_packages() {
     [ -d /etc/ssl/certs ] && [ -n "$(ls -A /etc/ssl/certs 2>/dev/null)" ] || need+=(ca-certificates)
     [ "${#need[@]}" -eq 0 ] || flow_ensure_packages "${need[@]}"
 }
+
+# What building the workspace needs besides Rust: a C toolchain and pkg-config for -sys crates,
+# and librdkafka (the Kafka source links Debian's library instead of compiling its sources).
+flow_ensure_build_packages() {
+    local need=()
+    command -v cc >/dev/null 2>&1 || need+=(build-essential)
+    command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+    flow_pkg_installed librdkafka-dev || need+=(librdkafka-dev)
+    [ "${#need[@]}" -eq 0 ] || flow_ensure_packages "${need[@]}"
+}

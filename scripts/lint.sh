@@ -7,6 +7,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$FLOW_REPO_ROOT"
 
+flow_ensure_build_packages
 if ! cargo clippy --version >/dev/null 2>&1; then
     rustup component add rustfmt clippy
 fi

@@ -10,10 +10,10 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$FLOW_REPO_ROOT"
 
-# Tools: the cluster packages, plus what crates commonly need to build (C toolchain, pkg-config).
+# Tools: the cluster packages, plus what the crates need to build (C toolchain, pkg-config,
+# librdkafka).
 flow_ensure_cluster_packages
-command -v cc >/dev/null 2>&1 || flow_ensure_packages build-essential
-command -v pkg-config >/dev/null 2>&1 || flow_ensure_packages pkg-config
+flow_ensure_build_packages
 
 # Rust: the toolchain is pinned by rust-toolchain.toml; rustup installs it (with rustfmt and clippy)
 # on first use.

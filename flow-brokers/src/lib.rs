@@ -1,13 +1,15 @@
 //! flow-brokers: sources that read a message broker from the positions flow commits.
 //!
-//! Each source is replayable: its position is the broker's own (a JetStream stream sequence),
-//! committed in flow's outbox together with the epoch's sealed batches, and never acknowledged to
-//! the broker as the source of truth. A restart, or the rebuild of a pending batch, re-reads the
+//! Each source is replayable: its position is the broker's own (a JetStream stream sequence, a
+//! Kafka offset), committed in flow's outbox together with the epoch's sealed batches, and never
+//! acknowledged to the broker as the source of truth. A restart, or the rebuild of a pending batch, re-reads the
 //! broker from there; rows are decoded by flow-core's broker formats
 //! ([`flow_core::sources::BrokerFormat`]).
 //!
 //! - [`nats_jetstream`](NatsJetStreamParams): one subject of a JetStream stream per partition.
+//! - [`kafka`](KafkaParams): one partition of a Kafka topic per partition (librdkafka).
 
+mod kafka;
 mod nats_auth;
 mod nats_jetstream;
 
@@ -15,12 +17,14 @@ use std::path::PathBuf;
 
 use flow_core::{Registry, SourceError};
 
+pub use kafka::{KafkaParams, KafkaSourceError};
 pub use nats_auth::NatsAuth;
 pub use nats_jetstream::NatsJetStreamParams;
 
-/// Registers the broker sources (`nats_jetstream`) into `registry`.
+/// Registers the broker sources (`nats_jetstream`, `kafka`) into `registry`.
 pub fn register(registry: &mut Registry) {
     registry.register_source("nats_jetstream", std::sync::Arc::new(nats_jetstream::build));
+    registry.register_source("kafka", std::sync::Arc::new(kafka::build));
 }
 
 /// Why a broker source could not read.

@@ -89,7 +89,14 @@ fn every_example_spec_validates() {
         }
     }
     checked.sort();
-    assert_eq!(checked, ["nats_to_clickhouse.yaml", "quickstart.yaml"]);
+    assert_eq!(
+        checked,
+        [
+            "kafka_to_clickhouse.yaml",
+            "nats_to_clickhouse.yaml",
+            "quickstart.yaml"
+        ]
+    );
 }
 
 #[test]

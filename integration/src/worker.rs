@@ -630,6 +630,26 @@ pub fn reattach(node: Node, qualified: &str) -> Result<()> {
         .with_context(|| format!("re-attaching {qualified} on {}", node.name))
 }
 
+/// Each partition's lag in `status --json` of `pipeline`, in partition order.
+pub fn partition_lags(bin: &Path, state: &Path, pipeline: &str) -> Result<Vec<Option<u64>>> {
+    let summary = status_json(bin, state)?.context("no status yet")?;
+    let positions = summary
+        .pointer(&format!("/pipelines/{pipeline}/positions"))
+        .and_then(|p| p.as_object())
+        .context("no positions in status")?;
+    Ok(positions
+        .values()
+        .map(|p| p.get("lag").and_then(serde_json::Value::as_u64))
+        .collect())
+}
+
+/// Rows on shard a plus shard b (first replica of each), and their distinct ids.
+pub fn landed_on_both_shards(qualified: &str) -> Result<(u64, u64)> {
+    let (ca, ua) = count_uniq(crate::A1, qualified)?;
+    let (cb, ub) = count_uniq(crate::B1, qualified)?;
+    Ok((ca + cb, ua + ub))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

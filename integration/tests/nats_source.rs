@@ -129,26 +129,6 @@ fn write_spec(dir: &Path, stream: &str, prefix: &str, table: &str) -> PathBuf {
     spec
 }
 
-/// Each partition's lag in `status --json`, in partition order.
-fn partition_lags(state: &Path) -> Result<Vec<Option<u64>>> {
-    let summary = status_json(worker_bin!(), state)?.context("no status yet")?;
-    let positions = summary
-        .pointer("/pipelines/nats_it/positions")
-        .and_then(|p| p.as_object())
-        .context("no positions in status")?;
-    Ok(positions
-        .values()
-        .map(|p| p.get("lag").and_then(serde_json::Value::as_u64))
-        .collect())
-}
-
-/// Rows on shard a plus shard b (first replica of each), and their distinct ids.
-fn landed(qualified: &str) -> Result<(u64, u64)> {
-    let (ca, ua) = count_uniq(A1, qualified)?;
-    let (cb, ub) = count_uniq(B1, qualified)?;
-    Ok((ca + cb, ua + ub))
-}
-
 #[test]
 fn jetstream_messages_land_exactly_once_across_worker_kills_and_nats_restarts() -> Result<()> {
     require_cluster()?;
@@ -210,7 +190,7 @@ fn jetstream_messages_land_exactly_once_across_worker_kills_and_nats_restarts() 
     rt.block_on(publisher)??;
     let qualified = table.qualified();
     wait_until(Duration::from_secs(240), || {
-        Ok(landed(&qualified)?.1 >= shape.messages)
+        Ok(landed_on_both_shards(&qualified)?.1 >= shape.messages)
     })
     .with_context(|| format!("not every message landed\n{}", worker.log_tail()))?;
     let elapsed = started.elapsed();
@@ -218,7 +198,7 @@ fn jetstream_messages_land_exactly_once_across_worker_kills_and_nats_restarts() 
     // caught up with the stream.
     let mut lags = Vec::new();
     wait_until(Duration::from_secs(20), || {
-        lags = partition_lags(&state)?;
+        lags = partition_lags(worker_bin!(), &state, "nats_it")?;
         Ok(lags.len() == PARTITIONS as usize && lags.iter().all(|&lag| lag == Some(0)))
     })
     .with_context(|| format!("status shows lags {lags:?}, not 0 for each partition"))?;
@@ -227,7 +207,7 @@ fn jetstream_messages_land_exactly_once_across_worker_kills_and_nats_restarts() 
     for node in NODES {
         sync_when_writable(node, "default", &name, Duration::from_secs(60))?;
     }
-    let (total, distinct) = landed(&qualified)?;
+    let (total, distinct) = landed_on_both_shards(&qualified)?;
     assert_eq!(
         (total, distinct),
         (shape.messages, shape.messages),
@@ -301,7 +281,7 @@ fn a_message_that_breaks_the_schema_stops_its_partition_naming_partition_positio
     .with_context(|| format!("no `{expected}` in the log\n{}", worker.log_tail()))?;
     worker.kill_9()?;
     // The epoch that met the bad message was not committed: nothing of partition 0 landed.
-    assert_eq!(landed(&table.qualified())?, (0, 0));
+    assert_eq!(landed_on_both_shards(&table.qualified())?, (0, 0));
     let _ = rt.block_on(js.delete_stream(&name));
     Ok(())
 }
@@ -324,11 +304,13 @@ fn a_message_that_breaks_the_schema_is_a_dead_letter_with_on_bad_record_dead_let
     let state = dir.path().join("state");
     let mut worker = Worker::spawn(worker_bin!(), &spec, &state, dir.path().join("w.log"))?;
     let qualified = table.qualified();
-    wait_until(Duration::from_secs(60), || Ok(landed(&qualified)?.1 >= 2))
-        .with_context(|| format!("ids 1 and 3 did not land\n{}", worker.log_tail()))?;
+    wait_until(Duration::from_secs(60), || {
+        Ok(landed_on_both_shards(&qualified)?.1 >= 2)
+    })
+    .with_context(|| format!("ids 1 and 3 did not land\n{}", worker.log_tail()))?;
     // A stop lets `status` read the store itself.
     worker.kill_9()?;
-    assert_eq!(landed(&qualified)?, (2, 2));
+    assert_eq!(landed_on_both_shards(&qualified)?, (2, 2));
     let summary = status_json(worker_bin!(), &state)?.context("status --json")?;
     let text = summary.to_string();
     assert!(
