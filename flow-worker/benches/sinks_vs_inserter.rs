@@ -5,7 +5,9 @@
 //!
 //! Environment: `FLOW_BENCH_ROWS` (comma list, default `2000000,8000000`),
 //! `FLOW_BENCH_REPETITIONS` (3; cases alternate within each repetition, medians are reported),
-//! `FLOW_BENCH_ONLY` (comma list of `inserter,batching,sharded,at_least_once,at_most_once`),
+//! `FLOW_BENCH_ONLY` (comma list of `inserter,inserter_sharded,batching,sharded,at_least_once,
+//! at_most_once`, and `jetstream`, which runs only when named: the batching sink reading the
+//! generator's rows as JSON from a JetStream stream the orchestrator publishes beforehand),
 //! `FLOW_BENCH_KEEP=1` (keep state directories and worker logs), `FLOW_BENCH_ENDLESS_SECS` (run the
 //! endless flat-footprint check instead, at `FLOW_BENCH_ENDLESS_RATE` rows/s in all).
 //!
@@ -52,6 +54,7 @@ const A2: &str = "127.0.0.1:18124";
 const B1: &str = "127.0.0.1:18125";
 const B2: &str = "127.0.0.1:18126";
 const NODES: [&str; 4] = [A1, A2, B1, B2];
+const NATS_URL: &str = "nats://127.0.0.1:14222";
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Case {
@@ -62,6 +65,8 @@ enum Case {
     Sharded,
     AtLeastOnce,
     AtMostOnce,
+    /// `ClickHouseBatchingSink` fed by `nats_jetstream` instead of the generator.
+    JetStream,
 }
 
 impl Case {
@@ -73,6 +78,8 @@ impl Case {
         Case::AtLeastOnce,
         Case::AtMostOnce,
     ];
+    /// Run only when `FLOW_BENCH_ONLY` names them.
+    const ON_REQUEST: [Case; 1] = [Case::JetStream];
 
     fn name(self) -> &'static str {
         match self {
@@ -82,6 +89,15 @@ impl Case {
             Case::Sharded => "sharded",
             Case::AtLeastOnce => "at_least_once",
             Case::AtMostOnce => "at_most_once",
+            Case::JetStream => "jetstream",
+        }
+    }
+
+    /// The sink class the spec names.
+    fn sink_class(self) -> &'static str {
+        match self {
+            Case::JetStream => Case::Batching.class(),
+            _ => self.class(),
         }
     }
 
@@ -93,6 +109,7 @@ impl Case {
             Case::Sharded => "ShardedClickHouseBatchingSink",
             Case::AtLeastOnce => "AtLeastOnceClickHouseSink",
             Case::AtMostOnce => "AtMostOnceClickHouseSink",
+            Case::JetStream => "ClickHouseBatchingSink from JetStream",
         }
     }
 
@@ -121,7 +138,7 @@ impl Case {
     }
 
     fn exactly_once(self) -> bool {
-        matches!(self, Case::Batching | Case::Sharded)
+        matches!(self, Case::Batching | Case::Sharded | Case::JetStream)
     }
 
     fn target_ratio(self) -> f64 {
@@ -377,10 +394,18 @@ where
 }
 
 fn spec(case: Case, table: &str, count: u64, rate_per_second: u64) -> String {
+    let source = if case == Case::JetStream {
+        format!(
+            "  class: nats_jetstream\n  parameters:\n    servers: ['{NATS_URL}']\n    stream: {stream}\n    subject_template: '{stream}.{{partition}}'\n    format: json\n    max_messages_per_pull: {EPOCH_MAX_MESSAGES}\n    schema: [{{name: id, type: uint64}}, {{name: partition, type: uint32}}, {{name: offset, type: uint64}}, {{name: user_id, type: uint64}}, {{name: ts, type: datetime}}, {{name: payload, type: string}}]\n",
+            stream = jetstream::stream_name(count * u64::from(PARTITIONS)),
+        )
+    } else {
+        format!("  class: generator\n  parameters: {{count: {count}, rate_per_second: {rate_per_second}, payload_bytes: {PAYLOAD_BYTES}}}\n")
+    };
     format!(
-        "pipeline: bench_{name}\npartitions: {PARTITIONS}\nepoch: {{max_messages: {EPOCH_MAX_MESSAGES}, max_duration_ms: {EPOCH_MAX_DURATION_MS}}}\nsource:\n  class: generator\n  parameters: {{count: {count}, rate_per_second: {rate_per_second}, payload_bytes: {PAYLOAD_BYTES}}}\nsinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {parameters}\n    dynamic_parameters: {{max_rows_per_batch: {BATCH_ROWS}, max_bytes_per_batch: {MAX_BYTES_PER_BATCH}}}\n",
+        "pipeline: bench_{name}\npartitions: {PARTITIONS}\nepoch: {{max_messages: {EPOCH_MAX_MESSAGES}, max_duration_ms: {EPOCH_MAX_DURATION_MS}}}\nsource:\n{source}sinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {parameters}\n    dynamic_parameters: {{max_rows_per_batch: {BATCH_ROWS}, max_bytes_per_batch: {MAX_BYTES_PER_BATCH}}}\n",
         name = case.name(),
-        class = case.class(),
+        class = case.sink_class(),
         parameters = case.sink_parameters(table),
     )
 }
@@ -467,7 +492,11 @@ fn run_case(ch: &ClickHouse, case: Case, rows: u64, work: &Path, tag: &str) -> R
     let state_bytes = (!case.is_loop()).then(|| dir_bytes(&state_dir));
     let (table_rows, ids) = ch.counts(&table, &case.shards())?;
     match case {
-        Case::Inserter | Case::InserterSharded | Case::Batching | Case::Sharded => ensure!(
+        Case::Inserter
+        | Case::InserterSharded
+        | Case::Batching
+        | Case::Sharded
+        | Case::JetStream => ensure!(
             table_rows == rows && ids == rows,
             "{tag}: {} wrote {rows} rows but the table holds {table_rows} rows with {ids} distinct ids: rows were lost or duplicated",
             case.class()
@@ -532,6 +561,7 @@ fn orchestrate() -> Result<()> {
             .map(|name| {
                 Case::ALL
                     .into_iter()
+                    .chain(Case::ON_REQUEST)
                     .find(|case| case.name() == name.trim())
                     .with_context(|| format!("FLOW_BENCH_ONLY: unknown case `{name}`"))
             })
@@ -553,6 +583,9 @@ fn orchestrate() -> Result<()> {
     );
     let mut samples: BTreeMap<(u64, Case), Vec<Sample>> = BTreeMap::new();
     for &rows in &rows_list {
+        if cases.contains(&Case::JetStream) {
+            jetstream::publish_generator_rows(&ch.runtime, rows)?;
+        }
         for repetition in 1..=repetitions {
             println!("rows {rows}, repetition {repetition}/{repetitions}");
             // Alternate the cases within a repetition, so that drift on a shared machine hits
@@ -985,4 +1018,79 @@ fn push_pipeline() -> Result<()> {
         tokio::task::spawn_blocking(move || store.close()).await??;
         Ok(())
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The JetStream case's input: the generator's rows, published once per row count
+
+mod jetstream {
+    use std::fmt::Write as _;
+
+    use anyhow::{Context, Result};
+    use async_nats::jetstream::{self, stream};
+    use flow_core::sources::generator::{fill_payload, row_values};
+
+    use super::{NATS_URL, PARTITIONS, PAYLOAD_BYTES};
+
+    /// The stream holding `rows` rows; its subjects are `<name>.<partition>`.
+    pub fn stream_name(rows: u64) -> String {
+        format!("bench_{rows}")
+    }
+
+    /// Publishes the rows the generator would produce for `rows` (partition `p`'s offsets to
+    /// subject `<stream>.<p>`, as JSON), unless the stream already holds exactly them.
+    pub fn publish_generator_rows(runtime: &tokio::runtime::Runtime, rows: u64) -> Result<()> {
+        let name = stream_name(rows);
+        runtime.block_on(async {
+            let client = async_nats::connect(NATS_URL)
+                .await
+                .with_context(|| format!("connecting to {NATS_URL} (scripts/cluster.sh up)"))?;
+            let js = jetstream::new(client);
+            if let Ok(mut existing) = js.get_stream(&name).await {
+                if existing.info().await?.state.messages == rows {
+                    println!("jetstream: stream {name} already holds {rows} rows");
+                    return Ok(());
+                }
+                js.delete_stream(&name).await?;
+            }
+            js.create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{name}.*")],
+                storage: stream::StorageType::File,
+                ..Default::default()
+            })
+            .await?;
+            let started = std::time::Instant::now();
+            let per_partition = rows / u64::from(PARTITIONS);
+            let (mut payload, mut json) = (Vec::new(), String::new());
+            let mut acks = Vec::new();
+            for offset in 0..per_partition {
+                for partition in 0..PARTITIONS {
+                    let (id, user_id, ts) = row_values(partition, offset, PARTITIONS);
+                    fill_payload(id, PAYLOAD_BYTES, &mut payload);
+                    json.clear();
+                    // The payload alphabet is [a-z0-9]: no escaping needed.
+                    let _ = write!(
+                        json,
+                        r#"{{"id":{id},"partition":{partition},"offset":{offset},"user_id":{user_id},"ts":{ts},"payload":"{}"}}"#,
+                        String::from_utf8_lossy(&payload)
+                    );
+                    acks.push(js.publish(format!("{name}.{partition}"), json.clone().into()).await?);
+                    if acks.len() >= 4096 {
+                        for ack in acks.drain(..) {
+                            ack.await?;
+                        }
+                    }
+                }
+            }
+            for ack in acks {
+                ack.await?;
+            }
+            println!(
+                "jetstream: published {rows} rows to stream {name} in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            anyhow::Ok(())
+        })
+    }
 }
