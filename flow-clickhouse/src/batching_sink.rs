@@ -138,7 +138,7 @@ impl Sealer for BatchingSink {
         let deliverer: Arc<dyn BatchDeliverer> = Arc::new(ClickHouseDeliverer::new(
             Arc::clone(&self.shared),
             Arc::clone(&self.exactly_once),
-            self.ctx.store.clone(),
+            self.ctx.clone(),
             marks,
         ));
         delivery.open(

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use flow_core::delivery::{now_ms, BatchDeliverer};
-use flow_core::SinkError;
-use flow_state::{AckExtras, SealedBatch, SinkPartition, StateError, StateStore};
+use flow_core::{SinkContext, SinkError};
+use flow_state::{AckExtras, SealedBatch, SinkPartition, StateError, StateStore, StoredBody};
 use tokio::sync::watch;
 use tracing::warn;
 
@@ -25,6 +25,7 @@ use crate::compress::is_framed;
 use crate::exactly_once::ExactlyOnce;
 use crate::insert::{insert_part, AttemptLog, InsertFailure, InsertRequest};
 use crate::params::{OnBadRows, OnExpiredBacklog};
+use crate::rebuild::Requeue;
 use crate::session::WriterSession;
 use crate::sink_state::SinkShared;
 use crate::split::{marker_prefix, refusal_from_marker, RefusedPart, SplitOutcome, SplitPart};
@@ -65,6 +66,8 @@ pub struct ClickHouseDeliverer {
     shared: Arc<SinkShared>,
     exactly_once: Arc<ExactlyOnce>,
     store: StateStore,
+    /// The partition's context, for rebuilding a batch a stalled lane reads back.
+    ctx: SinkContext,
     marks: Mutex<PartitionMarks>,
 }
 
@@ -72,13 +75,14 @@ impl ClickHouseDeliverer {
     pub fn new(
         shared: Arc<SinkShared>,
         exactly_once: Arc<ExactlyOnce>,
-        store: StateStore,
+        ctx: SinkContext,
         marks: PartitionMarks,
     ) -> ClickHouseDeliverer {
         ClickHouseDeliverer {
             shared,
             exactly_once,
-            store,
+            store: ctx.store.clone(),
+            ctx,
             marks: Mutex::new(marks),
         }
     }
@@ -223,6 +227,59 @@ impl AttemptLog for EntryAttempts<'_> {
 
 #[async_trait]
 impl BatchDeliverer for ClickHouseDeliverer {
+    /// A sharded sink's lanes may set a stalled shard's batches aside: the outbox keeps them.
+    fn reloads(&self) -> bool {
+        self.shared.sharded
+    }
+
+    async fn reload(
+        &self,
+        key: &SinkPartition,
+        shard: &str,
+        after: Option<u64>,
+    ) -> Result<Option<(u64, SealedBatch)>, SinkError> {
+        let (store, task_key, task_shard) = (self.store.clone(), key.clone(), shard.to_owned());
+        let next = tokio::task::spawn_blocking(move || {
+            store.next_undelivered(&task_key, &task_shard, after)
+        })
+        .await
+        .map_err(|err| SinkError::Delivery {
+            reason: format!("state task failed: {err}"),
+        })??;
+        let Some(stored) = next else {
+            return Ok(None);
+        };
+        let seq = stored.seq;
+        let batch = match &stored.body {
+            StoredBody::Payload(location) => {
+                let (store, task_key, location) =
+                    (self.store.clone(), key.clone(), location.clone());
+                let payload =
+                    tokio::task::spawn_blocking(move || store.load_payload(&task_key, &location))
+                        .await
+                        .map_err(|err| SinkError::Delivery {
+                            reason: format!("state task failed: {err}"),
+                        })??;
+                SealedBatch {
+                    payload,
+                    ..stored.batch
+                }
+            }
+            StoredBody::Rebuild { .. } => {
+                let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
+                    return Ok(None);
+                };
+                let requeue = Requeue {
+                    shared: &self.shared,
+                    session: &session,
+                    ctx: &self.ctx,
+                };
+                requeue.rebuild_one(stored).await?
+            }
+        };
+        Ok(Some((seq, batch)))
+    }
+
     async fn deliver(
         &self,
         key: &SinkPartition,

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use flow_core::delivery::OutboxDelivery;
 use flow_core::{MessageBatch, Replay, SinkContext, SinkError};
 use flow_state::{SealedBatch, StoredBatch, StoredBody};
@@ -22,6 +23,30 @@ struct Pending {
     first: u64,
     last: u64,
     entries: Vec<StoredBatch>,
+}
+
+/// Where rebuilt batches go: the delivery queue at open, or the one batch a lane reads back.
+#[async_trait]
+pub trait Rebuilt: Send {
+    /// Takes a rebuilt batch; `false` once the pipeline is stopping.
+    async fn push(&mut self, seq: u64, batch: SealedBatch) -> Result<bool, SinkError>;
+}
+
+#[async_trait]
+impl Rebuilt for OutboxDelivery {
+    async fn push(&mut self, seq: u64, batch: SealedBatch) -> Result<bool, SinkError> {
+        let sealed_at = batch.sealed_at_ms;
+        OutboxDelivery::push(self, seq, batch, sealed_at).await
+    }
+}
+
+/// The one batch [`Requeue::rebuild_one`] rebuilds.
+#[async_trait]
+impl Rebuilt for Option<(u64, SealedBatch)> {
+    async fn push(&mut self, seq: u64, batch: SealedBatch) -> Result<bool, SinkError> {
+        *self = Some((seq, batch));
+        Ok(true)
+    }
 }
 
 /// What a sink partition needs to rebuild and requeue its backlog.
@@ -70,11 +95,27 @@ impl Requeue<'_> {
         self.rebuild(run, delivery).await.map(|_| ())
     }
 
+    /// Rebuilds one entry stored as bounds (a lane reading its set-aside batches back).
+    pub async fn rebuild_one(&self, stored: StoredBatch) -> Result<SealedBatch, SinkError> {
+        let seq = stored.seq;
+        let mut rebuilt: Option<(u64, SealedBatch)> = None;
+        self.rebuild(vec![stored], &mut rebuilt).await?;
+        match rebuilt {
+            Some((found, batch)) if found == seq => Ok(batch),
+            _ => Err(SinkError::Delivery {
+                reason: format!(
+                    "{}: pending batch {seq} was not rebuilt",
+                    self.ctx.state_key()
+                ),
+            }),
+        }
+    }
+
     /// Rebuilds a run of bounds-only batches; `false` once the pipeline is stopping.
     async fn rebuild(
         &self,
         run: Vec<StoredBatch>,
-        delivery: &mut OutboxDelivery,
+        delivery: &mut impl Rebuilt,
     ) -> Result<bool, SinkError> {
         let Some(first) = run.first() else {
             return Ok(true);
@@ -117,7 +158,7 @@ impl Requeue<'_> {
         replay: &Arc<dyn Replay>,
         from: Option<Vec<u8>>,
         pending: Vec<Pending>,
-        delivery: &mut OutboxDelivery,
+        delivery: &mut impl Rebuilt,
     ) -> Result<bool, SinkError> {
         let mut reader = replay
             .open(from.as_deref())
@@ -197,7 +238,7 @@ impl Requeue<'_> {
         &self,
         current: Pending,
         mut rebuilt: Vec<Part>,
-        delivery: &mut OutboxDelivery,
+        delivery: &mut impl Rebuilt,
     ) -> Result<bool, SinkError> {
         for entry in current.entries {
             let index = rebuilt.iter().position(|p| p.shard == entry.batch.shard);
@@ -210,8 +251,7 @@ impl Requeue<'_> {
                 payload: part.payload,
                 ..entry.batch
             };
-            let sealed_at = batch.sealed_at_ms;
-            if !delivery.push(entry.seq, batch, sealed_at).await? {
+            if !delivery.push(entry.seq, batch).await? {
                 return Ok(false);
             }
         }

@@ -11,7 +11,7 @@
 //! never skips a batch: the first error stops the task and is reported by the next `push` or
 //! `drain`. [`OutboxSink`] wraps a [`Sealer`] into a [`Sink`] that owns this lifecycle.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -32,6 +32,13 @@ pub const DELIVERY_QUEUE_CAPACITY: usize = 8;
 /// How often a sink logs its delivery latency.
 pub const LATENCY_REPORT_INTERVAL: Duration = Duration::from_secs(60);
 
+/// How long a lane's delivery may run while its later batches fill the queue before they are
+/// set aside (left in the outbox, dropped from memory) so that the other lanes go on.
+pub const LANE_STALL: Duration = Duration::from_secs(10);
+
+/// Batches a stalled lane may keep waiting in memory before the next one is set aside.
+const STALLED_LANE_DEPTH: usize = 2;
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -50,6 +57,25 @@ pub trait BatchDeliverer: Send + Sync + 'static {
         batch: &SealedBatch,
         stop: &watch::Receiver<bool>,
     ) -> Result<(), SinkError>;
+
+    /// Whether [`BatchDeliverer::reload`] works, so that a stalled lane's batches may be set
+    /// aside: left in the outbox and read back when the lane moves again, instead of holding
+    /// every other lane of the partition up once the queue is full.
+    fn reloads(&self) -> bool {
+        false
+    }
+
+    /// The first undelivered batch for `shard` whose seq is above `after`, read back from the
+    /// outbox with its payload (rebuilt, for a batch stored as bounds); `None` when the outbox
+    /// holds no more for that shard.
+    async fn reload(
+        &self,
+        _key: &SinkPartition,
+        _shard: &str,
+        _after: Option<u64>,
+    ) -> Result<Option<(u64, SealedBatch)>, SinkError> {
+        Ok(None)
+    }
 }
 
 /// Bytes of payload a sink may hold in memory for delivery, across its partitions.
@@ -247,18 +273,18 @@ impl DeliveryQueue {
     pub fn start(
         key: SinkPartition,
         deliverer: Arc<dyn BatchDeliverer>,
-        latency: Arc<DeliveryLatency>,
+        shared: &SinkDelivery,
     ) -> DeliveryQueue {
         let (tx, rx) = mpsc::channel::<Queued>(DELIVERY_QUEUE_CAPACITY);
         let (stop, stop_rx) = watch::channel(false);
         let lanes = Lanes {
             key: key.clone(),
             deliverer,
-            latency,
+            latency: Arc::clone(&shared.latency),
+            budget: Arc::clone(&shared.budget),
             stop: stop_rx,
-            waiting: BTreeMap::new(),
+            lanes: BTreeMap::new(),
             waiting_count: 0,
-            busy: BTreeSet::new(),
             in_flight: JoinSet::new(),
         };
         let task = tokio::spawn(lanes.run(rx));
@@ -329,33 +355,57 @@ impl Drop for DeliveryQueue {
     }
 }
 
-/// What one delivery of a lane reports back.
+/// What one job of a lane reports back.
 struct LaneDone {
     shard: String,
-    seq: u64,
+    /// The batch delivered; `None` for a read-back that found the outbox empty for the lane.
+    seq: Option<u64>,
     rows: u64,
     origin_ms: u64,
     result: Result<(), SinkError>,
 }
 
+/// One shard's lane of a delivery task.
+#[derive(Default)]
+struct Lane {
+    waiting: VecDeque<Queued>,
+    /// When the delivery in flight started; `None` while idle.
+    busy_since: Option<tokio::time::Instant>,
+    /// The last seq delivered or in flight: a batch at or below it that arrives later was
+    /// already read back from the outbox.
+    last_seq: Option<u64>,
+    /// Batches were set aside: until the outbox holds none for this shard, arrivals are dropped
+    /// and the lane reads its batches back from the outbox one by one.
+    set_aside: bool,
+}
+
+impl Lane {
+    fn stalled(&self) -> bool {
+        self.busy_since.is_some_and(|at| at.elapsed() >= LANE_STALL)
+    }
+}
+
 /// The delivery task of a sink partition: one lane per shard (`SealedBatch::shard`), each
 /// delivering its batches one at a time in outbox order, lanes side by side. A slow shard thus
-/// delays only its own parts until the queue ahead of it is full; an unsharded sink has one lane
-/// and delivers strictly in order.
+/// delays only its own parts until the queue ahead of it is full; then, if the deliverer can read
+/// batches back ([`BatchDeliverer::reloads`]), a lane stalled for [`LANE_STALL`] has its later
+/// batches set aside (they stay in the outbox) and reads them back once it moves again, so the
+/// other lanes go on. An unsharded sink has one lane and delivers strictly in order.
 struct Lanes {
     key: SinkPartition,
     deliverer: Arc<dyn BatchDeliverer>,
     latency: Arc<DeliveryLatency>,
+    budget: Arc<ByteBudget>,
     stop: watch::Receiver<bool>,
-    waiting: BTreeMap<String, VecDeque<Queued>>,
+    lanes: BTreeMap<String, Lane>,
     waiting_count: usize,
-    busy: BTreeSet<String>,
     in_flight: JoinSet<LaneDone>,
 }
 
 impl Lanes {
     async fn run(mut self, mut rx: mpsc::Receiver<Queued>) -> Result<(), SinkError> {
         let mut open = true;
+        let reloads = self.deliverer.reloads();
         loop {
             let stopping = *self.stop.borrow();
             if !stopping {
@@ -366,15 +416,10 @@ impl Lanes {
                 return Ok(());
             }
             let room = open && !stopping && self.waiting_count < DELIVERY_QUEUE_CAPACITY;
+            let full = open && !stopping && reloads && !room;
             tokio::select! {
                 queued = rx.recv(), if room => match queued {
-                    Some(queued) => {
-                        self.waiting_count += 1;
-                        self.waiting
-                            .entry(queued.batch.shard.clone())
-                            .or_default()
-                            .push_back(queued);
-                    }
+                    Some(queued) => self.arrived(queued, reloads),
                     None => open = false,
                 },
                 Some(done) = self.in_flight.join_next() => self.finished(done)?,
@@ -384,43 +429,92 @@ impl Lanes {
                         return Ok(());
                     }
                 }
+                () = tokio::time::sleep(Duration::from_secs(1)), if full => self.set_aside_stalled(),
             }
         }
     }
 
+    fn arrived(&mut self, queued: Queued, reloads: bool) {
+        let lane = self.lanes.entry(queued.batch.shard.clone()).or_default();
+        if lane.set_aside || lane.last_seq.is_some_and(|last| queued.seq <= last) {
+            // In the outbox: the lane reads it back (or already did).
+            return;
+        }
+        if reloads && lane.stalled() && lane.waiting.len() >= STALLED_LANE_DEPTH {
+            lane.set_aside = true;
+            Self::warn_set_aside(&self.key, &queued.batch.shard);
+            return;
+        }
+        self.waiting_count += 1;
+        lane.waiting.push_back(queued);
+    }
+
+    /// The queue is full: a stalled lane's waiting batches go back to the outbox alone.
+    fn set_aside_stalled(&mut self) {
+        for (shard, lane) in &mut self.lanes {
+            if lane.stalled() && !lane.waiting.is_empty() {
+                self.waiting_count -= lane.waiting.len();
+                lane.waiting.clear();
+                lane.set_aside = true;
+                Self::warn_set_aside(&self.key, shard);
+            }
+        }
+    }
+
+    fn warn_set_aside(key: &SinkPartition, shard: &str) {
+        warn!(
+            pipeline = %key.pipeline,
+            sink = %key.sink,
+            partition = key.partition,
+            shard = %shard,
+            stalled_s = LANE_STALL.as_secs(),
+            "a shard's delivery is stalled; its later batches wait in the outbox while the other shards go on, and are read back once it moves again. Check that shard's hosts"
+        );
+    }
+
     fn start_idle_lanes(&mut self) {
-        for (shard, queue) in &mut self.waiting {
-            if self.busy.contains(shard) {
+        for (shard, lane) in &mut self.lanes {
+            if lane.busy_since.is_some() {
                 continue;
             }
-            let Some(queued) = queue.pop_front() else {
-                continue;
-            };
-            self.waiting_count -= 1;
-            self.busy.insert(shard.clone());
-            let (deliverer, key, stop) = (
-                Arc::clone(&self.deliverer),
-                self.key.clone(),
-                self.stop.clone(),
-            );
-            self.in_flight.spawn(async move {
-                // Bound whole, so the budget permit is held until the delivery ends.
-                let Queued {
-                    seq,
-                    batch,
-                    origin_ms,
-                    _permit: permit,
-                } = queued;
-                let result = deliverer.deliver(&key, seq, &batch, &stop).await;
-                drop(permit);
-                LaneDone {
-                    shard: batch.shard,
-                    seq,
-                    rows: batch.rows,
-                    origin_ms,
-                    result,
-                }
-            });
+            if let Some(queued) = lane.waiting.pop_front() {
+                self.waiting_count -= 1;
+                lane.busy_since = Some(tokio::time::Instant::now());
+                lane.last_seq = Some(queued.seq);
+                let (deliverer, key, stop) = (
+                    Arc::clone(&self.deliverer),
+                    self.key.clone(),
+                    self.stop.clone(),
+                );
+                self.in_flight.spawn(async move {
+                    // Bound whole, so the budget permit is held until the delivery ends.
+                    let Queued {
+                        seq,
+                        batch,
+                        origin_ms,
+                        _permit: permit,
+                    } = queued;
+                    let result = deliverer.deliver(&key, seq, &batch, &stop).await;
+                    drop(permit);
+                    LaneDone {
+                        shard: batch.shard,
+                        seq: Some(seq),
+                        rows: batch.rows,
+                        origin_ms,
+                        result,
+                    }
+                });
+            } else if lane.set_aside {
+                lane.busy_since = Some(tokio::time::Instant::now());
+                self.in_flight.spawn(read_back(
+                    Arc::clone(&self.deliverer),
+                    Arc::clone(&self.budget),
+                    self.key.clone(),
+                    shard.clone(),
+                    lane.last_seq,
+                    self.stop.clone(),
+                ));
+            }
         }
     }
 
@@ -434,8 +528,16 @@ impl Lanes {
                 reason: format!("the delivery task failed: {err}"),
             }
         })?;
-        self.busy.remove(&done.shard);
+        let lane = self.lanes.entry(done.shard.clone()).or_default();
+        lane.busy_since = None;
         done.result?;
+        let Some(seq) = done.seq else {
+            // The outbox holds nothing more for the lane: it takes arrivals again.
+            lane.set_aside = false;
+            info!(pipeline = %self.key.pipeline, sink = %self.key.sink, partition = self.key.partition, shard = %done.shard, "a stalled shard caught up with the outbox");
+            return Ok(());
+        };
+        lane.last_seq = lane.last_seq.max(Some(seq));
         if !*self.stop.borrow() {
             self.latency.record(done.origin_ms);
         }
@@ -444,12 +546,45 @@ impl Lanes {
             sink = %self.key.sink,
             partition = self.key.partition,
             shard = %done.shard,
-            seq = done.seq,
+            seq,
             rows = done.rows,
             "batch delivered"
         );
         Ok(())
     }
+}
+
+/// Reads the next set-aside batch of `shard` back from the outbox and delivers it.
+async fn read_back(
+    deliverer: Arc<dyn BatchDeliverer>,
+    budget: Arc<ByteBudget>,
+    key: SinkPartition,
+    shard: String,
+    after: Option<u64>,
+    stop: watch::Receiver<bool>,
+) -> LaneDone {
+    let mut done = LaneDone {
+        shard,
+        seq: None,
+        rows: 0,
+        origin_ms: 0,
+        result: Ok(()),
+    };
+    let (seq, batch) = match deliverer.reload(&key, &done.shard, after).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return done,
+        Err(err) => {
+            done.result = Err(err);
+            return done;
+        }
+    };
+    let permit = budget.acquire(batch.payload.len()).await;
+    done.result = deliverer.deliver(&key, seq, &batch, &stop).await;
+    drop(permit);
+    done.seq = Some(seq);
+    done.rows = batch.rows;
+    done.origin_ms = batch.sealed_at_ms;
+    done
 }
 
 /// The delivery side of an outbox sink partition: the [`DeliveryQueue`] once opened, with the
@@ -472,11 +607,7 @@ impl OutboxDelivery {
         shared: Arc<SinkDelivery>,
         shutdown: watch::Receiver<bool>,
     ) {
-        self.queue = Some(DeliveryQueue::start(
-            key,
-            deliverer,
-            Arc::clone(&shared.latency),
-        ));
+        self.queue = Some(DeliveryQueue::start(key, deliverer, &shared));
         self.shared = Some(shared);
         self.shutdown = Some(shutdown);
     }
@@ -833,6 +964,99 @@ mod tests {
         let _ = stop.send(true);
         delivery.close().await.unwrap();
         assert_eq!(deliverer.delivered.lock().unwrap().len(), 6);
+    }
+
+    /// An outbox in memory: shard `b` blocks until released, the others deliver at once; every
+    /// delivery removes its batch, and `reload` reads the outbox as the state store would.
+    struct Outbox {
+        pending: Mutex<BTreeMap<u64, SealedBatch>>,
+        delivered: Mutex<Vec<(String, u64)>>,
+        release_b: watch::Receiver<bool>,
+    }
+
+    #[async_trait]
+    impl BatchDeliverer for Outbox {
+        async fn deliver(
+            &self,
+            _key: &SinkPartition,
+            seq: u64,
+            batch: &SealedBatch,
+            stop: &watch::Receiver<bool>,
+        ) -> Result<(), SinkError> {
+            if batch.shard == "b" {
+                let (mut release, mut stop) = (self.release_b.clone(), stop.clone());
+                tokio::select! {
+                    _ = release.wait_for(|r| *r) => {}
+                    _ = stop.wait_for(|s| *s) => return Ok(()),
+                }
+            }
+            let removed = self.pending.lock().unwrap().remove(&seq);
+            assert!(removed.is_some(), "batch {seq} delivered twice");
+            self.delivered
+                .lock()
+                .unwrap()
+                .push((batch.shard.clone(), seq));
+            Ok(())
+        }
+
+        fn reloads(&self) -> bool {
+            true
+        }
+
+        async fn reload(
+            &self,
+            _key: &SinkPartition,
+            shard: &str,
+            after: Option<u64>,
+        ) -> Result<Option<(u64, SealedBatch)>, SinkError> {
+            let pending = self.pending.lock().unwrap();
+            Ok(pending
+                .iter()
+                .find(|(seq, b)| b.shard == shard && after.is_none_or(|a| **seq > a))
+                .map(|(seq, b)| (*seq, b.clone())))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_shard_sets_its_batches_aside_so_the_others_go_on_and_reads_them_back_in_order(
+    ) {
+        let (release, release_b) = watch::channel(false);
+        let (_stop, shutdown) = watch::channel(false);
+        let outbox = Arc::new(Outbox {
+            pending: Mutex::new(BTreeMap::new()),
+            delivered: Mutex::new(Vec::new()),
+            release_b,
+        });
+        let mut delivery = OutboxDelivery::default();
+        let as_dyn: Arc<dyn BatchDeliverer> = outbox.clone();
+        delivery.open(key(), as_dyn, SinkDelivery::new("s", 1 << 20), shutdown);
+        // Far more batches than the queue holds: without setting b's aside, a would starve.
+        for seq in 0..60u64 {
+            let mut b = batch(1);
+            b.shard = if seq % 2 == 0 { "a" } else { "b" }.to_owned();
+            outbox.pending.lock().unwrap().insert(seq, b.clone());
+            delivery.committed(vec![(seq, b)], 0).await.unwrap();
+        }
+        let delivered_of = |shard: &str| -> Vec<u64> {
+            let delivered = outbox.delivered.lock().unwrap();
+            delivered
+                .iter()
+                .filter(|(s, _)| s == shard)
+                .map(|(_, q)| *q)
+                .collect()
+        };
+        for _ in 0..100 {
+            if delivered_of("a").len() == 30 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(delivered_of("a"), (0..60).step_by(2).collect::<Vec<_>>());
+        assert!(delivered_of("b").is_empty());
+        let _ = release.send(true);
+        delivery.drain().await.unwrap();
+        assert_eq!(delivered_of("b"), (1..60).step_by(2).collect::<Vec<_>>());
+        assert!(outbox.pending.lock().unwrap().is_empty());
     }
 
     #[tokio::test]

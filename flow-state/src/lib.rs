@@ -342,6 +342,33 @@ impl StateStore {
         }
     }
 
+    /// The first undelivered batch of a queue for `shard` whose seq is above `after` (every seq
+    /// when `None`): how a delivery lane that set batches aside reads them back in order.
+    pub fn next_undelivered(
+        &self,
+        key: &SinkPartition,
+        shard: &str,
+        after: Option<u64>,
+    ) -> Result<Option<StoredBatch>, StateError> {
+        let prefix = codec::sink_queue_key(key);
+        let start = match after {
+            Some(seq) if seq == u64::MAX => return Ok(None),
+            Some(seq) => codec::seq_key(&prefix, seq + 1),
+            None => prefix.clone(),
+        };
+        for item in self.inner.trees.batches.range(start..) {
+            let (k, v) = item.map_err(|e| StateError::sled("scan batches", key.to_string(), e))?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            let stored = stored_batch(&k, &v)?;
+            if stored.batch.shard == shard {
+                return Ok(Some(stored));
+            }
+        }
+        Ok(None)
+    }
+
     /// Fingerprints of a sink partition (empty when none were set).
     pub fn fingerprints(
         &self,

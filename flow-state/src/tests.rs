@@ -205,6 +205,39 @@ fn commit_then_reopen_restores_position_batches_fingerprints_and_dead_letters() 
 }
 
 #[test]
+fn next_undelivered_walks_one_shard_in_seq_order_past_other_shards_and_acknowledged_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    let k = key("ch", 0);
+    // Even seqs are the unsharded `""` part, odd ones shard `s1`'s.
+    let batches: Vec<_> = (0..6).map(|n| batch(0, n, 10)).collect();
+    store
+        .commit_blocking(epoch(0, "p1", vec![sink("ch", batches)]))
+        .unwrap();
+    store.acknowledge_blocking(&k, 3, vec![]).unwrap();
+    let seqs = |shard: &str| {
+        let mut found = Vec::new();
+        let mut after = None;
+        while let Some(next) = store.next_undelivered(&k, shard, after).unwrap() {
+            found.push(next.seq);
+            after = Some(next.seq);
+        }
+        found
+    };
+    assert_eq!(seqs("s1"), vec![1, 5]);
+    assert_eq!(seqs(""), vec![0, 2, 4]);
+    assert_eq!(seqs("other"), Vec::<u64>::new());
+    assert!(store
+        .next_undelivered(&k, "s1", Some(u64::MAX))
+        .unwrap()
+        .is_none());
+    assert!(store
+        .next_undelivered(&key("ch", 1), "s1", None)
+        .unwrap()
+        .is_none());
+}
+
+#[test]
 fn acknowledge_removes_any_pending_batch_and_rejects_others_with_not_pending() {
     let dir = tempfile::tempdir().unwrap();
     let store = StateStore::open(dir.path()).unwrap();

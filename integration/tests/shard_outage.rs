@@ -1,0 +1,113 @@
+//! A shard that stops answering while a sharded exactly-once pipeline runs (issue 8): the other
+//! shard's deliveries go on, the stalled shard's batches wait in the outbox (set aside from the
+//! delivery queue) and are read back, rebuilt from the source, once it answers again; at the end
+//! every id is once in ClickHouse on the shard it routes to. Shard b sits behind fault proxies
+//! (b1, b2 refuse connections), so no server is stopped.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use flow_integration::proxy::{Fault, FaultProxy};
+use flow_integration::worker::*;
+use flow_integration::*;
+
+const PARTITIONS: u64 = 4;
+const PER_PARTITION: u64 = 15_000;
+
+fn addr(node: Node) -> Result<SocketAddr> {
+    node.http_addr().parse().context("node address")
+}
+
+#[test]
+fn a_refusing_shard_holds_up_only_its_own_batches_which_land_once_when_it_answers_again(
+) -> Result<()> {
+    wait_for_cluster(Duration::from_secs(120))?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let proxies = [
+        runtime.block_on(FaultProxy::start(addr(B1)?))?,
+        runtime.block_on(FaultProxy::start(addr(B2)?))?,
+    ];
+    let name = unique_name("shard_outage");
+    let table = ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &NODES)?;
+    let qualified = table.qualified();
+    let dir = tempfile::tempdir()?;
+    let parameters = format!(
+        "{{shard_hosts: {{a: ['{}', '{}'], b: ['{}', '{}']}}, sharding_key_columns: [user_id], table: {name}}}",
+        A1.http_addr(),
+        A2.http_addr(),
+        proxies[0].addr(),
+        proxies[1].addr()
+    );
+    let spec = dir.path().join("spec.yaml");
+    std::fs::write(
+        &spec,
+        GeneratorSpec::new("shard_outage", "ShardedClickHouseBatchingSink", parameters)
+            .partitions(PARTITIONS)
+            .epoch(500, 200)
+            .count(PER_PARTITION)
+            .rate(1_500)
+            .dynamic("{max_rows_per_batch: 500, retry_backoff: 100ms, max_retry_backoff: 1s, write_timeout: 2s}")
+            .yaml(),
+    )?;
+    let state = dir.path().join("state");
+    let mut worker = Worker::spawn(worker_bin!(), &spec, &state, dir.path().join("w.log"))?;
+    let on_a = || -> Result<u64> { Ok(count_uniq(A1, &qualified)?.1) };
+    wait_until(Duration::from_secs(30), || Ok(on_a()? > 0))
+        .with_context(|| format!("nothing landed\n{}", worker.log_tail()))?;
+    for proxy in &proxies {
+        proxy.set(Fault::Refuse);
+    }
+    let refused_at = Instant::now();
+    // An INSERT already under way when the proxies turned may still finish.
+    std::thread::sleep(Duration::from_millis(2_500));
+    let b_before = count_uniq(B1, &qualified)?.1;
+
+    // Shard a receives every row routed to it although b takes nothing: far more batches than
+    // the delivery queue holds.
+    let total = PARTITIONS * PER_PARTITION;
+    let router = flow_clickhouse::RendezvousRouter::new(&["a".to_owned(), "b".to_owned()]);
+    let routed_to_a = (0..total)
+        .filter(|id| router.shards()[router.route(&user_routing_key(id % 1000))] == "a")
+        .count() as u64;
+    wait_until(Duration::from_secs(90), || Ok(on_a()? == routed_to_a)).with_context(|| {
+        format!(
+            "shard a holds {:?} of its {routed_to_a} rows while b refuses\n{}",
+            on_a(),
+            worker.log_tail()
+        )
+    })?;
+    let b_during = count_uniq(B1, &qualified)?.1;
+    ensure!(
+        b_during == b_before,
+        "b took rows while refusing: {b_before} -> {b_during}"
+    );
+    let log = std::fs::read_to_string(worker.log())?;
+    ensure!(
+        log.contains("its later batches wait in the outbox"),
+        "no set-aside warning\n{}",
+        worker.log_tail()
+    );
+    println!(
+        "shard a complete ({routed_to_a} rows) {:.1} s after b started refusing; b held {b_during}",
+        refused_at.elapsed().as_secs_f64()
+    );
+
+    for proxy in &proxies {
+        proxy.set(Fault::Pass);
+    }
+    let code = worker.wait_exit(Duration::from_secs(120))?;
+    ensure!(code == Some(0), "the worker failed\n{}", worker.log_tail());
+    for node in NODES {
+        sync_when_writable(node, "default", &name, Duration::from_secs(60))?;
+    }
+    assert_eq!(landed_on_both_shards(&qualified)?, (total, total));
+    check_routing(
+        &[("a", SHARD_A.to_vec()), ("b", SHARD_B.to_vec())],
+        &qualified,
+        1000,
+    )?;
+    let status = pipeline_status(worker_bin!(), &state, "shard_outage")?.context("no status")?;
+    assert_eq!(status.batches(), 0, "undelivered batches after the run");
+    Ok(())
+}
