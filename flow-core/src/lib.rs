@@ -25,6 +25,7 @@ pub mod sources;
 mod builtins;
 mod capacity;
 mod dead_row;
+mod drain;
 mod error;
 mod graph;
 mod lag;
@@ -39,6 +40,7 @@ mod types;
 
 pub use capacity::{CapacityDecay, FaultedIn};
 pub use dead_row::{DeadRow, ResendRow};
+pub use drain::{DrainReport, OutboxBacklog, PendingOutbox};
 pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,

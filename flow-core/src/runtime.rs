@@ -17,6 +17,7 @@ use flow_state::{BatchStorage, DeadLetter, EpochCommit, SinkEpochCommit, StateSt
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use crate::drain::{DrainReport, OutboxBacklog};
 use crate::error::{RuntimeError, SinkError, SpecError};
 use crate::graph::StreamGraph;
 use crate::lag::SourceLags;
@@ -259,62 +260,105 @@ impl Pipeline {
             })
     }
 
+    fn runner(&self, partition: u32) -> PartitionRunner {
+        PartitionRunner {
+            pipeline: Arc::clone(&self.validated),
+            store: self.store.clone(),
+            partition,
+            lags: self.control.lags.clone(),
+            shutdown: self.control.shutdown.subscribe(),
+            dynamic: self
+                .control
+                .dynamic
+                .iter()
+                .map(|(_, sender)| sender.subscribe())
+                .collect(),
+        }
+    }
+
     /// Runs every partition to its end. Fails if any partition failed, after the others ended.
     pub async fn run(self) -> Result<RunReport, RuntimeError> {
         self.claim_store().await?;
-        let mut tasks = tokio::task::JoinSet::new();
-        // A panicking task returns no value, only its id.
-        let mut partition_of_task = std::collections::HashMap::new();
-        for partition in 0..self.validated.partitions {
-            let runner = PartitionRunner {
-                pipeline: Arc::clone(&self.validated),
-                store: self.store.clone(),
-                partition,
-                lags: self.control.lags.clone(),
-                shutdown: self.control.shutdown.subscribe(),
-                dynamic: self
-                    .control
-                    .dynamic
-                    .iter()
-                    .map(|(_, sender)| sender.subscribe())
-                    .collect(),
-            };
-            let handle = tasks.spawn(async move {
-                let result = runner.run().await;
-                (partition, result)
-            });
-            partition_of_task.insert(handle.id(), partition);
-        }
-        let mut reports = Vec::new();
-        let mut failures = Vec::new();
-        while let Some(joined) = tasks.join_next().await {
-            match joined {
-                Ok((_, Ok(report))) => reports.push(report),
-                Ok((partition, Err(err))) => {
-                    error!(pipeline = %self.validated.name, partition, error = %err, "partition failed");
-                    failures.push(err);
-                }
-                Err(err) => {
-                    let partition = partition_of_task
-                        .get(&err.id())
-                        .copied()
-                        .unwrap_or(u32::MAX);
-                    error!(pipeline = %self.validated.name, partition, error = %err, "partition task panicked");
-                    failures.push(RuntimeError::Task {
-                        partition,
-                        reason: err.to_string(),
-                    });
-                }
-            }
-        }
-        if !failures.is_empty() {
-            return Err(RuntimeError::PartitionsFailed(failures));
-        }
+        let runners = (0..self.validated.partitions).map(|p| (p, self.runner(p)));
+        let mut reports = join_partitions(&self.validated.name, runners, |r| r.run()).await?;
         reports.sort_by_key(|r| r.partition);
         Ok(RunReport {
             partitions: reports,
         })
     }
+
+    /// Delivers every batch pending in the outbox of this pipeline's sinks, then returns what
+    /// was pending before and what still is (nothing, unless a stop interrupted it). No source
+    /// is read. The sinks open as for `run`, so their guards (the topology guard of the
+    /// exactly-once ClickHouse sinks) refuse a spec that no longer matches the pending batches.
+    pub async fn drain(self) -> Result<DrainReport, RuntimeError> {
+        self.claim_store().await?;
+        let before = self.backlog().await?;
+        let mut pending: Vec<u32> = before.entries.iter().map(|e| e.partition).collect();
+        pending.dedup();
+        let runners = pending.into_iter().map(|p| (p, self.runner(p)));
+        join_partitions(&self.validated.name, runners, |r| r.drain_outbox()).await?;
+        let after = self.backlog().await?;
+        Ok(DrainReport { before, after })
+    }
+
+    async fn backlog(&self) -> Result<OutboxBacklog, RuntimeError> {
+        let store = self.store.clone();
+        let pipeline = Arc::clone(&self.validated);
+        tokio::task::spawn_blocking(move || OutboxBacklog::read(&store, &pipeline))
+            .await
+            .map_err(|err| RuntimeError::Task {
+                partition: 0,
+                reason: err.to_string(),
+            })?
+    }
+}
+
+/// Runs `work` on every partition's runner concurrently; fails, after all ended, if any failed.
+async fn join_partitions<T, F, Fut>(
+    pipeline: &str,
+    runners: impl Iterator<Item = (u32, PartitionRunner)>,
+    work: F,
+) -> Result<Vec<T>, RuntimeError>
+where
+    T: Send + 'static,
+    F: Fn(PartitionRunner) -> Fut,
+    Fut: std::future::Future<Output = Result<T, RuntimeError>> + Send + 'static,
+{
+    let mut tasks = tokio::task::JoinSet::new();
+    // A panicking task returns no value, only its id.
+    let mut partition_of_task = std::collections::HashMap::new();
+    for (partition, runner) in runners {
+        let future = work(runner);
+        let handle = tasks.spawn(async move { (partition, future.await) });
+        partition_of_task.insert(handle.id(), partition);
+    }
+    let mut done = Vec::new();
+    let mut failures = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((_, Ok(value))) => done.push(value),
+            Ok((partition, Err(err))) => {
+                error!(pipeline = %pipeline, partition, error = %err, "partition failed");
+                failures.push(err);
+            }
+            Err(err) => {
+                let partition = partition_of_task
+                    .get(&err.id())
+                    .copied()
+                    .unwrap_or(u32::MAX);
+                error!(pipeline = %pipeline, partition, error = %err, "partition task panicked");
+                failures.push(RuntimeError::Task {
+                    partition,
+                    reason: err.to_string(),
+                });
+            }
+        }
+    }
+    if !failures.is_empty() {
+        return Err(RuntimeError::PartitionsFailed(failures));
+    }
+    Ok(done)
 }
 
 struct PartitionRunner {
@@ -365,16 +409,18 @@ impl PartitionRunner {
         }
     }
 
-    async fn run(mut self) -> Result<PartitionReport, RuntimeError> {
+    /// Creates and opens every sink of the partition (each loads its outbox, checks its guards
+    /// and starts delivering what it found pending).
+    async fn open_sinks(
+        &mut self,
+        // `&mut`: a shared reference is not `Send` (processors are not `Sync`).
+        graph: &mut StreamGraph,
+    ) -> Result<Vec<SinkSlot>, RuntimeError> {
         let partition = self.partition;
         let pipeline = Arc::clone(&self.pipeline);
-
-        let mut graph = StreamGraph::new(&pipeline, partition)
-            .map_err(|reason| RuntimeError::Task { partition, reason })?;
         // A replayable source lets sinks rebuild what they stored as bounds, even when this
         // run stores payloads (`outbox.payloads: always` set on a state directory with bounds).
         let source_replayable = pipeline.source.replayable();
-
         let mut sinks: Vec<SinkSlot> = Vec::new();
         for (s, dynamic) in pipeline.sinks.iter().zip(&self.dynamic) {
             let ctx = SinkContext {
@@ -419,6 +465,31 @@ impl PartitionRunner {
         for receiver in &mut self.dynamic {
             receiver.mark_unchanged();
         }
+        Ok(sinks)
+    }
+
+    /// `flow-worker drain`: opens the sinks, which start delivering their outbox, and waits
+    /// until each has delivered everything; no source is opened, so nothing new is read.
+    async fn drain_outbox(mut self) -> Result<(), RuntimeError> {
+        let partition = self.partition;
+        let mut graph = StreamGraph::new(&self.pipeline, partition)
+            .map_err(|reason| RuntimeError::Task { partition, reason })?;
+        let mut sinks = self.open_sinks(&mut graph).await?;
+        for index in 0..sinks.len() {
+            if let Err(err) = sinks[index].sink.drain().await {
+                close_all(&mut sinks[index + 1..]).await;
+                return Err(self.sink_error(&sinks[index].name, err));
+            }
+        }
+        Ok(())
+    }
+
+    async fn run(mut self) -> Result<PartitionReport, RuntimeError> {
+        let partition = self.partition;
+        let pipeline = Arc::clone(&self.pipeline);
+        let mut graph = StreamGraph::new(&pipeline, partition)
+            .map_err(|reason| RuntimeError::Task { partition, reason })?;
+        let mut sinks = self.open_sinks(&mut graph).await?;
 
         let result = self.epochs(&mut graph, &mut sinks).await;
         match &result {

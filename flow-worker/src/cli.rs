@@ -1,7 +1,7 @@
 //! The command line: argument parsing, logging set-up and dispatch.
 
 use crate::dead_letters::{self, Action};
-use crate::{run, status};
+use crate::{drain, run, status};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -31,6 +31,14 @@ enum LogFormat {
 enum Command {
     /// Run a pipeline. SIGINT/SIGTERM stop it gracefully; SIGHUP reloads dynamic parameters.
     Run {
+        spec: PathBuf,
+        /// State directory; wins over `state_dir` in the spec.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Deliver every batch pending in the outbox without reading the source, then exit 0: the
+    /// topology can then be changed. Run it on a stopped worker with the unchanged spec.
+    Drain {
         spec: PathBuf,
         /// State directory; wins over `state_dir` in the spec.
         #[arg(long)]
@@ -84,13 +92,14 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // `run` reports progress; the inspection commands print results and log only problems.
     let default_level = match cli.command {
-        Command::Run { .. } => "info",
+        Command::Run { .. } | Command::Drain { .. } => "info",
         _ => "warn",
     };
     init_logging(cli.log_format, default_level);
     let registry = crate::registry();
     let result = match cli.command {
         Command::Run { spec, state_dir } => run::run(&registry, &spec, state_dir.as_deref()),
+        Command::Drain { spec, state_dir } => drain::drain(&registry, &spec, state_dir.as_deref()),
         Command::Validate { spec } => Ok(validate(&registry, &spec)),
         Command::Status { state_dir, json } => status::status(&state_dir, json),
         Command::DeadLetters {

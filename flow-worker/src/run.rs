@@ -16,17 +16,7 @@ pub fn run(
 ) -> anyhow::Result<ExitCode> {
     let spec = PipelineSpec::from_file(spec_path)?;
     let validated = registry.build(&spec)?;
-    let state_dir: PathBuf = match (state_dir, &validated.state_dir) {
-        (Some(dir), _) => dir.to_path_buf(),
-        (None, Some(dir)) => dir.clone(),
-        (None, None) => bail!(
-            "no state directory: set `state_dir` in {} or pass --state-dir",
-            spec_path.display()
-        ),
-    };
-    if state_dir.as_os_str().is_empty() {
-        bail!("--state-dir is an empty path; name a directory");
-    }
+    let state_dir = resolve_state_dir(spec_path, state_dir, &validated)?;
     // Before the runtime's threads exist, so that every arena gets the settings.
     crate::memory::configure_allocator();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -35,12 +25,7 @@ pub fn run(
         .build()
         .context("starting the tokio runtime")?;
     let outcome = runtime.block_on(async move {
-        let dir = state_dir.clone();
-        let store = tokio::task::spawn_blocking(move || StateStore::open(&dir))
-            .await
-            .context("opening the state store")?
-            // The store's error says whether another worker holds it (and only then).
-            .with_context(|| format!("cannot open the state directory `{}`", state_dir.display()))?;
+        let store = open_store(&state_dir).await?;
         let pipeline = Pipeline::new(validated, store.clone());
         let control = pipeline.control();
         let snapshots = tokio::spawn(write_snapshots(
@@ -62,16 +47,7 @@ pub fn run(
         memory.abort();
         // Once the worker is gone, `status` reads the store itself.
         let _ = std::fs::remove_file(crate::status::snapshot_path(&state_dir));
-        // A committer blocked in the file system (a full disk) must not keep the process alive:
-        // what was committed is durable, so the worker exits after a bounded wait.
-        let closing = tokio::task::spawn_blocking(move || store.close());
-        let closed = match tokio::time::timeout(STORE_CLOSE_TIMEOUT, closing).await {
-            Ok(closed) => closed,
-            Err(_) => {
-                error!(state_dir = %state_dir.display(), "the state store did not close within {} s (its writes are blocked: is the disk full?); exiting anyway, what was committed is durable", STORE_CLOSE_TIMEOUT.as_secs());
-                Ok(Err(flow_state::StateError::Closed))
-            }
-        };
+        let closed = close_store(store, &state_dir).await;
         match result {
             Ok(report) => {
                 info!(
@@ -80,11 +56,7 @@ pub fn run(
                     stopped_early = report.partitions.iter().any(|p| p.end == flow_core::PartitionEnd::Stopped),
                     "pipeline finished"
                 );
-                match closed {
-                    Ok(Ok(())) => Ok(ExitCode::SUCCESS),
-                    Ok(Err(err)) => Err(err).context("closing the state store"),
-                    Err(err) => Err(err).context("closing the state store"),
-                }
+                closed.map(|()| ExitCode::SUCCESS)
             }
             // Each partition's failure was logged when it happened; `main` prints the whole.
             Err(err) => Err(err.into()),
@@ -93,6 +65,50 @@ pub fn run(
     // Blocking tasks still stuck in the file system are not waited for.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     outcome
+}
+
+/// The state directory: `--state-dir`, else `state_dir` of the spec.
+pub(crate) fn resolve_state_dir(
+    spec_path: &Path,
+    state_dir: Option<&Path>,
+    validated: &flow_core::ValidatedPipeline,
+) -> anyhow::Result<PathBuf> {
+    let state_dir: PathBuf = match (state_dir, &validated.state_dir) {
+        (Some(dir), _) => dir.to_path_buf(),
+        (None, Some(dir)) => dir.clone(),
+        (None, None) => bail!(
+            "no state directory: set `state_dir` in {} or pass --state-dir",
+            spec_path.display()
+        ),
+    };
+    if state_dir.as_os_str().is_empty() {
+        bail!("--state-dir is an empty path; name a directory");
+    }
+    Ok(state_dir)
+}
+
+/// Opens the state store off the runtime threads.
+pub(crate) async fn open_store(state_dir: &Path) -> anyhow::Result<StateStore> {
+    let dir = state_dir.to_path_buf();
+    tokio::task::spawn_blocking(move || StateStore::open(&dir))
+        .await
+        .context("opening the state store")?
+        // The store's error says whether another worker holds it (and only then).
+        .with_context(|| format!("cannot open the state directory `{}`", state_dir.display()))
+}
+
+/// Closes the state store. A committer blocked in the file system (a full disk) must not keep
+/// the process alive: what was committed is durable, so this gives up after a bounded wait.
+pub(crate) async fn close_store(store: StateStore, state_dir: &Path) -> anyhow::Result<()> {
+    let closing = tokio::task::spawn_blocking(move || store.close());
+    match tokio::time::timeout(STORE_CLOSE_TIMEOUT, closing).await {
+        Ok(Ok(closed)) => closed.context("closing the state store"),
+        Ok(Err(err)) => Err(err).context("closing the state store"),
+        Err(_) => {
+            error!(state_dir = %state_dir.display(), "the state store did not close within {} s (its writes are blocked: is the disk full?); exiting anyway, what was committed is durable", STORE_CLOSE_TIMEOUT.as_secs());
+            Err(flow_state::StateError::Closed).context("closing the state store")
+        }
+    }
 }
 
 /// How long closing the state store may take before the worker exits without it.
