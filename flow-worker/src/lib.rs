@@ -1,9 +1,10 @@
 //! `flow-worker`: runs, validates and inspects flow pipelines described by a YAML spec.
 //!
 //! `run` executes the pipeline until its finite sources are drained (or a signal stops it),
-//! `validate` reports every violation of a spec without connecting anywhere, `drain` delivers what
-//! the outbox holds without reading the source, and `status` reads a state directory and shows positions, undelivered batches, fingerprints and dead letters, and
-//! `dead-letters` lists, exports or purges what sources and sinks set aside. The
+//! `validate` reports every violation of a spec without connecting anywhere, `drain` delivers
+//! what the outbox holds without reading the source, `status` reads a state directory and shows
+//! positions, undelivered batches, fingerprints and dead letters, and `dead-letters` lists,
+//! exports or purges what sources and sinks set aside. The
 //! CLI lives in this library so that test harnesses can ship the same binary under their own name.
 
 mod cli;
