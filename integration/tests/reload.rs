@@ -1,0 +1,200 @@
+//! SIGHUP reloads the dynamic parameters of a running worker's ClickHouse sink, against the local
+//! cluster (`scripts/cluster.sh up`).
+//!
+//! 1. `ClickHouseBatchingSink`: merges are stopped on the table, so every INSERT stays one part in
+//!    `system.parts` with its own row count. Epochs close on exactly 200 messages; with
+//!    `max_rows_per_batch: 200` each epoch is one part of 200 rows. A broken spec on SIGHUP is
+//!    rejected with a log line naming the violation, and parts keep 200 rows; a valid spec with
+//!    `max_rows_per_batch: 50` makes each later epoch four parts of 50 rows.
+//! 2. `AtMostOnceClickHouseSink` with the lossy queue: shrinking `total_queue_bytes_limit` to one
+//!    byte on SIGHUP drops every later message (it cannot fit), which the sink's counters and its
+//!    warning show: delivered (= the rows in the table) plus dropped is every message.
+//!
+//! The tests fail, not skip, without a cluster. They stop no node.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use flow_integration::worker::*;
+use flow_integration::*;
+
+const TABLE_ROWS: &str = "SELECT count() FROM default.";
+
+fn log_text(worker: &Worker) -> String {
+    std::fs::read_to_string(worker.log()).unwrap_or_default()
+}
+
+fn wait_for_log(worker: &Worker, needle: &str) {
+    wait_until(Duration::from_secs(20), || {
+        Ok(log_text(worker).contains(needle))
+    })
+    .unwrap_or_else(|e| panic!("no `{needle}` in the log: {e:#}\n{}", worker.log_tail()));
+}
+
+/// The active parts of `default.table` on a1: (rows of a part, how many parts have that many).
+fn parts_by_rows(table: &str) -> Vec<(u64, u64)> {
+    let sql = format!(
+        "SELECT rows, count() FROM system.parts WHERE database = 'default' AND table = '{table}' \
+         AND active GROUP BY rows ORDER BY rows FORMAT TSV"
+    );
+    query_text(A1.http_port, &sql)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let (rows, parts) = line.split_once('\t').unwrap();
+            (rows.parse().unwrap(), parts.parse().unwrap())
+        })
+        .collect()
+}
+
+fn parts(table: &str) -> u64 {
+    parts_by_rows(table).iter().map(|(_, parts)| parts).sum()
+}
+
+fn write_spec(path: &Path, spec: &GeneratorSpec) {
+    std::fs::write(path, spec.yaml()).unwrap();
+}
+
+#[test]
+fn sighup_changes_the_batch_size_of_a_running_sink_and_a_broken_spec_keeps_it() {
+    const COUNT: u64 = 4_000;
+    let started = Instant::now();
+    wait_for_cluster(Duration::from_secs(120)).unwrap();
+    let t = unique_name("it_reload_batch");
+    let _table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
+    for node in SHARD_A {
+        exec(node.http_port, &format!("SYSTEM STOP MERGES default.{t}")).unwrap();
+    }
+    let spec = |dynamic: &str| {
+        GeneratorSpec::new(
+            "reload_batch",
+            "ClickHouseBatchingSink",
+            format!(
+                "{{host: '{}', database: default, table: {t}}}",
+                A1.http_addr()
+            ),
+        )
+        .epoch(200, 600_000)
+        .count(COUNT)
+        .rate(500)
+        .sink_name("events")
+        .dynamic(dynamic.to_owned())
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, state) = (dir.path().join("spec.yaml"), dir.path().join("state"));
+    write_spec(&path, &spec("{max_rows_per_batch: 200}"));
+    let mut worker = Worker::spawn(worker_bin!(), &path, &state, dir.path().join("log")).unwrap();
+    wait_until(Duration::from_secs(30), || Ok(parts(&t) >= 2)).unwrap();
+
+    write_spec(&path, &spec("{max_rows_per_batch: 0}"));
+    worker.signal("HUP").unwrap();
+    wait_for_log(
+        &worker,
+        "spec reload rejected; the running parameters stay in force",
+    );
+    let rejected = log_text(&worker);
+    assert!(
+        rejected.contains("sinks[0].dynamic_parameters.max_rows_per_batch"),
+        "{rejected}"
+    );
+    let seen = parts(&t);
+    wait_until(Duration::from_secs(10), || Ok(parts(&t) >= seen + 2)).unwrap();
+    let kept = parts_by_rows(&t);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].0, 200, "{kept:?}");
+
+    write_spec(&path, &spec("{max_rows_per_batch: 50}"));
+    worker.signal("HUP").unwrap();
+    wait_for_log(&worker, "dynamic parameters applied");
+    assert_eq!(
+        worker.wait_exit(Duration::from_secs(30)).unwrap(),
+        Some(0),
+        "{}",
+        worker.log_tail()
+    );
+    let end = parts_by_rows(&t);
+    let (small, large) = match end.as_slice() {
+        [(50, small), (200, large)] => (*small, *large),
+        other => panic!("parts by rows: {other:?}"),
+    };
+    assert!(large >= kept[0].1 && small % 4 == 0, "{end:?}");
+    assert_eq!(50 * small + 200 * large, COUNT, "{end:?}");
+    eprintln!("batch size reload test took {:?}", started.elapsed());
+}
+
+/// `field=N` of the log's `at-most-once sink counters` line.
+fn counter(log: &str, field: &str) -> u64 {
+    let line = log
+        .lines()
+        .find(|line| line.contains("at-most-once sink counters"))
+        .unwrap_or_else(|| panic!("no counters line in\n{log}"));
+    let start = line
+        .find(&format!("{field}="))
+        .unwrap_or_else(|| panic!("no {field} in {line}"))
+        + field.len()
+        + 1;
+    let digits: String = line[start..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap()
+}
+
+#[test]
+fn sighup_shrinking_the_at_most_once_queue_limit_drops_every_later_message() {
+    const COUNT: u64 = 3_000;
+    let started = Instant::now();
+    wait_for_cluster(Duration::from_secs(120)).unwrap();
+    let t = unique_name("it_reload_queue");
+    let _table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
+    let spec = |limit: u64| {
+        GeneratorSpec::new(
+            "reload_queue",
+            "AtMostOnceClickHouseSink",
+            format!(
+                "{{host: '{}', database: default, table: {t}, at_most_once_strategy: {{enabled: true}}}}",
+                A1.http_addr()
+            ),
+        )
+        .epoch(100, 600_000)
+        .count(COUNT)
+        .rate(500)
+        .sink_name("events")
+        .dynamic(format!(
+            "{{at_most_once_strategy: {{total_queue_bytes_limit: {limit}}}}}"
+        ))
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, state) = (dir.path().join("spec.yaml"), dir.path().join("state"));
+    write_spec(&path, &spec(1 << 20));
+    let mut worker = Worker::spawn(worker_bin!(), &path, &state, dir.path().join("log")).unwrap();
+    let rows = || query_u64(A1.http_port, &format!("{TABLE_ROWS}{t}"));
+    wait_until(Duration::from_secs(30), || Ok(rows()? >= 300)).unwrap();
+    assert!(!log_text(&worker).contains("at-most-once queue full"));
+
+    write_spec(&path, &spec(1));
+    worker.signal("HUP").unwrap();
+    wait_for_log(&worker, "dynamic parameters applied");
+    let at_reload = rows().unwrap();
+    assert_eq!(
+        worker.wait_exit(Duration::from_secs(30)).unwrap(),
+        Some(0),
+        "{}",
+        worker.log_tail()
+    );
+    let log = log_text(&worker);
+    assert!(
+        log.contains("at-most-once queue full: messages dropped"),
+        "{log}"
+    );
+    let (delivered, dropped) = (
+        counter(&log, "delivered_rows"),
+        counter(&log, "dropped_rows"),
+    );
+    assert_eq!(rows().unwrap(), delivered);
+    assert_eq!(delivered + dropped, COUNT, "{log}");
+    assert!(delivered >= at_reload && dropped > 0, "{log}");
+    eprintln!("queue limit reload test took {:?}", started.elapsed());
+}
