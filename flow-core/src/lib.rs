@@ -31,6 +31,7 @@ mod graph;
 mod lag;
 mod message;
 mod plugin;
+mod progress;
 mod replay;
 mod row_json;
 mod runtime;
@@ -50,6 +51,7 @@ pub use plugin::{
     Epoch, EpochOutcome, EpochWrite, Processor, ProcessorFactory, ReadLimits, Replay, ReplayReader,
     Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,
 };
+pub use progress::Progress;
 pub use registry::Registry;
 pub use row_json::{write_json_string, write_row_object};
 pub use runtime::{

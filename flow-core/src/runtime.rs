@@ -22,6 +22,7 @@ use crate::error::{RuntimeError, SinkError, SpecError};
 use crate::graph::StreamGraph;
 use crate::lag::SourceLags;
 use crate::plugin::{Epoch, EpochOutcome, Replay, Sink, SinkContext, Source};
+use crate::progress::{Progress, ProgressCounters};
 use crate::registry::Registry;
 use crate::replay::PipelineReplay;
 use crate::spec::{PipelineSpec, ValidatedPipeline};
@@ -63,6 +64,7 @@ pub struct PipelineControl {
     dynamic: Arc<Vec<(String, watch::Sender<serde_yaml::Value>)>>,
     running_spec: Arc<std::sync::Mutex<PipelineSpec>>,
     lags: SourceLags,
+    progress: ProgressCounters,
 }
 
 /// What a reload changed.
@@ -135,6 +137,11 @@ impl PipelineControl {
     /// reported; `None` for a source that does not report lag or before its first read.
     pub fn source_lag(&self, partition: u32) -> Option<u64> {
         self.lags.get(partition)
+    }
+
+    /// What the partitions have committed since the pipeline started.
+    pub fn progress(&self) -> Progress {
+        self.progress.get()
     }
 
     pub fn is_shutting_down(&self) -> bool {
@@ -225,6 +232,7 @@ impl Pipeline {
             dynamic: Arc::new(dynamic),
             running_spec: Arc::new(std::sync::Mutex::new(validated.spec.clone())),
             lags: SourceLags::new(validated.spec.partitions),
+            progress: ProgressCounters::default(),
         };
         Pipeline {
             validated: Arc::new(validated),
@@ -266,6 +274,7 @@ impl Pipeline {
             store: self.store.clone(),
             partition,
             lags: self.control.lags.clone(),
+            progress: self.control.progress.clone(),
             shutdown: self.control.shutdown.subscribe(),
             dynamic: self
                 .control
@@ -368,6 +377,7 @@ struct PartitionRunner {
     shutdown: watch::Receiver<bool>,
     dynamic: Vec<watch::Receiver<serde_yaml::Value>>,
     lags: SourceLags,
+    progress: ProgressCounters,
 }
 
 struct SinkSlot {
@@ -675,6 +685,8 @@ impl PartitionRunner {
                 .await
                 .map_err(|source| RuntimeError::State { partition, source })?;
             committed = position;
+            let rows_sealed = kept.iter().flatten().map(|b| b.rows).sum();
+            self.progress.committed(messages as u64, rows_sealed);
             report.epochs_committed += 1;
             report.messages += messages as u64;
             report.dead_letters += dead_count as u64;

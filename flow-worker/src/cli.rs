@@ -1,7 +1,7 @@
 //! The command line: argument parsing, logging set-up and dispatch.
 
 use crate::dead_letters::{self, Action};
-use crate::{drain, run, status};
+use crate::{drain, progress, run, status};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -21,7 +21,7 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum LogFormat {
     Text,
     Json,
@@ -29,7 +29,8 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a pipeline. SIGINT/SIGTERM stop it gracefully; SIGHUP reloads dynamic parameters.
+    /// Run a pipeline. SIGINT/SIGTERM stop it gracefully; SIGHUP reloads dynamic parameters. On
+    /// a terminal, stderr shows a live progress line (rates in and out, pending, lag).
     Run {
         spec: PathBuf,
         /// State directory; wins over `state_dir` in the spec.
@@ -80,7 +81,8 @@ fn init_logging(format: LogFormat, default_level: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        // Erases `run`'s progress line, if shown, before each log line.
+        .with_writer(progress::log_writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -98,7 +100,10 @@ pub fn main() -> ExitCode {
     init_logging(cli.log_format, default_level);
     let registry = crate::registry();
     let result = match cli.command {
-        Command::Run { spec, state_dir } => run::run(&registry, &spec, state_dir.as_deref()),
+        Command::Run { spec, state_dir } => {
+            let progress = progress::wanted(cli.log_format == LogFormat::Json);
+            run::run(&registry, &spec, state_dir.as_deref(), progress)
+        }
         Command::Drain { spec, state_dir } => drain::drain(&registry, &spec, state_dir.as_deref()),
         Command::Validate { spec } => Ok(validate(&registry, &spec)),
         Command::Status { state_dir, json } => status::status(&state_dir, json),

@@ -11,6 +11,7 @@ mod cli;
 mod dead_letters;
 mod drain;
 mod memory;
+mod progress;
 mod run;
 mod status;
 

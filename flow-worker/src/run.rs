@@ -7,12 +7,16 @@ use anyhow::{bail, Context};
 use flow_core::{Pipeline, PipelineControl, PipelineSpec, Registry};
 use flow_state::StateStore;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
 use tracing::{error, info, warn};
+
+use crate::progress::{OutboxSample, ProgressLine};
 
 pub fn run(
     registry: &Registry,
     spec_path: &Path,
     state_dir: Option<&Path>,
+    show_progress: bool,
 ) -> anyhow::Result<ExitCode> {
     let spec = PipelineSpec::from_file(spec_path)?;
     let validated = registry.build(&spec)?;
@@ -28,12 +32,17 @@ pub fn run(
         let store = open_store(&state_dir).await?;
         let pipeline = Pipeline::new(validated, store.clone());
         let control = pipeline.control();
+        let (outbox, outbox_samples) = watch::channel(None);
         let snapshots = tokio::spawn(write_snapshots(
             store.clone(),
             state_dir.clone(),
             control.clone(),
             spec.pipeline.clone(),
+            outbox,
         ));
+        let progress = show_progress.then(|| {
+            ProgressLine::start(spec.pipeline.clone(), spec.partitions, control.clone(), outbox_samples)
+        });
         let memory = tokio::spawn(crate::memory::report_memory());
         let signals = tokio::spawn(handle_signals(
             control.clone(),
@@ -42,6 +51,9 @@ pub fn run(
         ));
         info!(pipeline = %spec.pipeline, partitions = spec.partitions, state_dir = %state_dir.display(), "pipeline started");
         let result = pipeline.run().await;
+        if let Some(line) = progress {
+            line.stop();
+        }
         signals.abort();
         snapshots.abort();
         memory.abort();
@@ -162,20 +174,24 @@ async fn handle_signals(control: PipelineControl, registry: Registry, spec_path:
 const SNAPSHOT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Writes `StateStore::summary`, with the running pipeline's source lag, to the state directory
-/// every `SNAPSHOT_INTERVAL` (atomically: a temporary file, then a rename).
+/// every `SNAPSHOT_INTERVAL` (atomically: a temporary file, then a rename), and hands the outbox
+/// it shows to the progress line.
 async fn write_snapshots(
     store: StateStore,
     state_dir: PathBuf,
     control: PipelineControl,
     pipeline: String,
+    outbox: watch::Sender<Option<OutboxSample>>,
 ) {
     let path = crate::status::snapshot_path(&state_dir);
     let temporary = path.with_extension("json.tmp");
     let mut warned = false;
     loop {
         let reader = store.clone();
+        let rows_sealed = control.progress().rows_sealed;
         let written = match tokio::task::spawn_blocking(move || reader.summary()).await {
             Ok(Ok(mut summary)) => {
+                outbox.send_replace(Some(OutboxSample::of(&summary, &pipeline, rows_sealed)));
                 if let Some(running) = summary.pipelines.get_mut(&pipeline) {
                     for (&partition, position) in &mut running.positions {
                         position.lag = control.source_lag(partition);
