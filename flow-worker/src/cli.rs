@@ -1,7 +1,7 @@
 //! The command line: argument parsing, logging set-up and dispatch.
 
 use crate::dead_letters::{self, Action};
-use crate::{drain, progress, run, status};
+use crate::{drain, progress, run, status, status_watch};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -54,6 +54,14 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Refresh until Ctrl-C: on a terminal the screen is redrawn; otherwise each refresh is
+        /// appended (JSON: one object per line).
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between refreshes of `--watch` (a running worker's snapshot is refreshed
+        /// every 2 s).
+        #[arg(long, default_value_t = 2, requires = "watch", value_parser = clap::value_parser!(u64).range(1..=3600))]
+        interval: u64,
     },
     /// List, export (JSON lines on stdout), requeue (the rows the server refused go back into the
     /// outbox for the next run) or purge the dead letters of a stopped worker.
@@ -106,7 +114,18 @@ pub fn main() -> ExitCode {
         }
         Command::Drain { spec, state_dir } => drain::drain(&registry, &spec, state_dir.as_deref()),
         Command::Validate { spec } => Ok(validate(&registry, &spec)),
-        Command::Status { state_dir, json } => status::status(&state_dir, json),
+        Command::Status {
+            state_dir,
+            json,
+            watch: false,
+            ..
+        } => status::status(&state_dir, json),
+        Command::Status {
+            state_dir,
+            json,
+            interval,
+            ..
+        } => status_watch::watch(&state_dir, json, std::time::Duration::from_secs(interval)),
         Command::DeadLetters {
             action,
             state_dir,

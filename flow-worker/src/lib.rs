@@ -14,6 +14,7 @@ mod memory;
 mod progress;
 mod run;
 mod status;
+mod status_watch;
 
 pub use cli::main;
 /// For programs that run pipelines on jemalloc as the worker does (the benchmark's processes).
