@@ -52,6 +52,12 @@ impl OutboxBacklog {
         Ok(OutboxBacklog { entries })
     }
 
+    /// The sinks with pending batches in `partition`.
+    pub(crate) fn sinks_of(&self, partition: u32) -> Vec<String> {
+        let entries = self.entries.iter().filter(|e| e.partition == partition);
+        entries.map(|e| e.sink.clone()).collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -303,10 +303,12 @@ impl Pipeline {
     pub async fn drain(self) -> Result<DrainReport, RuntimeError> {
         self.claim_store().await?;
         let before = self.backlog().await?;
-        let mut pending: Vec<u32> = before.entries.iter().map(|e| e.partition).collect();
-        pending.dedup();
-        let runners = pending.into_iter().map(|p| (p, self.runner(p)));
-        join_partitions(&self.validated.name, runners, |r| r.drain_outbox()).await?;
+        let mut partitions: Vec<u32> = before.entries.iter().map(|e| e.partition).collect();
+        partitions.dedup();
+        let runners = partitions.into_iter().map(|p| (p, self.runner(p)));
+        let drains = runners.map(|(p, runner)| (p, (runner, before.sinks_of(p))));
+        let drain = |(runner, sinks): (PartitionRunner, Vec<String>)| runner.drain_outbox(sinks);
+        join_partitions(&self.validated.name, drains, drain).await?;
         let after = self.backlog().await?;
         Ok(DrainReport { before, after })
     }
@@ -323,15 +325,16 @@ impl Pipeline {
     }
 }
 
-/// Runs `work` on every partition's runner concurrently; fails, after all ended, if any failed.
-async fn join_partitions<T, F, Fut>(
+/// Runs `work` on every partition's input (its runner) concurrently; fails, after all ended, if
+/// any failed.
+async fn join_partitions<I, T, F, Fut>(
     pipeline: &str,
-    runners: impl Iterator<Item = (u32, PartitionRunner)>,
+    runners: impl Iterator<Item = (u32, I)>,
     work: F,
 ) -> Result<Vec<T>, RuntimeError>
 where
     T: Send + 'static,
-    F: Fn(PartitionRunner) -> Fut,
+    F: Fn(I) -> Fut,
     Fut: std::future::Future<Output = Result<T, RuntimeError>> + Send + 'static,
 {
     let mut tasks = tokio::task::JoinSet::new();
@@ -425,6 +428,8 @@ impl PartitionRunner {
         &mut self,
         // `&mut`: a shared reference is not `Send` (processors are not `Sync`).
         graph: &mut StreamGraph,
+        // `None`: every sink of the pipeline.
+        only: Option<&[String]>,
     ) -> Result<Vec<SinkSlot>, RuntimeError> {
         let partition = self.partition;
         let pipeline = Arc::clone(&self.pipeline);
@@ -433,6 +438,9 @@ impl PartitionRunner {
         let source_replayable = pipeline.source.replayable();
         let mut sinks: Vec<SinkSlot> = Vec::new();
         for (s, dynamic) in pipeline.sinks.iter().zip(&self.dynamic) {
+            if only.is_some_and(|names| !names.contains(&s.name)) {
+                continue;
+            }
             let ctx = SinkContext {
                 pipeline: pipeline.name.clone(),
                 sink: s.name.clone(),
@@ -478,13 +486,14 @@ impl PartitionRunner {
         Ok(sinks)
     }
 
-    /// `flow-worker drain`: opens the sinks, which start delivering their outbox, and waits
-    /// until each has delivered everything; no source is opened, so nothing new is read.
-    async fn drain_outbox(mut self) -> Result<(), RuntimeError> {
+    /// `flow-worker drain`: opens the sinks named in `pending`, which start delivering their
+    /// outbox, and waits until each has delivered everything; no source is opened, so nothing
+    /// new is read, and a sink with nothing pending is not even connected.
+    async fn drain_outbox(mut self, pending: Vec<String>) -> Result<(), RuntimeError> {
         let partition = self.partition;
         let mut graph = StreamGraph::new(&self.pipeline, partition)
             .map_err(|reason| RuntimeError::Task { partition, reason })?;
-        let mut sinks = self.open_sinks(&mut graph).await?;
+        let mut sinks = self.open_sinks(&mut graph, Some(&pending)).await?;
         for index in 0..sinks.len() {
             if let Err(err) = sinks[index].sink.drain().await {
                 close_all(&mut sinks[index + 1..]).await;
@@ -499,7 +508,7 @@ impl PartitionRunner {
         let pipeline = Arc::clone(&self.pipeline);
         let mut graph = StreamGraph::new(&pipeline, partition)
             .map_err(|reason| RuntimeError::Task { partition, reason })?;
-        let mut sinks = self.open_sinks(&mut graph).await?;
+        let mut sinks = self.open_sinks(&mut graph, None).await?;
 
         let result = self.epochs(&mut graph, &mut sinks).await;
         match &result {
