@@ -303,6 +303,9 @@ impl Pipeline {
     pub async fn drain(self) -> Result<DrainReport, RuntimeError> {
         self.claim_store().await?;
         let before = self.backlog().await?;
+        if !before.is_empty() {
+            info!(pipeline = %self.validated.name, batches = before.batches(), rows = before.rows(), "draining the outbox");
+        }
         let mut partitions: Vec<u32> = before.entries.iter().map(|e| e.partition).collect();
         partitions.dedup();
         let runners = partitions.into_iter().map(|p| (p, self.runner(p)));
