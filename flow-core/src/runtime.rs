@@ -21,7 +21,7 @@ use crate::drain::{DrainReport, OutboxBacklog};
 use crate::error::{RuntimeError, SinkError, SpecError};
 use crate::graph::StreamGraph;
 use crate::lag::SourceLags;
-use crate::plugin::{Epoch, EpochOutcome, Replay, Sink, SinkContext, Source};
+use crate::plugin::{Epoch, EpochOutcome, Replay, Sink, SinkContext, SinkFactory, Source};
 use crate::progress::{Progress, ProgressCounters};
 use crate::registry::Registry;
 use crate::replay::PipelineReplay;
@@ -63,6 +63,8 @@ pub struct PipelineControl {
     shutdown: Arc<watch::Sender<bool>>,
     dynamic: Arc<Vec<(String, watch::Sender<serde_yaml::Value>)>>,
     running_spec: Arc<std::sync::Mutex<PipelineSpec>>,
+    /// Each sink's factory, by sink name, to apply a reload at once (see `SinkFactory::reconfigure`).
+    factories: Arc<Vec<(String, Arc<dyn SinkFactory>)>>,
     lags: SourceLags,
     progress: ProgressCounters,
 }
@@ -189,6 +191,7 @@ impl PipelineControl {
             if *sender.borrow() != sink.dynamic_parameters {
                 // Stored even with no receiver (before `run`): partitions created later read it.
                 sender.send_replace(sink.dynamic_parameters.clone());
+                self.reconfigure_factory(&sink.name, &sink.dynamic_parameters);
                 outcome.reconfigured.push(sink.name.clone());
             }
         }
@@ -204,6 +207,17 @@ impl PipelineControl {
             }
         }
         Ok(outcome)
+    }
+
+    /// Applies `dynamic` to the state `sink`'s factory shares with its partitions, at once.
+    fn reconfigure_factory(&self, sink: &str, dynamic: &serde_yaml::Value) {
+        let Some((_, factory)) = self.factories.iter().find(|(name, _)| name == sink) else {
+            return;
+        };
+        if let Err(err) = factory.reconfigure(dynamic) {
+            // The partitions still apply them at their next epoch, and fail there if they must.
+            warn!(sink, error = %err, "the sink refused the reloaded dynamic parameters; its partitions try them again at their next epoch");
+        }
     }
 }
 
@@ -231,6 +245,13 @@ impl Pipeline {
             shutdown: Arc::new(shutdown),
             dynamic: Arc::new(dynamic),
             running_spec: Arc::new(std::sync::Mutex::new(validated.spec.clone())),
+            factories: Arc::new(
+                validated
+                    .sinks
+                    .iter()
+                    .map(|s| (s.name.clone(), Arc::clone(&s.factory)))
+                    .collect(),
+            ),
             lags: SourceLags::new(validated.spec.partitions),
             progress: ProgressCounters::default(),
         };

@@ -14,7 +14,11 @@
 //!    `max_rows_per_batch: 200` each epoch is one part of 200 rows. A broken spec on SIGHUP is
 //!    rejected with a log line naming the violation, and parts keep 200 rows; a valid spec with
 //!    `max_rows_per_batch: 50` makes each later epoch four parts of 50 rows.
-//! 2. `AtMostOnceClickHouseSink` with the lossy queue: shrinking `total_queue_bytes_limit` to one
+//! 2. `ClickHouseBatchingSink` whose target refuses every connection, so that its partition's
+//!    epochs wait on the full delivery queue: a shorter `retry_backoff` / `max_retry_backoff` on
+//!    SIGHUP shortens the next pauses at once (the sink's factory applies it, not the waiting
+//!    epoch loop), and every id lands once when the target returns.
+//! 3. `AtMostOnceClickHouseSink` with the lossy queue: shrinking `total_queue_bytes_limit` to one
 //!    byte on SIGHUP drops every later message (it cannot fit), which the sink's counters and its
 //!    warning show: delivered (= the rows in the table) plus dropped is every message.
 //!
@@ -360,4 +364,109 @@ fn sighup_shrinking_the_at_most_once_queue_limit_drops_every_later_message() {
     assert_eq!(delivered + dropped, COUNT, "{log}");
     assert!(delivered >= at_reload && dropped > 0, "{log}");
     eprintln!("queue limit reload test took {:?}", started.elapsed());
+}
+
+/// The pauses of the logged insert retries, in order (`pause_ms=N`).
+fn retry_pauses_ms(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter(|line| line.contains("insert failed; retrying"))
+        .filter_map(|line| {
+            let start = line.find("pause_ms=")? + "pause_ms=".len();
+            let digits: String = line[start..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().ok()
+        })
+        .collect()
+}
+
+#[test]
+fn sighup_shortens_the_retry_backoff_of_a_sink_whose_target_is_down() {
+    const COUNT: u64 = 10_000;
+    let started = Instant::now();
+    wait_for_cluster(Duration::from_secs(120)).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let t = unique_name("it_reload_backoff");
+    let _table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
+    let a1 = SocketAddr::from(([127, 0, 0, 1], A1.http_port));
+    let proxy = rt.block_on(FaultProxy::start(a1)).unwrap();
+    let spec = |backoff: &str| {
+        GeneratorSpec::new(
+            "reload_backoff",
+            "ClickHouseBatchingSink",
+            format!(
+                "{{host: '{}', database: default, table: {t}}}",
+                proxy.addr()
+            ),
+        )
+        .epoch(200, 600_000)
+        // The delivery queue (8 batches) is full 0.4 s after the target goes down.
+        .count(COUNT)
+        .rate(5_000)
+        .sink_name("events")
+        .dynamic(format!(
+            "{{max_rows_per_batch: 200, {backoff}, max_insert_attempts: 1000}}"
+        ))
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, state) = (dir.path().join("spec.yaml"), dir.path().join("state"));
+    write_spec(&path, &spec("retry_backoff: 3s, max_retry_backoff: 3s"));
+    let mut worker = Worker::spawn(worker_bin!(), &path, &state, dir.path().join("log")).unwrap();
+    let rows = || query_u64(A1.http_port, &format!("{TABLE_ROWS}{t}"));
+    wait_until(Duration::from_secs(30), || Ok(rows()? >= 200)).unwrap();
+
+    // The target refuses every connection: the sink retries every 3 s, and its delivery queue
+    // fills, so the partition waits on delivery (in an epoch's commit, or in the final drain
+    // once the source is exhausted) and does not reach its next epoch.
+    proxy.set(Fault::Refuse);
+    wait_until(Duration::from_secs(10), || {
+        Ok(retry_pauses_ms(&log_text(&worker)).len() >= 2)
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", worker.log_tail()));
+    // 3 s less up to 20 % jitter.
+    let slow = retry_pauses_ms(&log_text(&worker));
+    assert!(
+        slow.iter().all(|&p| (2_400..=3_000).contains(&p)),
+        "{slow:?}"
+    );
+
+    // The reload reaches the waiting sink at once: after the pause in progress, 200 ms at most.
+    write_spec(
+        &path,
+        &spec("retry_backoff: 100ms, max_retry_backoff: 200ms"),
+    );
+    let before = retry_pauses_ms(&log_text(&worker)).len();
+    worker.signal("HUP").unwrap();
+    wait_until(Duration::from_secs(10), || {
+        let pauses = retry_pauses_ms(&log_text(&worker));
+        Ok(pauses.iter().filter(|&&p| p <= 200).count() >= 5)
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", worker.log_tail()));
+    let pauses = retry_pauses_ms(&log_text(&worker));
+    // At most the retry whose 3 s pause had begun before the reload.
+    assert!(
+        pauses[before..].iter().filter(|&&p| p > 200).count() <= 1,
+        "{pauses:?}"
+    );
+
+    proxy.set(Fault::Pass);
+    assert_eq!(
+        worker.wait_exit(Duration::from_secs(30)).unwrap(),
+        Some(0),
+        "{}",
+        worker.log_tail()
+    );
+    let counted = query_u64s(
+        A1.http_port,
+        &format!("SELECT count(), uniqExact(id) FROM default.{t}"),
+    )
+    .unwrap();
+    assert_eq!(counted, vec![COUNT, COUNT]);
+    rt.block_on(proxy.stop());
+    eprintln!("backoff reload test took {:?}", started.elapsed());
 }
