@@ -1,5 +1,6 @@
-//! The operator's commands around a run, without a cluster: `status --watch` off a terminal,
-//! `drain` with nothing pending, and `run` without its progress line off a terminal.
+//! The operator's commands around a run, without a cluster: `status --watch` on and off a
+//! terminal, `drain` with nothing pending, and `run` with its progress line on a terminal and
+//! without it off one. A terminal is util-linux `script`'s pseudo-terminal.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Read;
@@ -121,4 +122,65 @@ fn status_watch_on_a_directory_that_is_not_a_state_directory_fails_at_once() {
         .unwrap();
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("is not a flow state directory"));
+}
+
+#[test]
+fn run_on_a_terminal_shows_a_live_progress_line_erased_before_log_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("spec.yaml");
+    let text = format!(
+        "pipeline: ops\nepoch: {{max_messages: 100, max_duration_ms: 100}}\nsource:\n  class: generator\n  parameters: {{count: 2500, rate_per_second: 1000}}\nsinks:\n  - name: out\n    sink_class_name: DebugSink\n    input_stream_ids: [rows]\n    parameters: {{path: {}}}\n",
+        dir.path().join("out.jsonl").display()
+    );
+    std::fs::write(&spec, text).unwrap();
+    let command = format!(
+        "{} run {} --state-dir {}",
+        env!("CARGO_BIN_EXE_flow-worker"),
+        spec.display(),
+        dir.path().join("state").display()
+    );
+    // util-linux `script` runs the worker on a pseudo-terminal and copies what it wrote.
+    let output = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let terminal = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{terminal}");
+    let lines = terminal.matches("\r\x1b[2Kops: in ").count();
+    assert!(lines >= 2, "{terminal}");
+    assert!(terminal.contains(" msg/s | out "), "{terminal}");
+    // The last log line comes after the line was erased, not after its text.
+    let finished = terminal.find("pipeline finished").unwrap();
+    let last_line = terminal[..finished].rfind("ops: in ").unwrap();
+    assert!(
+        terminal[last_line..finished].contains("\r\x1b[2K"),
+        "{terminal}"
+    );
+}
+
+#[test]
+fn status_watch_on_a_terminal_clears_and_redraws_every_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, state, _) = finished_run(dir.path());
+    let command = format!(
+        "timeout 2.5 {} status --watch --interval 1 --state-dir {}",
+        env!("CARGO_BIN_EXE_flow-worker"),
+        state.display()
+    );
+    let output = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let terminal = String::from_utf8_lossy(&output.stdout);
+    // `timeout` ends the watch.
+    assert_eq!(output.status.code(), Some(124), "{terminal}");
+    let redraws = terminal.matches("\x1b[H\x1b[2J").count();
+    assert!((2..=3).contains(&redraws), "{terminal}");
+    assert_eq!(
+        terminal.matches("pipeline ops").count(),
+        redraws,
+        "{terminal}"
+    );
 }
