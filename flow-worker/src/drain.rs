@@ -24,6 +24,13 @@ pub fn drain(
     let spec = PipelineSpec::from_file(spec_path)?;
     let validated = registry.build(&spec)?;
     let state_dir = crate::run::resolve_state_dir(spec_path, state_dir, &validated)?;
+    // A mistyped directory must not read as "nothing pending: change the topology".
+    if !state_dir.join("db").exists() && !state_dir.join("conf").exists() {
+        bail!(
+            "`{}` is not a flow state directory: nothing was ever committed there; pass the state directory of the pipeline to drain",
+            state_dir.display()
+        );
+    }
     crate::memory::configure_allocator();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -184,3 +184,20 @@ fn status_watch_on_a_terminal_clears_and_redraws_every_interval() {
         "{terminal}"
     );
 }
+
+#[test]
+fn drain_of_a_directory_that_is_not_a_state_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, _, _) = finished_run(dir.path());
+    let missing = dir.path().join("typo");
+    let output = worker()
+        .arg("drain")
+        .arg(&spec)
+        .arg("--state-dir")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("is not a flow state directory"));
+    assert!(output.stdout.is_empty() && !missing.exists());
+}
