@@ -48,6 +48,10 @@ impl SinkFactory for AtLeastOnceFactory {
             cutter: BatchCutter::default(),
         }))
     }
+
+    fn reconfigure(&self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+        self.shared.reconfigure(dynamic)
+    }
 }
 
 struct AtLeastOnceSink {

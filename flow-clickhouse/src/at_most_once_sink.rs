@@ -120,6 +120,12 @@ impl SinkFactory for AtMostOnceFactory {
             key: Vec::new(),
         }))
     }
+
+    fn reconfigure(&self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+        self.shared.reconfigure(dynamic)?;
+        self.budget.resize(self.shared.in_flight_budget());
+        Ok(())
+    }
 }
 
 struct AtMostOnceSink {

@@ -64,6 +64,12 @@ impl SinkFactory for BatchingSinkFactory {
             cutter: BatchCutter::default(),
         })))
     }
+
+    fn reconfigure(&self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+        self.shared.reconfigure(dynamic)?;
+        self.delivery.budget.resize(self.shared.in_flight_budget());
+        Ok(())
+    }
 }
 
 struct BatchingSink {

@@ -142,8 +142,9 @@ pub enum TopologyError {
     #[error(
         "Refusing to start the ClickHouse sink: the shard topology changed while {undelivered} \
          batch(es) are still undelivered; replaying them under the new topology would duplicate \
-         or drop rows. Restore the previous shard_hosts / sharding_key_columns, let the pipeline \
-         drain to completion, then apply the change\n    \
+         or drop rows. Restore the previous shard_hosts / sharding_key_columns, deliver the \
+         pending batches with `flow-worker drain SPEC` (docs/operations.md, runbook \
+         \"Topology change\"), then apply the change\n    \
          persisted_topology_fingerprint = {persisted}\n    \
          spec_topology_fingerprint      = {spec}\n    \
          oldest_undelivered_batch_bound = {bound}",
@@ -158,8 +159,9 @@ pub enum TopologyError {
     #[error(
         "Refusing to start the ClickHouse sink: {subject} changed while {undelivered} batch(es) \
          are still undelivered; replaying them into a target that cannot be proven to be the same \
-         table would duplicate or drop rows. Restore the previous endpoints/table, let the \
-         pipeline drain, then apply the change\n    \
+         table would duplicate or drop rows. Restore the previous endpoints/table, deliver the \
+         pending batches with `flow-worker drain SPEC` (docs/operations.md, runbook \
+         \"Topology change\"), then apply the change\n    \
          persisted_target_fingerprint = {persisted}\n    \
          current_target_fingerprint   = {current}",
         subject = target_subject(.shard)
@@ -417,8 +419,9 @@ mod tests {
             err.to_string(),
             "Refusing to start the ClickHouse sink: the shard topology changed while 3 batch(es) \
              are still undelivered; replaying them under the new topology would duplicate or drop \
-             rows. Restore the previous shard_hosts / sharding_key_columns, let the pipeline drain \
-             to completion, then apply the change\n\
+             rows. Restore the previous shard_hosts / sharding_key_columns, deliver the pending \
+             batches with `flow-worker drain SPEC` (docs/operations.md, runbook \"Topology \
+             change\"), then apply the change\n\
              \x20   persisted_topology_fingerprint = unsharded\n\
              \x20   spec_topology_fingerprint      = 3f2a17c9b4e05d81\n\
              \x20   oldest_undelivered_batch_bound = 1-4-17"
@@ -453,7 +456,8 @@ mod tests {
             "Refusing to start the ClickHouse sink: the target of shard `b` changed while 2 \
              batch(es) are still undelivered; replaying them into a target that cannot be proven \
              to be the same table would duplicate or drop rows. Restore the previous \
-             endpoints/table, let the pipeline drain, then apply the change\n\
+             endpoints/table, deliver the pending batches with `flow-worker drain SPEC` \
+             (docs/operations.md, runbook \"Topology change\"), then apply the change\n\
              \x20   persisted_target_fingerprint = bbbb\n\
              \x20   current_target_fingerprint   = dddd"
         );

@@ -25,11 +25,13 @@ pub mod sources;
 mod builtins;
 mod capacity;
 mod dead_row;
+mod drain;
 mod error;
 mod graph;
 mod lag;
 mod message;
 mod plugin;
+mod progress;
 mod replay;
 mod row_json;
 mod runtime;
@@ -39,6 +41,7 @@ mod types;
 
 pub use capacity::{CapacityDecay, FaultedIn};
 pub use dead_row::{DeadRow, ResendRow};
+pub use drain::{DrainReport, OutboxBacklog, PendingOutbox};
 pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,
@@ -48,6 +51,7 @@ pub use plugin::{
     Epoch, EpochOutcome, EpochWrite, Processor, ProcessorFactory, ReadLimits, Replay, ReplayReader,
     Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,
 };
+pub use progress::Progress;
 pub use registry::Registry;
 pub use row_json::{write_json_string, write_row_object};
 pub use runtime::{

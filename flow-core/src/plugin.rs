@@ -142,6 +142,16 @@ impl SinkContext {
 /// Builds the per-partition instances of a sink.
 pub trait SinkFactory: Send + Sync {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError>;
+
+    /// New dynamic parameters (already validated by the sink's builder), applied on SIGHUP at
+    /// once to what the factory shares with every partition's instance. The instances get them
+    /// through [`Sink::reconfigure`] only at their next epoch, and a partition whose epoch waits
+    /// on delivery (a target down, its delivery queue full) would see them only after the outage
+    /// they were meant to shorten (`max_retry_backoff`).
+    fn reconfigure(&self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+        let _ = dynamic;
+        Ok(())
+    }
 }
 
 /// The input of one epoch for one sink: a batch per input stream, in `input_stream_ids` order.

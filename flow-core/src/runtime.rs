@@ -17,10 +17,12 @@ use flow_state::{BatchStorage, DeadLetter, EpochCommit, SinkEpochCommit, StateSt
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use crate::drain::{DrainReport, OutboxBacklog};
 use crate::error::{RuntimeError, SinkError, SpecError};
 use crate::graph::StreamGraph;
 use crate::lag::SourceLags;
-use crate::plugin::{Epoch, EpochOutcome, Replay, Sink, SinkContext, Source};
+use crate::plugin::{Epoch, EpochOutcome, Replay, Sink, SinkContext, SinkFactory, Source};
+use crate::progress::{Progress, ProgressCounters};
 use crate::registry::Registry;
 use crate::replay::PipelineReplay;
 use crate::spec::{PipelineSpec, ValidatedPipeline};
@@ -61,7 +63,10 @@ pub struct PipelineControl {
     shutdown: Arc<watch::Sender<bool>>,
     dynamic: Arc<Vec<(String, watch::Sender<serde_yaml::Value>)>>,
     running_spec: Arc<std::sync::Mutex<PipelineSpec>>,
+    /// Each sink's factory, by sink name, to apply a reload at once (see `SinkFactory::reconfigure`).
+    factories: Arc<Vec<(String, Arc<dyn SinkFactory>)>>,
     lags: SourceLags,
+    progress: ProgressCounters,
 }
 
 /// What a reload changed.
@@ -136,6 +141,11 @@ impl PipelineControl {
         self.lags.get(partition)
     }
 
+    /// What the partitions have committed since the pipeline started.
+    pub fn progress(&self) -> Progress {
+        self.progress.get()
+    }
+
     pub fn is_shutting_down(&self) -> bool {
         *self.shutdown.borrow()
     }
@@ -181,6 +191,7 @@ impl PipelineControl {
             if *sender.borrow() != sink.dynamic_parameters {
                 // Stored even with no receiver (before `run`): partitions created later read it.
                 sender.send_replace(sink.dynamic_parameters.clone());
+                self.reconfigure_factory(&sink.name, &sink.dynamic_parameters);
                 outcome.reconfigured.push(sink.name.clone());
             }
         }
@@ -196,6 +207,17 @@ impl PipelineControl {
             }
         }
         Ok(outcome)
+    }
+
+    /// Applies `dynamic` to the state `sink`'s factory shares with its partitions, at once.
+    fn reconfigure_factory(&self, sink: &str, dynamic: &serde_yaml::Value) {
+        let Some((_, factory)) = self.factories.iter().find(|(name, _)| name == sink) else {
+            return;
+        };
+        if let Err(err) = factory.reconfigure(dynamic) {
+            // The partitions still apply them at their next epoch, and fail there if they must.
+            warn!(sink, error = %err, "the sink refused the reloaded dynamic parameters; its partitions try them again at their next epoch");
+        }
     }
 }
 
@@ -223,7 +245,15 @@ impl Pipeline {
             shutdown: Arc::new(shutdown),
             dynamic: Arc::new(dynamic),
             running_spec: Arc::new(std::sync::Mutex::new(validated.spec.clone())),
+            factories: Arc::new(
+                validated
+                    .sinks
+                    .iter()
+                    .map(|s| (s.name.clone(), Arc::clone(&s.factory)))
+                    .collect(),
+            ),
             lags: SourceLags::new(validated.spec.partitions),
+            progress: ProgressCounters::default(),
         };
         Pipeline {
             validated: Arc::new(validated),
@@ -259,62 +289,112 @@ impl Pipeline {
             })
     }
 
+    fn runner(&self, partition: u32) -> PartitionRunner {
+        PartitionRunner {
+            pipeline: Arc::clone(&self.validated),
+            store: self.store.clone(),
+            partition,
+            lags: self.control.lags.clone(),
+            progress: self.control.progress.clone(),
+            shutdown: self.control.shutdown.subscribe(),
+            dynamic: self
+                .control
+                .dynamic
+                .iter()
+                .map(|(_, sender)| sender.subscribe())
+                .collect(),
+        }
+    }
+
     /// Runs every partition to its end. Fails if any partition failed, after the others ended.
     pub async fn run(self) -> Result<RunReport, RuntimeError> {
         self.claim_store().await?;
-        let mut tasks = tokio::task::JoinSet::new();
-        // A panicking task returns no value, only its id.
-        let mut partition_of_task = std::collections::HashMap::new();
-        for partition in 0..self.validated.partitions {
-            let runner = PartitionRunner {
-                pipeline: Arc::clone(&self.validated),
-                store: self.store.clone(),
-                partition,
-                lags: self.control.lags.clone(),
-                shutdown: self.control.shutdown.subscribe(),
-                dynamic: self
-                    .control
-                    .dynamic
-                    .iter()
-                    .map(|(_, sender)| sender.subscribe())
-                    .collect(),
-            };
-            let handle = tasks.spawn(async move {
-                let result = runner.run().await;
-                (partition, result)
-            });
-            partition_of_task.insert(handle.id(), partition);
-        }
-        let mut reports = Vec::new();
-        let mut failures = Vec::new();
-        while let Some(joined) = tasks.join_next().await {
-            match joined {
-                Ok((_, Ok(report))) => reports.push(report),
-                Ok((partition, Err(err))) => {
-                    error!(pipeline = %self.validated.name, partition, error = %err, "partition failed");
-                    failures.push(err);
-                }
-                Err(err) => {
-                    let partition = partition_of_task
-                        .get(&err.id())
-                        .copied()
-                        .unwrap_or(u32::MAX);
-                    error!(pipeline = %self.validated.name, partition, error = %err, "partition task panicked");
-                    failures.push(RuntimeError::Task {
-                        partition,
-                        reason: err.to_string(),
-                    });
-                }
-            }
-        }
-        if !failures.is_empty() {
-            return Err(RuntimeError::PartitionsFailed(failures));
-        }
+        let runners = (0..self.validated.partitions).map(|p| (p, self.runner(p)));
+        let mut reports = join_partitions(&self.validated.name, runners, |r| r.run()).await?;
         reports.sort_by_key(|r| r.partition);
         Ok(RunReport {
             partitions: reports,
         })
     }
+
+    /// Delivers every batch pending in the outbox of this pipeline's sinks, then returns what
+    /// was pending before and what still is (nothing, unless a stop interrupted it). No source
+    /// is read. The sinks open as for `run`, so their guards (the topology guard of the
+    /// exactly-once ClickHouse sinks) refuse a spec that no longer matches the pending batches.
+    pub async fn drain(self) -> Result<DrainReport, RuntimeError> {
+        self.claim_store().await?;
+        let before = self.backlog().await?;
+        if !before.is_empty() {
+            info!(pipeline = %self.validated.name, batches = before.batches(), rows = before.rows(), "draining the outbox");
+        }
+        let mut partitions: Vec<u32> = before.entries.iter().map(|e| e.partition).collect();
+        partitions.dedup();
+        let runners = partitions.into_iter().map(|p| (p, self.runner(p)));
+        let drains = runners.map(|(p, runner)| (p, (runner, before.sinks_of(p))));
+        let drain = |(runner, sinks): (PartitionRunner, Vec<String>)| runner.drain_outbox(sinks);
+        join_partitions(&self.validated.name, drains, drain).await?;
+        let after = self.backlog().await?;
+        Ok(DrainReport { before, after })
+    }
+
+    async fn backlog(&self) -> Result<OutboxBacklog, RuntimeError> {
+        let store = self.store.clone();
+        let pipeline = Arc::clone(&self.validated);
+        tokio::task::spawn_blocking(move || OutboxBacklog::read(&store, &pipeline))
+            .await
+            .map_err(|err| RuntimeError::Task {
+                partition: 0,
+                reason: err.to_string(),
+            })?
+    }
+}
+
+/// Runs `work` on every partition's input (its runner) concurrently; fails, after all ended, if
+/// any failed.
+async fn join_partitions<I, T, F, Fut>(
+    pipeline: &str,
+    runners: impl Iterator<Item = (u32, I)>,
+    work: F,
+) -> Result<Vec<T>, RuntimeError>
+where
+    T: Send + 'static,
+    F: Fn(I) -> Fut,
+    Fut: std::future::Future<Output = Result<T, RuntimeError>> + Send + 'static,
+{
+    let mut tasks = tokio::task::JoinSet::new();
+    // A panicking task returns no value, only its id.
+    let mut partition_of_task = std::collections::HashMap::new();
+    for (partition, runner) in runners {
+        let future = work(runner);
+        let handle = tasks.spawn(async move { (partition, future.await) });
+        partition_of_task.insert(handle.id(), partition);
+    }
+    let mut done = Vec::new();
+    let mut failures = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((_, Ok(value))) => done.push(value),
+            Ok((partition, Err(err))) => {
+                error!(pipeline = %pipeline, partition, error = %err, "partition failed");
+                failures.push(err);
+            }
+            Err(err) => {
+                let partition = partition_of_task
+                    .get(&err.id())
+                    .copied()
+                    .unwrap_or(u32::MAX);
+                error!(pipeline = %pipeline, partition, error = %err, "partition task panicked");
+                failures.push(RuntimeError::Task {
+                    partition,
+                    reason: err.to_string(),
+                });
+            }
+        }
+    }
+    if !failures.is_empty() {
+        return Err(RuntimeError::PartitionsFailed(failures));
+    }
+    Ok(done)
 }
 
 struct PartitionRunner {
@@ -324,6 +404,7 @@ struct PartitionRunner {
     shutdown: watch::Receiver<bool>,
     dynamic: Vec<watch::Receiver<serde_yaml::Value>>,
     lags: SourceLags,
+    progress: ProgressCounters,
 }
 
 struct SinkSlot {
@@ -365,18 +446,25 @@ impl PartitionRunner {
         }
     }
 
-    async fn run(mut self) -> Result<PartitionReport, RuntimeError> {
+    /// Creates and opens every sink of the partition (each loads its outbox, checks its guards
+    /// and starts delivering what it found pending).
+    async fn open_sinks(
+        &mut self,
+        // `&mut`: a shared reference is not `Send` (processors are not `Sync`).
+        graph: &mut StreamGraph,
+        // `None`: every sink of the pipeline.
+        only: Option<&[String]>,
+    ) -> Result<Vec<SinkSlot>, RuntimeError> {
         let partition = self.partition;
         let pipeline = Arc::clone(&self.pipeline);
-
-        let mut graph = StreamGraph::new(&pipeline, partition)
-            .map_err(|reason| RuntimeError::Task { partition, reason })?;
         // A replayable source lets sinks rebuild what they stored as bounds, even when this
         // run stores payloads (`outbox.payloads: always` set on a state directory with bounds).
         let source_replayable = pipeline.source.replayable();
-
         let mut sinks: Vec<SinkSlot> = Vec::new();
         for (s, dynamic) in pipeline.sinks.iter().zip(&self.dynamic) {
+            if only.is_some_and(|names| !names.contains(&s.name)) {
+                continue;
+            }
             let ctx = SinkContext {
                 pipeline: pipeline.name.clone(),
                 sink: s.name.clone(),
@@ -419,6 +507,32 @@ impl PartitionRunner {
         for receiver in &mut self.dynamic {
             receiver.mark_unchanged();
         }
+        Ok(sinks)
+    }
+
+    /// `flow-worker drain`: opens the sinks named in `pending`, which start delivering their
+    /// outbox, and waits until each has delivered everything; no source is opened, so nothing
+    /// new is read, and a sink with nothing pending is not even connected.
+    async fn drain_outbox(mut self, pending: Vec<String>) -> Result<(), RuntimeError> {
+        let partition = self.partition;
+        let mut graph = StreamGraph::new(&self.pipeline, partition)
+            .map_err(|reason| RuntimeError::Task { partition, reason })?;
+        let mut sinks = self.open_sinks(&mut graph, Some(&pending)).await?;
+        for index in 0..sinks.len() {
+            if let Err(err) = sinks[index].sink.drain().await {
+                close_all(&mut sinks[index + 1..]).await;
+                return Err(self.sink_error(&sinks[index].name, err));
+            }
+        }
+        Ok(())
+    }
+
+    async fn run(mut self) -> Result<PartitionReport, RuntimeError> {
+        let partition = self.partition;
+        let pipeline = Arc::clone(&self.pipeline);
+        let mut graph = StreamGraph::new(&pipeline, partition)
+            .map_err(|reason| RuntimeError::Task { partition, reason })?;
+        let mut sinks = self.open_sinks(&mut graph, None).await?;
 
         let result = self.epochs(&mut graph, &mut sinks).await;
         match &result {
@@ -604,6 +718,8 @@ impl PartitionRunner {
                 .await
                 .map_err(|source| RuntimeError::State { partition, source })?;
             committed = position;
+            let rows_sealed = kept.iter().flatten().map(|b| b.rows).sum();
+            self.progress.committed(messages as u64, rows_sealed);
             report.epochs_committed += 1;
             report.messages += messages as u64;
             report.dead_letters += dead_count as u64;

@@ -1223,3 +1223,48 @@ async fn a_graceful_stop_delivers_what_is_pending_within_the_drain_time_and_no_l
     assert_eq!(pending + read_lines(&out).len() as u64, report.messages());
     store.close().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drain_delivers_every_pending_batch_without_reading_the_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let state = tmp.path().join("state");
+    let mut registry = Registry::with_builtins();
+    register_wrapped_debug_sink(
+        &mut registry,
+        "CrashingDebugSink",
+        Arc::new(|inner, _ctx| {
+            Box::new(LosesDeliveries {
+                inner,
+                deliver_epochs: 2,
+                committed: 0,
+            })
+        }),
+    );
+    // 10 epochs of 100 per partition committed, the first 2 delivered.
+    let store = open_store(&state);
+    let crashing = generator_yaml(3, 1000, 100, "CrashingDebugSink", &out);
+    run_yaml(&registry, &crashing, &store).await.unwrap();
+
+    // The drain's source could read 1000 more per partition; it must not.
+    let spec = PipelineSpec::from_yaml(&generator_yaml(3, 2000, 100, "DebugSink", &out)).unwrap();
+    let drain = |store: &StateStore| {
+        let validated = registry.build(&spec).unwrap();
+        Pipeline::new(validated, store.clone()).drain()
+    };
+    let report = drain(&store).await.unwrap();
+    let pending: Vec<(u32, u64, u64)> = report
+        .before
+        .entries
+        .iter()
+        .map(|e| (e.partition, e.batches, e.rows))
+        .collect();
+    assert_eq!(pending, vec![(0, 8, 800), (1, 8, 800), (2, 8, 800)]);
+    assert!(report.after.is_empty(), "{:?}", report.after);
+    assert_each_id_once(&out, 3000);
+    for p in 0..3 {
+        assert_eq!(position(&store, p), Some(1000));
+    }
+    let again = drain(&store).await.unwrap();
+    assert!(again.before.is_empty() && again.after.is_empty());
+}

@@ -1,7 +1,7 @@
 //! The command line: argument parsing, logging set-up and dispatch.
 
 use crate::dead_letters::{self, Action};
-use crate::{run, status, verify};
+use crate::{drain, progress, run, status, status_watch, verify};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -21,7 +21,7 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum LogFormat {
     Text,
     Json,
@@ -29,8 +29,17 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a pipeline. SIGINT/SIGTERM stop it gracefully; SIGHUP reloads dynamic parameters.
+    /// Run a pipeline. SIGINT/SIGTERM stop it gracefully; SIGHUP reloads dynamic parameters. On
+    /// a terminal, stderr shows a live progress line (rates in and out, pending, lag).
     Run {
+        spec: PathBuf,
+        /// State directory; wins over `state_dir` in the spec.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Deliver every batch pending in the outbox without reading the source, then exit 0: the
+    /// topology can then be changed. Run it on a stopped worker with the unchanged spec.
+    Drain {
         spec: PathBuf,
         /// State directory; wins over `state_dir` in the spec.
         #[arg(long)]
@@ -54,6 +63,14 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Refresh until Ctrl-C: on a terminal the screen is redrawn; otherwise each refresh is
+        /// appended (JSON: one object per line).
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between refreshes of `--watch` (a running worker's snapshot is refreshed
+        /// every 2 s).
+        #[arg(long, default_value_t = 2, requires = "watch", value_parser = clap::value_parser!(u64).range(1..=3600))]
+        interval: u64,
     },
     /// List, export (JSON lines on stdout), requeue (the rows the server refused go back into the
     /// outbox for the next run) or purge the dead letters of a stopped worker.
@@ -81,7 +98,8 @@ fn init_logging(format: LogFormat, default_level: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        // Erases `run`'s progress line, if shown, before each log line.
+        .with_writer(progress::log_writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -93,16 +111,31 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // `run` reports progress; the inspection commands print results and log only problems.
     let default_level = match cli.command {
-        Command::Run { .. } => "info",
+        Command::Run { .. } | Command::Drain { .. } => "info",
         _ => "warn",
     };
     init_logging(cli.log_format, default_level);
     let registry = crate::registry();
     let result = match cli.command {
-        Command::Run { spec, state_dir } => run::run(&registry, &spec, state_dir.as_deref()),
+        Command::Run { spec, state_dir } => {
+            let progress = progress::wanted(cli.log_format == LogFormat::Json);
+            run::run(&registry, &spec, state_dir.as_deref(), progress)
+        }
+        Command::Drain { spec, state_dir } => drain::drain(&registry, &spec, state_dir.as_deref()),
         Command::Validate { spec } => Ok(validate(&registry, &spec)),
         Command::Verify { spec, json } => verify::verify(&registry, &spec, json),
-        Command::Status { state_dir, json } => status::status(&state_dir, json),
+        Command::Status {
+            state_dir,
+            json,
+            watch: false,
+            ..
+        } => status::status(&state_dir, json),
+        Command::Status {
+            state_dir,
+            json,
+            interval,
+            ..
+        } => status_watch::watch(&state_dir, json, std::time::Duration::from_secs(interval)),
         Command::DeadLetters {
             action,
             state_dir,

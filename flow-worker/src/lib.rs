@@ -1,17 +1,21 @@
 //! `flow-worker`: runs, validates and inspects flow pipelines described by a YAML spec.
 //!
 //! `run` executes the pipeline until its finite sources are drained (or a signal stops it),
-//! `validate` reports every violation of a spec without connecting anywhere, and `status` reads a
-//! state directory and shows positions, undelivered batches, fingerprints and dead letters, and
-//! `dead-letters` lists, exports or purges what sources and sinks set aside; `verify` checks that
-//! the replicas of every ClickHouse shard hold the same rows. The
+//! `validate` reports every violation of a spec without connecting anywhere, `drain` delivers
+//! what the outbox holds without reading the source, `status` reads a state directory and shows
+//! positions, undelivered batches, fingerprints and dead letters, `dead-letters` lists, exports or
+//! purges what sources and sinks set aside, and `verify` checks that the replicas of every
+//! ClickHouse shard hold the same rows. The
 //! CLI lives in this library so that test harnesses can ship the same binary under their own name.
 
 mod cli;
 mod dead_letters;
+mod drain;
 mod memory;
+mod progress;
 mod run;
 mod status;
+mod status_watch;
 mod verify;
 
 pub use cli::main;

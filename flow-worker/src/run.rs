@@ -7,15 +7,84 @@ use anyhow::{bail, Context};
 use flow_core::{Pipeline, PipelineControl, PipelineSpec, Registry};
 use flow_state::StateStore;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
 use tracing::{error, info, warn};
+
+use crate::progress::{OutboxSample, ProgressLine};
 
 pub fn run(
     registry: &Registry,
     spec_path: &Path,
     state_dir: Option<&Path>,
+    show_progress: bool,
 ) -> anyhow::Result<ExitCode> {
     let spec = PipelineSpec::from_file(spec_path)?;
     let validated = registry.build(&spec)?;
+    let state_dir = resolve_state_dir(spec_path, state_dir, &validated)?;
+    // Before the runtime's threads exist, so that every arena gets the settings.
+    crate::memory::configure_allocator();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("flow-worker")
+        .build()
+        .context("starting the tokio runtime")?;
+    let outcome = runtime.block_on(async move {
+        let store = open_store(&state_dir).await?;
+        let pipeline = Pipeline::new(validated, store.clone());
+        let control = pipeline.control();
+        let (outbox, outbox_samples) = watch::channel(None);
+        let snapshots = tokio::spawn(write_snapshots(
+            store.clone(),
+            state_dir.clone(),
+            control.clone(),
+            spec.pipeline.clone(),
+            outbox,
+        ));
+        let progress = show_progress.then(|| {
+            ProgressLine::start(spec.pipeline.clone(), spec.partitions, control.clone(), outbox_samples)
+        });
+        let memory = tokio::spawn(crate::memory::report_memory());
+        let signals = tokio::spawn(handle_signals(
+            control.clone(),
+            registry.clone(),
+            spec_path.to_path_buf(),
+        ));
+        info!(pipeline = %spec.pipeline, partitions = spec.partitions, state_dir = %state_dir.display(), "pipeline started");
+        let result = pipeline.run().await;
+        if let Some(line) = progress {
+            line.stop();
+        }
+        signals.abort();
+        snapshots.abort();
+        memory.abort();
+        // Once the worker is gone, `status` reads the store itself.
+        let _ = std::fs::remove_file(crate::status::snapshot_path(&state_dir));
+        let closed = close_store(store, &state_dir).await;
+        match result {
+            Ok(report) => {
+                info!(
+                    pipeline = %spec.pipeline,
+                    messages = report.messages(),
+                    stopped_early = report.partitions.iter().any(|p| p.end == flow_core::PartitionEnd::Stopped),
+                    "pipeline finished"
+                );
+                closed.map(|()| ExitCode::SUCCESS)
+            }
+            // Each partition's failure was logged when it happened; `main` prints the whole.
+            Err(err) => Err(err.into()),
+        }
+    });
+    // Blocking tasks still stuck in the file system are not waited for.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    outcome
+}
+
+/// The state directory: `--state-dir`, else `state_dir` of the spec.
+pub(crate) fn resolve_state_dir(
+    spec_path: &Path,
+    state_dir: Option<&Path>,
+    validated: &flow_core::ValidatedPipeline,
+) -> anyhow::Result<PathBuf> {
     let state_dir: PathBuf = match (state_dir, &validated.state_dir) {
         (Some(dir), _) => dir.to_path_buf(),
         (None, Some(dir)) => dir.clone(),
@@ -27,72 +96,31 @@ pub fn run(
     if state_dir.as_os_str().is_empty() {
         bail!("--state-dir is an empty path; name a directory");
     }
-    // Before the runtime's threads exist, so that every arena gets the settings.
-    crate::memory::configure_allocator();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("flow-worker")
-        .build()
-        .context("starting the tokio runtime")?;
-    let outcome = runtime.block_on(async move {
-        let dir = state_dir.clone();
-        let store = tokio::task::spawn_blocking(move || StateStore::open(&dir))
-            .await
-            .context("opening the state store")?
-            // The store's error says whether another worker holds it (and only then).
-            .with_context(|| format!("cannot open the state directory `{}`", state_dir.display()))?;
-        let pipeline = Pipeline::new(validated, store.clone());
-        let control = pipeline.control();
-        let snapshots = tokio::spawn(write_snapshots(
-            store.clone(),
-            state_dir.clone(),
-            control.clone(),
-            spec.pipeline.clone(),
-        ));
-        let memory = tokio::spawn(crate::memory::report_memory());
-        let signals = tokio::spawn(handle_signals(
-            control.clone(),
-            registry.clone(),
-            spec_path.to_path_buf(),
-        ));
-        info!(pipeline = %spec.pipeline, partitions = spec.partitions, state_dir = %state_dir.display(), "pipeline started");
-        let result = pipeline.run().await;
-        signals.abort();
-        snapshots.abort();
-        memory.abort();
-        // Once the worker is gone, `status` reads the store itself.
-        let _ = std::fs::remove_file(crate::status::snapshot_path(&state_dir));
-        // A committer blocked in the file system (a full disk) must not keep the process alive:
-        // what was committed is durable, so the worker exits after a bounded wait.
-        let closing = tokio::task::spawn_blocking(move || store.close());
-        let closed = match tokio::time::timeout(STORE_CLOSE_TIMEOUT, closing).await {
-            Ok(closed) => closed,
-            Err(_) => {
-                error!(state_dir = %state_dir.display(), "the state store did not close within {} s (its writes are blocked: is the disk full?); exiting anyway, what was committed is durable", STORE_CLOSE_TIMEOUT.as_secs());
-                Ok(Err(flow_state::StateError::Closed))
-            }
-        };
-        match result {
-            Ok(report) => {
-                info!(
-                    pipeline = %spec.pipeline,
-                    messages = report.messages(),
-                    stopped_early = report.partitions.iter().any(|p| p.end == flow_core::PartitionEnd::Stopped),
-                    "pipeline finished"
-                );
-                match closed {
-                    Ok(Ok(())) => Ok(ExitCode::SUCCESS),
-                    Ok(Err(err)) => Err(err).context("closing the state store"),
-                    Err(err) => Err(err).context("closing the state store"),
-                }
-            }
-            // Each partition's failure was logged when it happened; `main` prints the whole.
-            Err(err) => Err(err.into()),
+    Ok(state_dir)
+}
+
+/// Opens the state store off the runtime threads.
+pub(crate) async fn open_store(state_dir: &Path) -> anyhow::Result<StateStore> {
+    let dir = state_dir.to_path_buf();
+    tokio::task::spawn_blocking(move || StateStore::open(&dir))
+        .await
+        .context("opening the state store")?
+        // The store's error says whether another worker holds it (and only then).
+        .with_context(|| format!("cannot open the state directory `{}`", state_dir.display()))
+}
+
+/// Closes the state store. A committer blocked in the file system (a full disk) must not keep
+/// the process alive: what was committed is durable, so this gives up after a bounded wait.
+pub(crate) async fn close_store(store: StateStore, state_dir: &Path) -> anyhow::Result<()> {
+    let closing = tokio::task::spawn_blocking(move || store.close());
+    match tokio::time::timeout(STORE_CLOSE_TIMEOUT, closing).await {
+        Ok(Ok(closed)) => closed.context("closing the state store"),
+        Ok(Err(err)) => Err(err).context("closing the state store"),
+        Err(_) => {
+            error!(state_dir = %state_dir.display(), "the state store did not close within {} s (its writes are blocked: is the disk full?); exiting anyway, what was committed is durable", STORE_CLOSE_TIMEOUT.as_secs());
+            Err(flow_state::StateError::Closed).context("closing the state store")
         }
-    });
-    // Blocking tasks still stuck in the file system are not waited for.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
-    outcome
+    }
 }
 
 /// How long closing the state store may take before the worker exits without it.
@@ -146,20 +174,24 @@ async fn handle_signals(control: PipelineControl, registry: Registry, spec_path:
 const SNAPSHOT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Writes `StateStore::summary`, with the running pipeline's source lag, to the state directory
-/// every `SNAPSHOT_INTERVAL` (atomically: a temporary file, then a rename).
+/// every `SNAPSHOT_INTERVAL` (atomically: a temporary file, then a rename), and hands the outbox
+/// it shows to the progress line.
 async fn write_snapshots(
     store: StateStore,
     state_dir: PathBuf,
     control: PipelineControl,
     pipeline: String,
+    outbox: watch::Sender<Option<OutboxSample>>,
 ) {
     let path = crate::status::snapshot_path(&state_dir);
     let temporary = path.with_extension("json.tmp");
     let mut warned = false;
     loop {
         let reader = store.clone();
+        let rows_sealed = control.progress().rows_sealed;
         let written = match tokio::task::spawn_blocking(move || reader.summary()).await {
             Ok(Ok(mut summary)) => {
+                outbox.send_replace(Some(OutboxSample::of(&summary, &pipeline, rows_sealed)));
                 if let Some(running) = summary.pipelines.get_mut(&pipeline) {
                     for (&partition, position) in &mut running.positions {
                         position.lag = control.source_lag(partition);

@@ -13,6 +13,18 @@ pub fn snapshot_path(state_dir: &Path) -> PathBuf {
 }
 
 pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let summary = summary(state_dir)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{}", render(&summary, flow_core::delivery::now_ms()));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The state summary: from the store itself, or from the running worker's snapshot while it
+/// holds the store.
+pub(crate) fn summary(state_dir: &Path) -> anyhow::Result<StateSummary> {
     if !state_dir.join("db").exists() && !state_dir.join("conf").exists() {
         anyhow::bail!("`{}` is not a flow state directory", state_dir.display());
     }
@@ -57,12 +69,7 @@ pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
             );
         }
     };
-    if json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
-    } else {
-        print!("{}", render(&summary, flow_core::delivery::now_ms()));
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(summary)
 }
 
 fn read_snapshot(state_dir: &Path) -> anyhow::Result<StateSummary> {

@@ -236,6 +236,22 @@ impl Worker {
         Ok(if killed { None } else { Some(status) })
     }
 
+    /// Sends the signal `name` (`HUP`, `TERM`, ...) to the running worker through `kill(1)`.
+    pub fn signal(&self, name: &str) -> Result<()> {
+        let child = self
+            .child
+            .as_ref()
+            .ok_or_else(|| anyhow!("no worker process: it has exited or was killed already"))?;
+        let status = Command::new("kill")
+            .args(["-s", name, &child.id().to_string()])
+            .status()
+            .with_context(|| format!("running kill -s {name}"))?;
+        if !status.success() {
+            bail!("kill -s {name} {} failed: {status}", child.id());
+        }
+        Ok(())
+    }
+
     /// Waits up to `timeout` for the worker to exit on its own; its exit code. An error (with the
     /// log's tail) if it is still running then.
     pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<i32>> {

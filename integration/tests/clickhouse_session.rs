@@ -743,7 +743,7 @@ async fn topology_change_is_refused_while_batches_are_undelivered_then_adopted_o
     assert_ne!(refused.code, Some(0), "{}", refused.stderr);
     for phrase in [
         "Refusing to start the ClickHouse sink: the shard topology changed while 8 batch(es) are still undelivered",
-        "Restore the previous shard_hosts / sharding_key_columns, let the pipeline drain to completion, then apply the change",
+        "Restore the previous shard_hosts / sharding_key_columns, deliver the pending batches with `flow-worker drain SPEC` (docs/operations.md, runbook \"Topology change\"), then apply the change",
         &format!("persisted_topology_fingerprint = {by_user_id}"),
         &format!("spec_topology_fingerprint      = {by_id}"),
         "oldest_undelivered_batch_bound = 0-49",

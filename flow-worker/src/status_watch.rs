@@ -1,0 +1,66 @@
+//! `flow-worker status --watch`: the status, refreshed every `--interval` seconds until Ctrl-C.
+//!
+//! On a terminal each refresh clears the screen and redraws the table (or the pretty JSON) under
+//! a header with the time. Without a terminal (a pipe, a file) nothing is cleared: each refresh
+//! is appended, the table under a `--- <time> ---` header line, the JSON as one compact object per
+//! line (JSON lines), so that the output can be logged or processed. The first read must
+//! succeed (a wrong directory fails at once); a later failed read is shown and retried, since
+//! a worker starting or stopping replaces the snapshot under the reader.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+
+use crate::status::{render, summary};
+
+/// Clears the screen and moves the cursor home.
+const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
+
+pub fn watch(state_dir: &Path, json: bool, interval: Duration) -> anyhow::Result<ExitCode> {
+    let terminal = std::io::stdout().is_terminal();
+    // A wrong directory is reported once, not redrawn forever.
+    let mut frame = Some(summary(state_dir)?);
+    loop {
+        let now = humantime::format_rfc3339_seconds(SystemTime::now());
+        let text = match frame.take() {
+            Some(summary) if json && terminal => serde_json::to_string_pretty(&summary)? + "\n",
+            Some(summary) if json => serde_json::to_string(&summary)? + "\n",
+            Some(summary) => render(&summary, flow_core::delivery::now_ms()),
+            None => match summary(state_dir) {
+                Ok(summary) => {
+                    frame = Some(summary);
+                    continue;
+                }
+                Err(err) => format!("error: {err:#} (retrying)\n"),
+            },
+        };
+        let mut stdout = std::io::stdout().lock();
+        let header = if terminal {
+            format!(
+                "{CLEAR_SCREEN}{} every {} s, {now} (Ctrl-C to stop)\n\n",
+                state_dir.display(),
+                interval.as_secs()
+            )
+        } else if json {
+            String::new()
+        } else {
+            format!("--- {now} ---\n")
+        };
+        let written = stdout
+            .write_all(header.as_bytes())
+            .and_then(|()| stdout.write_all(text.as_bytes()))
+            .and_then(|()| stdout.flush());
+        match written {
+            // A closed pipe (`| head`) is the reader's way to end the watch.
+            Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {
+                return Ok(ExitCode::SUCCESS)
+            }
+            written => written.context("writing the status")?,
+        }
+        drop(stdout);
+        std::thread::sleep(interval);
+    }
+}
