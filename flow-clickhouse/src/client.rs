@@ -26,6 +26,10 @@ pub struct EndpointClient {
     /// never), so that an INSERT right after a verified one needs no check of its own
     /// ([`crate::columns_guard`]).
     pub columns_checked_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Whether inserts may go here: an endpoint unreachable when the session started is left
+    /// out of failover until it answers and passes the session's checks
+    /// ([`crate::late_hosts`]).
+    pub admitted: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The endpoints of one shard, in failover order.
@@ -42,10 +46,14 @@ pub struct ShardClients {
 }
 
 impl ShardClients {
-    /// The endpoint to use for the next attempt.
+    /// The endpoint to use for the next attempt: the cursor's, or the next admitted one after it.
     pub fn current(&self) -> &EndpointClient {
-        let index = self.cursor.load(Ordering::Relaxed) % self.endpoints.len().max(1);
-        &self.endpoints[index]
+        let len = self.endpoints.len().max(1);
+        let start = self.cursor.load(Ordering::Relaxed) % len;
+        (0..len)
+            .map(|step| &self.endpoints[(start + step) % len])
+            .find(|endpoint| endpoint.admitted.load(Ordering::Relaxed))
+            .unwrap_or(&self.endpoints[start])
     }
 
     /// Fails over to the next endpoint (round robin).
@@ -78,6 +86,7 @@ pub fn build_shards(params: &SinkParams) -> Result<Vec<ShardClients>, String> {
                 .iter()
                 .map(|endpoint| EndpointClient {
                     columns_checked_ms: std::sync::Arc::default(),
+                    admitted: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
                     client: base.clone().with_url(format!(
                         "{scheme}://{}:{}",
                         url_host(&endpoint.host),

@@ -4,7 +4,8 @@
 //! rule; its spec is validated once into typed parameters (`params`, with the `topology` of
 //! parsed endpoints and an optional TLS config). Every class shares one per-sink state
 //! (`sink_state`) whose writer session (`session`) starts when the first partition opens, waiting out
-//! unreachable endpoints (`session_wait`), probing every endpoint (engine, schema, replication
+//! unreachable endpoints (`session_wait`; a host of a shard whose other hosts answer is admitted later by
+//! `late_hosts`), probing every endpoint (engine, schema, replication
 //! identity, capabilities, `dedup_window`) and planning the RowBinary encoding (`chtype`,
 //! `rowbinary`). Epochs are cut into encoded per-shard parts (`cutter`, routed by `routing`,
 //! compressed by `compress`) and inserted over HTTP (`insert`, `client`, `tls`), retried and given
@@ -34,6 +35,7 @@ mod exactly_once;
 mod fingerprint;
 mod guarantee;
 mod insert;
+mod late_hosts;
 mod params;
 mod protocol;
 mod rebuild;

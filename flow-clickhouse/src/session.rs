@@ -19,6 +19,7 @@ use crate::client::{
 use crate::columns_guard::{read_columns, ColumnsGuard};
 use crate::dedup_window::{DedupWindows, DEDUP_WINDOW_SETTINGS};
 use crate::fingerprint::{endpoint_target_fingerprint, replicated_target_fingerprint, target_key};
+use crate::late_hosts::{LateCheck, LateHost, LateHosts, ShardReference};
 use crate::params::{ClickHouseDynamicParams, ClickHouseParams, SinkClass, SinkParams};
 use crate::rowbinary::{EncodedColumn, RowBinaryEncoder};
 
@@ -120,20 +121,20 @@ pub struct ColumnMeta {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum EngineKind {
+pub(crate) enum EngineKind {
     Replicated,
     Shared,
     Plain,
 }
 
 #[derive(Clone, Debug)]
-struct EndpointMetadata {
-    engine: String,
-    kind: EngineKind,
-    columns: Vec<ColumnMeta>,
-    zookeeper_name: Option<String>,
-    zookeeper_path: Option<String>,
-    capabilities: Capabilities,
+pub(crate) struct EndpointMetadata {
+    pub(crate) engine: String,
+    pub(crate) kind: EngineKind,
+    pub(crate) columns: Vec<ColumnMeta>,
+    pub(crate) zookeeper_name: Option<String>,
+    pub(crate) zookeeper_path: Option<String>,
+    pub(crate) capabilities: Capabilities,
     dedup_windows: DedupWindows,
 }
 
@@ -161,6 +162,8 @@ pub struct WriterSession {
     partitions: u32,
     /// The columns every INSERT is checked against (those the encoder was planned for).
     pub columns_guard: ColumnsGuard,
+    /// Checks the hosts that were unreachable at the start, until each is admitted.
+    _late_hosts: Option<LateHosts>,
 }
 
 impl WriterSession {
@@ -235,10 +238,21 @@ impl WriterSession {
             )
         }))
         .await;
+        let mut late = Vec::new();
         for (shard, probes) in shards.iter().zip(probes) {
             let mut shard_first: Option<(String, EndpointMetadata)> = None;
+            // A shard none of whose hosts answers is waited for; one host down is checked later.
+            let answered = probes.iter().any(Result::is_ok);
+            let mut late_here = Vec::new();
             for (endpoint, probed) in shard.endpoints.iter().zip(probes) {
-                let meta = probed?;
+                let meta = match probed {
+                    Ok(meta) => meta,
+                    Err(SessionError::Unreachable { cause, .. }) if answered => {
+                        late_here.push((endpoint.clone(), cause));
+                        continue;
+                    }
+                    Err(err) => return Err(err),
+                };
                 let here = describe(&shard.name, endpoint);
                 capabilities = min_capabilities(capabilities, meta.capabilities);
                 if let Some((there, reference)) = &shard_first {
@@ -274,6 +288,12 @@ impl WriterSession {
             let Some((_, meta)) = shard_first else {
                 return Err(refused(format!("shard `{}` has no host", shard.name)));
             };
+            late.extend(late_here.into_iter().map(|(endpoint, cause)| LateHost {
+                shard: shard.name.clone(),
+                endpoint,
+                cause,
+                reference: ShardReference::of(&meta),
+            }));
             if meta.kind != EngineKind::Replicated && shard.endpoints.len() > 1 {
                 return Err(refused(format!(
                     "{} is a {} table, which does not replicate: the sink cannot prove that the {} hosts{} expose one logical table. Use ReplicatedMergeTree, or list one host",
@@ -366,7 +386,17 @@ impl WriterSession {
             tokens = capabilities.insert_deduplication_token,
             "ClickHouse writer session started"
         );
+        let late_hosts = LateHosts::watch(
+            late,
+            LateCheck {
+                sink_params: sink_params.clone(),
+                columns: reference.columns.clone(),
+                capabilities,
+                timeout,
+            },
+        );
         Ok(WriterSession {
+            _late_hosts: late_hosts,
             shards,
             encoder,
             insert_sql,
@@ -389,7 +419,7 @@ fn describe(shard: &str, endpoint: &EndpointClient) -> String {
     }
 }
 
-fn min_capabilities(a: Capabilities, b: Capabilities) -> Capabilities {
+pub(crate) fn min_capabilities(a: Capabilities, b: Capabilities) -> Capabilities {
     Capabilities {
         insert_deduplication_token: a.insert_deduplication_token && b.insert_deduplication_token,
         async_insert: a.async_insert && b.async_insert,
@@ -405,7 +435,7 @@ fn min_capabilities(a: Capabilities, b: Capabilities) -> Capabilities {
 /// - a TLS sink asks, alongside its probe, whether the port answers plain HTTP. A plain HTTP
 ///   server may answer a ClientHello, or may wait for the end of a request line that the hello's
 ///   random bytes never bring, so the answer to the hello alone cannot tell.
-async fn probe_speaking_its_protocol(
+pub(crate) async fn probe_speaking_its_protocol(
     endpoint: &EndpointClient,
     sink_params: &SinkParams,
     timeout: Duration,
@@ -600,7 +630,7 @@ async fn probe(
 }
 
 /// The first difference between two schemas, if any.
-fn schema_difference(a: &[ColumnMeta], b: &[ColumnMeta]) -> Option<String> {
+pub(crate) fn schema_difference(a: &[ColumnMeta], b: &[ColumnMeta]) -> Option<String> {
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         if x != y {
             return Some(format!(
