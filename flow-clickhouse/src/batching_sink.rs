@@ -104,10 +104,11 @@ impl BatchingSink {
         let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
             return Ok(false);
         };
-        let current = self.exactly_once.current_fingerprints(&session);
         let store = self.ctx.store.clone();
         let key = self.ctx.state_key();
         let persisted = blocking(move || store.fingerprints(&key)).await?;
+        let mut current = self.exactly_once.current_fingerprints(&session);
+        session.late_targets.fill(&mut current, &persisted);
         let decision = check_topology(&persisted, &current, undelivered, oldest.as_deref())
             .map_err(|err| SinkError::Refused(err.to_string()))?;
         if decision == TopologyDecision::Adopt && persisted != current {

@@ -46,14 +46,14 @@ pub struct ShardClients {
 }
 
 impl ShardClients {
-    /// The endpoint to use for the next attempt: the cursor's, or the next admitted one after it.
-    pub fn current(&self) -> &EndpointClient {
-        let len = self.endpoints.len().max(1);
-        let start = self.cursor.load(Ordering::Relaxed) % len;
+    /// The endpoint to use for the next attempt: the cursor's, or the next admitted one after it;
+    /// `None` while no host of the shard is admitted (none answered since the session started).
+    pub fn current(&self) -> Option<&EndpointClient> {
+        let len = self.endpoints.len();
+        let start = self.cursor.load(Ordering::Relaxed) % len.max(1);
         (0..len)
             .map(|step| &self.endpoints[(start + step) % len])
             .find(|endpoint| endpoint.admitted.load(Ordering::Relaxed))
-            .unwrap_or(&self.endpoints[start])
     }
 
     /// Fails over to the next endpoint (round robin).

@@ -23,7 +23,9 @@ use crate::backlog_age::{expired, unanswered_marker, unanswered_prefix, Expired}
 use crate::classify::{is_row_rejection, ClassifiedError};
 use crate::compress::is_framed;
 use crate::exactly_once::ExactlyOnce;
+use crate::fingerprint::target_key;
 use crate::insert::{insert_part, AttemptLog, InsertFailure, InsertRequest};
+use crate::late_hosts::LateTarget;
 use crate::params::{OnBadRows, OnExpiredBacklog};
 use crate::rebuild::Requeue;
 use crate::session::WriterSession;
@@ -69,7 +71,12 @@ pub struct ClickHouseDeliverer {
     /// The partition's context, for rebuilding a batch a stalled lane reads back.
     ctx: SinkContext,
     marks: Mutex<PartitionMarks>,
+    /// Late shards whose target this partition checked ([`ClickHouseDeliverer::late_target_fits`]).
+    late_checked: Mutex<Vec<String>>,
 }
+
+/// Between two warnings about a late shard answering with another table.
+const LATE_MISMATCH_WARNING_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl ClickHouseDeliverer {
     pub fn new(
@@ -84,6 +91,7 @@ impl ClickHouseDeliverer {
             store: ctx.store.clone(),
             ctx,
             marks: Mutex::new(marks),
+            late_checked: Mutex::new(Vec::new()),
         }
     }
 
@@ -111,6 +119,78 @@ impl ClickHouseDeliverer {
             self.store.acknowledge(key, seq, Vec::new()).await?;
         }
         Ok(())
+    }
+
+    /// Waits until a shard that did not answer at the session start ([`crate::late_hosts`]) has
+    /// a known target, and checks it against the fingerprint this partition's pending batches
+    /// were sealed under (recording it where none was); `false` once stopping. A shard whose
+    /// table is another one gets nothing: its batches stay in the outbox, and the lanes of the
+    /// other shards go on.
+    async fn late_target_fits(
+        &self,
+        key: &SinkPartition,
+        shard: &str,
+        session: &WriterSession,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<bool, SinkError> {
+        let mut warned: Option<std::time::Instant> = None;
+        let mut stop = stop.clone();
+        loop {
+            let known = match session.late_targets.state(shard) {
+                LateTarget::NotLate => return Ok(true),
+                LateTarget::Pending => None,
+                LateTarget::Known(fingerprint) => Some(fingerprint),
+            };
+            if let Some(fingerprint) = known {
+                if self.late_checked().iter().any(|checked| checked == shard) {
+                    return Ok(true);
+                }
+                let (store, task_key) = (self.store.clone(), key.clone());
+                let mut persisted =
+                    tokio::task::spawn_blocking(move || store.fingerprints(&task_key))
+                        .await
+                        .map_err(|err| SinkError::Delivery {
+                            reason: format!("state task failed: {err}"),
+                        })??;
+                let target = target_key(shard);
+                match persisted.get(&target) {
+                    Some(old) if *old != fingerprint => {
+                        if warned.is_none_or(|at| at.elapsed() >= LATE_MISMATCH_WARNING_EVERY) {
+                            warned = Some(std::time::Instant::now());
+                            warn!(
+                                pipeline = %key.pipeline,
+                                sink = %key.sink,
+                                partition = key.partition,
+                                shard = %shard,
+                                persisted = %old,
+                                current = %fingerprint,
+                                "a shard that did not answer at the start answers with another table than the one its pending batches were sealed for: nothing is sent to it and its batches stay in the outbox, while the other shards go on. Point the shard's hosts at the former table, or stop the worker and deliver the batches there first"
+                            );
+                        }
+                    }
+                    Some(_) => {
+                        self.late_checked().push(shard.to_owned());
+                        return Ok(true);
+                    }
+                    None => {
+                        persisted.insert(target, fingerprint);
+                        self.store.set_fingerprints(key, persisted).await?;
+                        self.late_checked().push(shard.to_owned());
+                        return Ok(true);
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                _ = stop.wait_for(|s| *s) => return Ok(false),
+            }
+        }
+    }
+
+    fn late_checked(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        self.late_checked
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Delivers the part in pieces ([`SplitPart`]), as the server refused it with `refused`.
@@ -293,6 +373,12 @@ impl BatchDeliverer for ClickHouseDeliverer {
             // Stopping: the batch stays in the outbox for the next run.
             return Ok(());
         };
+        if !self
+            .late_target_fits(key, &batch.shard, &session, stop)
+            .await?
+        {
+            return Ok(());
+        }
         let split = self.marks().split.get(&seq).cloned();
         if let Some(refused) = split {
             return self.split(key, seq, batch, &refused, &session, stop).await;

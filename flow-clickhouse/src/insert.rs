@@ -144,6 +144,9 @@ pub struct InsertRequest<'a> {
     pub attempts: Option<&'a dyn AttemptLog>,
 }
 
+/// How often a part for a shard without an admitted host looks again.
+const ADMISSION_POLL: Duration = Duration::from_millis(500);
+
 /// Sends one part to its shard, failing over to the next host after each failed attempt.
 /// Retries follow the sink's guarantee ([`crate::guarantee::Guarantee::on_failure`]).
 pub async fn insert_part(
@@ -179,7 +182,14 @@ pub async fn insert_part(
         }
         let dynamic = shared.dynamic();
         let settings = insert_settings(session, token, dynamic.async_insert);
-        let endpoint = shard.current();
+        let Some(endpoint) = shard.current() else {
+            // No host of the shard has answered since the session started: nothing to try yet
+            // (`late_hosts` admits one once it answers).
+            tokio::select! {
+                _ = tokio::time::sleep(ADMISSION_POLL) => continue,
+                _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
+            }
+        };
         attempts += 1;
         let guard = &session.columns_guard;
         let result = match guard.before_insert(endpoint, dynamic.write_timeout).await {

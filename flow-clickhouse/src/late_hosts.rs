@@ -5,8 +5,16 @@
 //! planned for: the same engine and replication identity as its shard's other hosts, the same
 //! columns, and every server capability the session uses. A host that answers with something
 //! else stays out, with a warning naming the difference, and is asked again later.
+//!
+//! A shard none of whose hosts answered at the start (a *late shard*, possible once another
+//! shard answered, whose table the encoding is planned from) takes its reference from the first
+//! of its hosts that answers with a fitting table; its target fingerprint is then published in
+//! [`LateTargets`], for each partition's deliverer to compare with the one its pending batches
+//! were sealed under before it sends the shard anything.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
@@ -14,6 +22,7 @@ use tracing::{info, warn};
 
 use crate::classify::ClassifiedError;
 use crate::client::EndpointClient;
+use crate::fingerprint::{endpoint_target_fingerprint, replicated_target_fingerprint, target_key};
 use crate::params::SinkParams;
 use crate::session::{
     min_capabilities, probe_speaking_its_protocol, schema_difference, Capabilities, ColumnMeta,
@@ -52,7 +61,71 @@ pub(crate) struct LateHost {
     pub(crate) endpoint: EndpointClient,
     /// Why it did not answer.
     pub(crate) cause: ClassifiedError,
-    pub(crate) reference: ShardReference,
+    /// Its shard's table as the session found it; `None` for a late shard.
+    pub(crate) reference: Option<ShardReference>,
+}
+
+/// The state of a shard's target for a deliverer about to send to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LateTarget {
+    /// The shard answered at the start: its fingerprint is the session's.
+    NotLate,
+    /// No host of the shard has answered with a fitting table yet.
+    Pending,
+    /// A host was admitted; this is the shard's target fingerprint.
+    Known(String),
+}
+
+/// The target fingerprints of the late shards, as their first hosts are admitted.
+#[derive(Debug, Default)]
+pub struct LateTargets {
+    shards: Mutex<BTreeMap<String, Option<String>>>,
+}
+
+impl LateTargets {
+    pub(crate) fn new(late_shards: &[String]) -> LateTargets {
+        LateTargets {
+            shards: Mutex::new(late_shards.iter().map(|s| (s.clone(), None)).collect()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Option<String>>> {
+        self.shards.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn state(&self, shard: &str) -> LateTarget {
+        match self.lock().get(shard) {
+            None => LateTarget::NotLate,
+            Some(None) => LateTarget::Pending,
+            Some(Some(fingerprint)) => LateTarget::Known(fingerprint.clone()),
+        }
+    }
+
+    /// Completes the fingerprints a start compares with the persisted ones: a late shard's as
+    /// far as it is known, else the persisted one (its deliverer compares it once it is known).
+    pub fn fill(
+        &self,
+        current: &mut BTreeMap<String, String>,
+        persisted: &BTreeMap<String, String>,
+    ) {
+        for (shard, fingerprint) in self.lock().iter() {
+            let key = target_key(shard);
+            match fingerprint {
+                Some(fingerprint) => {
+                    current.insert(key, fingerprint.clone());
+                }
+                None => {
+                    if let Some(old) = persisted.get(&key) {
+                        current.insert(key, old.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    fn publish(&self, shard: &str, fingerprint: String) {
+        self.lock().insert(shard.to_owned(), Some(fingerprint));
+    }
 }
 
 /// What every late host is checked against.
@@ -63,6 +136,7 @@ pub(crate) struct LateCheck {
     /// What the session relies on.
     pub(crate) capabilities: Capabilities,
     pub(crate) timeout: Duration,
+    pub(crate) targets: Arc<LateTargets>,
 }
 
 /// The task asking the late hosts again; stops with the session.
@@ -106,15 +180,25 @@ impl LateHosts {
 }
 
 async fn ask_again(mut late: Vec<LateHost>, check: LateCheck) {
+    // The references of late shards, once their first host is admitted.
+    let mut found: BTreeMap<String, ShardReference> = BTreeMap::new();
     let mut pause = FIRST_PAUSE;
     let mut warned: Vec<(String, Instant)> = Vec::new();
     while !late.is_empty() {
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(LONGEST_PAUSE);
         let mut still = Vec::new();
-        for host in late {
+        for mut host in late {
+            if host.reference.is_none() {
+                host.reference = found.get(&host.shard).cloned();
+            }
             match admit(&host, &check).await {
-                Ok(()) => {
+                Ok(meta) => {
+                    if host.reference.is_none() {
+                        let target = shard_target(&host.shard, &meta, &check);
+                        found.insert(host.shard.clone(), ShardReference::of(&meta));
+                        check.targets.publish(&host.shard, target);
+                    }
                     host.endpoint.admitted.store(true, Ordering::Relaxed);
                     info!(
                         shard = %host.shard,
@@ -147,8 +231,36 @@ async fn ask_again(mut late: Vec<LateHost>, check: LateCheck) {
     }
 }
 
-/// Asks `host` once and checks what it answers against the session.
-async fn admit(host: &LateHost, check: &LateCheck) -> Result<(), NotYet> {
+/// The target fingerprint of a late shard, from the table its first admitted host answered with.
+fn shard_target(shard: &str, meta: &EndpointMetadata, check: &LateCheck) -> String {
+    let spec = &check.sink_params.spec;
+    if meta.kind == EngineKind::Replicated {
+        return replicated_target_fingerprint(
+            meta.zookeeper_name.as_deref().unwrap_or("default"),
+            meta.zookeeper_path.as_deref().unwrap_or(""),
+        );
+    }
+    endpoint_target_fingerprint(
+        &spec.database,
+        &spec.table,
+        spec.port,
+        &shard_hosts(shard, check),
+    )
+}
+
+fn shard_hosts(shard: &str, check: &LateCheck) -> Vec<String> {
+    check
+        .sink_params
+        .topology
+        .shards()
+        .into_iter()
+        .find(|(name, _)| name.unwrap_or("") == shard)
+        .map(|(_, endpoints)| endpoints.iter().map(ToString::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// Asks `host` once and checks what it answers against the session and its shard.
+async fn admit(host: &LateHost, check: &LateCheck) -> Result<EndpointMetadata, NotYet> {
     let meta = match probe_speaking_its_protocol(&host.endpoint, &check.sink_params, check.timeout)
         .await
     {
@@ -156,7 +268,17 @@ async fn admit(host: &LateHost, check: &LateCheck) -> Result<(), NotYet> {
         Err(SessionError::Unreachable { .. }) => return Err(NotYet::Unreachable),
         Err(SessionError::Refused { reason, .. }) => return Err(NotYet::Mismatch(reason)),
     };
-    let reference = &host.reference;
+    check_table(&meta, check)?;
+    let Some(reference) = &host.reference else {
+        // The first host of a late shard: its table becomes the shard's reference.
+        if meta.kind != EngineKind::Replicated && shard_hosts(&host.shard, check).len() > 1 {
+            return Err(NotYet::Mismatch(format!(
+                "its table is a {} table, which does not replicate, and the shard lists several hosts",
+                meta.engine
+            )));
+        }
+        return Ok(meta);
+    };
     if meta.engine != reference.engine {
         return Err(NotYet::Mismatch(format!(
             "its table has engine {} where the shard's other hosts have {}",
@@ -173,6 +295,11 @@ async fn admit(host: &LateHost, check: &LateCheck) -> Result<(), NotYet> {
             reference.zookeeper_path.as_deref().unwrap_or("")
         )));
     }
+    Ok(meta)
+}
+
+/// What every admitted host must have: the columns and capabilities the session planned for.
+fn check_table(meta: &EndpointMetadata, check: &LateCheck) -> Result<(), NotYet> {
     if let Some(diff) = schema_difference(&check.columns, &meta.columns) {
         return Err(NotYet::Mismatch(format!(
             "its schema differs from the one the sink writes: {diff}"

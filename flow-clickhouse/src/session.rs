@@ -19,7 +19,7 @@ use crate::client::{
 use crate::columns_guard::{read_columns, ColumnsGuard};
 use crate::dedup_window::{DedupWindows, DEDUP_WINDOW_SETTINGS};
 use crate::fingerprint::{endpoint_target_fingerprint, replicated_target_fingerprint, target_key};
-use crate::late_hosts::{LateCheck, LateHost, LateHosts, ShardReference};
+use crate::late_hosts::{LateCheck, LateHost, LateHosts, LateTargets, ShardReference};
 use crate::params::{ClickHouseDynamicParams, ClickHouseParams, SinkClass, SinkParams};
 use crate::rowbinary::{EncodedColumn, RowBinaryEncoder};
 
@@ -164,6 +164,9 @@ pub struct WriterSession {
     pub columns_guard: ColumnsGuard,
     /// Checks the hosts that were unreachable at the start, until each is admitted.
     _late_hosts: Option<LateHosts>,
+    /// The target fingerprints of the shards none of whose hosts answered at the start, as
+    /// they become known (not in `target_fingerprints`).
+    pub late_targets: Arc<LateTargets>,
 }
 
 impl WriterSession {
@@ -239,10 +242,35 @@ impl WriterSession {
         }))
         .await;
         let mut late = Vec::new();
+        let mut late_shards = Vec::new();
+        let mut unreachable = None;
+        let sharded = shards.len() > 1;
         for (shard, probes) in shards.iter().zip(probes) {
             let mut shard_first: Option<(String, EndpointMetadata)> = None;
-            // A shard none of whose hosts answers is waited for; one host down is checked later.
+            // A host down while its shard's others answer is checked later; so is a whole shard
+            // down, once another shard answered (see the end of the loop).
             let answered = probes.iter().any(Result::is_ok);
+            let all_unreachable = probes
+                .iter()
+                .all(|p| matches!(p, Err(SessionError::Unreachable { .. })));
+            if sharded && all_unreachable {
+                for (endpoint, probed) in shard.endpoints.iter().zip(probes) {
+                    if let Err(SessionError::Unreachable { cause, .. }) = probed {
+                        late.push(LateHost {
+                            shard: shard.name.clone(),
+                            endpoint: endpoint.clone(),
+                            cause: cause.clone(),
+                            reference: None,
+                        });
+                        unreachable.get_or_insert(SessionError::Unreachable {
+                            endpoint: endpoint.endpoint.to_string(),
+                            cause,
+                        });
+                    }
+                }
+                late_shards.push(shard.name.clone());
+                continue;
+            }
             let mut late_here = Vec::new();
             for (endpoint, probed) in shard.endpoints.iter().zip(probes) {
                 let meta = match probed {
@@ -292,7 +320,7 @@ impl WriterSession {
                 shard: shard.name.clone(),
                 endpoint,
                 cause,
-                reference: ShardReference::of(&meta),
+                reference: Some(ShardReference::of(&meta)),
             }));
             if meta.kind != EngineKind::Replicated && shard.endpoints.len() > 1 {
                 return Err(refused(format!(
@@ -348,7 +376,10 @@ impl WriterSession {
             }
         }
         let Some((_, reference)) = first else {
-            return Err(refused("no endpoint is configured".to_owned()));
+            // No shard answered: wait, as there is no table to plan the encoding from.
+            return Err(
+                unreachable.unwrap_or_else(|| refused("no endpoint is configured".to_owned()))
+            );
         };
 
         if dynamic.async_insert && !capabilities.async_insert {
@@ -386,6 +417,7 @@ impl WriterSession {
             tokens = capabilities.insert_deduplication_token,
             "ClickHouse writer session started"
         );
+        let late_targets = Arc::new(LateTargets::new(&late_shards));
         let late_hosts = LateHosts::watch(
             late,
             LateCheck {
@@ -393,10 +425,12 @@ impl WriterSession {
                 columns: reference.columns.clone(),
                 capabilities,
                 timeout,
+                targets: Arc::clone(&late_targets),
             },
         );
         Ok(WriterSession {
             _late_hosts: late_hosts,
+            late_targets,
             shards,
             encoder,
             insert_sql,
