@@ -26,6 +26,9 @@ pub struct PipelineSummary {
     pub sinks: Vec<SinkPartitionSummary>,
     /// Dead letters of the source (owner `"source"`), per partition.
     pub source_dead_letters: Vec<DeadLetterGroupSummary>,
+    /// Persisted counters of the source (owner `"source"`), per partition and name.
+    #[serde(default)]
+    pub source_counters: BTreeMap<u32, BTreeMap<String, u64>>,
 }
 
 /// A committed source position. Positions are opaque bytes: `value` holds them in the encoding
@@ -102,6 +105,9 @@ pub struct SinkPartitionSummary {
     pub dead_letter_count: u64,
     /// The newest dead letters, newest last.
     pub recent_dead_letters: Vec<DeadLetterInfo>,
+    /// Persisted counters of this sink partition, by name (totals over every run).
+    #[serde(default)]
+    pub counters: BTreeMap<String, u64>,
 }
 
 /// One shard's part of a sink partition's backlog.
@@ -319,6 +325,23 @@ pub(crate) fn build(trees: &Trees) -> Result<StateSummary, StateError> {
         }
     }
     count_unanswered(trees, &mut sinks)?;
+    for counter in crate::counters::read_all(trees)? {
+        let pipeline = counter.pipeline;
+        if counter.owner == SOURCE_OWNER {
+            summary
+                .pipelines
+                .entry(pipeline)
+                .or_default()
+                .source_counters
+                .entry(counter.partition)
+                .or_default()
+                .insert(counter.name, counter.value);
+        } else {
+            sink_entry(&mut sinks, pipeline, counter.owner, counter.partition)
+                .counters
+                .insert(counter.name, counter.value);
+        }
+    }
     for ((pipeline, _, _), entry) in sinks {
         summary
             .pipelines

@@ -151,6 +151,7 @@ fn epoch_commit(partition: u32, epoch: u64) -> EpochCommit {
                 dead_letters: Vec::new(),
             })
             .collect(),
+        counters: Vec::new(),
     }
 }
 
