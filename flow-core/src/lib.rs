@@ -11,6 +11,9 @@
 //! sink rebuilds it on replay through a [`Replay`] reader (the source reopened at the epoch's start
 //! and the processors run again) and checks it against the stored hash.
 //!
+//! Every `_total` counter of the Prometheus [`Metrics`] is persisted with what it counts (the
+//! epoch's commit, the batch's acknowledgement), so it continues across restarts and crashes.
+//!
 //! Messages travel in [`MessageBatch`]es, row-major arenas reused across epochs: no allocation per
 //! message on the hot path.
 
@@ -29,6 +32,7 @@ mod error;
 mod graph;
 mod lag;
 mod message;
+mod metrics;
 mod plugin;
 mod replay;
 mod row_json;
@@ -44,6 +48,7 @@ pub use error::{
     ValueError, Violation,
 };
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
+pub use metrics::{Metrics, SinkCount, SinkCounter, SinkMetrics, SourceCount};
 pub use plugin::{
     Epoch, EpochOutcome, EpochWrite, Processor, ProcessorFactory, ReadLimits, Replay, ReplayReader,
     Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,

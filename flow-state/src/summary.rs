@@ -108,6 +108,43 @@ pub struct SinkPartitionSummary {
     /// Persisted counters of this sink partition, by name (totals over every run).
     #[serde(default)]
     pub counters: BTreeMap<String, u64>,
+    /// What the running worker saw since it started; the store does not keep it (a worker's
+    /// status snapshot fills it in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<SinkRunStatus>,
+}
+
+/// A sink partition as the running worker saw it since it started.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SinkRunStatus {
+    /// When the worker started (ms since the Unix epoch).
+    pub since_ms: u64,
+    /// Per shard (`""` when unsharded), failed INSERT attempts and their retries.
+    pub shards: BTreeMap<String, ShardRunStatus>,
+    /// The sink gave up: it fails every later write until the worker restarts.
+    pub gave_up: Option<ErrorRecord>,
+}
+
+/// One shard's failures since the worker started.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ShardRunStatus {
+    /// Failed INSERT attempts.
+    pub errors: u64,
+    /// Failed attempts that were tried again.
+    pub retries: u64,
+    pub last_error: Option<ErrorRecord>,
+}
+
+/// An error as shown to an operator.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorRecord {
+    /// The server's error code, when the server answered with one.
+    pub code: Option<u32>,
+    /// The error class (`transient`, `permanent`, ...).
+    pub class: String,
+    pub text: String,
+    /// When it happened (ms since the Unix epoch).
+    pub at_ms: u64,
 }
 
 /// One shard's part of a sink partition's backlog.
