@@ -140,6 +140,7 @@ impl Sealer for BatchingSink {
             Arc::clone(&self.exactly_once),
             self.ctx.store.clone(),
             marks,
+            self.ctx.metrics.clone(),
         ));
         delivery.open(
             key,
@@ -213,6 +214,7 @@ impl Sealer for BatchingSink {
             batches,
             dead_letters,
             rebuildable: true,
+            counters: Vec::new(),
         }))
     }
 

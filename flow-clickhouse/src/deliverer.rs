@@ -14,8 +14,10 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use flow_core::delivery::{now_ms, BatchDeliverer};
-use flow_core::SinkError;
-use flow_state::{AckExtras, SealedBatch, SinkPartition, StateError, StateStore};
+use flow_core::{SinkCount, SinkError, SinkMetrics};
+use flow_state::{
+    AckExtras, CounterAdd, ErrorRecord, SealedBatch, SinkPartition, StateError, StateStore,
+};
 use tokio::sync::watch;
 use tracing::warn;
 
@@ -23,7 +25,7 @@ use crate::backlog_age::{expired, unanswered_marker, unanswered_prefix, Expired}
 use crate::classify::{is_row_rejection, ClassifiedError};
 use crate::compress::is_framed;
 use crate::exactly_once::ExactlyOnce;
-use crate::insert::{insert_part, AttemptLog, InsertFailure, InsertRequest};
+use crate::insert::{insert_part, AttemptLog, GiveUpReason, InsertFailure, InsertRequest};
 use crate::params::{OnBadRows, OnExpiredBacklog};
 use crate::session::WriterSession;
 use crate::sink_state::SinkShared;
@@ -66,6 +68,7 @@ pub struct ClickHouseDeliverer {
     exactly_once: Arc<ExactlyOnce>,
     store: StateStore,
     marks: Mutex<PartitionMarks>,
+    metrics: SinkMetrics,
 }
 
 impl ClickHouseDeliverer {
@@ -74,13 +77,48 @@ impl ClickHouseDeliverer {
         exactly_once: Arc<ExactlyOnce>,
         store: StateStore,
         marks: PartitionMarks,
+        metrics: SinkMetrics,
     ) -> ClickHouseDeliverer {
         ClickHouseDeliverer {
             shared,
             exactly_once,
             store,
             marks: Mutex::new(marks),
+            metrics,
         }
+    }
+
+    /// The counter additions of a delivered batch: `rows` landed, the rest are dead letters.
+    fn delivered(&self, batch: &SealedBatch, dead_rows: u64) -> Vec<CounterAdd> {
+        let shard = Some(batch.shard.as_str());
+        let landed = batch.rows.saturating_sub(dead_rows);
+        let mut adds = vec![
+            self.metrics.add(SinkCount::RowsDelivered, shard, landed),
+            self.metrics.add(SinkCount::BatchesDelivered, shard, 1),
+        ];
+        if dead_rows > 0 {
+            adds.push(
+                self.metrics
+                    .add(SinkCount::DeadLetterRows, shard, dead_rows),
+            );
+        }
+        adds
+    }
+
+    /// Latches the sink's give-up, counted durably and shown in `status`.
+    async fn give_up(&self, shard: &str, reason: GiveUpReason) -> SinkError {
+        let record = ErrorRecord {
+            code: reason.error.code,
+            class: reason.error.class.as_str().to_owned(),
+            text: reason.to_string(),
+            at_ms: now_ms(),
+        };
+        self.metrics.gave_up(record);
+        let gave_up = [self.metrics.add(SinkCount::GaveUp, Some(shard), 1)];
+        if let Err(error) = self.metrics.record(&gave_up).await {
+            warn!(error = %error, "the give-up could not be counted in the state store");
+        }
+        self.exactly_once.give_up(&self.shared, reason)
     }
 
     fn marks(&self) -> std::sync::MutexGuard<'_, PartitionMarks> {
@@ -94,18 +132,26 @@ impl ClickHouseDeliverer {
         self.shared.params.spec.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
     }
 
-    /// Acknowledges entry `seq`, dropping its unanswered-attempt record in the same step.
-    async fn acknowledge(&self, key: &SinkPartition, seq: u64) -> Result<(), SinkError> {
+    /// Acknowledges entry `seq` with its delivery counters, dropping its unanswered-attempt
+    /// record in the same step.
+    async fn acknowledge(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+    ) -> Result<(), SinkError> {
         let unanswered = self.marks().unanswered.remove(&seq).is_some();
-        if unanswered {
-            let extras = AckExtras {
-                removed_sink_values: vec![unanswered_marker(key.partition, seq)],
-                ..AckExtras::default()
-            };
-            self.store.acknowledge_with(key, seq, extras).await?;
-        } else {
-            self.store.acknowledge(key, seq, Vec::new()).await?;
-        }
+        let counters = self.delivered(batch, 0);
+        let extras = AckExtras {
+            removed_sink_values: match unanswered {
+                true => vec![unanswered_marker(key.partition, seq)],
+                false => Vec::new(),
+            },
+            counters: counters.clone(),
+            ..AckExtras::default()
+        };
+        self.store.acknowledge_with(key, seq, extras).await?;
+        self.metrics.applied(&counters);
         Ok(())
     }
 
@@ -127,6 +173,7 @@ impl ClickHouseDeliverer {
             seq,
             batch,
             refused,
+            metrics: &self.metrics,
         };
         match part.deliver(stop).await? {
             SplitOutcome::Delivered => {
@@ -136,7 +183,7 @@ impl ClickHouseDeliverer {
                 Ok(())
             }
             SplitOutcome::Stopped => Ok(()),
-            SplitOutcome::GaveUp(reason) => Err(self.exactly_once.give_up(&self.shared, reason)),
+            SplitOutcome::GaveUp(reason) => Err(self.give_up(&batch.shard, reason).await),
         }
     }
 
@@ -173,12 +220,15 @@ impl ClickHouseDeliverer {
             window_s = expiry.window.as_secs(),
             "a batch that may have landed unanswered is past the deduplication window; its rows are dead letters instead of a possible duplicate (on_expired_backlog: dead_letter). Check the table, then requeue or purge them"
         );
+        let counters = self.delivered(batch, batch.rows);
         let extras = AckExtras {
             removed_sink_values: vec![unanswered_marker(key.partition, seq)],
             dead_letters: dead,
+            counters: counters.clone(),
             ..AckExtras::default()
         };
         self.store.acknowledge_with(key, seq, extras).await?;
+        self.metrics.applied(&counters);
         self.marks().unanswered.remove(&seq);
         Ok(())
     }
@@ -256,9 +306,10 @@ impl BatchDeliverer for ClickHouseDeliverer {
             sealed_at_ms: Some(batch.sealed_at_ms),
             answered_code: None,
             attempts: Some(&attempts),
+            metrics: &self.metrics,
         };
         match insert_part(&self.shared, &session, request, &mut stop).await {
-            Ok(_) => self.acknowledge(key, seq).await,
+            Ok(_) => self.acknowledge(key, seq, batch).await,
             // Stopping leaves the batch in the outbox for the next run.
             Err(InsertFailure::Stopped) => Ok(()),
             Err(InsertFailure::Expired(expiry)) => {
@@ -269,10 +320,10 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 self.split(key, seq, batch, &gave_up.error, &session, &stop)
                     .await
             }
-            Err(InsertFailure::GaveUp(gave_up)) => Err(self.exactly_once.give_up(
-                &self.shared,
-                gave_up.reason(&session, &batch.shard, Some(&batch.token)),
-            )),
+            Err(InsertFailure::GaveUp(gave_up)) => {
+                let reason = gave_up.reason(&session, &batch.shard, Some(&batch.token));
+                Err(self.give_up(&batch.shard, reason).await)
+            }
         }
     }
 }
