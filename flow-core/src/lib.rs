@@ -59,9 +59,10 @@ pub use runtime::{
     PartitionEnd, PartitionReport, Pipeline, PipelineControl, ReloadOutcome, RunReport,
 };
 pub use spec::{
-    is_valid_name, EpochSettings, EpochSpec, OutboxSpec, PayloadPolicy, PipelineSpec,
-    ProcessorSpec, ShutdownSpec, SinkSpec, SourceSpec, ValidatedPipeline, ValidatedProcessor,
-    ValidatedSink, MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
+    is_valid_name, EpochSettings, EpochSpec, MetricsSettings, MetricsSpec, OutboxSpec,
+    PayloadPolicy, PipelineSpec, ProcessorSpec, ShutdownSpec, SinkSpec, SourceSpec,
+    ValidatedPipeline, ValidatedProcessor, ValidatedSink, MAX_EPOCH_DURATION_MS,
+    MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
 };
 pub use spec_text::MAX_SPEC_NESTING;
 pub use types::{Column, SchemaError, StreamSchema, StreamType};
