@@ -35,6 +35,10 @@ enum Command {
         /// State directory; wins over `state_dir` in the spec.
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Serve Prometheus metrics at http://HOST:PORT/metrics (an IP address and port); wins
+        /// over `metrics.listen` in the spec.
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Parse and validate a spec without connecting anywhere; exit 1 on any violation.
     Validate { spec: PathBuf },
@@ -90,7 +94,11 @@ pub fn main() -> ExitCode {
     init_logging(cli.log_format, default_level);
     let registry = crate::registry();
     let result = match cli.command {
-        Command::Run { spec, state_dir } => run::run(&registry, &spec, state_dir.as_deref()),
+        Command::Run {
+            spec,
+            state_dir,
+            metrics_addr,
+        } => run::run(&registry, &spec, state_dir.as_deref(), metrics_addr),
         Command::Validate { spec } => Ok(validate(&registry, &spec)),
         Command::Status { state_dir, json } => status::status(&state_dir, json),
         Command::DeadLetters {

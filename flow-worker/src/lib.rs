@@ -3,12 +3,14 @@
 //! `run` executes the pipeline until its finite sources are drained (or a signal stops it),
 //! `validate` reports every violation of a spec without connecting anywhere, and `status` reads a
 //! state directory and shows positions, undelivered batches, fingerprints and dead letters, and
-//! `dead-letters` lists, exports or purges what sources and sinks set aside. The
+//! `dead-letters` lists, exports or purges what sources and sinks set aside. `run` serves
+//! Prometheus metrics at `/metrics` when asked to (`metrics_endpoint`). The
 //! CLI lives in this library so that test harnesses can ship the same binary under their own name.
 
 mod cli;
 mod dead_letters;
 mod memory;
+mod metrics_endpoint;
 mod run;
 mod status;
 

@@ -2,9 +2,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use flow_core::{Pipeline, PipelineControl, PipelineSpec, Registry};
+use flow_core::{Metrics, Pipeline, PipelineControl, PipelineSpec, Registry};
 use flow_state::StateStore;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
@@ -13,6 +14,7 @@ pub fn run(
     registry: &Registry,
     spec_path: &Path,
     state_dir: Option<&Path>,
+    metrics_addr: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<ExitCode> {
     let spec = PipelineSpec::from_file(spec_path)?;
     let validated = registry.build(&spec)?;
@@ -27,6 +29,7 @@ pub fn run(
     if state_dir.as_os_str().is_empty() {
         bail!("--state-dir is an empty path; name a directory");
     }
+    let metrics_addr = metrics_addr.or(validated.metrics.map(|m| m.listen));
     // Before the runtime's threads exist, so that every arena gets the settings.
     crate::memory::configure_allocator();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -43,11 +46,19 @@ pub fn run(
             .with_context(|| format!("cannot open the state directory `{}`", state_dir.display()))?;
         let pipeline = Pipeline::new(validated, store.clone());
         let control = pipeline.control();
+        let metrics = pipeline.metrics();
+        let endpoint = match metrics_addr {
+            Some(addr) => Some(crate::metrics_endpoint::serve(addr, Arc::clone(&metrics)).await?),
+            None => None,
+        };
         let snapshots = tokio::spawn(write_snapshots(
-            store.clone(),
-            state_dir.clone(),
-            control.clone(),
-            spec.pipeline.clone(),
+            Snapshots {
+                store: store.clone(),
+                state_dir: state_dir.clone(),
+                control: control.clone(),
+                pipeline: spec.pipeline.clone(),
+                metrics,
+            },
         ));
         let memory = tokio::spawn(crate::memory::report_memory());
         let signals = tokio::spawn(handle_signals(
@@ -60,6 +71,7 @@ pub fn run(
         signals.abort();
         snapshots.abort();
         memory.abort();
+        drop(endpoint);
         // Once the worker is gone, `status` reads the store itself.
         let _ = std::fs::remove_file(crate::status::snapshot_path(&state_dir));
         // A committer blocked in the file system (a full disk) must not keep the process alive:
@@ -145,14 +157,26 @@ async fn handle_signals(control: PipelineControl, registry: Registry, spec_path:
 /// store is locked.
 const SNAPSHOT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Writes `StateStore::summary`, with the running pipeline's source lag, to the state directory
-/// every `SNAPSHOT_INTERVAL` (atomically: a temporary file, then a rename).
-async fn write_snapshots(
+/// What the snapshot task reads and where it writes.
+struct Snapshots {
     store: StateStore,
     state_dir: PathBuf,
     control: PipelineControl,
     pipeline: String,
-) {
+    metrics: Arc<Metrics>,
+}
+
+/// Writes `StateStore::summary`, with the running pipeline's source lag and what its sinks saw
+/// since the start, to the state directory every `SNAPSHOT_INTERVAL` (atomically: a temporary
+/// file, then a rename), and sets the backlog and lag gauges of the metrics from it.
+async fn write_snapshots(snapshots: Snapshots) {
+    let Snapshots {
+        store,
+        state_dir,
+        control,
+        pipeline,
+        metrics,
+    } = snapshots;
     let path = crate::status::snapshot_path(&state_dir);
     let temporary = path.with_extension("json.tmp");
     let mut warned = false;
@@ -164,6 +188,8 @@ async fn write_snapshots(
                     for (&partition, position) in &mut running.positions {
                         position.lag = control.source_lag(partition);
                     }
+                    metrics.observe_summary(&pipeline, running, flow_core::delivery::now_ms());
+                    metrics.fill_run_status(&pipeline, running);
                 }
                 serde_json::to_vec(&summary)
                     .map_err(|err| err.to_string())
