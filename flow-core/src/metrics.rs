@@ -264,9 +264,10 @@ impl Metrics {
         }
     }
 
-    /// Moves the live counters by additions that are now durable.
+    /// Moves the live counters by additions that are now durable. An addition of 0 creates no
+    /// series, as the store writes nothing for it: a series never vanishes at a restart.
     pub fn applied(&self, pipeline: &str, partition: u32, adds: &[CounterAdd]) {
-        for add in adds {
+        for add in adds.iter().filter(|add| add.by > 0) {
             self.add_one(pipeline, partition, &add.owner, &add.name, add.by);
         }
     }

@@ -206,6 +206,7 @@ pub struct Pipeline {
     store: StateStore,
     control: PipelineControl,
     metrics: Arc<Metrics>,
+    counters_loaded: std::sync::atomic::AtomicBool,
 }
 
 impl Pipeline {
@@ -232,6 +233,7 @@ impl Pipeline {
             store,
             control,
             metrics: Metrics::new(),
+            counters_loaded: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -244,8 +246,16 @@ impl Pipeline {
         Arc::clone(&self.metrics)
     }
 
-    /// Starts the live counters at the totals the store holds.
-    async fn load_counters(&self) -> Result<(), RuntimeError> {
+    /// Starts the live counters at the totals the store holds (once; `run` does it if the
+    /// embedding program did not). Call it before serving the metrics, so that a restarted worker
+    /// never shows a counter below its total.
+    pub async fn load_counters(&self) -> Result<(), RuntimeError> {
+        if self
+            .counters_loaded
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
         let store = self.store.clone();
         let stored = tokio::task::spawn_blocking(move || store.counters())
             .await

@@ -47,6 +47,7 @@ pub fn run(
         let pipeline = Pipeline::new(validated, store.clone());
         let control = pipeline.control();
         let metrics = pipeline.metrics();
+        pipeline.load_counters().await?;
         let endpoint = match metrics_addr {
             Some(addr) => Some(crate::metrics_endpoint::serve(addr, Arc::clone(&metrics)).await?),
             None => None,
