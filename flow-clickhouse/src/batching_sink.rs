@@ -118,6 +118,7 @@ impl BatchingSink {
 #[async_trait]
 impl Sealer for BatchingSink {
     async fn open(&mut self, delivery: &mut OutboxDelivery) -> Result<(), SinkError> {
+        self.ctx.metrics.clear_gave_up().await?;
         let key = self.ctx.state_key();
         let backlog = load_backlog(&self.ctx.store, &key).await?;
         if let Some(oldest) = backlog.first() {

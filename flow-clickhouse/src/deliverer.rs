@@ -113,10 +113,8 @@ impl ClickHouseDeliverer {
             text: reason.to_string(),
             at_ms: now_ms(),
         };
-        self.metrics.gave_up(record);
-        let gave_up = [self.metrics.add(SinkCount::GaveUp, Some(shard), 1)];
-        if let Err(error) = self.metrics.record(&gave_up).await {
-            warn!(error = %error, "the give-up could not be counted in the state store");
+        if let Err(error) = self.metrics.gave_up(Some(shard), record).await {
+            warn!(error = %error, "the give-up could not be recorded in the state store; `status` will not show it");
         }
         self.exactly_once.give_up(&self.shared, reason)
     }

@@ -604,11 +604,30 @@ impl SinkMetrics {
         });
     }
 
-    /// The sink gave up (the first reason is kept), for `status`.
-    pub fn gave_up(&self, reason: ErrorRecord) {
+    /// The sink gave up an insert into `shard`: counted, recorded in the store for `status`
+    /// (a worker that then fails leaves the reason behind) and shown live (the first reason).
+    pub async fn gave_up(&self, shard: Option<&str>, reason: ErrorRecord) -> Result<(), StateError> {
+        let value = Some(reason.encode());
         self.metrics.update_run(self.key(), |run| {
             run.gave_up.get_or_insert(reason);
         });
+        let name = flow_state::gave_up_value_name(self.partition);
+        self.store
+            .set_sink_value(&self.pipeline, &self.sink, &name, value)
+            .await?;
+        self.record(&[self.add(SinkCount::GaveUp, shard, 1)]).await
+    }
+
+    /// A new run of the sink partition: the last run's give-up record no longer holds.
+    pub async fn clear_gave_up(&self) -> Result<(), StateError> {
+        let name = flow_state::gave_up_value_name(self.partition);
+        let recorded = self.store.sink_value(&self.pipeline, &self.sink, &name)?;
+        if recorded.is_none() {
+            return Ok(());
+        }
+        self.store
+            .set_sink_value(&self.pipeline, &self.sink, &name, None)
+            .await
     }
 
     fn key(&self) -> (String, String, u32) {

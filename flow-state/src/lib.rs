@@ -49,7 +49,7 @@ pub use error::StateError;
 pub use identity::PipelineIdentity;
 pub use segments::SEGMENT_ROLL_BYTES;
 pub use summary::{
-    BatchBody, BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, ErrorRecord, PipelineSummary,
+    gave_up_value_name, BatchBody, BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, ErrorRecord, PipelineSummary,
     PositionEncoding, PositionInfo, ShardBacklog, ShardRunStatus, SinkPartitionSummary,
     SinkRunStatus, StateSummary, RECENT_DEAD_LETTERS,
 };

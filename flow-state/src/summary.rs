@@ -108,6 +108,10 @@ pub struct SinkPartitionSummary {
     /// Persisted counters of this sink partition, by name (totals over every run).
     #[serde(default)]
     pub counters: BTreeMap<String, u64>,
+    /// Why the sink gave up in its last run, if it did (recorded when it happened; a new run of
+    /// the sink clears it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gave_up: Option<ErrorRecord>,
     /// What the running worker saw since it started; the store does not keep it (a worker's
     /// status snapshot fills it in).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -252,7 +256,27 @@ fn recent_dead_letters(trees: &Trees, prefix: &[u8]) -> Result<Vec<DeadLetterInf
 /// `unanswered/<partition>/<seq>` (written by the ClickHouse sinks).
 const UNANSWERED_PREFIX: &str = "unanswered/";
 
-/// Counts the unanswered-attempt records of each sink partition.
+impl ErrorRecord {
+    /// The bytes of the record as a sink value keeps it.
+    pub fn encode(&self) -> Vec<u8> {
+        // Serializing a struct of strings and numbers into a Vec cannot fail.
+        bincode::serialize(self).unwrap_or_default()
+    }
+
+    /// A record from [`ErrorRecord::encode`]; `None` for bytes of another format.
+    pub fn decode(bytes: &[u8]) -> Option<ErrorRecord> {
+        bincode::deserialize(bytes).ok()
+    }
+}
+
+/// The sink value a sink partition's give-up is recorded under (an [`ErrorRecord`] in JSON).
+pub fn gave_up_value_name(partition: u32) -> String {
+    format!("{GAVE_UP_PREFIX}{partition}")
+}
+
+const GAVE_UP_PREFIX: &str = "gave_up/";
+
+/// Counts the unanswered-attempt records of each sink partition and reads their give-ups.
 fn count_unanswered(
     trees: &Trees,
     sinks: &mut BTreeMap<(String, String, u32), SinkPartitionSummary>,
@@ -265,6 +289,22 @@ fn count_unanswered(
             continue;
         };
         let name = String::from_utf8_lossy(name);
+        if let Some(partition) = name
+            .strip_prefix(GAVE_UP_PREFIX)
+            .and_then(|p| p.parse().ok())
+        {
+            let pipeline = String::from_utf8_lossy(pipeline).into_owned();
+            let sink = String::from_utf8_lossy(sink).into_owned();
+            // A record this version cannot read is not shown rather than failing `status`.
+            let record = trees
+                .sink_values
+                .get(&k)
+                .ok()
+                .flatten()
+                .and_then(|v| ErrorRecord::decode(&v));
+            sink_entry(sinks, pipeline, sink, partition).gave_up = record;
+            continue;
+        }
         let Some(partition) = name
             .strip_prefix(UNANSWERED_PREFIX)
             .and_then(|rest| rest.split('/').next())
