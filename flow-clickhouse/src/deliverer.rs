@@ -237,6 +237,7 @@ struct EntryAttempts<'a> {
     deliverer: &'a ClickHouseDeliverer,
     key: &'a SinkPartition,
     seq: u64,
+    shard: &'a str,
     sealed_at_ms: u64,
     window: Option<std::time::Duration>,
 }
@@ -244,6 +245,11 @@ struct EntryAttempts<'a> {
 #[async_trait]
 impl AttemptLog for EntryAttempts<'_> {
     async fn unanswered(&self, error: &ClassifiedError) -> Result<(), SinkError> {
+        let metrics = &self.deliverer.metrics;
+        let shard = Some(self.shard);
+        metrics
+            .record(&[metrics.add(SinkCount::UnansweredInserts, shard, 1)])
+            .await?;
         if self.deliverer.marks().unanswered.contains_key(&self.seq) {
             return Ok(());
         }
@@ -292,6 +298,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
             deliverer: self,
             key,
             seq,
+            shard: &batch.shard,
             sealed_at_ms: batch.sealed_at_ms,
             window: session.dedup_window_time(&batch.shard),
         };

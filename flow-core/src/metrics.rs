@@ -81,6 +81,8 @@ pub enum SinkCount {
     DeadLetterRows,
     /// Inserts given up (the sink then fails every later write until a restart).
     GaveUp,
+    /// INSERT attempts that sent the whole body and got no verdict (they may have landed).
+    UnansweredInserts,
 }
 
 /// A sink counter of one shard (`None`: the sink is not sharded, or the count is not a shard's).
@@ -110,6 +112,7 @@ impl SinkCounter {
             SinkCount::LostRows => "lost_rows",
             SinkCount::DeadLetterRows => "dead_letter_rows",
             SinkCount::GaveUp => "gave_up",
+            SinkCount::UnansweredInserts => "unanswered_inserts",
         };
         let mut name = base.to_owned();
         if let Some(shard) = &self.shard {
@@ -150,6 +153,7 @@ impl SinkCounter {
             "lost_rows" => SinkCount::LostRows,
             "dead_letter_rows" => SinkCount::DeadLetterRows,
             "gave_up" => SinkCount::GaveUp,
+            "unanswered_inserts" => SinkCount::UnansweredInserts,
             _ => return None,
         };
         Some(SinkCounter::new(count, labels.get("shard").copied()))
@@ -206,6 +210,7 @@ struct SinkFamilies {
     lost_rows: Family<ShardLabels, Counter>,
     dead_letter_rows: Family<ShardLabels, Counter>,
     gave_up: Family<ShardLabels, Counter>,
+    unanswered: Family<ShardLabels, Counter>,
     insert_seconds: HistogramFamily<ShardLabels>,
     pending_batches: Family<ShardLabels, Gauge>,
     pending_rows: Family<ShardLabels, Gauge>,
@@ -405,12 +410,13 @@ impl SinkFamilies {
             lost_rows: Family::default(),
             dead_letter_rows: Family::default(),
             gave_up: Family::default(),
+            unanswered: Family::default(),
             insert_seconds: Family::new_with_constructor(latency_histogram),
             pending_batches: Family::default(),
             pending_rows: Family::default(),
             oldest_pending_age: Family::default(),
         };
-        let counters: [(&str, &str, &Family<ShardLabels, Counter>); 7] = [
+        let counters: [(&str, &str, &Family<ShardLabels, Counter>); 8] = [
             (
                 "flow_sink_rows_delivered",
                 "Rows the target holds, acknowledged in the outbox",
@@ -445,6 +451,11 @@ impl SinkFamilies {
                 "flow_sink_gave_up",
                 "Inserts given up; the sink then fails until a restart",
                 &f.gave_up,
+            ),
+            (
+                "flow_sink_unanswered_inserts",
+                "INSERTs sent whole without a verdict (timeout, broken connection, 319): they may have landed",
+                &f.unanswered,
             ),
         ];
         for (name, help, family) in counters {
@@ -498,6 +509,7 @@ impl SinkFamilies {
             SinkCount::LostRows => &self.lost_rows,
             SinkCount::DeadLetterRows => &self.dead_letter_rows,
             SinkCount::GaveUp => &self.gave_up,
+            SinkCount::UnansweredInserts => &self.unanswered,
             SinkCount::InsertErrors { class, code } => {
                 let labels = ErrorLabels {
                     pipeline: labels.pipeline,
@@ -606,7 +618,11 @@ impl SinkMetrics {
 
     /// The sink gave up an insert into `shard`: counted, recorded in the store for `status`
     /// (a worker that then fails leaves the reason behind) and shown live (the first reason).
-    pub async fn gave_up(&self, shard: Option<&str>, reason: ErrorRecord) -> Result<(), StateError> {
+    pub async fn gave_up(
+        &self,
+        shard: Option<&str>,
+        reason: ErrorRecord,
+    ) -> Result<(), StateError> {
         let value = Some(reason.encode());
         self.metrics.update_run(self.key(), |run| {
             run.gave_up.get_or_insert(reason);

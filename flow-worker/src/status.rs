@@ -224,6 +224,7 @@ fn render_counters(out: &mut String, sink: &SinkPartitionSummary) {
             SinkCount::LostRows => "lost",
             SinkCount::DeadLetterRows => "dead letter rows",
             SinkCount::GaveUp => "gave up",
+            SinkCount::UnansweredInserts => "unanswered inserts",
             SinkCount::InsertErrors { class, code } => {
                 let code = code.map_or_else(|| "no code".to_owned(), |c| format!("code {c}"));
                 *errors.entry(format!("{class} {code}")).or_default() += value;
@@ -245,10 +246,11 @@ fn render_counters(out: &mut String, sink: &SinkPartitionSummary) {
     };
     let _ = writeln!(
         out,
-        "    totals: {} rows in {} batches delivered, {} insert errors{errors}, {} retries, {} dead letter rows, gave up {} time(s)",
+        "    totals: {} rows in {} batches delivered, {} insert errors{errors}, {} unanswered, {} retries, {} dead letter rows, gave up {} time(s)",
         get("rows"),
         get("batches"),
         get("insert errors"),
+        get("unanswered inserts"),
         get("retries"),
         get("dead letter rows"),
         get("gave up"),
@@ -441,7 +443,7 @@ mod tests {
         assert_eq!(
             lines,
             [
-                "    totals: 1000 rows in 10 batches delivered, 4 insert errors (retryable code 210: 4), 3 retries, 0 dead letter rows, gave up 1 time(s)",
+                "    totals: 1000 rows in 10 batches delivered, 4 insert errors (retryable code 210: 4), 0 unanswered, 3 retries, 0 dead letter rows, gave up 1 time(s)",
                 "    at-most-once: 0 rows dropped (queue full), 5 rows lost (failed, not retried)",
                 "    shard b since start (1m00s ago): 4 insert errors, 3 retries; last error 10s ago (code 210, retryable): connection refused",
                 "    GAVE UP 10s ago: Giving up insert into ClickHouse: ... (the sink fails every write until the worker restarts; fix the cause, then restart)",
