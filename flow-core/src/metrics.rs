@@ -53,7 +53,7 @@ impl SourceCount {
     }
 
     /// The addition of `by` to this counter, for an [`flow_state::EpochCommit`].
-    pub fn add(self, by: u64) -> CounterAdd {
+    pub fn addition(self, by: u64) -> CounterAdd {
         CounterAdd {
             owner: SOURCE_OWNER.to_owned(),
             name: self.name().to_owned(),
@@ -712,7 +712,7 @@ mod tests {
             "p",
             1,
             &[
-                SourceCount::Messages.add(7),
+                SourceCount::Messages.addition(7),
                 CounterAdd {
                     owner: "ch".to_owned(),
                     name: "rows_delivered;shard=a".to_owned(),

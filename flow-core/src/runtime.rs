@@ -566,9 +566,9 @@ impl PartitionRunner {
 
             let mut sink_commits = Vec::with_capacity(sinks.len());
             let mut counters = vec![
-                SourceCount::Messages.add(messages as u64),
-                SourceCount::EpochsCommitted.add(1),
-                SourceCount::DeadLetters.add(source_dead.len() as u64),
+                SourceCount::Messages.addition(messages as u64),
+                SourceCount::EpochsCommitted.addition(1),
+                SourceCount::DeadLetters.addition(source_dead.len() as u64),
             ];
             let mut veto = None;
             for slot in sinks.iter_mut() {

@@ -112,7 +112,7 @@ mod tests {
     #[tokio::test]
     async fn get_metrics_answers_prometheus_text_and_other_paths_404() -> anyhow::Result<()> {
         let metrics = Metrics::new();
-        metrics.applied("p", 0, &[flow_core::SourceCount::Messages.add(3)]);
+        metrics.applied("p", 0, &[flow_core::SourceCount::Messages.addition(3)]);
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let task = ServeTask(tokio::spawn(accept(listener, metrics)));
