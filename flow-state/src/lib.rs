@@ -49,9 +49,9 @@ pub use error::StateError;
 pub use identity::PipelineIdentity;
 pub use segments::SEGMENT_ROLL_BYTES;
 pub use summary::{
-    gave_up_value_name, BatchBody, BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, ErrorRecord, PipelineSummary,
-    PositionEncoding, PositionInfo, ShardBacklog, ShardRunStatus, SinkPartitionSummary,
-    SinkRunStatus, StateSummary, RECENT_DEAD_LETTERS,
+    gave_up_value_name, BatchBody, BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, ErrorRecord,
+    PipelineSummary, PositionEncoding, PositionInfo, ShardBacklog, ShardRunStatus,
+    SinkPartitionSummary, SinkRunStatus, StateSummary, RECENT_DEAD_LETTERS,
 };
 pub use types::{
     AckExtras, BatchStorage, CommitReceipt, CounterAdd, DeadLetter, EpochCommit, PayloadRef,
