@@ -222,7 +222,7 @@ pub struct Metrics {
     registry: Registry,
     source: SourceFamilies,
     sink: SinkFamilies,
-    /// The label sets the backlog gauges were last set for (reset to 0 once their backlog is gone).
+    /// The label sets the backlog gauges were ever set for (0 while their backlog is empty).
     backlog_labels: Mutex<BTreeSet<ShardLabels>>,
     runs: Mutex<BTreeMap<(String, String, u32), SinkRunStatus>>,
     started_ms: u64,
@@ -322,26 +322,38 @@ impl Metrics {
                 self.source.lag.get_or_create(&labels).set(lag);
             }
         }
-        let mut seen = BTreeSet::new();
+        let mut known = lock(&self.backlog_labels);
+        let mut set = BTreeSet::new();
         for sink in &summary.sinks {
+            let labels = |shard: Option<String>| ShardLabels {
+                pipeline: pipeline.to_owned(),
+                sink: sink.sink.clone(),
+                partition: sink.partition,
+                shard: shard.filter(|s| !s.is_empty()),
+            };
             for (shard, backlog) in &sink.shards {
-                let labels = ShardLabels {
-                    pipeline: pipeline.to_owned(),
-                    sink: sink.sink.clone(),
-                    partition: sink.partition,
-                    shard: Some(shard.clone()).filter(|s| !s.is_empty()),
-                };
+                let labels = labels(Some(shard.clone()));
                 let age_ms = now_ms.saturating_sub(backlog.oldest_sealed_at_ms);
                 self.sink
                     .set_backlog(&labels, backlog.undelivered, backlog.rows, age_ms);
-                seen.insert(labels);
+                set.insert(labels);
+            }
+            // A sink partition with nothing pending still shows 0 for each shard it delivered
+            // to (or for the sink, unsharded), so that a dashboard has a series to draw.
+            let delivered_to = sink
+                .counters
+                .keys()
+                .filter_map(|name| SinkCounter::parse(name))
+                .map(|counter| counter.shard);
+            known.extend(delivered_to.map(labels));
+            if sink.shards.is_empty() && sink.counters.is_empty() {
+                known.insert(labels(None));
             }
         }
-        let mut previous = lock(&self.backlog_labels);
-        for gone in previous.difference(&seen) {
-            self.sink.set_backlog(gone, 0, 0, 0);
+        for idle in known.difference(&set) {
+            self.sink.set_backlog(idle, 0, 0, 0);
         }
-        *previous = seen;
+        known.extend(set);
     }
 
     /// Fills in what the sinks of `pipeline` saw since the worker started.
@@ -732,5 +744,58 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("other"), "{text}");
+    }
+
+    #[test]
+    fn backlog_gauges_follow_the_summary_and_fall_to_zero_once_delivered() {
+        let metrics = Metrics::new();
+        let mut summary = PipelineSummary::default();
+        let backlog = flow_state::ShardBacklog {
+            undelivered: 2,
+            rows: 2000,
+            oldest_sealed_at_ms: 10_000,
+        };
+        summary.sinks.push(flow_state::SinkPartitionSummary {
+            sink: "ch".to_owned(),
+            partition: 0,
+            shards: [("a".to_owned(), backlog)].into_iter().collect(),
+            ..Default::default()
+        });
+        metrics.observe_summary("p", &summary, 25_500);
+        let series = |text: &str, name: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with(&format!(
+                        "{name}{{pipeline=\"p\",sink=\"ch\",partition=\"0\",shard=\"a\"}}"
+                    ))
+                })
+                .and_then(|l| l.rsplit_once(' '))
+                .map(|(_, v)| v.to_owned())
+        };
+        let text = metrics.encode().unwrap_or_default();
+        assert_eq!(
+            series(&text, "flow_sink_pending_batches").as_deref(),
+            Some("2"),
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, "flow_sink_pending_rows").as_deref(),
+            Some("2000")
+        );
+        assert_eq!(
+            series(&text, "flow_sink_oldest_pending_age_seconds").as_deref(),
+            Some("15.5")
+        );
+        summary.sinks[0].shards.clear();
+        metrics.observe_summary("p", &summary, 30_000);
+        let text = metrics.encode().unwrap_or_default();
+        assert_eq!(
+            series(&text, "flow_sink_pending_batches").as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            series(&text, "flow_sink_oldest_pending_age_seconds").as_deref(),
+            Some("0.0")
+        );
     }
 }
