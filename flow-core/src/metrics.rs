@@ -649,7 +649,14 @@ impl SinkMetrics {
     /// A new run of the sink partition: the last run's give-up record no longer holds.
     pub async fn clear_gave_up(&self) -> Result<(), StateError> {
         let name = flow_state::gave_up_value_name(self.partition);
-        let recorded = self.store.sink_value(&self.pipeline, &self.sink, &name)?;
+        let (store, pipeline, sink) =
+            (self.store.clone(), self.pipeline.clone(), self.sink.clone());
+        let read = name.clone();
+        // A sled read may touch the disk: off the runtime's threads.
+        let recorded =
+            tokio::task::spawn_blocking(move || store.sink_value(&pipeline, &sink, &read))
+                .await
+                .map_err(|_| StateError::Closed)??;
         if recorded.is_none() {
             return Ok(());
         }
