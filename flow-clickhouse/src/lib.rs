@@ -15,6 +15,10 @@
 //! are rebuilt from the source by `rebuild`; each partition's batches are sent by `deliverer`; with `on_bad_rows: dead_letter` a part the server
 //! refuses is delivered in halves by `split`, which reads rows back with `row_spans`),
 //! `at_least_once_sink` and `at_most_once_sink`. [`register`] adds them to a registry.
+//!
+//! Metrics: each sink partition counts through its `flow_core::SinkMetrics` what it delivered
+//! (in the acknowledgement's transaction, or with the epoch for the classes without an outbox),
+//! and `insert` counts every failed attempt durably and times the successful ones.
 
 mod at_least_once_sink;
 mod at_most_once_sink;
