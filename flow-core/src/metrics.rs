@@ -754,7 +754,7 @@ mod tests {
     }
 
     #[test]
-    fn backlog_gauges_follow_the_summary_and_fall_to_zero_once_delivered() {
+    fn backlog_and_lag_gauges_follow_the_summary_and_the_backlog_falls_to_zero_once_delivered() {
         let metrics = Metrics::new();
         let mut summary = PipelineSummary::default();
         let backlog = flow_state::ShardBacklog {
@@ -768,6 +768,9 @@ mod tests {
             shards: [("a".to_owned(), backlog)].into_iter().collect(),
             ..Default::default()
         });
+        let mut position = flow_state::PositionInfo::of(&7u64.to_be_bytes());
+        position.lag = Some(1234);
+        summary.positions.insert(0, position);
         metrics.observe_summary("p", &summary, 25_500);
         let series = |text: &str, name: &str| {
             text.lines()
@@ -788,6 +791,10 @@ mod tests {
         assert_eq!(
             series(&text, "flow_sink_pending_rows").as_deref(),
             Some("2000")
+        );
+        assert!(
+            text.contains("\nflow_source_lag_messages{pipeline=\"p\",partition=\"0\"} 1234\n"),
+            "{text}"
         );
         assert_eq!(
             series(&text, "flow_sink_oldest_pending_age_seconds").as_deref(),
