@@ -1217,3 +1217,39 @@ fn counters_added_with_commits_acknowledgements_and_alone_persist_across_a_reope
     assert_eq!(pipeline.sinks[0].counters["rows/a"], 10);
     store.close().unwrap();
 }
+
+#[test]
+fn a_recorded_give_up_shows_in_the_summary_of_its_sink_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    store
+        .commit_blocking(epoch(1, "p1", vec![sink("ch", vec![batch(1, 0, 16)])]))
+        .unwrap();
+    let record = ErrorRecord {
+        code: Some(60),
+        class: "permanent".to_owned(),
+        text: "Giving up insert into ClickHouse: no table".to_owned(),
+        at_ms: 1_700_000_000_000,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let value = Some(record.encode());
+        store
+            .set_sink_value("pipe", "ch", &gave_up_value_name(1), value)
+            .await
+            .unwrap();
+    });
+    let summary = store.summary().unwrap();
+    let sinks = &summary.pipelines["pipe"].sinks;
+    assert_eq!(
+        sinks
+            .iter()
+            .map(|s| (s.partition, s.gave_up.clone()))
+            .collect::<Vec<_>>(),
+        vec![(1, Some(record))]
+    );
+    assert_eq!(ErrorRecord::decode(b"not a record"), None);
+    store.close().unwrap();
+}
