@@ -656,6 +656,7 @@ impl SinkMetrics {
         let recorded =
             tokio::task::spawn_blocking(move || store.sink_value(&pipeline, &sink, &read))
                 .await
+                // The blocking task ends unfinished only when the runtime shuts down.
                 .map_err(|_| StateError::Closed)??;
         if recorded.is_none() {
             return Ok(());
