@@ -13,11 +13,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flow_core::registry::{BuildResult, SinkBuildContext};
-use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
+use flow_core::{
+    Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkCount, SinkError, SinkFactory,
+};
+use flow_state::CounterAdd;
 use tracing::warn;
 
 use crate::classify::{is_row_rejection, ClassifiedError};
-use crate::cutter::BatchCutter;
+use crate::cutter::{BatchCutter, Part};
 use crate::guarantee::GiveUp;
 use crate::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
 use crate::params::{OnBadRows, SinkClass};
@@ -93,6 +96,15 @@ impl AtLeastOnceSink {
 }
 
 impl AtLeastOnceSink {
+    /// The rows and batch of a delivered part, as additions to the persisted counters.
+    fn delivered(&self, part: &Part) -> [CounterAdd; 2] {
+        let (metrics, shard) = (&self.ctx.metrics, Some(part.shard.as_str()));
+        [
+            metrics.add(SinkCount::RowsDelivered, shard, part.rows),
+            metrics.add(SinkCount::BatchesDelivered, shard, 1),
+        ]
+    }
+
     /// Whether a refused part is sent in pieces (`on_bad_rows: dead_letter`) rather than failing
     /// the partition.
     fn splits(&self, error: &ClassifiedError) -> bool {
@@ -116,6 +128,7 @@ impl Sink for AtLeastOnceSink {
                 .await?;
         }
         let mut stop = self.ctx.shutdown.clone();
+        let mut delivered = Vec::with_capacity(parts.len() * 2);
         for part in &parts {
             let request = InsertRequest {
                 shard: &part.shard,
@@ -125,11 +138,12 @@ impl Sink for AtLeastOnceSink {
                 sealed_at_ms: None,
                 answered_code: None,
                 attempts: None,
+                metrics: &self.ctx.metrics,
             };
             let result = insert_part(&self.shared, &session, request, &mut stop).await;
             let retry_after = self.shared.dynamic().retry_backoff;
             match result {
-                Ok(_) => {}
+                Ok(_) => delivered.extend(self.delivered(part)),
                 Err(InsertFailure::Stopped) => {
                     return Ok(EpochOutcome::Veto {
                         reason: "the pipeline is stopping before the epoch was written".to_owned(),
@@ -149,11 +163,17 @@ impl Sink for AtLeastOnceSink {
                         refused: &gave_up.error,
                     };
                     let partition = self.ctx.partition;
+                    let metrics = &self.ctx.metrics;
                     match refused
-                        .isolate(&self.shared, &session, partition, &stop)
+                        .isolate(&self.shared, &session, partition, metrics, &stop)
                         .await?
                     {
-                        Isolated::Done(dead) => dead_letters.extend(dead),
+                        Isolated::Done(dead) => {
+                            let mut landed = self.delivered(part);
+                            landed[0].by = part.rows.saturating_sub(dead.len() as u64);
+                            delivered.extend(landed);
+                            dead_letters.extend(dead);
+                        }
                         Isolated::Stopped => {
                             return Ok(EpochOutcome::Veto {
                                 reason: "the pipeline is stopping before the epoch was written"
@@ -170,8 +190,11 @@ impl Sink for AtLeastOnceSink {
                 Err(other) => return Err(other.into_sink_error()),
             }
         }
+        // Rows inserted by an epoch that is then not committed are inserted again by its replay,
+        // and counted again: the counter follows what the table holds.
         Ok(EpochOutcome::Commit(EpochWrite {
             dead_letters,
+            counters: delivered,
             ..EpochWrite::default()
         }))
     }

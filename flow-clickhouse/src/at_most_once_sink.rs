@@ -23,8 +23,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use flow_core::delivery::{BudgetPermit, ByteBudget};
 use flow_core::registry::{BuildResult, SinkBuildContext};
-use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
-use flow_state::{DeadLetter, SealedBatch};
+use flow_core::{
+    Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkCount, SinkError, SinkFactory,
+    SinkMetrics,
+};
+use flow_state::{CounterAdd, DeadLetter, SealedBatch};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -60,15 +63,59 @@ pub fn build(
     }))
 }
 
-/// Rows by fate, for the whole sink.
+/// Rows by fate, for the whole sink: totals of this run, and what the persisted counters do not
+/// hold yet (committed with the next epoch of any partition, or at a drain or stop).
 #[derive(Default)]
 pub struct Counters {
     pub delivered_rows: AtomicU64,
     pub dropped_rows: AtomicU64,
     pub lost_rows: AtomicU64,
+    unrecorded: [AtomicU64; 3],
 }
 
+/// The persisted counts of [`Counters::unrecorded`], in its order.
+const RECORDED: [SinkCount; 3] = [
+    SinkCount::RowsDelivered,
+    SinkCount::DroppedRows,
+    SinkCount::LostRows,
+];
+
 impl Counters {
+    fn delivered(&self, rows: u64) {
+        self.delivered_rows.fetch_add(rows, Ordering::Relaxed);
+        self.unrecorded[0].fetch_add(rows, Ordering::Relaxed);
+    }
+
+    fn dropped(&self, rows: u64) {
+        self.dropped_rows.fetch_add(rows, Ordering::Relaxed);
+        self.unrecorded[1].fetch_add(rows, Ordering::Relaxed);
+    }
+
+    fn lost(&self, rows: u64) {
+        self.lost_rows.fetch_add(rows, Ordering::Relaxed);
+        self.unrecorded[2].fetch_add(rows, Ordering::Relaxed);
+    }
+
+    /// What was counted since the last call, as additions to the persisted counters. Rows
+    /// counted and not yet committed when the process dies are missing from the persisted
+    /// totals: an at-most-once sink's counters are at most once too.
+    fn take(&self, metrics: &SinkMetrics) -> Vec<CounterAdd> {
+        RECORDED
+            .iter()
+            .zip(&self.unrecorded)
+            .map(|(count, pending)| (count, pending.swap(0, Ordering::Relaxed)))
+            .filter(|(_, by)| *by > 0)
+            .map(|(count, by)| metrics.add(count.clone(), None, by))
+            .collect()
+    }
+
+    /// Persists what was counted since the last commit, at a drain or a stop.
+    async fn record(&self, metrics: &SinkMetrics) {
+        if let Err(error) = metrics.record(&self.take(metrics)).await {
+            warn!(error = %error, "the at-most-once counters of the last epoch could not be persisted; flow_sink_*_total of this sink will be short by them");
+        }
+    }
+
     /// `queued_rows`: rows still in the lossy queue, lost if the process ends now.
     fn log(&self, shared: &SinkShared, partition: u32, queued_rows: u64) {
         info!(
@@ -106,7 +153,7 @@ impl SinkFactory for AtMostOnceFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
         self.shared.start_session_early(&ctx.shutdown);
         if let Some(queue) = &self.queue {
-            queue.ensure_task(&self.shared, &self.counters);
+            queue.ensure_task(&self.shared, &self.counters, &ctx.metrics);
         }
         Ok(Box::new(AtMostOnceSink {
             shared: Arc::clone(&self.shared),
@@ -196,6 +243,7 @@ impl Sink for AtMostOnceSink {
         }
         Ok(EpochOutcome::Commit(EpochWrite {
             dead_letters,
+            counters: self.counters.take(&self.ctx.metrics),
             ..EpochWrite::default()
         }))
     }
@@ -208,6 +256,7 @@ impl Sink for AtMostOnceSink {
             start_ordered(
                 Arc::clone(&self.shared),
                 Arc::clone(&self.counters),
+                self.ctx.metrics.clone(),
                 self.ctx.partition,
             )
         });
@@ -219,7 +268,7 @@ impl Sink for AtMostOnceSink {
                 None => false,
             };
             if !sent {
-                self.counters.lost_rows.fetch_add(rows, Ordering::Relaxed);
+                self.counters.lost(rows);
             }
         }
         Ok(())
@@ -233,6 +282,7 @@ impl Sink for AtMostOnceSink {
         if let Some(queue) = &self.queue {
             queue.wait_empty().await;
         }
+        self.counters.record(&self.ctx.metrics).await;
         self.counters.log(&self.shared, self.ctx.partition, 0);
         Ok(())
     }
@@ -251,6 +301,7 @@ impl Sink for AtMostOnceSink {
             let _ = tokio::time::timeout(grace, queue.wait_empty()).await;
             queued_rows = queue.queued_rows();
         }
+        self.counters.record(&self.ctx.metrics).await;
         self.counters
             .log(&self.shared, self.ctx.partition, queued_rows);
         Ok(())
@@ -266,6 +317,7 @@ impl Sink for AtMostOnceSink {
 fn start_ordered(
     shared: Arc<SinkShared>,
     counters: Arc<Counters>,
+    metrics: SinkMetrics,
     partition: u32,
 ) -> OrderedDelivery {
     let (tx, mut rx) = mpsc::channel::<(Part, BudgetPermit)>(PENDING_PARTS);
@@ -274,10 +326,15 @@ fn start_ordered(
         // The permit goes back to the budget once the part is delivered or lost.
         while let Some((part, _permit)) = rx.recv().await {
             if *stop_rx.borrow() {
-                counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
+                counters.lost(part.rows);
                 continue;
             }
-            deliver_once(&shared, &counters, &part, partition, &mut stop_rx).await;
+            let target = Target {
+                shared: &shared,
+                counters: &counters,
+                metrics: &metrics,
+            };
+            deliver_once(&target, &part, partition, &mut stop_rx).await;
         }
     });
     OrderedDelivery {
@@ -287,22 +344,33 @@ fn start_ordered(
     }
 }
 
+/// Where a delivery task sends its parts and counts their fate.
+struct Target<'a> {
+    shared: &'a SinkShared,
+    counters: &'a Counters,
+    metrics: &'a SinkMetrics,
+}
+
 /// One INSERT attempt; a failure loses the part's rows.
 async fn deliver_once(
-    shared: &SinkShared,
-    counters: &Counters,
+    target: &Target<'_>,
     part: &Part,
     partition: u32,
     stop: &mut watch::Receiver<bool>,
 ) {
+    let Target {
+        shared,
+        counters,
+        metrics,
+    } = *target;
     let session = match shared.session(stop).await {
         Ok(Some(session)) => session,
         Ok(None) => {
-            counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
+            counters.lost(part.rows);
             return;
         }
         Err(err) => {
-            counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
+            counters.lost(part.rows);
             warn!(partition, rows = part.rows, error = %err, "at-most-once rows lost: the session cannot start");
             return;
         }
@@ -315,21 +383,20 @@ async fn deliver_once(
         sealed_at_ms: None,
         answered_code: None,
         attempts: None,
+        metrics,
     };
     match insert_part(shared, &session, request, stop).await {
         Ok(_) => {
-            counters
-                .delivered_rows
-                .fetch_add(part.rows, Ordering::Relaxed);
+            counters.delivered(part.rows);
         }
         // Without an attempt log nothing expires and nothing is recorded.
         Err(InsertFailure::Stopped | InsertFailure::Expired(_) | InsertFailure::State(_)) => {
-            counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
+            counters.lost(part.rows);
         }
         Err(InsertFailure::GaveUp(GaveUp {
             error, endpoint, ..
         })) => {
-            counters.lost_rows.fetch_add(part.rows, Ordering::Relaxed);
+            counters.lost(part.rows);
             warn!(
                 database = %session.database,
                 table = %session.table,
@@ -379,12 +446,20 @@ impl SharedQueue {
         self.changed.notify_one();
     }
 
-    fn ensure_task(self: &Arc<Self>, shared: &Arc<SinkShared>, counters: &Arc<Counters>) {
+    /// Starts the sink's queue task once; its failures count under the metrics of the partition
+    /// that started it.
+    fn ensure_task(
+        self: &Arc<Self>,
+        shared: &Arc<SinkShared>,
+        counters: &Arc<Counters>,
+        metrics: &SinkMetrics,
+    ) {
         let queue = Arc::clone(self);
         let shared = Arc::clone(shared);
         let counters = Arc::clone(counters);
+        let metrics = metrics.clone();
         self.task_started.get_or_init(move || {
-            tokio::spawn(async move { queue.run(shared, counters).await });
+            tokio::spawn(async move { queue.run(shared, counters, metrics).await });
         });
     }
 
@@ -427,7 +502,7 @@ impl SharedQueue {
             queued += 1;
         }
         if dropped > 0 {
-            counters.dropped_rows.fetch_add(dropped, Ordering::Relaxed);
+            counters.dropped(dropped);
             state.dropped_since_warning += dropped;
             let due = state
                 .last_drop_warning
@@ -451,7 +526,7 @@ impl SharedQueue {
         Ok(dead_letters)
     }
 
-    async fn run(&self, shared: Arc<SinkShared>, counters: Arc<Counters>) {
+    async fn run(&self, shared: Arc<SinkShared>, counters: Arc<Counters>, metrics: SinkMetrics) {
         let (_never, mut stop) = watch::channel(false);
         loop {
             let taken: Vec<(usize, Vec<u8>, u64)> = {
@@ -500,7 +575,12 @@ impl SharedQueue {
                     format,
                     payload,
                 };
-                deliver_once(&shared, &counters, &part, u32::MAX, &mut stop).await;
+                let target = Target {
+                    shared: &shared,
+                    counters: &counters,
+                    metrics: &metrics,
+                };
+                deliver_once(&target, &part, u32::MAX, &mut stop).await;
                 self.lock().bytes -= size;
             }
         }
@@ -561,7 +641,10 @@ mod tests {
             shared: Arc::clone(&shared),
         };
         let queue = factory.queue.clone().unwrap();
-        queue.ensure_task(&factory.shared, &factory.counters);
+        let dir = tempfile::tempdir().unwrap();
+        let store = flow_state::StateStore::open(dir.path()).unwrap();
+        let metrics = SinkMetrics::new(flow_core::Metrics::new(), store, "p", "s", 0);
+        queue.ensure_task(&factory.shared, &factory.counters, &metrics);
         // Give the task time to start waiting for rows.
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(Arc::strong_count(&queue), 3, "test, factory and task");

@@ -125,6 +125,7 @@ impl BatchingSink {
 #[async_trait]
 impl Sealer for BatchingSink {
     async fn open(&mut self, delivery: &mut OutboxDelivery) -> Result<(), SinkError> {
+        self.ctx.metrics.clear_gave_up().await?;
         let key = self.ctx.state_key();
         let backlog = load_backlog(&self.ctx.store, &key).await?;
         if let Some(oldest) = backlog.first() {
@@ -147,6 +148,7 @@ impl Sealer for BatchingSink {
             Arc::clone(&self.exactly_once),
             self.ctx.clone(),
             marks,
+            self.ctx.metrics.clone(),
         ));
         delivery.open(
             key,
@@ -220,6 +222,7 @@ impl Sealer for BatchingSink {
             batches,
             dead_letters,
             rebuildable: true,
+            counters: Vec::new(),
         }))
     }
 

@@ -14,8 +14,11 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use flow_core::delivery::{now_ms, BatchDeliverer};
-use flow_core::{SinkContext, SinkError};
-use flow_state::{AckExtras, SealedBatch, SinkPartition, StateError, StateStore, StoredBody};
+use flow_core::{SinkContext, SinkCount, SinkError, SinkMetrics};
+use flow_state::{
+    AckExtras, CounterAdd, ErrorRecord, SealedBatch, SinkPartition, StateError, StateStore,
+    StoredBody,
+};
 use tokio::sync::watch;
 use tracing::warn;
 
@@ -24,7 +27,7 @@ use crate::classify::{is_row_rejection, ClassifiedError};
 use crate::compress::is_framed;
 use crate::exactly_once::ExactlyOnce;
 use crate::fingerprint::target_key;
-use crate::insert::{insert_part, AttemptLog, InsertFailure, InsertRequest};
+use crate::insert::{insert_part, AttemptLog, GiveUpReason, InsertFailure, InsertRequest};
 use crate::late_hosts::LateTarget;
 use crate::params::{OnBadRows, OnExpiredBacklog};
 use crate::rebuild::Requeue;
@@ -73,6 +76,7 @@ pub struct ClickHouseDeliverer {
     marks: Mutex<PartitionMarks>,
     /// Late shards whose target this partition checked ([`ClickHouseDeliverer::late_target_fits`]).
     late_checked: Mutex<Vec<String>>,
+    metrics: SinkMetrics,
 }
 
 /// Between two warnings about a late shard answering with another table.
@@ -84,6 +88,7 @@ impl ClickHouseDeliverer {
         exactly_once: Arc<ExactlyOnce>,
         ctx: SinkContext,
         marks: PartitionMarks,
+        metrics: SinkMetrics,
     ) -> ClickHouseDeliverer {
         ClickHouseDeliverer {
             shared,
@@ -92,7 +97,39 @@ impl ClickHouseDeliverer {
             ctx,
             marks: Mutex::new(marks),
             late_checked: Mutex::new(Vec::new()),
+            metrics,
         }
+    }
+
+    /// The counter additions of a delivered batch: `rows` landed, the rest are dead letters.
+    fn delivered(&self, batch: &SealedBatch, dead_rows: u64) -> Vec<CounterAdd> {
+        let shard = Some(batch.shard.as_str());
+        let landed = batch.rows.saturating_sub(dead_rows);
+        let mut adds = vec![
+            self.metrics.add(SinkCount::RowsDelivered, shard, landed),
+            self.metrics.add(SinkCount::BatchesDelivered, shard, 1),
+        ];
+        if dead_rows > 0 {
+            adds.push(
+                self.metrics
+                    .add(SinkCount::DeadLetterRows, shard, dead_rows),
+            );
+        }
+        adds
+    }
+
+    /// Latches the sink's give-up, counted durably and shown in `status`.
+    async fn give_up(&self, shard: &str, reason: GiveUpReason) -> SinkError {
+        let record = ErrorRecord {
+            code: reason.error.code,
+            class: reason.error.class.as_str().to_owned(),
+            text: reason.to_string(),
+            at_ms: now_ms(),
+        };
+        if let Err(error) = self.metrics.gave_up(Some(shard), record).await {
+            warn!(error = %error, "the give-up could not be recorded in the state store; `status` will not show it");
+        }
+        self.exactly_once.give_up(&self.shared, reason)
     }
 
     fn marks(&self) -> std::sync::MutexGuard<'_, PartitionMarks> {
@@ -106,18 +143,26 @@ impl ClickHouseDeliverer {
         self.shared.params.spec.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
     }
 
-    /// Acknowledges entry `seq`, dropping its unanswered-attempt record in the same step.
-    async fn acknowledge(&self, key: &SinkPartition, seq: u64) -> Result<(), SinkError> {
+    /// Acknowledges entry `seq` with its delivery counters, dropping its unanswered-attempt
+    /// record in the same step.
+    async fn acknowledge(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+    ) -> Result<(), SinkError> {
         let unanswered = self.marks().unanswered.remove(&seq).is_some();
-        if unanswered {
-            let extras = AckExtras {
-                removed_sink_values: vec![unanswered_marker(key.partition, seq)],
-                ..AckExtras::default()
-            };
-            self.store.acknowledge_with(key, seq, extras).await?;
-        } else {
-            self.store.acknowledge(key, seq, Vec::new()).await?;
-        }
+        let counters = self.delivered(batch, 0);
+        let extras = AckExtras {
+            removed_sink_values: match unanswered {
+                true => vec![unanswered_marker(key.partition, seq)],
+                false => Vec::new(),
+            },
+            counters: counters.clone(),
+            ..AckExtras::default()
+        };
+        self.store.acknowledge_with(key, seq, extras).await?;
+        self.metrics.applied(&counters);
         Ok(())
     }
 
@@ -211,6 +256,7 @@ impl ClickHouseDeliverer {
             seq,
             batch,
             refused,
+            metrics: &self.metrics,
         };
         match part.deliver(stop).await? {
             SplitOutcome::Delivered => {
@@ -220,7 +266,7 @@ impl ClickHouseDeliverer {
                 Ok(())
             }
             SplitOutcome::Stopped => Ok(()),
-            SplitOutcome::GaveUp(reason) => Err(self.exactly_once.give_up(&self.shared, reason)),
+            SplitOutcome::GaveUp(reason) => Err(self.give_up(&batch.shard, reason).await),
         }
     }
 
@@ -257,12 +303,15 @@ impl ClickHouseDeliverer {
             window_s = expiry.window.as_secs(),
             "a batch that may have landed unanswered is past the deduplication window; its rows are dead letters instead of a possible duplicate (on_expired_backlog: dead_letter). Check the table, then requeue or purge them"
         );
+        let counters = self.delivered(batch, batch.rows);
         let extras = AckExtras {
             removed_sink_values: vec![unanswered_marker(key.partition, seq)],
             dead_letters: dead,
+            counters: counters.clone(),
             ..AckExtras::default()
         };
         self.store.acknowledge_with(key, seq, extras).await?;
+        self.metrics.applied(&counters);
         self.marks().unanswered.remove(&seq);
         Ok(())
     }
@@ -273,6 +322,7 @@ struct EntryAttempts<'a> {
     deliverer: &'a ClickHouseDeliverer,
     key: &'a SinkPartition,
     seq: u64,
+    shard: &'a str,
     sealed_at_ms: u64,
     window: Option<std::time::Duration>,
 }
@@ -280,6 +330,11 @@ struct EntryAttempts<'a> {
 #[async_trait]
 impl AttemptLog for EntryAttempts<'_> {
     async fn unanswered(&self, error: &ClassifiedError) -> Result<(), SinkError> {
+        let metrics = &self.deliverer.metrics;
+        let shard = Some(self.shard);
+        metrics
+            .record(&[metrics.add(SinkCount::UnansweredInserts, shard, 1)])
+            .await?;
         if self.deliverer.marks().unanswered.contains_key(&self.seq) {
             return Ok(());
         }
@@ -387,6 +442,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
             deliverer: self,
             key,
             seq,
+            shard: &batch.shard,
             sealed_at_ms: batch.sealed_at_ms,
             window: session.dedup_window_time(&batch.shard),
         };
@@ -399,9 +455,10 @@ impl BatchDeliverer for ClickHouseDeliverer {
             sealed_at_ms: Some(batch.sealed_at_ms),
             answered_code: None,
             attempts: Some(&attempts),
+            metrics: &self.metrics,
         };
         match insert_part(&self.shared, &session, request, &mut stop).await {
-            Ok(_) => self.acknowledge(key, seq).await,
+            Ok(_) => self.acknowledge(key, seq, batch).await,
             // Stopping leaves the batch in the outbox for the next run.
             Err(InsertFailure::Stopped) => Ok(()),
             Err(InsertFailure::Expired(expiry)) => {
@@ -412,10 +469,10 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 self.split(key, seq, batch, &gave_up.error, &session, &stop)
                     .await
             }
-            Err(InsertFailure::GaveUp(gave_up)) => Err(self.exactly_once.give_up(
-                &self.shared,
-                gave_up.reason(&session, &batch.shard, Some(&batch.token)),
-            )),
+            Err(InsertFailure::GaveUp(gave_up)) => {
+                let reason = gave_up.reason(&session, &batch.shard, Some(&batch.token));
+                Err(self.give_up(&batch.shard, reason).await)
+            }
         }
     }
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use flow_core::delivery::now_ms;
-use flow_core::SinkError;
+use flow_core::{SinkCount, SinkError, SinkMetrics};
+use flow_state::ErrorRecord;
 use tokio::sync::watch;
 use tracing::warn;
 
@@ -142,6 +143,8 @@ pub struct InsertRequest<'a> {
     pub answered_code: Option<u32>,
     /// Where unanswered attempts are recorded and expiry is decided (exactly-once classes).
     pub attempts: Option<&'a dyn AttemptLog>,
+    /// The sink partition's metrics: failed attempts are counted durably, INSERTs timed.
+    pub metrics: &'a SinkMetrics,
 }
 
 /// How often a part for a shard without an admitted host looks again.
@@ -163,6 +166,7 @@ pub async fn insert_part(
         sealed_at_ms,
         answered_code,
         attempts: attempt_log,
+        metrics,
     } = request;
     let Some(shard) = session.shard(shard_name) else {
         return Err(InsertFailure::GaveUp(GaveUp {
@@ -192,6 +196,7 @@ pub async fn insert_part(
         };
         attempts += 1;
         let guard = &session.columns_guard;
+        let started = std::time::Instant::now();
         let result = match guard.before_insert(endpoint, dynamic.write_timeout).await {
             Ok(()) => {
                 endpoint
@@ -223,6 +228,7 @@ pub async fn insert_part(
                     }));
                 }
                 shard.backoff.succeeded();
+                metrics.observe_insert(Some(shard_name), started.elapsed().as_secs_f64());
                 return Ok(attempts);
             }
             Err(InsertError { error, unanswered }) => {
@@ -246,11 +252,14 @@ pub async fn insert_part(
         // the next part must not go to the host that just failed (at-most-once would lose every
         // later part while a live replica waits).
         shard.advance();
-        if answered
-            || !on_failure
+        let retried = !answered
+            && on_failure
                 .retry
-                .again(attempts, dynamic.max_insert_attempts)
-        {
+                .again(attempts, dynamic.max_insert_attempts);
+        count_failure(metrics, shard_name, &err, retried)
+            .await
+            .map_err(InsertFailure::State)?;
+        if !retried {
             return Err(InsertFailure::GaveUp(GaveUp {
                 error: err,
                 attempts,
@@ -281,6 +290,38 @@ pub async fn insert_part(
             _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
         }
     }
+}
+
+/// Counts a failed attempt durably (insert errors by class and code, retries) and shows it in
+/// `status` as the shard's last error.
+async fn count_failure(
+    metrics: &SinkMetrics,
+    shard: &str,
+    error: &ClassifiedError,
+    retried: bool,
+) -> Result<(), SinkError> {
+    let shard = Some(shard);
+    let class = error.class.as_str().to_owned();
+    let mut adds = vec![metrics.add(
+        SinkCount::InsertErrors {
+            class: class.clone(),
+            code: error.code,
+        },
+        shard,
+        1,
+    )];
+    if retried {
+        adds.push(metrics.add(SinkCount::Retries, shard, 1));
+    }
+    let record = ErrorRecord {
+        code: error.code,
+        class,
+        text: error.message.clone(),
+        at_ms: now_ms(),
+    };
+    metrics.failed(shard, record, retried);
+    metrics.record(&adds).await?;
+    Ok(())
 }
 
 /// Warns (once a minute per shard) while the part being retried is older than half the shard's

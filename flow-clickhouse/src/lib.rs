@@ -17,6 +17,10 @@
 //! refuses is delivered in halves by `split`, which reads rows back with `row_spans`),
 //! `at_least_once_sink` and `at_most_once_sink`. [`register`] adds them to a registry; `verify`
 //! checks that the replicas of every shard hold the same rows (`flow-worker verify`).
+//!
+//! Metrics: each sink partition counts through its `flow_core::SinkMetrics` what it delivered
+//! (in the acknowledgement's transaction, or with the epoch for the classes without an outbox),
+//! and `insert` counts every failed attempt durably and times the successful ones.
 
 mod at_least_once_sink;
 mod at_most_once_sink;

@@ -16,7 +16,7 @@
 //! the part and removes its mark.
 
 use bytes::Bytes;
-use flow_core::{DeadRow, ResendRow, SinkError};
+use flow_core::{DeadRow, ResendRow, SinkCount, SinkError, SinkMetrics};
 use flow_state::{AckExtras, DeadLetter, SealedBatch, SinkPartition, StateStore};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -133,6 +133,7 @@ impl RefusedPart<'_> {
         shared: &SinkShared,
         session: &WriterSession,
         partition: u32,
+        metrics: &SinkMetrics,
         stop: &watch::Receiver<bool>,
     ) -> Result<Isolated, SinkError> {
         let (rows, spans) = self.read_rows(session)?;
@@ -162,6 +163,7 @@ impl RefusedPart<'_> {
                 sealed_at_ms: self.sealed_at_ms,
                 answered_code: self.refused.code,
                 attempts: None,
+                metrics,
             };
             match insert_part(shared, session, request, &mut stop).await {
                 Ok(_) => pieces += 1,
@@ -312,6 +314,7 @@ pub struct SplitPart<'a> {
     pub batch: &'a SealedBatch,
     /// The error the whole part was refused with.
     pub refused: &'a ClassifiedError,
+    pub metrics: &'a SinkMetrics,
 }
 
 impl SplitPart<'_> {
@@ -328,22 +331,41 @@ impl SplitPart<'_> {
             .await?;
         let part = RefusedPart::of_batch(self.batch, self.refused);
         let isolated = part
-            .isolate(self.shared, self.session, self.key.partition, stop)
+            .isolate(
+                self.shared,
+                self.session,
+                self.key.partition,
+                self.metrics,
+                stop,
+            )
             .await?;
         let dead = match isolated {
             Isolated::Done(dead) => dead,
             Isolated::Stopped => return Ok(SplitOutcome::Stopped),
             Isolated::GaveUp(reason) => return Ok(SplitOutcome::GaveUp(reason)),
         };
+        let shard = Some(self.batch.shard.as_str());
+        let counters = vec![
+            self.metrics.add(
+                SinkCount::RowsDelivered,
+                shard,
+                self.batch.rows.saturating_sub(dead.len() as u64),
+            ),
+            self.metrics.add(SinkCount::BatchesDelivered, shard, 1),
+            self.metrics
+                .add(SinkCount::DeadLetterRows, shard, dead.len() as u64),
+        ];
         let extras = AckExtras {
             // An unanswered attempt before the refusal leaves a record too.
             removed_sink_values: vec![marker, unanswered_marker(self.key.partition, self.seq)],
             dead_letters: dead,
+            counters: counters.clone(),
             ..AckExtras::default()
         };
         self.store
             .acknowledge_with(self.key, self.seq, extras)
             .await?;
+        self.metrics.applied(&counters);
         Ok(SplitOutcome::Delivered)
     }
 }

@@ -11,6 +11,9 @@
 //! sink rebuilds it on replay through a [`Replay`] reader (the source reopened at the epoch's start
 //! and the processors run again) and checks it against the stored hash.
 //!
+//! Every `_total` counter of the Prometheus [`Metrics`] is persisted with what it counts (the
+//! epoch's commit, the batch's acknowledgement), so it continues across restarts and crashes.
+//!
 //! Messages travel in [`MessageBatch`]es, row-major arenas reused across epochs: no allocation per
 //! message on the hot path.
 
@@ -30,6 +33,7 @@ mod error;
 mod graph;
 mod lag;
 mod message;
+mod metrics;
 mod plugin;
 mod progress;
 mod replay;
@@ -47,6 +51,7 @@ pub use error::{
     ValueError, Violation,
 };
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
+pub use metrics::{Metrics, SinkCount, SinkCounter, SinkMetrics, SourceCount};
 pub use plugin::{
     Epoch, EpochOutcome, EpochWrite, Processor, ProcessorFactory, ReadLimits, Replay, ReplayReader,
     Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,
@@ -58,9 +63,10 @@ pub use runtime::{
     PartitionEnd, PartitionReport, Pipeline, PipelineControl, ReloadOutcome, RunReport,
 };
 pub use spec::{
-    is_valid_name, EpochSettings, EpochSpec, OutboxSpec, PayloadPolicy, PipelineSpec,
-    ProcessorSpec, ShutdownSpec, SinkSpec, SourceSpec, ValidatedPipeline, ValidatedProcessor,
-    ValidatedSink, MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
+    is_valid_name, EpochSettings, EpochSpec, MetricsSettings, MetricsSpec, OutboxSpec,
+    PayloadPolicy, PipelineSpec, ProcessorSpec, ShutdownSpec, SinkSpec, SourceSpec,
+    ValidatedPipeline, ValidatedProcessor, ValidatedSink, MAX_EPOCH_DURATION_MS,
+    MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
 };
 pub use spec_text::MAX_SPEC_NESTING;
 pub use types::{Column, SchemaError, StreamSchema, StreamType};

@@ -110,6 +110,8 @@ pub struct SinkContext {
     /// [`EpochWrite::rebuildable`]; the outbox then keeps only their bounds, unless the spec
     /// asks for payloads (`outbox.payloads: always`).
     pub replay: Option<Arc<dyn Replay>>,
+    /// This sink partition's metrics: persisted counters ride in its acknowledgements.
+    pub metrics: crate::SinkMetrics,
 }
 
 /// Opens readers of a sink's input streams at a committed source position.
@@ -173,6 +175,9 @@ pub struct EpochWrite {
     /// The sink can rebuild these batches through [`SinkContext::replay`], so the outbox keeps
     /// only their bounds (when the context has a replay).
     pub rebuildable: bool,
+    /// Additions to the sink's persisted counters, committed with the epoch (what the sink
+    /// counted since its last epoch, e.g. an at-most-once sink's lost rows).
+    pub counters: Vec<flow_state::CounterAdd>,
 }
 
 #[derive(Debug)]

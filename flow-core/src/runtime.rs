@@ -21,6 +21,7 @@ use crate::drain::{DrainReport, OutboxBacklog};
 use crate::error::{RuntimeError, SinkError, SpecError};
 use crate::graph::StreamGraph;
 use crate::lag::SourceLags;
+use crate::metrics::{Metrics, SinkCount, SinkCounter, SinkMetrics, SourceCount};
 use crate::plugin::{Epoch, EpochOutcome, Replay, Sink, SinkContext, SinkFactory, Source};
 use crate::progress::{Progress, ProgressCounters};
 use crate::registry::Registry;
@@ -226,6 +227,8 @@ pub struct Pipeline {
     validated: Arc<ValidatedPipeline>,
     store: StateStore,
     control: PipelineControl,
+    metrics: Arc<Metrics>,
+    counters_loaded: std::sync::atomic::AtomicBool,
 }
 
 impl Pipeline {
@@ -259,11 +262,43 @@ impl Pipeline {
             validated: Arc::new(validated),
             store,
             control,
+            metrics: Metrics::new(),
+            counters_loaded: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     pub fn control(&self) -> PipelineControl {
         self.control.clone()
+    }
+
+    /// The pipeline's metrics (their counters start at the persisted totals once `run` starts).
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// Starts the live counters at the totals the store holds (once; `run` does it if the
+    /// embedding program did not). Call it before serving the metrics, so that a restarted worker
+    /// never shows a counter below its total.
+    pub async fn load_counters(&self) -> Result<(), RuntimeError> {
+        if self
+            .counters_loaded
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        let store = self.store.clone();
+        let stored = tokio::task::spawn_blocking(move || store.counters())
+            .await
+            .map_err(|err| RuntimeError::Task {
+                partition: 0,
+                reason: err.to_string(),
+            })?
+            .map_err(|source| RuntimeError::State {
+                partition: 0,
+                source,
+            })?;
+        self.metrics.load(&self.validated.name, &stored);
+        Ok(())
     }
 
     /// Records this pipeline's name and partition count in the store, or refuses to start on a
@@ -296,6 +331,7 @@ impl Pipeline {
             partition,
             lags: self.control.lags.clone(),
             progress: self.control.progress.clone(),
+            metrics: Arc::clone(&self.metrics),
             shutdown: self.control.shutdown.subscribe(),
             dynamic: self
                 .control
@@ -309,6 +345,7 @@ impl Pipeline {
     /// Runs every partition to its end. Fails if any partition failed, after the others ended.
     pub async fn run(self) -> Result<RunReport, RuntimeError> {
         self.claim_store().await?;
+        self.load_counters().await?;
         let runners = (0..self.validated.partitions).map(|p| (p, self.runner(p)));
         let mut reports = join_partitions(&self.validated.name, runners, |r| r.run()).await?;
         reports.sort_by_key(|r| r.partition);
@@ -405,6 +442,7 @@ struct PartitionRunner {
     dynamic: Vec<watch::Receiver<serde_yaml::Value>>,
     lags: SourceLags,
     progress: ProgressCounters,
+    metrics: Arc<Metrics>,
 }
 
 struct SinkSlot {
@@ -481,6 +519,13 @@ impl PartitionRunner {
                         inputs: s.input_stream_ids.clone(),
                     }) as Arc<dyn Replay>
                 }),
+                metrics: SinkMetrics::new(
+                    Arc::clone(&self.metrics),
+                    self.store.clone(),
+                    &pipeline.name,
+                    &s.name,
+                    partition,
+                ),
             };
             let sink = s
                 .factory
@@ -634,6 +679,11 @@ impl PartitionRunner {
                 })?;
 
             let mut sink_commits = Vec::with_capacity(sinks.len());
+            let mut counters = vec![
+                SourceCount::Messages.addition(messages as u64),
+                SourceCount::EpochsCommitted.addition(1),
+                SourceCount::DeadLetters.addition(source_dead.len() as u64),
+            ];
             let mut veto = None;
             for slot in sinks.iter_mut() {
                 let inputs = graph.inputs(&slot.inputs);
@@ -643,18 +693,22 @@ impl PartitionRunner {
                     inputs: &inputs,
                 };
                 match slot.sink.write_epoch(&epoch).await {
-                    Ok(EpochOutcome::Commit(write)) => sink_commits.push(SinkEpochCommit {
-                        sink: slot.name.clone(),
-                        storage: if write.rebuildable && pipeline.stores_bounds() {
-                            BatchStorage::Bounds {
-                                epoch_start: committed.clone(),
-                            }
-                        } else {
-                            BatchStorage::Payload
-                        },
-                        batches: write.batches,
-                        dead_letters: write.dead_letters,
-                    }),
+                    Ok(EpochOutcome::Commit(mut write)) => {
+                        counters.push(sink_dead_letters(&slot.name, write.dead_letters.len()));
+                        counters.append(&mut write.counters);
+                        sink_commits.push(SinkEpochCommit {
+                            sink: slot.name.clone(),
+                            storage: if write.rebuildable && pipeline.stores_bounds() {
+                                BatchStorage::Bounds {
+                                    epoch_start: committed.clone(),
+                                }
+                            } else {
+                                BatchStorage::Payload
+                            },
+                            batches: write.batches,
+                            dead_letters: write.dead_letters,
+                        })
+                    }
                     Ok(EpochOutcome::Veto {
                         reason,
                         retry_after,
@@ -706,6 +760,7 @@ impl PartitionRunner {
                     .map(|c| c.dead_letters.len())
                     .sum::<usize>();
             let new_position = position.clone().unwrap_or_default();
+            let commit_started = std::time::Instant::now();
             let receipt = self
                 .store
                 .commit(EpochCommit {
@@ -714,9 +769,16 @@ impl PartitionRunner {
                     position: new_position,
                     source_dead_letters: std::mem::take(&mut source_dead),
                     sinks: sink_commits,
+                    counters: counters.clone(),
                 })
                 .await
                 .map_err(|source| RuntimeError::State { partition, source })?;
+            self.metrics.observe_commit(
+                &pipeline.name,
+                partition,
+                commit_started.elapsed().as_secs_f64(),
+            );
+            self.metrics.applied(&pipeline.name, partition, &counters);
             committed = position;
             let rows_sealed = kept.iter().flatten().map(|b| b.rows).sum();
             self.progress.committed(messages as u64, rows_sealed);
@@ -782,6 +844,15 @@ impl PartitionRunner {
 
 /// A graceful stop lets the sinks deliver what is pending for at most `limit`; `close` then
 /// stops what is still in flight and the rest stays in the outbox.
+/// The dead letters a sink set aside while sealing an epoch, as a counter addition.
+fn sink_dead_letters(sink: &str, rows: usize) -> flow_state::CounterAdd {
+    flow_state::CounterAdd {
+        owner: sink.to_owned(),
+        name: SinkCounter::new(SinkCount::DeadLetterRows, None).name(),
+        by: rows as u64,
+    }
+}
+
 async fn drain_for(sinks: &mut [SinkSlot], limit: Duration, partition: u32) {
     if limit.is_zero() {
         return;

@@ -36,6 +36,9 @@ pub struct PipelineSpec {
     pub outbox: OutboxSpec,
     #[serde(default, skip_serializing_if = "ShutdownSpec::is_default")]
     pub shutdown: ShutdownSpec,
+    /// The Prometheus endpoint; none when absent (`--metrics-addr` wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricsSpec>,
     pub source: SourceSpec,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processors: Vec<ProcessorSpec>,
@@ -99,6 +102,38 @@ impl Default for ShutdownSpec {
 impl ShutdownSpec {
     fn is_default(&self) -> bool {
         *self == ShutdownSpec::default()
+    }
+}
+
+/// `metrics: { listen: HOST:PORT }`: where the worker serves Prometheus text at `/metrics`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSpec {
+    /// An IP address and port, e.g. `127.0.0.1:9464` (`0.0.0.0:9464` for every interface).
+    pub listen: String,
+}
+
+/// The validated `metrics` section.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetricsSettings {
+    pub listen: std::net::SocketAddr,
+}
+
+impl MetricsSpec {
+    fn validate(&self, violations: &mut Vec<Violation>) -> Option<MetricsSettings> {
+        match self.listen.parse() {
+            Ok(listen) => Some(MetricsSettings { listen }),
+            Err(_) => {
+                violations.push(Violation::new(
+                    "metrics.listen",
+                    format!(
+                        "`{}` is not an IP address and port; write for example 127.0.0.1:9464, or 0.0.0.0:9464 for every interface",
+                        self.listen
+                    ),
+                ));
+                None
+            }
+        }
     }
 }
 
@@ -170,6 +205,7 @@ const TOP_LEVEL_FIELDS: &[&str] = &[
     "epoch",
     "outbox",
     "shutdown",
+    "metrics",
     "source",
     "processors",
     "sinks",
@@ -211,6 +247,7 @@ impl PipelineSpec {
         let epoch = optional::<EpochSpec>(get("epoch"), "epoch", &mut violations);
         let outbox = optional::<OutboxSpec>(get("outbox"), "outbox", &mut violations);
         let shutdown = optional::<ShutdownSpec>(get("shutdown"), "shutdown", &mut violations);
+        let metrics = optional::<MetricsSpec>(get("metrics"), "metrics", &mut violations).flatten();
         let source = required::<SourceSpec>(get("source"), "source", &mut violations);
         let processors = list::<ProcessorSpec>(get("processors"), "processors", &mut violations);
         let sinks = match get("sinks") {
@@ -243,6 +280,7 @@ impl PipelineSpec {
                 epoch: epoch.unwrap_or_default(),
                 outbox: outbox.unwrap_or_default(),
                 shutdown: shutdown.unwrap_or_default(),
+                metrics,
                 source,
                 processors,
                 sinks,
@@ -423,6 +461,8 @@ pub struct ValidatedPipeline {
     pub payloads: PayloadPolicy,
     /// How long a graceful stop lets sinks deliver what is pending.
     pub drain_timeout: Duration,
+    /// The Prometheus endpoint of the spec, if any.
+    pub metrics: Option<MetricsSettings>,
     pub source: Arc<dyn SourceFactory>,
     pub processors: Vec<ValidatedProcessor>,
     pub sinks: Vec<ValidatedSink>,
@@ -502,6 +542,10 @@ impl Registry {
                 ),
             ));
         }
+        let metrics = spec
+            .metrics
+            .as_ref()
+            .and_then(|m| m.validate(&mut violations));
         let partitions = spec.partitions.clamp(1, MAX_PARTITIONS);
 
         let mut streams: BTreeMap<String, Arc<StreamSchema>> = BTreeMap::new();
@@ -703,6 +747,7 @@ impl Registry {
                 },
                 payloads: spec.outbox.payloads,
                 drain_timeout: Duration::from_millis(spec.shutdown.drain_timeout_ms),
+                metrics,
                 source,
                 processors,
                 sinks,
@@ -885,5 +930,29 @@ mod tests {
         .unwrap();
         let err = registry.build(&spec).err().unwrap();
         assert_eq!(paths(&err), vec!["source.parameters.count"]);
+    }
+
+    #[test]
+    fn the_metrics_listen_address_is_validated_and_its_mistakes_name_their_path() {
+        let spec = |metrics: &str| {
+            format!("pipeline: p\nmetrics: {metrics}\nsource: {{class: generator, parameters: {{count: 1}}}}\n{DEBUG_SINK}")
+        };
+        let registry = Registry::with_builtins();
+        let built = registry
+            .build_yaml(&spec("{listen: '127.0.0.1:9464'}"))
+            .unwrap();
+        assert_eq!(
+            built.metrics.map(|m| m.listen.to_string()).as_deref(),
+            Some("127.0.0.1:9464")
+        );
+        let err = registry
+            .build_yaml(&spec("{listen: 'localhost'}"))
+            .err()
+            .unwrap();
+        assert_eq!(paths(&err), vec!["metrics.listen"]);
+        let err = PipelineSpec::from_yaml(&spec("{listen: '127.0.0.1:1', port: 2}")).unwrap_err();
+        assert_eq!(paths(&err), vec!["metrics.port"]);
+        let none = registry.build_yaml(&spec("null")).unwrap();
+        assert_eq!(none.metrics, None);
     }
 }

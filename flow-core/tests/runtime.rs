@@ -374,6 +374,53 @@ async fn rerun_after_completion_on_the_same_state_dir_adds_nothing() {
     assert_each_id_once(&out, 1000);
 }
 
+/// The persisted counters of the store: (owner, partition, name) -> value.
+fn counters(store: &StateStore) -> BTreeMap<(String, u32, String), u64> {
+    store
+        .counters()
+        .unwrap()
+        .into_iter()
+        .map(|c| ((c.owner, c.partition, c.name), c.value))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn counters_persist_with_commits_and_acknowledgements_and_a_rerun_serves_them_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let state = tmp.path().join("state");
+    let registry = Registry::with_builtins();
+    let yaml = generator_yaml(2, 500, 100, "DebugSink", &out);
+    let store = open_store(&state);
+    run_yaml(&registry, &yaml, &store).await.unwrap();
+    store.close().unwrap();
+
+    let store = open_store(&state);
+    let mut expected = BTreeMap::new();
+    for p in 0..2 {
+        let mut put = |owner: &str, name: &str, value| {
+            expected.insert((owner.to_owned(), p, name.to_owned()), value);
+        };
+        put(SOURCE_OWNER, "messages", 500);
+        put(SOURCE_OWNER, "epochs_committed", 5);
+        put("out", "rows_delivered", 500);
+        put("out", "batches_delivered", 5);
+    }
+    assert_eq!(counters(&store), expected);
+    // A rerun with nothing to do serves the totals from its start and adds nothing.
+    let spec = PipelineSpec::from_yaml(&yaml).unwrap();
+    let pipeline = Pipeline::new(registry.build(&spec).unwrap(), store.clone());
+    let metrics = pipeline.metrics();
+    pipeline.load_counters().await.unwrap();
+    let text = metrics.encode().unwrap();
+    assert!(
+        text.contains("flow_sink_rows_delivered_total{pipeline=\"rt\",sink=\"out\",partition=\"1\",shard=\"\"} 500\n"),
+        "{text}"
+    );
+    pipeline.run().await.unwrap();
+    assert_eq!(counters(&store), expected);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn committed_but_undelivered_batches_are_delivered_after_a_crash_and_the_torn_tail_is_cut() {
     let tmp = tempfile::tempdir().unwrap();

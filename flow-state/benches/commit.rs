@@ -38,6 +38,7 @@ fn commit(partition: u32, n: u64, payload: &[u8]) -> EpochCommit {
             }],
             dead_letters: Vec::new(),
         }],
+        counters: Vec::new(),
     }
 }
 

@@ -115,6 +115,33 @@ fn bad_key(what: &'static str, key: &[u8]) -> StateError {
     }
 }
 
+/// A `counters` key: `pipeline\0 owner\0 partition(be32) name`.
+pub(crate) fn counter_key(pipeline: &str, owner: &str, partition: u32, name: &str) -> Vec<u8> {
+    let mut key = queue_key(pipeline, owner, partition);
+    key.extend_from_slice(name.as_bytes());
+    key
+}
+
+/// (pipeline, owner, partition, name) of a `counters` key.
+pub(crate) fn parse_counter_key(key: &[u8]) -> Result<(String, String, u32, String), StateError> {
+    let what = "counter key";
+    let (pipeline, rest) = split_name(key).ok_or_else(|| bad_key(what, key))?;
+    let (owner, rest) = split_name(rest).ok_or_else(|| bad_key(what, key))?;
+    let (partition, name) = (rest.get(..4), rest.get(4..));
+    let partition = partition
+        .and_then(be_u32)
+        .ok_or_else(|| bad_key(what, key))?;
+    let name = name
+        .and_then(|n| std::str::from_utf8(n).ok())
+        .ok_or_else(|| bad_key(what, key))?;
+    Ok((
+        pipeline.to_owned(),
+        owner.to_owned(),
+        partition,
+        name.to_owned(),
+    ))
+}
+
 pub(crate) fn parse_position_key(key: &[u8]) -> Result<(String, u32), StateError> {
     let (pipeline, rest) = split_name(key).ok_or_else(|| bad_key("position key", key))?;
     let partition = be_u32(rest).ok_or_else(|| bad_key("position key", key))?;

@@ -16,6 +16,7 @@ use sled::Transactional;
 use crate::codec::{
     decode_batch_parts, decode_counter, encode_batch, seq_key, show_key, BodyRecord, Bounds,
 };
+use crate::counters::PreparedCounter;
 use crate::error::StateError;
 use crate::segments::Segments;
 use crate::types::{CommitReceipt, SinkPartition, StoreStats};
@@ -38,6 +39,8 @@ pub(crate) struct Trees {
     pub dead_letter_seq: sled::Tree,
     /// `pipeline\0 sink\0 name` -> bytes.
     pub sink_values: sled::Tree,
+    /// `pipeline\0 owner\0 partition name` -> u64 ([`crate::counters`]).
+    pub counters: sled::Tree,
 }
 
 impl Trees {
@@ -54,6 +57,7 @@ impl Trees {
             dead_letters: tree("dead_letters")?,
             dead_letter_seq: tree("dead_letter_seq")?,
             sink_values: tree("sink_values")?,
+            counters: tree("counters")?,
             db,
         })
     }
@@ -101,6 +105,8 @@ pub(crate) struct PreparedCommit {
     pub sinks: Vec<PreparedSink>,
     /// `dead_letters` keys removed in the same transaction.
     pub removed_dead_letters: Vec<Vec<u8>>,
+    /// Counter additions made with the commit.
+    pub counters: Vec<PreparedCounter>,
 }
 
 pub(crate) struct PreparedAck {
@@ -112,6 +118,8 @@ pub(crate) struct PreparedAck {
     pub removed_sink_values: Vec<Vec<u8>>,
     /// Rows of the batch set aside, recorded in the same transaction.
     pub dead_letters: PreparedDeadLetters,
+    /// Counter additions made with the acknowledgement.
+    pub counters: Vec<PreparedCounter>,
 }
 
 pub(crate) struct PreparedFingerprints {
@@ -129,6 +137,8 @@ pub(crate) enum Op {
     SetSinkValue(Vec<u8>, Option<Vec<u8>>),
     /// Removes these `dead_letters` keys (their owners' counters stay: seqs are never reused).
     RemoveDeadLetters(Vec<Vec<u8>>),
+    /// Adds to counters on their own (what no commit or acknowledgement carries: failures).
+    AddCounters(Vec<PreparedCounter>),
     Shutdown,
 }
 
@@ -324,7 +334,7 @@ impl Durability {
     }
 }
 
-type TxResult<T> = Result<T, ConflictableTransactionError<StateError>>;
+pub(crate) type TxResult<T> = Result<T, ConflictableTransactionError<StateError>>;
 
 fn tx_error(op: &'static str, target: String, e: TransactionError<StateError>) -> StateError {
     match e {
@@ -375,42 +385,46 @@ pub(crate) fn apply_commit(t: &Trees, c: &PreparedCommit) -> Result<CommitReceip
         &t.batch_seq,
         &t.dead_letters,
         &t.dead_letter_seq,
+        &t.counters,
     )
-        .transaction(|(positions, batches, batch_seq, dead_letters, dl_seq)| {
-            if let Some(position) = &c.position {
-                positions.insert(c.position_key.as_slice(), position.as_slice())?;
-            }
-            for key in &c.removed_dead_letters {
-                dead_letters.remove(key.as_slice())?;
-            }
-            append_dead_letters(dead_letters, dl_seq, &c.source_dead_letters)?;
-            let mut receipt = Vec::with_capacity(c.sinks.len());
-            for sink in &c.sinks {
-                let mut seqs = Vec::with_capacity(sink.batches.len());
-                if !sink.values.is_empty() {
-                    let mut bounds = read_bounds(batch_seq, &sink.queue_key)?;
-                    for value in &sink.values {
-                        let seq = bounds.next;
-                        batches.insert(seq_key(&sink.queue_key, seq), value.as_slice())?;
-                        seqs.push(seq);
-                        bounds.next = match seq.checked_add(1) {
-                            Some(n) => n,
-                            None => {
-                                return abort(StateError::Overflow {
-                                    target: show_key(&sink.queue_key),
-                                })
-                            }
-                        };
-                    }
-                    batch_seq.insert(sink.queue_key.as_slice(), &bounds.encode()[..])?;
+        .transaction(
+            |(positions, batches, batch_seq, dead_letters, dl_seq, counters)| {
+                crate::counters::apply(counters, &c.counters)?;
+                if let Some(position) = &c.position {
+                    positions.insert(c.position_key.as_slice(), position.as_slice())?;
                 }
-                append_dead_letters(dead_letters, dl_seq, &sink.dead_letters)?;
-                receipt.push((sink.sink.clone(), seqs));
-            }
-            Ok(CommitReceipt {
-                batch_seqs: receipt,
-            })
-        })
+                for key in &c.removed_dead_letters {
+                    dead_letters.remove(key.as_slice())?;
+                }
+                append_dead_letters(dead_letters, dl_seq, &c.source_dead_letters)?;
+                let mut receipt = Vec::with_capacity(c.sinks.len());
+                for sink in &c.sinks {
+                    let mut seqs = Vec::with_capacity(sink.batches.len());
+                    if !sink.values.is_empty() {
+                        let mut bounds = read_bounds(batch_seq, &sink.queue_key)?;
+                        for value in &sink.values {
+                            let seq = bounds.next;
+                            batches.insert(seq_key(&sink.queue_key, seq), value.as_slice())?;
+                            seqs.push(seq);
+                            bounds.next = match seq.checked_add(1) {
+                                Some(n) => n,
+                                None => {
+                                    return abort(StateError::Overflow {
+                                        target: show_key(&sink.queue_key),
+                                    })
+                                }
+                            };
+                        }
+                        batch_seq.insert(sink.queue_key.as_slice(), &bounds.encode()[..])?;
+                    }
+                    append_dead_letters(dead_letters, dl_seq, &sink.dead_letters)?;
+                    receipt.push((sink.sink.clone(), seqs));
+                }
+                Ok(CommitReceipt {
+                    batch_seqs: receipt,
+                })
+            },
+        )
         .map_err(|e| {
             tx_error(
                 "commit transaction",
@@ -432,38 +446,42 @@ pub(crate) fn apply_ack(t: &Trees, a: &PreparedAck) -> Result<Option<u64>, State
         &t.sink_values,
         &t.dead_letters,
         &t.dead_letter_seq,
+        &t.counters,
     )
-        .transaction(|(batches, batch_seq, sink_values, dead_letters, dl_seq)| {
-            let mut bounds = read_bounds(batch_seq, &a.queue_key)?;
-            let batch_key = seq_key(&a.queue_key, a.seq);
-            let removed = if (bounds.head..bounds.next).contains(&a.seq) {
-                batches.remove(batch_key.as_slice())?
-            } else {
-                None
-            };
-            let Some(removed) = removed else {
-                return abort(StateError::NotPending {
-                    key: a.key.clone(),
-                    seq: a.seq,
-                });
-            };
-            let segment = match decode_batch_parts(&batch_key, &removed).or_else(abort)?.1 {
-                BodyRecord::Segment { segment, .. } => Some(segment),
-                BodyRecord::Rebuild { .. } => None,
-            };
-            if a.seq == bounds.head {
-                bounds.head = a.seq + 1;
-                batch_seq.insert(a.queue_key.as_slice(), &bounds.encode()[..])?;
-            }
-            for (key, value) in &a.sink_values {
-                sink_values.insert(key.as_slice(), value.as_slice())?;
-            }
-            for key in &a.removed_sink_values {
-                sink_values.remove(key.as_slice())?;
-            }
-            append_dead_letters(dead_letters, dl_seq, &a.dead_letters)?;
-            Ok(segment)
-        })
+        .transaction(
+            |(batches, batch_seq, sink_values, dead_letters, dl_seq, counters)| {
+                let mut bounds = read_bounds(batch_seq, &a.queue_key)?;
+                let batch_key = seq_key(&a.queue_key, a.seq);
+                let removed = if (bounds.head..bounds.next).contains(&a.seq) {
+                    batches.remove(batch_key.as_slice())?
+                } else {
+                    None
+                };
+                let Some(removed) = removed else {
+                    return abort(StateError::NotPending {
+                        key: a.key.clone(),
+                        seq: a.seq,
+                    });
+                };
+                let segment = match decode_batch_parts(&batch_key, &removed).or_else(abort)?.1 {
+                    BodyRecord::Segment { segment, .. } => Some(segment),
+                    BodyRecord::Rebuild { .. } => None,
+                };
+                if a.seq == bounds.head {
+                    bounds.head = a.seq + 1;
+                    batch_seq.insert(a.queue_key.as_slice(), &bounds.encode()[..])?;
+                }
+                for (key, value) in &a.sink_values {
+                    sink_values.insert(key.as_slice(), value.as_slice())?;
+                }
+                for key in &a.removed_sink_values {
+                    sink_values.remove(key.as_slice())?;
+                }
+                append_dead_letters(dead_letters, dl_seq, &a.dead_letters)?;
+                crate::counters::apply(counters, &a.counters)?;
+                Ok(segment)
+            },
+        )
         .map_err(|e| tx_error("acknowledge transaction", a.key.to_string(), e))
 }
 
@@ -586,6 +604,12 @@ impl Committer {
             Op::RemoveDeadLetters(keys) => {
                 apply_dead_letter_removal(&self.trees, keys).map(Outcome::Removed)
             }
+            Op::AddCounters(adds) => self
+                .trees
+                .counters
+                .transaction(|tree| crate::counters::apply(tree, adds))
+                .map(|()| Outcome::Done)
+                .map_err(|e| tx_error("counter addition", format!("{} counters", adds.len()), e)),
         }
     }
 

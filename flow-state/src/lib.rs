@@ -10,7 +10,9 @@
 //! that range, `head` is at most the oldest, and seqs are never reused),
 //! `fingerprints` (`pipeline\0 sink\0 partition` -> bincode map), `dead_letters`
 //! (`pipeline\0 owner\0 partition seq`, owner = sink name or `"source"`), `dead_letter_seq`
-//! (next dead-letter seq per owner/partition) and `sink_values` (`pipeline\0 sink\0 name`).
+//! (next dead-letter seq per owner/partition), `sink_values` (`pipeline\0 sink\0 name`) and
+//! `counters` (`pipeline\0 owner\0 partition name` -> u64: monotonic counters whose additions
+//! ride in the transaction of the commit or acknowledgement they count, [`counters`]).
 //!
 //! **Commit protocol.** Callers encode everything (batches, dead letters, fingerprints) on their
 //! own thread and send the request to a dedicated committer thread. Each request is applied in
@@ -29,6 +31,7 @@
 
 mod codec;
 mod committer;
+mod counters;
 mod error;
 mod identity;
 mod segments;
@@ -46,14 +49,14 @@ pub use error::StateError;
 pub use identity::PipelineIdentity;
 pub use segments::SEGMENT_ROLL_BYTES;
 pub use summary::{
-    BatchBody, BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, PipelineSummary,
-    PositionEncoding, PositionInfo, ShardBacklog, SinkPartitionSummary, StateSummary,
-    RECENT_DEAD_LETTERS,
+    gave_up_value_name, BatchBody, BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, ErrorRecord,
+    PipelineSummary, PositionEncoding, PositionInfo, ShardBacklog, ShardRunStatus,
+    SinkPartitionSummary, SinkRunStatus, StateSummary, RECENT_DEAD_LETTERS,
 };
 pub use types::{
-    AckExtras, BatchStorage, CommitReceipt, DeadLetter, EpochCommit, PayloadRef, SealedBatch,
-    SinkEpochCommit, SinkPartition, StoreOptions, StoreStats, StoredBatch, StoredBody,
-    StoredDeadLetter,
+    AckExtras, BatchStorage, CommitReceipt, CounterAdd, DeadLetter, EpochCommit, PayloadRef,
+    SealedBatch, SinkEpochCommit, SinkPartition, StoreOptions, StoreStats, StoredBatch, StoredBody,
+    StoredCounter, StoredDeadLetter,
 };
 
 use codec::BodyRecord;
@@ -246,6 +249,7 @@ impl StateStore {
             key.partition,
             &extras.dead_letters,
         )?;
+        ack.counters = counters::prepare(&key.pipeline, key.partition, &extras.counters)?;
         self.inner.submit(Op::Ack(ack)).await.map(|_| ())
     }
 
@@ -264,6 +268,30 @@ impl StateStore {
         let key = codec::sink_value_key(pipeline, sink, name);
         let op = Op::SetSinkValue(key, value);
         self.inner.submit(op).await.map(|_| ())
+    }
+
+    /// Durably adds to counters of `pipeline`/`partition` on their own, for what no commit or
+    /// acknowledgement carries (a failed attempt). Joins the commit group in progress, if any.
+    pub async fn add_counters(
+        &self,
+        pipeline: &str,
+        partition: u32,
+        adds: &[CounterAdd],
+    ) -> Result<(), StateError> {
+        check_name("pipeline", pipeline)?;
+        let prepared = counters::prepare(pipeline, partition, adds)?;
+        if prepared.is_empty() {
+            return Ok(());
+        }
+        self.inner
+            .submit(Op::AddCounters(prepared))
+            .await
+            .map(|_| ())
+    }
+
+    /// Every persisted counter, in (pipeline, owner, partition, name) order.
+    pub fn counters(&self) -> Result<Vec<StoredCounter>, StateError> {
+        counters::read_all(&self.inner.trees)
     }
 
     /// Blocking form of [`StateStore::acknowledge`].
@@ -634,6 +662,7 @@ fn prepare_commit(c: &EpochCommit) -> Result<PreparedCommit, StateError> {
         )?,
         sinks,
         removed_dead_letters: Vec::new(),
+        counters: counters::prepare(&c.pipeline, c.partition, &c.counters)?,
     })
 }
 
@@ -674,6 +703,7 @@ fn prepare_requeue(
         source_dead_letters: none(SOURCE_OWNER)?,
         sinks: prepared,
         removed_dead_letters: items.iter().map(|(l, _)| dead_letter_key(l)).collect(),
+        counters: Vec::new(),
     })
 }
 
@@ -711,6 +741,7 @@ fn prepare_ack(
             counter_key: Vec::new(),
             items: Vec::new(),
         },
+        counters: Vec::new(),
     })
 }
 

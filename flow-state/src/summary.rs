@@ -26,6 +26,9 @@ pub struct PipelineSummary {
     pub sinks: Vec<SinkPartitionSummary>,
     /// Dead letters of the source (owner `"source"`), per partition.
     pub source_dead_letters: Vec<DeadLetterGroupSummary>,
+    /// Persisted counters of the source (owner `"source"`), per partition and name.
+    #[serde(default)]
+    pub source_counters: BTreeMap<u32, BTreeMap<String, u64>>,
 }
 
 /// A committed source position. Positions are opaque bytes: `value` holds them in the encoding
@@ -102,6 +105,50 @@ pub struct SinkPartitionSummary {
     pub dead_letter_count: u64,
     /// The newest dead letters, newest last.
     pub recent_dead_letters: Vec<DeadLetterInfo>,
+    /// Persisted counters of this sink partition, by name (totals over every run).
+    #[serde(default)]
+    pub counters: BTreeMap<String, u64>,
+    /// Why the sink gave up in its last run, if it did (recorded when it happened; a new run of
+    /// the sink clears it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gave_up: Option<ErrorRecord>,
+    /// What the running worker saw since it started; the store does not keep it (a worker's
+    /// status snapshot fills it in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<SinkRunStatus>,
+}
+
+/// A sink partition as the running worker saw it since it started.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SinkRunStatus {
+    /// When the worker started (ms since the Unix epoch).
+    pub since_ms: u64,
+    /// Per shard (`""` when unsharded), failed INSERT attempts and their retries.
+    pub shards: BTreeMap<String, ShardRunStatus>,
+    /// The sink gave up: it fails every later write until the worker restarts.
+    pub gave_up: Option<ErrorRecord>,
+}
+
+/// One shard's failures since the worker started.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ShardRunStatus {
+    /// Failed INSERT attempts.
+    pub errors: u64,
+    /// Failed attempts that were tried again.
+    pub retries: u64,
+    pub last_error: Option<ErrorRecord>,
+}
+
+/// An error as shown to an operator.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorRecord {
+    /// The server's error code, when the server answered with one.
+    pub code: Option<u32>,
+    /// The error class (`transient`, `permanent`, ...).
+    pub class: String,
+    pub text: String,
+    /// When it happened (ms since the Unix epoch).
+    pub at_ms: u64,
 }
 
 /// One shard's part of a sink partition's backlog.
@@ -209,7 +256,27 @@ fn recent_dead_letters(trees: &Trees, prefix: &[u8]) -> Result<Vec<DeadLetterInf
 /// `unanswered/<partition>/<seq>` (written by the ClickHouse sinks).
 const UNANSWERED_PREFIX: &str = "unanswered/";
 
-/// Counts the unanswered-attempt records of each sink partition.
+impl ErrorRecord {
+    /// The bytes of the record as a sink value keeps it.
+    pub fn encode(&self) -> Vec<u8> {
+        // Serializing a struct of strings and numbers into a Vec cannot fail.
+        bincode::serialize(self).unwrap_or_default()
+    }
+
+    /// A record from [`ErrorRecord::encode`]; `None` for bytes of another format.
+    pub fn decode(bytes: &[u8]) -> Option<ErrorRecord> {
+        bincode::deserialize(bytes).ok()
+    }
+}
+
+/// The sink value a sink partition's give-up is recorded under (an [`ErrorRecord`] in JSON).
+pub fn gave_up_value_name(partition: u32) -> String {
+    format!("{GAVE_UP_PREFIX}{partition}")
+}
+
+const GAVE_UP_PREFIX: &str = "gave_up/";
+
+/// Counts the unanswered-attempt records of each sink partition and reads their give-ups.
 fn count_unanswered(
     trees: &Trees,
     sinks: &mut BTreeMap<(String, String, u32), SinkPartitionSummary>,
@@ -222,6 +289,22 @@ fn count_unanswered(
             continue;
         };
         let name = String::from_utf8_lossy(name);
+        if let Some(partition) = name
+            .strip_prefix(GAVE_UP_PREFIX)
+            .and_then(|p| p.parse().ok())
+        {
+            let pipeline = String::from_utf8_lossy(pipeline).into_owned();
+            let sink = String::from_utf8_lossy(sink).into_owned();
+            // A record this version cannot read is not shown rather than failing `status`.
+            let record = trees
+                .sink_values
+                .get(&k)
+                .ok()
+                .flatten()
+                .and_then(|v| ErrorRecord::decode(&v));
+            sink_entry(sinks, pipeline, sink, partition).gave_up = record;
+            continue;
+        }
         let Some(partition) = name
             .strip_prefix(UNANSWERED_PREFIX)
             .and_then(|rest| rest.split('/').next())
@@ -319,6 +402,23 @@ pub(crate) fn build(trees: &Trees) -> Result<StateSummary, StateError> {
         }
     }
     count_unanswered(trees, &mut sinks)?;
+    for counter in crate::counters::read_all(trees)? {
+        let pipeline = counter.pipeline;
+        if counter.owner == SOURCE_OWNER {
+            summary
+                .pipelines
+                .entry(pipeline)
+                .or_default()
+                .source_counters
+                .entry(counter.partition)
+                .or_default()
+                .insert(counter.name, counter.value);
+        } else {
+            sink_entry(&mut sinks, pipeline, counter.owner, counter.partition)
+                .counters
+                .insert(counter.name, counter.value);
+        }
+    }
     for ((pipeline, _, _), entry) in sinks {
         summary
             .pipelines

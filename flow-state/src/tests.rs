@@ -47,6 +47,7 @@ fn epoch(partition: u32, position: &str, sinks: Vec<SinkEpochCommit>) -> EpochCo
         position: position.as_bytes().to_vec(),
         source_dead_letters: Vec::new(),
         sinks,
+        counters: Vec::new(),
     }
 }
 
@@ -1189,5 +1190,99 @@ fn the_summary_counts_each_sink_partitions_unanswered_attempt_records() {
     let sinks = &summary.pipelines["pipe"].sinks;
     assert_eq!(sinks.len(), 1);
     assert_eq!((sinks[0].partition, sinks[0].unanswered), (2, 2));
+    store.close().unwrap();
+}
+
+#[test]
+fn counters_added_with_commits_acknowledgements_and_alone_persist_across_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let add = |owner: &str, name: &str, by| CounterAdd {
+        owner: owner.to_owned(),
+        name: name.to_owned(),
+        by,
+    };
+    {
+        let store = StateStore::open(dir.path()).unwrap();
+        let mut commit = epoch(2, "p1", vec![sink("ch", vec![batch(2, 0, 16)])]);
+        commit.counters = vec![add(SOURCE_OWNER, "messages", 10), add("ch", "zero", 0)];
+        store.commit_blocking(commit.clone()).unwrap();
+        commit.position = b"p2".to_vec();
+        commit.sinks.clear();
+        store.commit_blocking(commit).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let extras = AckExtras {
+                counters: vec![add("ch", "rows/a", 10)],
+                ..AckExtras::default()
+            };
+            store
+                .acknowledge_with(&key("ch", 2), 0, extras)
+                .await
+                .unwrap();
+            let failures = [add("ch", "errors/a", 1), add("ch", "errors/a", 2)];
+            store.add_counters("pipe", 2, &failures).await.unwrap();
+        });
+        store.close().unwrap();
+    }
+    let store = StateStore::open(dir.path()).unwrap();
+    let stored: Vec<(String, u32, String, u64)> = store
+        .counters()
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.owner, c.partition, c.name, c.value))
+        .collect();
+    let expected = [
+        ("ch", "errors/a", 3),
+        ("ch", "rows/a", 10),
+        ("source", "messages", 20),
+    ];
+    assert_eq!(
+        stored,
+        expected
+            .map(|(o, n, v)| (o.to_owned(), 2, n.to_owned(), v))
+            .to_vec()
+    );
+    let summary = store.summary().unwrap();
+    let pipeline = &summary.pipelines["pipe"];
+    assert_eq!(pipeline.source_counters[&2]["messages"], 20);
+    assert_eq!(pipeline.sinks[0].counters["rows/a"], 10);
+    store.close().unwrap();
+}
+
+#[test]
+fn a_recorded_give_up_shows_in_the_summary_of_its_sink_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    store
+        .commit_blocking(epoch(1, "p1", vec![sink("ch", vec![batch(1, 0, 16)])]))
+        .unwrap();
+    let record = ErrorRecord {
+        code: Some(60),
+        class: "permanent".to_owned(),
+        text: "Giving up insert into ClickHouse: no table".to_owned(),
+        at_ms: 1_700_000_000_000,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let value = Some(record.encode());
+        store
+            .set_sink_value("pipe", "ch", &gave_up_value_name(1), value)
+            .await
+            .unwrap();
+    });
+    let summary = store.summary().unwrap();
+    let sinks = &summary.pipelines["pipe"].sinks;
+    assert_eq!(
+        sinks
+            .iter()
+            .map(|s| (s.partition, s.gave_up.clone()))
+            .collect::<Vec<_>>(),
+        vec![(1, Some(record))]
+    );
+    assert_eq!(ErrorRecord::decode(b"not a record"), None);
     store.close().unwrap();
 }

@@ -38,6 +38,28 @@ pub struct EpochCommit {
     /// Stored under owner `"source"`.
     pub source_dead_letters: Vec<DeadLetter>,
     pub sinks: Vec<SinkEpochCommit>,
+    /// Additions to this partition's persisted counters, made in the same transaction.
+    pub counters: Vec<CounterAdd>,
+}
+
+/// An addition to one persisted counter of a pipeline partition: `owner` is a sink name or
+/// [`crate::SOURCE_OWNER`], `name` says what is counted (the store does not interpret it).
+/// Counters only grow; an addition of 0 writes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct CounterAdd {
+    pub owner: String,
+    pub name: String,
+    pub by: u64,
+}
+
+/// A persisted counter's value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredCounter {
+    pub pipeline: String,
+    pub owner: String,
+    pub partition: u32,
+    pub name: String,
+    pub value: u64,
 }
 
 /// The part of an epoch commit that belongs to one sink.
@@ -175,6 +197,8 @@ pub struct AckExtras {
     pub removed_sink_values: Vec<String>,
     /// Rows of the batch set aside; they join the sink's dead letters of the partition.
     pub dead_letters: Vec<DeadLetter>,
+    /// Additions to the partition's persisted counters (what the delivery counts).
+    pub counters: Vec<CounterAdd>,
 }
 
 /// A dead letter as stored: its owner (a sink name, or [`crate::SOURCE_OWNER`]) and its place in

@@ -5,7 +5,9 @@
 //! Sink `ch` commits with [`BatchStorage::Bounds`] (only metadata and the epoch start are kept),
 //! sink `file` with [`BatchStorage::Payload`] (payloads in segment files). After every reopen the
 //! payload directory must hold exactly the segments that stored batches reference: a crash must
-//! not leak disk.
+//! not leak disk. The persisted counters added in each commit (epochs) and acknowledgement
+//! (acknowledged batches) must equal, after every kill, what the store holds: they ride in the
+//! same transactions.
 
 // Test code: a failed unwrap is a failed test (helpers outside #[test] fns are not covered by
 // clippy.toml's allow-unwrap-in-tests).
@@ -18,8 +20,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flow_state::{
-    BatchStorage, DeadLetter, EpochCommit, PayloadRef, SealedBatch, SinkEpochCommit, SinkPartition,
-    StateStore, StoredBody, SOURCE_OWNER,
+    AckExtras, BatchStorage, CounterAdd, DeadLetter, EpochCommit, PayloadRef, SealedBatch,
+    SinkEpochCommit, SinkPartition, StateStore, StoredBody, SOURCE_OWNER,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -151,7 +153,30 @@ fn epoch_commit(partition: u32, epoch: u64) -> EpochCommit {
                 dead_letters: Vec::new(),
             })
             .collect(),
+        counters: vec![counter_add(SOURCE_OWNER, EPOCHS_COUNTER)],
     }
+}
+
+/// Counts epochs in each commit's transaction (owner "source") and acknowledgements in each
+/// acknowledgement's (owner = sink): after any crash they must equal what the store holds.
+const EPOCHS_COUNTER: &str = "epochs";
+const ACKS_COUNTER: &str = "acknowledged";
+
+fn counter_add(owner: &str, name: &str) -> CounterAdd {
+    CounterAdd {
+        owner: owner.to_owned(),
+        name: name.to_owned(),
+        by: 1,
+    }
+}
+
+fn counter(store: &StateStore, owner: &str, partition: u32, name: &str) -> u64 {
+    store
+        .counters()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.owner == owner && c.partition == partition && c.name == name)
+        .map_or(0, |c| c.value)
 }
 
 fn parse_epoch(position: &[u8]) -> u64 {
@@ -171,6 +196,9 @@ fn acked_value_name(partition: u32) -> String {
 
 fn child_partition_loop(store: StateStore, partition: u32, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed ^ u64::from(partition));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let mut next_epoch = store
         .position(PIPELINE, partition)
         .unwrap()
@@ -197,8 +225,13 @@ fn child_partition_loop(store: StateStore, partition: u32, seed: u64) {
                     acked_value_name(partition),
                     oldest.seq.to_be_bytes().to_vec(),
                 );
-                store
-                    .acknowledge_blocking(&k, oldest.seq, vec![value])
+                let extras = AckExtras {
+                    sink_values: vec![value],
+                    counters: vec![counter_add(sink, ACKS_COUNTER)],
+                    ..AckExtras::default()
+                };
+                runtime
+                    .block_on(store.acknowledge_with(&k, oldest.seq, extras))
                     .unwrap();
                 println!("@@ ACKED {sink} {partition} {}", oldest.seq);
             }
@@ -331,6 +364,11 @@ fn check_invariants(
             expected_dls,
             "round {round}: source dead letters of partition {partition}"
         );
+        assert_eq!(
+            counter(store, SOURCE_OWNER, partition, EPOCHS_COUNTER),
+            epoch.map_or(0, |e| e + 1),
+            "round {round}: partition {partition}: the epochs counter is atomic with the position"
+        );
         if let Some(e) = epoch {
             now.epoch.insert(partition, e);
         }
@@ -422,6 +460,12 @@ fn check_invariants(
                 .unwrap();
             let expected_value = head.checked_sub(1).map(|s| s.to_be_bytes().to_vec());
             assert_eq!(value, expected_value, "round {round}: {k}: acked value");
+            // Batches are acknowledged oldest first from seq 0: `head` of them so far.
+            assert_eq!(
+                counter(store, sink, partition, ACKS_COUNTER),
+                head,
+                "round {round}: {k}: the acknowledgement counter is atomic with the removal"
+            );
             now.head.insert(ack_key, head);
         }
     }

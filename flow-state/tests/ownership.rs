@@ -10,6 +10,7 @@ fn commit(store: &StateStore, pipeline: &str, partition: u32) -> anyhow::Result<
         position: b"p".to_vec(),
         source_dead_letters: Vec::new(),
         sinks: Vec::new(),
+        counters: Vec::new(),
     })?;
     Ok(())
 }

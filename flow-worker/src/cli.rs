@@ -36,6 +36,10 @@ enum Command {
         /// State directory; wins over `state_dir` in the spec.
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Serve Prometheus metrics at http://HOST:PORT/metrics (an IP address and port); wins
+        /// over `metrics.listen` in the spec.
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Deliver every batch pending in the outbox without reading the source, then exit 0: the
     /// topology can then be changed. Run it on a stopped worker with the unchanged spec.
@@ -117,9 +121,19 @@ pub fn main() -> ExitCode {
     init_logging(cli.log_format, default_level);
     let registry = crate::registry();
     let result = match cli.command {
-        Command::Run { spec, state_dir } => {
+        Command::Run {
+            spec,
+            state_dir,
+            metrics_addr,
+        } => {
             let progress = progress::wanted(cli.log_format == LogFormat::Json);
-            run::run(&registry, &spec, state_dir.as_deref(), progress)
+            run::run(
+                &registry,
+                &spec,
+                state_dir.as_deref(),
+                progress,
+                metrics_addr,
+            )
         }
         Command::Drain { spec, state_dir } => drain::drain(&registry, &spec, state_dir.as_deref()),
         Command::Validate { spec } => Ok(validate(&registry, &spec)),

@@ -5,13 +5,15 @@
 //! what the outbox holds without reading the source, `status` reads a state directory and shows
 //! positions, undelivered batches, fingerprints and dead letters, `dead-letters` lists, exports or
 //! purges what sources and sinks set aside, and `verify` checks that the replicas of every
-//! ClickHouse shard hold the same rows. The
+//! ClickHouse shard hold the same rows. `run` serves Prometheus metrics at `/metrics` when asked
+//! to (`metrics_endpoint`). The
 //! CLI lives in this library so that test harnesses can ship the same binary under their own name.
 
 mod cli;
 mod dead_letters;
 mod drain;
 mod memory;
+mod metrics_endpoint;
 mod progress;
 mod run;
 mod status;

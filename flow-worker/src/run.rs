@@ -2,9 +2,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use flow_core::{Pipeline, PipelineControl, PipelineSpec, Registry};
+use flow_core::{Metrics, Pipeline, PipelineControl, PipelineSpec, Registry};
 use flow_state::StateStore;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
@@ -17,10 +18,12 @@ pub fn run(
     spec_path: &Path,
     state_dir: Option<&Path>,
     show_progress: bool,
+    metrics_addr: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<ExitCode> {
     let spec = PipelineSpec::from_file(spec_path)?;
     let validated = registry.build(&spec)?;
     let state_dir = resolve_state_dir(spec_path, state_dir, &validated)?;
+    let metrics_addr = metrics_addr.or(validated.metrics.map(|m| m.listen));
     // Before the runtime's threads exist, so that every arena gets the settings.
     crate::memory::configure_allocator();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -32,14 +35,21 @@ pub fn run(
         let store = open_store(&state_dir).await?;
         let pipeline = Pipeline::new(validated, store.clone());
         let control = pipeline.control();
+        let metrics = pipeline.metrics();
+        pipeline.load_counters().await?;
+        let endpoint = match metrics_addr {
+            Some(addr) => Some(crate::metrics_endpoint::serve(addr, Arc::clone(&metrics)).await?),
+            None => None,
+        };
         let (outbox, outbox_samples) = watch::channel(None);
-        let snapshots = tokio::spawn(write_snapshots(
-            store.clone(),
-            state_dir.clone(),
-            control.clone(),
-            spec.pipeline.clone(),
+        let snapshots = tokio::spawn(write_snapshots(Snapshots {
+            store: store.clone(),
+            state_dir: state_dir.clone(),
+            control: control.clone(),
+            pipeline: spec.pipeline.clone(),
+            metrics,
             outbox,
-        ));
+        }));
         let progress = show_progress.then(|| {
             ProgressLine::start(spec.pipeline.clone(), spec.partitions, control.clone(), outbox_samples)
         });
@@ -57,6 +67,7 @@ pub fn run(
         signals.abort();
         snapshots.abort();
         memory.abort();
+        drop(endpoint);
         // Once the worker is gone, `status` reads the store itself.
         let _ = std::fs::remove_file(crate::status::snapshot_path(&state_dir));
         let closed = close_store(store, &state_dir).await;
@@ -173,16 +184,30 @@ async fn handle_signals(control: PipelineControl, registry: Registry, spec_path:
 /// store is locked.
 const SNAPSHOT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Writes `StateStore::summary`, with the running pipeline's source lag, to the state directory
-/// every `SNAPSHOT_INTERVAL` (atomically: a temporary file, then a rename), and hands the outbox
-/// it shows to the progress line.
-async fn write_snapshots(
+/// What the snapshot task reads and where it writes.
+struct Snapshots {
     store: StateStore,
     state_dir: PathBuf,
     control: PipelineControl,
     pipeline: String,
+    metrics: Arc<Metrics>,
+    /// Where the progress line takes the outbox from.
     outbox: watch::Sender<Option<OutboxSample>>,
-) {
+}
+
+/// Writes `StateStore::summary`, with the running pipeline's source lag and what its sinks saw
+/// since the start, to the state directory every `SNAPSHOT_INTERVAL` (atomically: a temporary
+/// file, then a rename), sets the backlog and lag gauges of the metrics from it, and hands the
+/// outbox it shows to the progress line.
+async fn write_snapshots(snapshots: Snapshots) {
+    let Snapshots {
+        store,
+        state_dir,
+        control,
+        pipeline,
+        metrics,
+        outbox,
+    } = snapshots;
     let path = crate::status::snapshot_path(&state_dir);
     let temporary = path.with_extension("json.tmp");
     let mut warned = false;
@@ -196,6 +221,8 @@ async fn write_snapshots(
                     for (&partition, position) in &mut running.positions {
                         position.lag = control.source_lag(partition);
                     }
+                    metrics.observe_summary(&pipeline, running, flow_core::delivery::now_ms());
+                    metrics.fill_run_status(&pipeline, running);
                 }
                 serde_json::to_vec(&summary)
                     .map_err(|err| err.to_string())

@@ -4,8 +4,11 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use std::collections::BTreeMap;
+
 use anyhow::Context;
-use flow_state::{StateError, StateStore, StateSummary};
+use flow_core::{SinkCount, SinkCounter};
+use flow_state::{SinkPartitionSummary, StateError, StateStore, StateSummary};
 
 /// The file a running worker refreshes with its state summary (see `run`).
 pub fn snapshot_path(state_dir: &Path) -> PathBuf {
@@ -196,6 +199,8 @@ pub fn render(summary: &StateSummary, now_ms: u64) -> String {
                     sink.unanswered
                 );
             }
+            render_counters(&mut out, sink);
+            render_run(&mut out, sink, now_ms);
             for (name, value) in &sink.fingerprints {
                 let _ = writeln!(out, "    fingerprint {name} = {value}");
             }
@@ -205,6 +210,105 @@ pub fn render(summary: &StateSummary, now_ms: u64) -> String {
         }
     }
     out
+}
+
+/// The persisted totals of a sink partition (over every run), summed over shards.
+fn render_counters(out: &mut String, sink: &SinkPartitionSummary) {
+    if sink.counters.is_empty() {
+        return;
+    }
+    let mut totals: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    for (name, value) in &sink.counters {
+        let Some(counter) = SinkCounter::parse(name) else {
+            continue;
+        };
+        let what = match counter.count {
+            SinkCount::RowsDelivered => "rows",
+            SinkCount::BatchesDelivered => "batches",
+            SinkCount::Retries => "retries",
+            SinkCount::DroppedRows => "dropped",
+            SinkCount::LostRows => "lost",
+            SinkCount::DeadLetterRows => "dead letter rows",
+            SinkCount::GaveUp => "gave up",
+            SinkCount::UnansweredInserts => "unanswered inserts",
+            SinkCount::InsertErrors { class, code } => {
+                let code = code.map_or_else(|| "no code".to_owned(), |c| format!("code {c}"));
+                *errors.entry(format!("{class} {code}")).or_default() += value;
+                "insert errors"
+            }
+        };
+        *totals.entry(what).or_default() += value;
+    }
+    let get = |what: &str| totals.get(what).copied().unwrap_or(0);
+    let errors = errors
+        .iter()
+        .map(|(what, n)| format!("{what}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let errors = if errors.is_empty() {
+        String::new()
+    } else {
+        format!(" ({errors})")
+    };
+    let _ = writeln!(
+        out,
+        "    totals: {} rows in {} batches delivered, {} insert errors{errors}, {} unanswered, {} retries, {} dead letter rows, gave up {} time(s)",
+        get("rows"),
+        get("batches"),
+        get("insert errors"),
+        get("unanswered inserts"),
+        get("retries"),
+        get("dead letter rows"),
+        get("gave up"),
+    );
+    if totals.contains_key("dropped") || totals.contains_key("lost") {
+        let _ = writeln!(
+            out,
+            "    at-most-once: {} rows dropped (queue full), {} rows lost (failed, not retried)",
+            get("dropped"),
+            get("lost")
+        );
+    }
+}
+
+/// What a running worker saw since it started, and a give-up with its reason.
+fn render_run(out: &mut String, sink: &SinkPartitionSummary, now_ms: u64) {
+    let ago = |at_ms: u64| show_age(now_ms.saturating_sub(at_ms));
+    if let Some(run) = &sink.run {
+        for (shard, seen) in &run.shards {
+            let shard = if shard.is_empty() {
+                String::new()
+            } else {
+                format!("shard {shard} ")
+            };
+            let last = seen.last_error.as_ref().map_or_else(String::new, |e| {
+                let code = e.code.map_or_else(String::new, |c| format!("code {c}, "));
+                format!(
+                    "; last error {} ago ({code}{}): {}",
+                    ago(e.at_ms),
+                    e.class,
+                    e.text
+                )
+            });
+            let _ = writeln!(
+                out,
+                "    {shard}since start ({} ago): {} insert errors, {} retries{last}",
+                ago(run.since_ms),
+                seen.errors,
+                seen.retries
+            );
+        }
+    }
+    let gave_up = sink.run.as_ref().and_then(|r| r.gave_up.as_ref());
+    if let Some(reason) = gave_up.or(sink.gave_up.as_ref()) {
+        let _ = writeln!(
+            out,
+            "    GAVE UP {} ago: {} (the sink fails every write until the worker restarts; fix the cause, then restart)",
+            ago(reason.at_ms),
+            reason.text
+        );
+    }
 }
 
 /// `45s`, `3m05s`, `2h04m`.
@@ -220,7 +324,7 @@ fn show_age(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flow_state::{BatchInfo, ShardBacklog, SinkPartitionSummary};
+    use flow_state::{BatchInfo, ErrorRecord, ShardBacklog, ShardRunStatus, SinkRunStatus};
 
     #[test]
     fn positions_of_builtin_sources_print_as_numbers() {
@@ -297,6 +401,61 @@ mod tests {
         assert_eq!(
             lines[5],
             "    shard b: 2 undelivered, 20 rows, oldest age 2m05s"
+        );
+    }
+
+    #[test]
+    fn totals_failures_since_start_and_a_give_up_are_shown_per_sink_partition() {
+        let mut summary = StateSummary::default();
+        let pipeline = summary.pipelines.entry("p".to_owned()).or_default();
+        let counters = [
+            ("rows_delivered;shard=a", 700),
+            ("rows_delivered;shard=b", 300),
+            ("batches_delivered;shard=a", 7),
+            ("batches_delivered;shard=b", 3),
+            ("insert_errors;shard=b;class=retryable;code=210", 4),
+            ("retries;shard=b", 3),
+            ("gave_up;shard=b", 1),
+            ("lost_rows", 5),
+        ];
+        let error = ErrorRecord {
+            code: Some(210),
+            class: "retryable".to_owned(),
+            text: "connection refused".to_owned(),
+            at_ms: 1_050_000,
+        };
+        let shard_b = ShardRunStatus {
+            errors: 4,
+            retries: 3,
+            last_error: Some(error.clone()),
+        };
+        pipeline.sinks.push(SinkPartitionSummary {
+            sink: "ch".to_owned(),
+            counters: counters
+                .map(|(n, v)| (n.to_owned(), v))
+                .into_iter()
+                .collect(),
+            run: Some(SinkRunStatus {
+                since_ms: 1_000_000,
+                shards: [("b".to_owned(), shard_b)].into_iter().collect(),
+                gave_up: Some(ErrorRecord {
+                    text: "Giving up insert into ClickHouse: ...".to_owned(),
+                    ..error
+                }),
+            }),
+            ..SinkPartitionSummary::default()
+        });
+        let text = render(&summary, 1_060_000);
+        let lines: Vec<&str> = text.lines().skip(4).collect();
+        assert_eq!(
+            lines,
+            [
+                "    totals: 1000 rows in 10 batches delivered, 4 insert errors (retryable code 210: 4), 0 unanswered, 3 retries, 0 dead letter rows, gave up 1 time(s)",
+                "    at-most-once: 0 rows dropped (queue full), 5 rows lost (failed, not retried)",
+                "    shard b since start (1m00s ago): 4 insert errors, 3 retries; last error 10s ago (code 210, retryable): connection refused",
+                "    GAVE UP 10s ago: Giving up insert into ClickHouse: ... (the sink fails every write until the worker restarts; fix the cause, then restart)",
+            ],
+            "{text}"
         );
     }
 }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use flow_state::{SealedBatch, SinkPartition, StateStore};
+use flow_state::{AckExtras, SealedBatch, SinkPartition, StateStore};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Mutex};
 
@@ -23,6 +23,7 @@ use crate::delivery::{
 };
 use crate::error::{SinkError, Violation};
 use crate::message::MessageBatch;
+use crate::metrics::{SinkCount, SinkMetrics};
 use crate::plugin::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkFactory};
 use crate::row_json::{write_json_string, write_row_object};
 
@@ -142,6 +143,7 @@ impl Sealer for DebugSink {
         let deliverer: Arc<dyn BatchDeliverer> = Arc::new(FileDeliverer {
             target: Arc::clone(&self.target),
             store: self.ctx.store.clone(),
+            metrics: self.ctx.metrics.clone(),
         });
         delivery.open(
             key.clone(),
@@ -294,6 +296,31 @@ impl FileTarget {
 struct FileDeliverer {
     target: Arc<FileTarget>,
     store: StateStore,
+    metrics: SinkMetrics,
+}
+
+impl FileDeliverer {
+    /// Acknowledges `batch` with its delivery counters and the sink values given.
+    async fn acknowledge(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        sink_values: Vec<(String, Vec<u8>)>,
+    ) -> Result<(), SinkError> {
+        let counters = vec![
+            self.metrics.add(SinkCount::RowsDelivered, None, batch.rows),
+            self.metrics.add(SinkCount::BatchesDelivered, None, 1),
+        ];
+        let extras = AckExtras {
+            sink_values,
+            counters: counters.clone(),
+            ..AckExtras::default()
+        };
+        self.store.acknowledge_with(key, seq, extras).await?;
+        self.metrics.applied(&counters);
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -316,7 +343,7 @@ impl BatchDeliverer for FileDeliverer {
                 reason: err.to_string(),
             })?
             .map_err(|e| self.target.io("cannot write to stdout", e))?;
-            return Ok(self.store.acknowledge(key, seq, Vec::new()).await?);
+            return self.acknowledge(key, seq, batch, Vec::new()).await;
         }
         // The lock is held until the acknowledgement is durable, so the length in state always
         // matches a prefix of the file.
@@ -341,13 +368,8 @@ impl BatchDeliverer for FileDeliverer {
         .map_err(|err| SinkError::Delivery {
             reason: err.to_string(),
         })??;
-        self.store
-            .acknowledge(
-                key,
-                seq,
-                vec![(self.target.state_name.clone(), len.to_be_bytes().to_vec())],
-            )
-            .await?;
+        let length = (self.target.state_name.clone(), len.to_be_bytes().to_vec());
+        self.acknowledge(key, seq, batch, vec![length]).await?;
         *guard = Some((file, len));
         Ok(())
     }

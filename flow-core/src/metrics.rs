@@ -1,0 +1,816 @@
+//! The pipeline's Prometheus metrics ([`Metrics`]) and the counters behind them.
+//!
+//! Every `_total` counter is persisted in the state store ([`flow_state::CounterAdd`]): its
+//! addition rides in the transaction of what it counts (an epoch's commit, a batch's
+//! acknowledgement) or, for failures, goes alone; the live counter moves only once that addition
+//! is durable, and a start loads the stored totals first ([`Metrics::load`]). So a counter never
+//! goes backwards, across restarts and kill -9 alike. Gauges (backlog, lag) are refreshed from the
+//! store's summary by the embedding program ([`Metrics::observe_summary`]).
+//!
+//! Cost: counters move per epoch or per batch, never per row; a sink partition holds a
+//! [`SinkMetrics`] handle, and a label set is looked up (one hash, one read lock) per batch.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use flow_state::{
+    CounterAdd, ErrorRecord, PipelineSummary, SinkRunStatus, StateError, StateStore, StoredCounter,
+    SOURCE_OWNER,
+};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// What a persisted source counter counts (owner [`SOURCE_OWNER`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceCount {
+    Messages,
+    EpochsCommitted,
+    DeadLetters,
+}
+
+impl SourceCount {
+    /// The name it is persisted under.
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceCount::Messages => "messages",
+            SourceCount::EpochsCommitted => "epochs_committed",
+            SourceCount::DeadLetters => "dead_letters",
+        }
+    }
+
+    fn parse(name: &str) -> Option<SourceCount> {
+        [
+            SourceCount::Messages,
+            SourceCount::EpochsCommitted,
+            SourceCount::DeadLetters,
+        ]
+        .into_iter()
+        .find(|c| c.name() == name)
+    }
+
+    /// The addition of `by` to this counter, for an [`flow_state::EpochCommit`].
+    pub fn addition(self, by: u64) -> CounterAdd {
+        CounterAdd {
+            owner: SOURCE_OWNER.to_owned(),
+            name: self.name().to_owned(),
+            by,
+        }
+    }
+}
+
+/// What a persisted sink counter counts.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SinkCount {
+    RowsDelivered,
+    BatchesDelivered,
+    /// Failed INSERT attempts that were tried again.
+    Retries,
+    /// Failed INSERT attempts, by error class and server code.
+    InsertErrors {
+        class: String,
+        code: Option<u32>,
+    },
+    /// At-most-once: rows that did not fit the lossy queue.
+    DroppedRows,
+    /// At-most-once: rows whose INSERT failed and was not retried.
+    LostRows,
+    DeadLetterRows,
+    /// Inserts given up (the sink then fails every later write until a restart).
+    GaveUp,
+    /// INSERT attempts that sent the whole body and got no verdict (they may have landed).
+    UnansweredInserts,
+}
+
+/// A sink counter of one shard (`None`: the sink is not sharded, or the count is not a shard's).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SinkCounter {
+    pub count: SinkCount,
+    pub shard: Option<String>,
+}
+
+impl SinkCounter {
+    pub fn new(count: SinkCount, shard: Option<&str>) -> SinkCounter {
+        SinkCounter {
+            count,
+            shard: shard.filter(|s| !s.is_empty()).map(str::to_owned),
+        }
+    }
+
+    /// The name it is persisted under: `rows_delivered`, `rows_delivered;shard=a`,
+    /// `insert_errors;shard=a;class=retryable;code=210`.
+    pub fn name(&self) -> String {
+        let base = match &self.count {
+            SinkCount::RowsDelivered => "rows_delivered",
+            SinkCount::BatchesDelivered => "batches_delivered",
+            SinkCount::Retries => "retries",
+            SinkCount::InsertErrors { .. } => "insert_errors",
+            SinkCount::DroppedRows => "dropped_rows",
+            SinkCount::LostRows => "lost_rows",
+            SinkCount::DeadLetterRows => "dead_letter_rows",
+            SinkCount::GaveUp => "gave_up",
+            SinkCount::UnansweredInserts => "unanswered_inserts",
+        };
+        let mut name = base.to_owned();
+        if let Some(shard) = &self.shard {
+            name.push_str(";shard=");
+            name.push_str(shard);
+        }
+        if let SinkCount::InsertErrors { class, code } = &self.count {
+            name.push_str(";class=");
+            name.push_str(class);
+            if let Some(code) = code {
+                name.push_str(&format!(";code={code}"));
+            }
+        }
+        name
+    }
+
+    /// The counter a persisted name stands for (`None`: a name this version does not know).
+    pub fn parse(name: &str) -> Option<SinkCounter> {
+        let mut parts = name.split(';');
+        let base = parts.next()?;
+        let mut labels: BTreeMap<&str, &str> = BTreeMap::new();
+        for part in parts {
+            let (key, value) = part.split_once('=')?;
+            labels.insert(key, value);
+        }
+        let count = match base {
+            "rows_delivered" => SinkCount::RowsDelivered,
+            "batches_delivered" => SinkCount::BatchesDelivered,
+            "retries" => SinkCount::Retries,
+            "insert_errors" => SinkCount::InsertErrors {
+                class: (*labels.get("class")?).to_owned(),
+                code: match labels.get("code") {
+                    Some(code) => Some(code.parse().ok()?),
+                    None => None,
+                },
+            },
+            "dropped_rows" => SinkCount::DroppedRows,
+            "lost_rows" => SinkCount::LostRows,
+            "dead_letter_rows" => SinkCount::DeadLetterRows,
+            "gave_up" => SinkCount::GaveUp,
+            "unanswered_inserts" => SinkCount::UnansweredInserts,
+            _ => return None,
+        };
+        Some(SinkCounter::new(count, labels.get("shard").copied()))
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PartitionLabels {
+    pipeline: String,
+    partition: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct ShardLabels {
+    pipeline: String,
+    sink: String,
+    partition: u32,
+    shard: Option<String>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    pipeline: String,
+    sink: String,
+    partition: u32,
+    shard: Option<String>,
+    class: String,
+    code: Option<u32>,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Seconds from 1 ms to about 33 s.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// The counter families of the source side.
+struct SourceFamilies {
+    messages: Family<PartitionLabels, Counter>,
+    epochs: Family<PartitionLabels, Counter>,
+    dead_letters: Family<PartitionLabels, Counter>,
+    commit_seconds: HistogramFamily<PartitionLabels>,
+    lag: Family<PartitionLabels, Gauge>,
+}
+
+/// The families of the sink side.
+struct SinkFamilies {
+    rows_delivered: Family<ShardLabels, Counter>,
+    batches_delivered: Family<ShardLabels, Counter>,
+    retries: Family<ShardLabels, Counter>,
+    insert_errors: Family<ErrorLabels, Counter>,
+    dropped_rows: Family<ShardLabels, Counter>,
+    lost_rows: Family<ShardLabels, Counter>,
+    dead_letter_rows: Family<ShardLabels, Counter>,
+    gave_up: Family<ShardLabels, Counter>,
+    unanswered: Family<ShardLabels, Counter>,
+    insert_seconds: HistogramFamily<ShardLabels>,
+    pending_batches: Family<ShardLabels, Gauge>,
+    pending_rows: Family<ShardLabels, Gauge>,
+    oldest_pending_age: Family<ShardLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+/// Every metric of a worker, and what its sinks saw since it started (for `status`).
+pub struct Metrics {
+    registry: Registry,
+    source: SourceFamilies,
+    sink: SinkFamilies,
+    /// The label sets the backlog gauges were ever set for (0 while their backlog is empty).
+    backlog_labels: Mutex<BTreeSet<ShardLabels>>,
+    runs: Mutex<BTreeMap<(String, String, u32), SinkRunStatus>>,
+    started_ms: u64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Metrics> {
+        let mut registry = Registry::default();
+        let source = SourceFamilies::register(&mut registry);
+        let sink = SinkFamilies::register(&mut registry);
+        Arc::new(Metrics {
+            registry,
+            source,
+            sink,
+            backlog_labels: Mutex::new(BTreeSet::new()),
+            runs: Mutex::new(BTreeMap::new()),
+            started_ms: crate::delivery::now_ms(),
+        })
+    }
+
+    /// The Prometheus text exposition (format 0.0.4) of every metric.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+
+    /// Starts the counters of `pipeline` at their persisted totals (once, before the run).
+    pub fn load(&self, pipeline: &str, stored: &[StoredCounter]) {
+        for counter in stored.iter().filter(|c| c.pipeline == pipeline) {
+            self.add_one(
+                pipeline,
+                counter.partition,
+                &counter.owner,
+                &counter.name,
+                counter.value,
+            );
+        }
+    }
+
+    /// Moves the live counters by additions that are now durable. An addition of 0 creates no
+    /// series, as the store writes nothing for it: a series never vanishes at a restart.
+    pub fn applied(&self, pipeline: &str, partition: u32, adds: &[CounterAdd]) {
+        for add in adds.iter().filter(|add| add.by > 0) {
+            self.add_one(pipeline, partition, &add.owner, &add.name, add.by);
+        }
+    }
+
+    fn add_one(&self, pipeline: &str, partition: u32, owner: &str, name: &str, by: u64) {
+        if owner == SOURCE_OWNER {
+            let labels = PartitionLabels {
+                pipeline: pipeline.to_owned(),
+                partition,
+            };
+            let family = match SourceCount::parse(name) {
+                Some(SourceCount::Messages) => &self.source.messages,
+                Some(SourceCount::EpochsCommitted) => &self.source.epochs,
+                Some(SourceCount::DeadLetters) => &self.source.dead_letters,
+                None => return,
+            };
+            family.get_or_create(&labels).inc_by(by);
+            return;
+        }
+        if let Some(counter) = SinkCounter::parse(name) {
+            self.sink.add(pipeline, owner, partition, &counter, by);
+        }
+    }
+
+    /// How long an epoch's commit took.
+    pub fn observe_commit(&self, pipeline: &str, partition: u32, seconds: f64) {
+        let labels = PartitionLabels {
+            pipeline: pipeline.to_owned(),
+            partition,
+        };
+        self.source
+            .commit_seconds
+            .get_or_create(&labels)
+            .observe(seconds);
+    }
+
+    /// Sets the backlog gauges from the store's summary of `pipeline` (ages at `now_ms`), and the
+    /// lag of each partition that reports one.
+    pub fn observe_summary(&self, pipeline: &str, summary: &PipelineSummary, now_ms: u64) {
+        for (&partition, position) in &summary.positions {
+            if let Some(lag) = position.lag {
+                let labels = PartitionLabels {
+                    pipeline: pipeline.to_owned(),
+                    partition,
+                };
+                let lag = i64::try_from(lag).unwrap_or(i64::MAX);
+                self.source.lag.get_or_create(&labels).set(lag);
+            }
+        }
+        let mut known = lock(&self.backlog_labels);
+        let mut set = BTreeSet::new();
+        for sink in &summary.sinks {
+            let labels = |shard: Option<String>| ShardLabels {
+                pipeline: pipeline.to_owned(),
+                sink: sink.sink.clone(),
+                partition: sink.partition,
+                shard: shard.filter(|s| !s.is_empty()),
+            };
+            for (shard, backlog) in &sink.shards {
+                let labels = labels(Some(shard.clone()));
+                let age_ms = now_ms.saturating_sub(backlog.oldest_sealed_at_ms);
+                self.sink
+                    .set_backlog(&labels, backlog.undelivered, backlog.rows, age_ms);
+                set.insert(labels);
+            }
+            // A sink partition with nothing pending still shows 0 for each shard it delivered
+            // to (or for the sink, unsharded), so that a dashboard has a series to draw.
+            let delivered_to = sink
+                .counters
+                .keys()
+                .filter_map(|name| SinkCounter::parse(name))
+                .map(|counter| counter.shard);
+            known.extend(delivered_to.map(labels));
+            if sink.shards.is_empty() && sink.counters.is_empty() {
+                known.insert(labels(None));
+            }
+        }
+        for idle in known.difference(&set) {
+            self.sink.set_backlog(idle, 0, 0, 0);
+        }
+        known.extend(set);
+    }
+
+    /// Fills in what the sinks of `pipeline` saw since the worker started.
+    pub fn fill_run_status(&self, pipeline: &str, summary: &mut PipelineSummary) {
+        let runs = lock(&self.runs);
+        for sink in &mut summary.sinks {
+            let key = (pipeline.to_owned(), sink.sink.clone(), sink.partition);
+            let mut run = runs.get(&key).cloned().unwrap_or_default();
+            run.since_ms = self.started_ms;
+            sink.run = Some(run);
+        }
+    }
+
+    fn update_run(&self, key: (String, String, u32), update: impl FnOnce(&mut SinkRunStatus)) {
+        let mut runs = lock(&self.runs);
+        update(runs.entry(key).or_default());
+    }
+}
+
+impl SourceFamilies {
+    fn register(registry: &mut Registry) -> SourceFamilies {
+        let families = SourceFamilies {
+            messages: Family::default(),
+            epochs: Family::default(),
+            dead_letters: Family::default(),
+            commit_seconds: Family::new_with_constructor(latency_histogram),
+            lag: Family::default(),
+        };
+        registry.register(
+            "flow_source_messages",
+            "Messages read and committed, per partition",
+            families.messages.clone(),
+        );
+        registry.register(
+            "flow_source_dead_letters",
+            "Source records set aside as dead letters, per partition",
+            families.dead_letters.clone(),
+        );
+        registry.register(
+            "flow_epochs_committed",
+            "Epochs committed to the state store, per partition",
+            families.epochs.clone(),
+        );
+        registry.register(
+            "flow_commit_seconds",
+            "Time an epoch's commit took to be durable (group commit, one fsync per group)",
+            families.commit_seconds.clone(),
+        );
+        registry.register(
+            "flow_source_lag_messages",
+            "Messages the broker holds beyond the partition's position (broker sources)",
+            families.lag.clone(),
+        );
+        families
+    }
+}
+
+impl SinkFamilies {
+    fn register(registry: &mut Registry) -> SinkFamilies {
+        let f = SinkFamilies {
+            rows_delivered: Family::default(),
+            batches_delivered: Family::default(),
+            retries: Family::default(),
+            insert_errors: Family::default(),
+            dropped_rows: Family::default(),
+            lost_rows: Family::default(),
+            dead_letter_rows: Family::default(),
+            gave_up: Family::default(),
+            unanswered: Family::default(),
+            insert_seconds: Family::new_with_constructor(latency_histogram),
+            pending_batches: Family::default(),
+            pending_rows: Family::default(),
+            oldest_pending_age: Family::default(),
+        };
+        let counters: [(&str, &str, &Family<ShardLabels, Counter>); 8] = [
+            (
+                "flow_sink_rows_delivered",
+                "Rows the target holds, acknowledged in the outbox",
+                &f.rows_delivered,
+            ),
+            (
+                "flow_sink_batches_delivered",
+                "Batches (shard parts) the target holds",
+                &f.batches_delivered,
+            ),
+            (
+                "flow_sink_retries",
+                "Failed INSERT attempts that were tried again",
+                &f.retries,
+            ),
+            (
+                "flow_sink_dropped_rows",
+                "At-most-once rows dropped because the queue was full",
+                &f.dropped_rows,
+            ),
+            (
+                "flow_sink_lost_rows",
+                "At-most-once rows whose INSERT failed and was not retried",
+                &f.lost_rows,
+            ),
+            (
+                "flow_sink_dead_letter_rows",
+                "Rows set aside as dead letters by the sink",
+                &f.dead_letter_rows,
+            ),
+            (
+                "flow_sink_gave_up",
+                "Inserts given up; the sink then fails until a restart",
+                &f.gave_up,
+            ),
+            (
+                "flow_sink_unanswered_inserts",
+                "INSERTs sent whole without a verdict (timeout, broken connection, 319): they may have landed",
+                &f.unanswered,
+            ),
+        ];
+        for (name, help, family) in counters {
+            registry.register(name, help, family.clone());
+        }
+        registry.register(
+            "flow_sink_insert_errors",
+            "Failed INSERT attempts, by error class and server code",
+            f.insert_errors.clone(),
+        );
+        registry.register(
+            "flow_sink_insert_seconds",
+            "Duration of successful INSERTs",
+            f.insert_seconds.clone(),
+        );
+        let gauges: [(&str, &str, &Family<ShardLabels, Gauge>); 2] = [
+            (
+                "flow_sink_pending_batches",
+                "Batches in the outbox not yet delivered",
+                &f.pending_batches,
+            ),
+            (
+                "flow_sink_pending_rows",
+                "Rows in the outbox not yet delivered",
+                &f.pending_rows,
+            ),
+        ];
+        for (name, help, family) in gauges {
+            registry.register(name, help, family.clone());
+        }
+        registry.register(
+            "flow_sink_oldest_pending_age_seconds",
+            "Age of the oldest undelivered batch (compare with the shard's deduplication window)",
+            f.oldest_pending_age.clone(),
+        );
+        f
+    }
+
+    fn add(&self, pipeline: &str, sink: &str, partition: u32, counter: &SinkCounter, by: u64) {
+        let labels = ShardLabels {
+            pipeline: pipeline.to_owned(),
+            sink: sink.to_owned(),
+            partition,
+            shard: counter.shard.clone(),
+        };
+        let family = match &counter.count {
+            SinkCount::RowsDelivered => &self.rows_delivered,
+            SinkCount::BatchesDelivered => &self.batches_delivered,
+            SinkCount::Retries => &self.retries,
+            SinkCount::DroppedRows => &self.dropped_rows,
+            SinkCount::LostRows => &self.lost_rows,
+            SinkCount::DeadLetterRows => &self.dead_letter_rows,
+            SinkCount::GaveUp => &self.gave_up,
+            SinkCount::UnansweredInserts => &self.unanswered,
+            SinkCount::InsertErrors { class, code } => {
+                let labels = ErrorLabels {
+                    pipeline: labels.pipeline,
+                    sink: labels.sink,
+                    partition,
+                    shard: labels.shard,
+                    class: class.clone(),
+                    code: *code,
+                };
+                self.insert_errors.get_or_create(&labels).inc_by(by);
+                return;
+            }
+        };
+        family.get_or_create(&labels).inc_by(by);
+    }
+
+    fn set_backlog(&self, labels: &ShardLabels, batches: u64, rows: u64, age_ms: u64) {
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.pending_batches
+            .get_or_create(labels)
+            .set(gauge(batches));
+        self.pending_rows.get_or_create(labels).set(gauge(rows));
+        self.oldest_pending_age
+            .get_or_create(labels)
+            .set(age_ms as f64 / 1000.0);
+    }
+}
+
+/// One sink partition's handle on the metrics (in [`crate::SinkContext`]).
+#[derive(Clone)]
+pub struct SinkMetrics {
+    metrics: Arc<Metrics>,
+    store: StateStore,
+    pipeline: String,
+    sink: String,
+    partition: u32,
+}
+
+impl SinkMetrics {
+    pub fn new(
+        metrics: Arc<Metrics>,
+        store: StateStore,
+        pipeline: &str,
+        sink: &str,
+        partition: u32,
+    ) -> SinkMetrics {
+        SinkMetrics {
+            metrics,
+            store,
+            pipeline: pipeline.to_owned(),
+            sink: sink.to_owned(),
+            partition,
+        }
+    }
+
+    /// The addition of `by` to `count` of `shard`, to ride in a commit or an acknowledgement
+    /// ([`flow_state::AckExtras::counters`]); call [`SinkMetrics::applied`] once it is durable.
+    pub fn add(&self, count: SinkCount, shard: Option<&str>, by: u64) -> CounterAdd {
+        CounterAdd {
+            owner: self.sink.clone(),
+            name: SinkCounter::new(count, shard).name(),
+            by,
+        }
+    }
+
+    /// Moves the live counters by additions that are now durable.
+    pub fn applied(&self, adds: &[CounterAdd]) {
+        self.metrics.applied(&self.pipeline, self.partition, adds);
+    }
+
+    /// Makes additions durable on their own, then moves the live counters.
+    pub async fn record(&self, adds: &[CounterAdd]) -> Result<(), StateError> {
+        self.store
+            .add_counters(&self.pipeline, self.partition, adds)
+            .await?;
+        self.applied(adds);
+        Ok(())
+    }
+
+    /// How long a successful INSERT into `shard` took.
+    pub fn observe_insert(&self, shard: Option<&str>, seconds: f64) {
+        let labels = ShardLabels {
+            pipeline: self.pipeline.clone(),
+            sink: self.sink.clone(),
+            partition: self.partition,
+            shard: shard.filter(|s| !s.is_empty()).map(str::to_owned),
+        };
+        self.metrics
+            .sink
+            .insert_seconds
+            .get_or_create(&labels)
+            .observe(seconds);
+    }
+
+    /// A failed INSERT attempt into `shard` (`retried`: it will be tried again), for `status`;
+    /// the persisted counters go through [`SinkMetrics::record`].
+    pub fn failed(&self, shard: Option<&str>, error: ErrorRecord, retried: bool) {
+        let shard = shard.unwrap_or_default().to_owned();
+        self.metrics.update_run(self.key(), |run| {
+            let shard = run.shards.entry(shard).or_default();
+            shard.errors += 1;
+            shard.retries += u64::from(retried);
+            shard.last_error = Some(error);
+        });
+    }
+
+    /// The sink gave up an insert into `shard`: counted, recorded in the store for `status`
+    /// (a worker that then fails leaves the reason behind) and shown live (the first reason).
+    pub async fn gave_up(
+        &self,
+        shard: Option<&str>,
+        reason: ErrorRecord,
+    ) -> Result<(), StateError> {
+        let value = Some(reason.encode());
+        self.metrics.update_run(self.key(), |run| {
+            run.gave_up.get_or_insert(reason);
+        });
+        let name = flow_state::gave_up_value_name(self.partition);
+        self.store
+            .set_sink_value(&self.pipeline, &self.sink, &name, value)
+            .await?;
+        self.record(&[self.add(SinkCount::GaveUp, shard, 1)]).await
+    }
+
+    /// A new run of the sink partition: the last run's give-up record no longer holds.
+    pub async fn clear_gave_up(&self) -> Result<(), StateError> {
+        let name = flow_state::gave_up_value_name(self.partition);
+        let (store, pipeline, sink) =
+            (self.store.clone(), self.pipeline.clone(), self.sink.clone());
+        let read = name.clone();
+        // A sled read may touch the disk: off the runtime's threads.
+        let recorded =
+            tokio::task::spawn_blocking(move || store.sink_value(&pipeline, &sink, &read))
+                .await
+                // The blocking task ends unfinished only when the runtime shuts down.
+                .map_err(|_| StateError::Closed)??;
+        if recorded.is_none() {
+            return Ok(());
+        }
+        self.store
+            .set_sink_value(&self.pipeline, &self.sink, &name, None)
+            .await
+    }
+
+    fn key(&self) -> (String, String, u32) {
+        (self.pipeline.clone(), self.sink.clone(), self.partition)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sink_counter_names_round_trip_with_shard_class_and_code() {
+        let counters = [
+            SinkCounter::new(SinkCount::RowsDelivered, None),
+            SinkCounter::new(SinkCount::RowsDelivered, Some("a")),
+            SinkCounter::new(
+                SinkCount::InsertErrors {
+                    class: "retryable".to_owned(),
+                    code: Some(210),
+                },
+                Some("b"),
+            ),
+            SinkCounter::new(
+                SinkCount::InsertErrors {
+                    class: "unclassified".to_owned(),
+                    code: None,
+                },
+                None,
+            ),
+        ];
+        let names: Vec<String> = counters.iter().map(SinkCounter::name).collect();
+        assert_eq!(
+            names,
+            [
+                "rows_delivered",
+                "rows_delivered;shard=a",
+                "insert_errors;shard=b;class=retryable;code=210",
+                "insert_errors;class=unclassified",
+            ]
+        );
+        let parsed: Vec<Option<SinkCounter>> =
+            names.iter().map(|n| SinkCounter::parse(n)).collect();
+        assert_eq!(parsed, counters.map(Some));
+        assert_eq!(SinkCounter::parse("from_a_later_version"), None);
+        // An unsharded sink's shard is `""` in the outbox: no shard label.
+        assert_eq!(SinkCounter::new(SinkCount::Retries, Some("")).shard, None);
+    }
+
+    #[test]
+    fn loaded_and_applied_counters_show_in_the_exposition_with_their_labels() {
+        let metrics = Metrics::new();
+        let stored = StoredCounter {
+            pipeline: "p".to_owned(),
+            owner: "ch".to_owned(),
+            partition: 1,
+            name: "rows_delivered;shard=a".to_owned(),
+            value: 40,
+        };
+        let other = StoredCounter {
+            pipeline: "other".to_owned(),
+            ..stored.clone()
+        };
+        metrics.load("p", &[stored, other]);
+        metrics.applied(
+            "p",
+            1,
+            &[
+                SourceCount::Messages.addition(7),
+                CounterAdd {
+                    owner: "ch".to_owned(),
+                    name: "rows_delivered;shard=a".to_owned(),
+                    by: 2,
+                },
+            ],
+        );
+        let text = metrics.encode().unwrap_or_default();
+        assert!(
+            text.contains(
+                "flow_sink_rows_delivered_total{pipeline=\"p\",sink=\"ch\",partition=\"1\",shard=\"a\"} 42\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("flow_source_messages_total{pipeline=\"p\",partition=\"1\"} 7\n"),
+            "{text}"
+        );
+        assert!(!text.contains("other"), "{text}");
+    }
+
+    #[test]
+    fn backlog_and_lag_gauges_follow_the_summary_and_the_backlog_falls_to_zero_once_delivered() {
+        let metrics = Metrics::new();
+        let mut summary = PipelineSummary::default();
+        let backlog = flow_state::ShardBacklog {
+            undelivered: 2,
+            rows: 2000,
+            oldest_sealed_at_ms: 10_000,
+        };
+        summary.sinks.push(flow_state::SinkPartitionSummary {
+            sink: "ch".to_owned(),
+            partition: 0,
+            shards: [("a".to_owned(), backlog)].into_iter().collect(),
+            ..Default::default()
+        });
+        let mut position = flow_state::PositionInfo::of(&7u64.to_be_bytes());
+        position.lag = Some(1234);
+        summary.positions.insert(0, position);
+        metrics.observe_summary("p", &summary, 25_500);
+        let series = |text: &str, name: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with(&format!(
+                        "{name}{{pipeline=\"p\",sink=\"ch\",partition=\"0\",shard=\"a\"}}"
+                    ))
+                })
+                .and_then(|l| l.rsplit_once(' '))
+                .map(|(_, v)| v.to_owned())
+        };
+        let text = metrics.encode().unwrap_or_default();
+        assert_eq!(
+            series(&text, "flow_sink_pending_batches").as_deref(),
+            Some("2"),
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, "flow_sink_pending_rows").as_deref(),
+            Some("2000")
+        );
+        assert!(
+            text.contains("\nflow_source_lag_messages{pipeline=\"p\",partition=\"0\"} 1234\n"),
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, "flow_sink_oldest_pending_age_seconds").as_deref(),
+            Some("15.5")
+        );
+        summary.sinks[0].shards.clear();
+        metrics.observe_summary("p", &summary, 30_000);
+        let text = metrics.encode().unwrap_or_default();
+        assert_eq!(
+            series(&text, "flow_sink_pending_batches").as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            series(&text, "flow_sink_oldest_pending_age_seconds").as_deref(),
+            Some("0.0")
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! The Prometheus endpoint of `run` (`--metrics-addr`, `metrics: { listen }`): `GET /metrics`
+//! answers the pipeline's [`Metrics`] in Prometheus text format 0.0.4, over HTTP/1.1 on hyper.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use flow_core::Metrics;
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Binds `addr` (failing at once when it cannot: a worker asked for metrics must not run
+/// unobserved), then serves every connection on its own task.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<ServeTask> {
+    let listener = TcpListener::bind(addr).await.with_context(|| {
+        format!("cannot listen for metrics on {addr} (is the port in use? choose another with --metrics-addr or metrics.listen)")
+    })?;
+    let local = listener.local_addr().unwrap_or(addr);
+    info!(address = %local, "serving Prometheus metrics at http://{local}/metrics");
+    Ok(ServeTask(tokio::spawn(accept(listener, metrics))))
+}
+
+/// The accept loop; aborted when dropped.
+pub struct ServeTask(tokio::task::JoinHandle<()>);
+
+impl Drop for ServeTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn accept(listener: TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                // Out of file descriptors, typically: back off instead of spinning.
+                warn!(error = %error, "cannot accept a metrics connection; retrying in 1 s");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let metrics = Arc::clone(&metrics);
+                async move { Ok::<_, Infallible>(respond(&request, &metrics)) }
+            });
+            // A scraper that hangs up mid-answer is not worth a log line.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, content_type: &str, body: String| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, value);
+        }
+        response
+    };
+    let text = "text/plain; charset=utf-8";
+    match (request.method(), request.uri().path()) {
+        (&Method::GET, "/metrics") => match metrics.encode() {
+            Ok(body) => reply(StatusCode::OK, CONTENT_TYPE, body),
+            Err(error) => reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                text,
+                format!("encoding the metrics failed: {error}\n"),
+            ),
+        },
+        (_, "/metrics") => reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            text,
+            "GET /metrics\n".to_owned(),
+        ),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            text,
+            "flow-worker serves Prometheus metrics at /metrics\n".to_owned(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        Ok(answer)
+    }
+
+    #[tokio::test]
+    async fn get_metrics_answers_prometheus_text_and_other_paths_404() -> anyhow::Result<()> {
+        let metrics = Metrics::new();
+        metrics.applied("p", 0, &[flow_core::SourceCount::Messages.addition(3)]);
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = ServeTask(tokio::spawn(accept(listener, metrics)));
+        let answer = get(addr, "/metrics").await?;
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(
+            answer.contains(&format!("content-type: {CONTENT_TYPE}\r\n")),
+            "{answer}"
+        );
+        assert!(
+            answer.contains("\nflow_source_messages_total{pipeline=\"p\",partition=\"0\"} 3\n"),
+            "{answer}"
+        );
+        let other = get(addr, "/").await?;
+        assert!(other.starts_with("HTTP/1.1 404 Not Found\r\n"), "{other}");
+        drop(task);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_port_in_use_is_refused_with_what_to_do() -> anyhow::Result<()> {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let err = serve(taken.local_addr()?, Metrics::new()).await.err();
+        let text = err.map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(
+            text.starts_with("cannot listen for metrics on 127.0.0.1:"),
+            "{text}"
+        );
+        assert!(
+            text.contains("choose another with --metrics-addr"),
+            "{text}"
+        );
+        Ok(())
+    }
+}
