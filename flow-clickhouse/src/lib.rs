@@ -50,7 +50,7 @@ use std::sync::Arc;
 
 use flow_core::Registry;
 
-pub use chtype::{check_mapping, ChType};
+pub use chtype::{check_mapping, check_mapping_on, ChType, ServerTypes};
 pub use classify::{ClassifiedError, ErrorClass};
 pub use compress::{seal, unframe};
 pub use fingerprint::topology_fingerprint;

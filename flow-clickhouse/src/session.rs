@@ -11,7 +11,7 @@ use futures_util::future::join_all;
 use thiserror::Error;
 use tracing::{info, warn};
 
-use crate::chtype::{check_mapping, ChType};
+use crate::chtype::{check_mapping_on, ChType, ServerTypes};
 use crate::classify::{ClassifiedError, ErrorClass};
 use crate::client::{
     build_shards, json_text, json_u64, quote_ident, quote_literal, EndpointClient, ShardClients,
@@ -135,6 +135,7 @@ struct EndpointMetadata {
     zookeeper_path: Option<String>,
     capabilities: Capabilities,
     dedup_windows: DedupWindows,
+    server_types: ServerTypes,
 }
 
 /// The dedup window of one shard's table, kept for the re-checks on reload.
@@ -334,8 +335,15 @@ impl WriterSession {
         if dynamic.async_insert && !capabilities.async_insert {
             return Err(refused(ASYNC_INSERT_UNSUPPORTED.to_owned()));
         }
-        let encoder = plan_columns(class, params, stream, &reference.columns, capabilities)
-            .map_err(refused)?;
+        let encoder = plan_columns(
+            class,
+            params,
+            stream,
+            &reference.columns,
+            capabilities,
+            &reference.server_types,
+        )
+        .map_err(refused)?;
         let columns_guard = ColumnsGuard::new(
             ColumnsGuard::query(&params.database, &params.table),
             reference.columns.clone(),
@@ -587,6 +595,29 @@ async fn probe(
         .filter_map(|row| Some((json_text(row, "name"), json_u64(row, "value")?)))
         .collect();
     let dedup_windows = DedupWindows::new(server_defaults, &engine_full);
+    // What the server knows of types, so that a refused column can say which type it lacks.
+    let server_types = endpoint
+        .query_json(
+            "SELECT version() AS version, groupArray(name) AS families FROM system.data_type_families",
+            timeout,
+        )
+        .await
+        .map_err(fail)?
+        .first()
+        .map(|row| ServerTypes {
+            version: json_text(row, "version"),
+            families: row
+                .get("families")
+                .and_then(|f| f.as_array())
+                .map(|names| {
+                    names
+                        .iter()
+                        .filter_map(|n| n.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+        .unwrap_or_default();
 
     Ok(EndpointMetadata {
         engine,
@@ -596,6 +627,7 @@ async fn probe(
         zookeeper_path,
         capabilities,
         dedup_windows,
+        server_types,
     })
 }
 
@@ -627,6 +659,7 @@ fn plan_columns(
     stream: &Arc<StreamSchema>,
     table: &[ColumnMeta],
     capabilities: Capabilities,
+    server_types: &ServerTypes,
 ) -> Result<RowBinaryEncoder, String> {
     let mut problems = Vec::new();
     let mut plan = Vec::new();
@@ -646,7 +679,7 @@ fn plan_columns(
             continue;
         }
         let ty = ChType::parse(&target.type_text);
-        if let Err(reason) = check_mapping(&column.name, &column.ty, &ty) {
+        if let Err(reason) = check_mapping_on(&column.name, &column.ty, &ty, server_types) {
             problems.push(reason);
             continue;
         }

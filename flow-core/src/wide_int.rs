@@ -186,6 +186,23 @@ impl WideInt {
         Ok(if negative { value.negate() } else { value })
     }
 
+    /// `self * 10^digits` (self read as signed); `None` past 256 bits.
+    pub fn checked_scale_up(&self, digits: u8) -> Option<WideInt> {
+        let negative = self.is_negative();
+        let mut magnitude = if negative { self.negate() } else { *self };
+        for _ in 0..digits {
+            magnitude = magnitude.mul10_add(0)?;
+        }
+        if magnitude.is_negative() {
+            return None;
+        }
+        Some(if negative {
+            magnitude.negate()
+        } else {
+            magnitude
+        })
+    }
+
     /// Whether |self| < 10^precision (self read as signed).
     pub fn fits_precision(&self, precision: u8) -> bool {
         let mut magnitude = if self.is_negative() {
