@@ -39,6 +39,8 @@ mod rebuild;
 mod routing;
 mod row_spans;
 mod rowbinary;
+#[cfg(test)]
+mod rowbinary_oracle;
 mod session;
 mod session_wait;
 mod sink_state;

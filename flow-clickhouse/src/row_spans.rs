@@ -358,4 +358,93 @@ mod tests {
             serde_json::json!({"a": null, "s": "x"})
         );
     }
+
+    #[test]
+    fn rows_of_the_new_types_are_read_back_as_their_json_forms() {
+        let types = [
+            ("d", "decimal(9,2)", "Decimal(18, 4)", "\"-12.5\""),
+            (
+                "u",
+                "uuid",
+                "UUID",
+                "\"01234567-89ab-cdef-0123-456789abcdef\"",
+            ),
+            ("e", "utf8", "Enum8('a' = 1, 'b' = 2)", "\"b\""),
+            ("i4", "ipv4", "IPv4", "\"10.1.2.3\""),
+            ("i6", "ipv6", "IPv6", "\"2001:db8::1\""),
+            (
+                "big",
+                "int128",
+                "Int128",
+                "\"-170141183460469231731687303715884105728\"",
+            ),
+            ("t", "timestamp", "DateTime64(3)", "1500000"),
+            ("day", "date32", "Date32", "-1"),
+            (
+                "l",
+                "list<optional<uint8>>",
+                "Array(Nullable(UInt8))",
+                "[1, null]",
+            ),
+            (
+                "m",
+                "dict<utf8,list<uint32>>",
+                "Map(String, Array(UInt32))",
+                "{\"k\": [7]}",
+            ),
+            (
+                "p",
+                "dict<uint8,utf8>",
+                "Map(UInt8, String)",
+                "[[1, \"x\"]]",
+            ),
+            (
+                "tu",
+                "tuple<uint8,optional<utf8>>",
+                "Tuple(UInt8, Nullable(String))",
+                "[3, null]",
+            ),
+        ];
+        let schema = StreamSchema::new(
+            types
+                .iter()
+                .map(|(name, ty, _, _)| Column::new(*name, ty.parse().unwrap()))
+                .collect(),
+        )
+        .unwrap();
+        let columns: Vec<EncodedColumn> = types
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _, ty, _))| column(name, i, ty))
+            .collect();
+        let mut batch = MessageBatch::new(schema);
+        let mut row = batch.start_row(MessageId::new(0, 0));
+        for (_, _, _, json) in types {
+            flow_core::push_json_text(&mut row, json).unwrap();
+        }
+        row.finish().unwrap();
+        let mut data = Vec::new();
+        RowBinaryEncoder::new(columns.clone())
+            .encode_row(&batch.row(0), &mut data)
+            .unwrap();
+        let spans = RowSpans::parse(&columns, &data).unwrap();
+        assert_eq!(spans.rows(), 1);
+        assert_eq!(
+            row_json(&columns, &data).unwrap(),
+            serde_json::json!({
+                "d": "-12.5000",
+                "u": "01234567-89ab-cdef-0123-456789abcdef",
+                "e": "b",
+                "i4": "10.1.2.3",
+                "i6": "2001:db8::1",
+                "big": "-170141183460469231731687303715884105728",
+                "t": 1500,
+                "day": -1,
+                "l": [1, null],
+                "m": {"k": [7]},
+                "p": [[1, "x"]],
+                "tu": [3, null],
+            })
+        );
+    }
 }

@@ -1145,6 +1145,107 @@ mod tests {
         }
     }
 
+    /// Encodes one value given as JSON, of `stream` type, as `column`.
+    fn encode_json(stream: &str, column: &str, json: &str) -> Result<Vec<u8>, EncodeError> {
+        let schema = StreamSchema::new(vec![Column::new("c", stream.parse().unwrap())]).unwrap();
+        let mut batch = MessageBatch::new(schema);
+        let mut row = batch.start_row(MessageId::new(0, 0));
+        flow_core::push_json_text(&mut row, json).unwrap();
+        row.finish().unwrap();
+        let encoder = RowBinaryEncoder::new(vec![EncodedColumn {
+            name: "c".to_owned(),
+            stream_index: 0,
+            ty: ChType::parse(column),
+        }]);
+        let mut out = Vec::new();
+        encoder.encode_row(&batch.row(0), &mut out)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn values_that_do_not_fit_their_column_are_refused_with_column_and_value() {
+        let cases = [
+            (
+                "decimal(9,2)",
+                "Decimal(5, 2)",
+                "\"1234.5\"",
+                "column `c`: 1234.50 does not fit Decimal(5, 2) (5 digits, 2 after the point)",
+            ),
+            (
+                "decimal(9,2)",
+                "Decimal(9, 4)",
+                "\"9999999.99\"",
+                "column `c`: 9999999.99 does not fit Decimal(9, 4) (9 digits, 4 after the point)",
+            ),
+            (
+                "utf8",
+                "Enum8('a' = 1, 'b' = 2)",
+                "\"c\"",
+                "column `c`: `c` is not a value of Enum8('a' = 1, 'b' = 2)",
+            ),
+            (
+                "int16",
+                "Enum16('a' = 1000)",
+                "7",
+                "column `c`: 7 is not a value of Enum16('a' = 1000)",
+            ),
+            (
+                "utf8",
+                "IPv4",
+                "\"10.0.0.300\"",
+                "column `c`: `10.0.0.300` is not an IPv4 address",
+            ),
+            (
+                "utf8",
+                "IPv6",
+                "\"fe80::zz\"",
+                "column `c`: `fe80::zz` is not an IPv6 address",
+            ),
+            (
+                "utf8",
+                "UUID",
+                "\"nope\"",
+                "column `c`: `nope` is not a UUID",
+            ),
+            (
+                "timestamp",
+                "DateTime64(3)",
+                "\"2300-01-01T00:00:00Z\"",
+                "column `c`: 10413792000000000 (µs) is outside the range of DateTime64(3) \
+                 (1900-01-01 ..= 2299-12-31)",
+            ),
+            (
+                "timestamp",
+                "DateTime64(3)",
+                "1500",
+                "column `c`: 1500 µs has digits finer than DateTime64(3) keeps; use \
+                 DateTime64(6) or round the value",
+            ),
+            (
+                "list<optional<int8>>",
+                "Array(Int8)",
+                "[1, null]",
+                "column `c`: null, but the column type Int8 is not Nullable",
+            ),
+            (
+                "uint256",
+                "UInt128",
+                "\"340282366920938463463374607431768211456\"",
+                "column `c`: 340282366920938463463374607431768211456 is out of range for UInt128",
+            ),
+            (
+                "date32",
+                "Date",
+                "\"1969-12-31\"",
+                "column `c`: -1 is out of range for Date",
+            ),
+        ];
+        for (stream, column, json, expected) in cases {
+            let err = encode_json(stream, column, json).unwrap_err();
+            assert_eq!(err.to_string(), expected, "{stream} -> {column}");
+        }
+    }
+
     #[test]
     fn columns_follow_the_plan_order_and_pick_their_stream_index() {
         let batch = one_row(&[

@@ -51,6 +51,25 @@ pub(crate) fn push_json(
     .map_err(|err| err.to_string())
 }
 
+/// Pushes the next column's value from its JSON text, as `jsonl_file` reads the column's key
+/// (for sources that hold one value at a time).
+pub fn push_json_text(row: &mut RowWriter<'_>, json: &str) -> Result<(), String> {
+    let schema = std::sync::Arc::clone(row.schema());
+    let Some(column) = schema.columns().get(row_width_used(row, &schema)) else {
+        return Err(format!("the row already has its {} values", schema.len()));
+    };
+    let raw: &RawValue =
+        serde_json::from_str(json).map_err(|err| format!("not JSON ({err}): {json}"))?;
+    let mut scratch = Vec::new();
+    push_json(row, &column.name, &column.ty, Some(raw), &mut scratch)
+}
+
+fn row_width_used(row: &RowWriter<'_>, schema: &crate::types::StreamSchema) -> usize {
+    row.next_column()
+        .and_then(|next| schema.index_of(&next.name))
+        .unwrap_or(schema.len())
+}
+
 /// A value of a type that fits a cell, from its JSON form (ranges are checked by the caller).
 fn scalar_value<'a>(json: &'a serde_json::Value, ty: &StreamType) -> Result<Value<'a>, String> {
     Ok(match json {

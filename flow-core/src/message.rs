@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::capacity::{CapacityDecay, FaultedIn};
 use crate::error::ValueError;
-use crate::types::{StreamSchema, StreamType};
+use crate::types::{Column, StreamSchema, StreamType};
 
 /// Identifies a message: its partition and its offset in that partition. Ids of one partition are
 /// ordered by offset; the printed form is `<partition>-<offset>`.
@@ -269,6 +269,18 @@ pub struct RowWriter<'a> {
 }
 
 impl RowWriter<'_> {
+    /// The column the next `push` fills, if the row is not full.
+    pub fn next_column(&self) -> Option<&Column> {
+        self.batch
+            .schema
+            .columns()
+            .get(self.batch.cells.len() - self.cells_mark)
+    }
+
+    pub(crate) fn schema(&self) -> &Arc<StreamSchema> {
+        &self.batch.schema
+    }
+
     /// Checks `value` against the type of the next column and appends it.
     pub fn push(&mut self, value: Value<'_>) -> Result<&mut Self, ValueError> {
         let column_index = self.batch.cells.len() - self.cells_mark;
