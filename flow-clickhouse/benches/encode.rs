@@ -93,7 +93,7 @@ fn generator_table(rows: usize) -> (MessageBatch, RowBinaryEncoder) {
 /// `(name, stream type, table type, JSON value with {i} for the row number)`.
 const MIXED: [(&str, &str, &str, &str); 20] = [
     ("id", "uint64", "UInt64", "{i}"),
-    ("n32", "int32", "Int32", "-{i}"),
+    ("n32", "int32", "Int32", "{i}"),
     ("ratio", "double", "Float64", "0.25"),
     ("name", "utf8", "String", "\"name-{i}\""),
     ("country", "utf8", "LowCardinality(String)", "\"de\""),
