@@ -5,8 +5,10 @@
 //! parsed endpoints and an optional TLS config). Every class shares one per-sink state
 //! (`sink_state`) whose writer session (`session`) starts when the first partition opens, waiting out
 //! unreachable endpoints (`session_wait`), probing every endpoint (engine, schema, replication
-//! identity, capabilities, `dedup_window`) and planning the RowBinary encoding (`chtype`,
-//! `rowbinary`). Epochs are cut into encoded per-shard parts (`cutter`, routed by `routing`,
+//! identity, capabilities, `dedup_window`, the server's type families) and planning the
+//! RowBinary encoding (`chtype` checks each stream type against its column type, nested ones
+//! included; `rowbinary` walks cell and packed values into the body, checked per value against
+//! the oracle of `rowbinary_oracle`, the `clickhouse` crate's serializer). Epochs are cut into encoded per-shard parts (`cutter`, routed by `routing`,
 //! compressed by `compress`) and inserted over HTTP (`insert`, `client`, `tls`), retried and given
 //! up as the guarantee's table says for the error class of `classify` (`guarantee`).
 //!

@@ -1,7 +1,16 @@
 //! ClickHouse's RowBinary format: little-endian fixed-width numbers, strings as an unsigned LEB128
 //! length and the bytes, `FixedString(N)` as exactly N bytes, `Nullable` as a marker byte
 //! (1 = null, 0 = present) followed by the value when present, `LowCardinality(T)` as T,
-//! `Bool` as one byte, `Date` as u16 days and `DateTime` as u32 seconds.
+//! `Bool` as one byte, `Date` as u16 days, `Date32` as i32 days, `DateTime` as u32 seconds,
+//! `DateTime64(P)` as i64 ticks of 10^-P s, `Decimal(P, S)` as the value × 10^S in 4/8/16/32
+//! bytes, `Int128`..`UInt256` as 16/32 bytes, `UUID` as two u64 halves (high first), `IPv4` as u32,
+//! `IPv6` as 16 bytes in network order, `Enum8/16` as their code, `Array(T)` and `Map(K, V)` as a
+//! LEB128 count and the items (pairs), `Tuple` as its items in order.
+//!
+//! Values of wide and nested stream types arrive packed (`flow_core::PackedReader`), in the
+//! RowBinary layout of their natural type; the encoder walks the packed value and the column type
+//! together, so widening a decimal's scale, adding Nullable markers or mapping enum names costs
+//! no allocation.
 
 use std::fmt;
 

@@ -54,20 +54,13 @@ pub(crate) fn push_json(
 /// Pushes the next column's value from its JSON text, as `jsonl_file` reads the column's key
 /// (for sources that hold one value at a time).
 pub fn push_json_text(row: &mut RowWriter<'_>, json: &str) -> Result<(), String> {
-    let schema = std::sync::Arc::clone(row.schema());
-    let Some(column) = schema.columns().get(row_width_used(row, &schema)) else {
-        return Err(format!("the row already has its {} values", schema.len()));
+    let Some(column) = row.next_column().cloned() else {
+        return Err("the row has all its values".to_owned());
     };
     let raw: &RawValue =
         serde_json::from_str(json).map_err(|err| format!("not JSON ({err}): {json}"))?;
     let mut scratch = Vec::new();
     push_json(row, &column.name, &column.ty, Some(raw), &mut scratch)
-}
-
-fn row_width_used(row: &RowWriter<'_>, schema: &crate::types::StreamSchema) -> usize {
-    row.next_column()
-        .and_then(|next| schema.index_of(&next.name))
-        .unwrap_or(schema.len())
 }
 
 /// A value of a type that fits a cell, from its JSON form (ranges are checked by the caller).
@@ -200,9 +193,8 @@ fn pack(ty: &StreamType, raw: &str, out: &mut Vec<u8>) -> Result<(), String> {
         }
         StreamType::Dict(key, value) => {
             if raw.starts_with('{') {
-                let entries: std::collections::BTreeMap<String, &RawValue> =
-                    serde_json::from_str(raw)
-                        .map_err(|err| format!("expected {ty}, got a bad object ({err})"))?;
+                let Entries(entries) = serde_json::from_str(raw)
+                    .map_err(|err| format!("expected {ty}, got a bad object ({err})"))?;
                 write_leb128(entries.len() as u64, out);
                 for (k, v) in entries {
                     // An object key is text: numeric key types read it as a number.
@@ -250,34 +242,68 @@ fn pack(ty: &StreamType, raw: &str, out: &mut Vec<u8>) -> Result<(), String> {
             let value = scalar_value(&json, scalar)?;
             // The same checks as a top-level value of the type.
             check_item(scalar, value)?;
-            write_scalar(scalar, value, out);
+            write_scalar(scalar, value, out)?;
         }
     }
     Ok(())
 }
 
+/// An object's entries in the order they were written (a `Map` keeps its order, and may repeat a
+/// key).
+struct Entries<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for Entries<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry::<String, &'de RawValue>()? {
+                    entries.push(entry);
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_map(Visit)
+    }
+}
+
 /// Appends a checked cell value of a scalar type in its packed form.
-fn write_scalar(ty: &StreamType, value: Value<'_>, out: &mut Vec<u8>) {
+fn write_scalar(ty: &StreamType, value: Value<'_>, out: &mut Vec<u8>) -> Result<(), String> {
     let int = match value {
         Value::Int(v) => i128::from(v),
         Value::Uint(v) => i128::from(v),
         Value::Bool(v) => i128::from(v),
         Value::Float(v) => {
-            match ty {
-                StreamType::Float => out.extend_from_slice(&(v as f32).to_le_bytes()),
-                _ => out.extend_from_slice(&v.to_le_bytes()),
+            if let StreamType::Float = ty {
+                // An item is packed as its own width, so a float's range is checked here.
+                let narrow = v as f32;
+                if v.is_finite() && !narrow.is_finite() {
+                    return Err(format!("{v:e} is out of range for float"));
+                }
+                out.extend_from_slice(&narrow.to_le_bytes());
+            } else {
+                out.extend_from_slice(&v.to_le_bytes());
             }
-            return;
+            return Ok(());
         }
         Value::Bytes(bytes) => {
             write_leb128(bytes.len() as u64, out);
             out.extend_from_slice(bytes);
-            return;
+            return Ok(());
         }
-        Value::Null | Value::Packed(_) => return,
+        Value::Null | Value::Packed(_) => return Ok(()),
     };
     let width = packed::fixed_width(ty).unwrap_or(8);
     out.extend_from_slice(&int.to_le_bytes()[..width]);
+    Ok(())
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
@@ -660,5 +686,57 @@ mod tests {
         }
         assert_eq!(format_days(-25_567), "1900-01-01");
         assert_eq!(format_days(120_529), "2299-12-31");
+    }
+
+    fn pushed(ty: &str, json: &str) -> Result<String, String> {
+        let schema = crate::types::StreamSchema::new(vec![crate::types::Column::new(
+            "c",
+            ty.parse().unwrap(),
+        )])
+        .unwrap();
+        let mut batch = crate::message::MessageBatch::new(schema);
+        let mut row = batch.start_row(crate::message::MessageId::new(0, 0));
+        push_json_text(&mut row, json)?;
+        row.finish().map_err(|err| err.to_string())?;
+        let mut out = Vec::new();
+        crate::row_json::write_row_object(&mut out, &["c".to_owned()], &batch.row(0));
+        Ok(String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn items_are_checked_like_columns_and_written_back_in_the_same_forms() {
+        assert_eq!(
+            pushed("list<float>", "[1e300]"),
+            Err("column `c` (list<float>): 1e300 is out of range for float".to_owned())
+        );
+        assert_eq!(
+            pushed(
+                "dict<uint16,optional<ipv4>>",
+                r#"{"7": "1.2.3.4", "65535": null}"#
+            ),
+            Ok(r#"{"c":[[7,"1.2.3.4"],[65535,null]]}"#.to_owned())
+        );
+        assert_eq!(
+            pushed("dict<uint16,utf8>", r#"{"65536": "x"}"#),
+            Err("column `c` (dict<uint16,utf8>): 65536 is out of range for uint16".to_owned())
+        );
+        assert_eq!(
+            pushed(
+                "tuple<decimal(5,2),uuid>",
+                r#"[-1, "00000000-0000-0000-0000-00000000000a"]"#
+            ),
+            Ok(r#"{"c":["-1.00","00000000-0000-0000-0000-00000000000a"]}"#.to_owned())
+        );
+        assert_eq!(
+            pushed("optional<list<optional<int8>>>", "null"),
+            Ok(r#"{"c":null}"#.to_owned())
+        );
+        assert_eq!(
+            pushed("list<int8>", r#"{"a": 1}"#),
+            Err(
+                r#"column `c` (list<int8>): expected list<int8> as an array, got {"a": 1}"#
+                    .to_owned()
+            )
+        );
     }
 }

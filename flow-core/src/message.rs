@@ -277,10 +277,6 @@ impl RowWriter<'_> {
             .get(self.batch.cells.len() - self.cells_mark)
     }
 
-    pub(crate) fn schema(&self) -> &Arc<StreamSchema> {
-        &self.batch.schema
-    }
-
     /// Checks `value` against the type of the next column and appends it.
     pub fn push(&mut self, value: Value<'_>) -> Result<&mut Self, ValueError> {
         let column_index = self.batch.cells.len() - self.cells_mark;
