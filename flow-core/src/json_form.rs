@@ -739,4 +739,49 @@ mod tests {
             )
         );
     }
+
+    fn decimal_text(units: i128, scale: u32) -> String {
+        let sign = if units < 0 { "-" } else { "" };
+        let magnitude = units.unsigned_abs();
+        let unit = 10u128.pow(scale);
+        format!(
+            "{sign}{}.{:0width$}",
+            magnitude / unit,
+            magnitude % unit,
+            width = scale as usize
+        )
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn json_forms_of_wide_and_nested_values_round_trip_exactly(
+            units in proptest::collection::vec(
+                proptest::option::of(-(10i128.pow(38) - 1)..10i128.pow(38)),
+                0..5,
+            ),
+            wide in proptest::num::i128::ANY,
+            pairs in proptest::collection::vec(("[a-z\"\\\\]{0,4}", proptest::num::u64::ANY), 0..4),
+        ) {
+            let items: Vec<String> = units
+                .iter()
+                .map(|u| u.map_or("null".to_owned(), |u| format!("\"{}\"", decimal_text(u, 10))))
+                .collect();
+            let json = format!("[{}]", items.join(","));
+            proptest::prop_assert_eq!(
+                pushed("list<optional<decimal(38,10)>>", &json),
+                Ok(format!("{{\"c\":{json}}}"))
+            );
+            let json = format!("\"{wide}\"");
+            proptest::prop_assert_eq!(pushed("int128", &json), Ok(format!("{{\"c\":{json}}}")));
+            let object: Vec<String> = pairs
+                .iter()
+                .map(|(k, v)| format!("{}:{v}", serde_json::Value::String(k.clone())))
+                .collect();
+            let json = format!("{{{}}}", object.join(","));
+            proptest::prop_assert_eq!(
+                pushed("dict<utf8,uint64>", &json),
+                Ok(format!("{{\"c\":{json}}}"))
+            );
+        }
+    }
 }
