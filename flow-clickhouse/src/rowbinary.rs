@@ -82,12 +82,8 @@ impl RowBinaryEncoder {
         let mark = out.len();
         for column in &self.columns {
             let result = if column.stream_index < row.len() {
-                encode_value(
-                    &column.ty,
-                    row.column_type(column.stream_index),
-                    row.get(column.stream_index),
-                    out,
-                )
+                let index = column.stream_index;
+                encode_value(&column.ty, row, index, row.get(index), out)
             } else {
                 Err(Reason::StreamIndex {
                     index: column.stream_index,
@@ -173,9 +169,12 @@ fn malformed<'t>(err: PackedError) -> Reason<'t> {
     Reason::Value(format!("malformed packed value: {err}"))
 }
 
+/// Writes the value of stream column `index` as `ty`. The stream type is looked up only for a
+/// packed value: cell values carry what the encoding needs in their kind.
 fn encode_value<'t>(
     ty: &'t ChType,
-    stream: &StreamType,
+    row: &Row<'_>,
+    index: usize,
     value: Value<'_>,
     out: &mut Vec<u8>,
 ) -> Result<(), Reason<'t>> {
@@ -186,9 +185,9 @@ fn encode_value<'t>(
                 return Ok(());
             }
             out.push(0);
-            return encode_value(inner, stream, value, out);
+            return encode_value(inner, row, index, value, out);
         }
-        ChType::LowCardinality(inner) => return encode_value(inner, stream, value, out),
+        ChType::LowCardinality(inner) => return encode_value(inner, row, index, value, out),
         ChType::Unsupported(_) => return Err(Reason::Unsupported(ty)),
         _ => {}
     }
@@ -196,9 +195,9 @@ fn encode_value<'t>(
         Value::Null => Err(Reason::Null(ty)),
         Value::Packed(bytes) => {
             let mut reader = PackedReader::new(bytes);
-            encode_packed(ty, stream.inner(), &mut reader, out)
+            encode_packed(ty, row.column_type(index).inner(), &mut reader, out)
         }
-        value => encode_scalar(ty, stream.inner(), value, out),
+        value => encode_scalar(ty, None, value, out),
     }
 }
 
@@ -262,7 +261,7 @@ fn encode_packed<'t>(
         }
         (_, item) => {
             let value = read_item(item, reader).map_err(malformed)?;
-            encode_scalar(ty, item, value, out)
+            encode_scalar(ty, Some(item), value, out)
         }
     }
 }
@@ -300,10 +299,15 @@ fn read_item<'v>(
 /// The range of `DateTime64`: 1900-01-01 00:00:00 ..= 2299-12-31 23:59:59 (UTC seconds).
 const DATETIME64_SECONDS: (i64, i64) = (-2_208_988_800, 10_413_791_999);
 
-/// Writes a value that is not nested (a cell's, or an item of a packed value) as `ty`.
+/// Writes a value that is not nested (a cell's, or an item of a packed value) as `ty`. `stream`
+/// is the item's type for a packed item (a wide scalar's signedness and meaning come from it);
+/// `None` for a cell value, whose kind says it all (a `timestamp` is an `Int` of µs, a
+/// `datetime` a `Uint` of seconds). Inlined into the cell path, where the old types' arms are
+/// the hot loop of every sink.
+#[inline(always)]
 fn encode_scalar<'t>(
     ty: &'t ChType,
-    stream: &StreamType,
+    stream: Option<&StreamType>,
     value: Value<'_>,
     out: &mut Vec<u8>,
 ) -> Result<(), Reason<'t>> {
@@ -343,13 +347,14 @@ fn encode_scalar<'t>(
             {
                 return Err(Reason::Value(format!(
                     "{} is out of range for {ty}",
-                    wide_text(&wide, is_signed_wide(stream), 0)
+                    wide_text(&wide, stream.is_none_or(is_signed_wide), 0)
                 )));
             }
             out.extend_from_slice(&bytes[..width]);
         }
         ChType::Decimal { precision, scale } => {
-            let (Value::Packed(bytes), StreamType::Decimal { scale: from, .. }) = (value, stream)
+            let (Value::Packed(bytes), Some(StreamType::Decimal { scale: from, .. })) =
+                (value, stream)
             else {
                 return Err(wrong_kind());
             };
@@ -374,7 +379,7 @@ fn encode_scalar<'t>(
             out.extend_from_slice(&days.to_le_bytes());
         }
         ChType::DateTime64(precision) => {
-            let ticks = datetime64_ticks(ty, *precision, stream, value)?;
+            let ticks = datetime64_ticks(ty, *precision, value)?;
             out.extend_from_slice(&ticks.to_le_bytes());
         }
         ChType::Uuid => {
@@ -481,7 +486,9 @@ fn encode_scalar<'t>(
             // An IPv6 address or a UUID (text order) as its 16 bytes.
             let bytes = match value {
                 Value::Bytes(bytes) => bytes,
-                Value::Packed(bytes) if matches!(stream, StreamType::Ipv6 | StreamType::Uuid) => {
+                Value::Packed(bytes)
+                    if matches!(stream, Some(StreamType::Ipv6 | StreamType::Uuid)) =>
+                {
                     bytes
                 }
                 _ => return Err(wrong_kind()),
@@ -525,7 +532,7 @@ fn wide_text(value: &WideInt, signed: bool, scale: u8) -> String {
 /// The integer of a value written to a 128- or 256-bit column.
 fn wide_integer<'t>(
     ty: &'t ChType,
-    stream: &StreamType,
+    stream: Option<&StreamType>,
     value: Value<'_>,
 ) -> Result<WideInt, Reason<'t>> {
     Ok(match value {
@@ -534,10 +541,15 @@ fn wide_integer<'t>(
         Value::Packed(bytes)
             if matches!(
                 stream,
-                StreamType::Int128 | StreamType::Uint128 | StreamType::Int256 | StreamType::Uint256
+                Some(
+                    StreamType::Int128
+                        | StreamType::Uint128
+                        | StreamType::Int256
+                        | StreamType::Uint256
+                )
             ) =>
         {
-            WideInt::from_le_bytes(bytes, is_signed_wide(stream))
+            WideInt::from_le_bytes(bytes, stream.is_none_or(is_signed_wide))
         }
         other => {
             return Err(Reason::WrongKind {
@@ -553,13 +565,13 @@ fn wide_integer<'t>(
 fn datetime64_ticks<'t>(
     ty: &'t ChType,
     precision: u8,
-    stream: &StreamType,
     value: Value<'_>,
 ) -> Result<i64, Reason<'t>> {
-    let (units, per_second): (i128, i128) = match (stream, value) {
-        (StreamType::Timestamp, Value::Int(v)) => (v.into(), 1_000_000),
-        (StreamType::Datetime, Value::Uint(v)) => (v.into(), 1),
-        (_, other) => {
+    // Only `timestamp` (µs, signed) and `datetime` (seconds, unsigned) fit DateTime64.
+    let (units, per_second): (i128, i128) = match value {
+        Value::Int(v) => (v.into(), 1_000_000),
+        Value::Uint(v) => (v.into(), 1),
+        other => {
             return Err(Reason::WrongKind {
                 kind: kind(other),
                 ty,

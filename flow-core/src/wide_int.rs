@@ -2,6 +2,17 @@
 //! `int128` .. `uint256` values travel: parsed from and printed as decimal digits without loss,
 //! with no allocation (digits go through a fixed stack buffer).
 
+/// 10^0 ..= 10^38, every power of ten below 2^128.
+const POW10: [u128; 39] = {
+    let mut table = [1u128; 39];
+    let mut i = 1;
+    while i < 39 {
+        table[i] = table[i - 1] * 10;
+        i += 1;
+    }
+    table
+};
+
 /// A 256-bit integer as four little-endian 64-bit limbs of its two's complement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WideInt {
@@ -186,8 +197,28 @@ impl WideInt {
         Ok(if negative { value.negate() } else { value })
     }
 
+    /// The value as an `i128`, when it is one (the common case for decimals up to 38 digits,
+    /// which then skip the 256-bit arithmetic).
+    fn as_i128(&self) -> Option<i128> {
+        let low = u128::from(self.limbs[0]) | (u128::from(self.limbs[1]) << 64);
+        let sign = if (low as i128) < 0 { u64::MAX } else { 0 };
+        (self.limbs[2] == sign && self.limbs[3] == sign).then_some(low as i128)
+    }
+
     /// `self * 10^digits` (self read as signed); `None` past 256 bits.
     pub fn checked_scale_up(&self, digits: u8) -> Option<WideInt> {
+        if digits == 0 {
+            return Some(*self);
+        }
+        if let Some(v) = self.as_i128() {
+            let scaled = POW10
+                .get(usize::from(digits))
+                .and_then(|p| i128::try_from(*p).ok())
+                .and_then(|p| v.checked_mul(p));
+            if let Some(scaled) = scaled {
+                return Some(WideInt::from_i128(scaled));
+            }
+        }
         let negative = self.is_negative();
         let mut magnitude = if negative { self.negate() } else { *self };
         for _ in 0..digits {
@@ -205,6 +236,12 @@ impl WideInt {
 
     /// Whether |self| < 10^precision (self read as signed).
     pub fn fits_precision(&self, precision: u8) -> bool {
+        if let Some(v) = self.as_i128() {
+            // Every i128 is below 10^39.
+            return POW10
+                .get(usize::from(precision))
+                .is_none_or(|limit| v.unsigned_abs() < *limit);
+        }
         let mut magnitude = if self.is_negative() {
             self.negate()
         } else {
@@ -306,5 +343,20 @@ mod tests {
             "57896044618658097711785492504343953926634992332820282019728792003956564819968";
         assert!(WideInt::parse_integer(i256_over, 256, true).is_err());
         assert!(WideInt::parse_integer(&format!("{u256_max}0"), 256, false).is_err());
+    }
+
+    #[test]
+    fn precision_and_scaling_agree_across_the_128_bit_boundary() {
+        let nines38 = WideInt::from_i128(10i128.pow(38) - 1);
+        assert!(nines38.fits_precision(38));
+        assert!(!nines38.fits_precision(37));
+        assert!(WideInt::from_i128(i128::MIN).fits_precision(39));
+        assert!(!WideInt::from_i128(i128::MIN).fits_precision(38));
+        let scaled = nines38.checked_scale_up(2).unwrap();
+        assert_eq!(text(&scaled, true, 0), format!("{}00", "9".repeat(38)));
+        assert!(scaled.fits_precision(40) && !scaled.fits_precision(39));
+        let negative = WideInt::from_i128(-5).checked_scale_up(40).unwrap();
+        assert_eq!(text(&negative, true, 0), format!("-5{}", "0".repeat(40)));
+        assert!(WideInt::from_i128(1).checked_scale_up(78).is_none());
     }
 }
