@@ -14,9 +14,10 @@
 
 use std::fmt;
 
+// The packed form's LEB128 is RowBinary's: one writer for both.
 use flow_core::{
-    check_date32, decimal_width, parse_uuid, PackedError, PackedReader, Row, StreamType, Value,
-    WideInt,
+    check_date32, decimal_width, parse_uuid, write_leb128, PackedError, PackedReader, Row,
+    StreamType, Value, WideInt,
 };
 
 use crate::chtype::ChType;
@@ -645,19 +646,6 @@ fn narrow<'t, T: TryFrom<i128>>(ty: &'t ChType, value: Value<'_>) -> Result<T, R
         }
     };
     T::try_from(wide).map_err(|_| Reason::IntOutOfRange { value: wide, ty })
-}
-
-/// Unsigned LEB128, the length prefix of RowBinary strings.
-fn write_leb128(mut value: u64, out: &mut Vec<u8>) {
-    loop {
-        let byte = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
 }
 
 #[cfg(test)]

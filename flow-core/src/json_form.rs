@@ -317,7 +317,8 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// The date of a day number (the inverse of [`days_from_civil`]).
+/// The date of a day number (the inverse of [`days_from_civil`]), to check it.
+#[cfg(test)]
 fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
@@ -632,8 +633,9 @@ fn write_num(out: &mut Vec<u8>, v: impl std::fmt::Display) -> Result<(), packed:
     Ok(())
 }
 
-/// `YYYY-MM-DD` of a day number, for messages.
-pub fn format_days(days: i64) -> String {
+/// `YYYY-MM-DD` of a day number.
+#[cfg(test)]
+fn format_days(days: i64) -> String {
     let (y, m, d) = civil_from_days(days);
     format!("{y:04}-{m:02}-{d:02}")
 }

@@ -49,7 +49,7 @@ pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,
 };
-pub use json_form::{format_days, push_json_text, write_json_value};
+pub use json_form::{push_json_text, write_json_value};
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
 pub use packed::{
     check_date32, decimal_width, parse_uuid, validate as validate_packed, write_leb128, write_uuid,
