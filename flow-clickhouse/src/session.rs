@@ -9,7 +9,7 @@ use std::time::Duration;
 use flow_core::{SinkError, StreamSchema};
 use futures_util::future::join_all;
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::chtype::{check_mapping_on, ChType, ServerTypes};
 use crate::classify::{ClassifiedError, ErrorClass};
@@ -595,29 +595,21 @@ async fn probe(
         .filter_map(|row| Some((json_text(row, "name"), json_u64(row, "value")?)))
         .collect();
     let dedup_windows = DedupWindows::new(server_defaults, &engine_full);
-    // What the server knows of types, so that a refused column can say which type it lacks.
-    let server_types = endpoint
+    // What the server knows of types, so that a refused column can say which type it lacks. Only
+    // messages use it, so a server (or a user) that cannot answer leaves it unknown.
+    let server_types = match endpoint
         .query_json(
             "SELECT version() AS version, groupArray(name) AS families FROM system.data_type_families",
             timeout,
         )
         .await
-        .map_err(fail)?
-        .first()
-        .map(|row| ServerTypes {
-            version: json_text(row, "version"),
-            families: row
-                .get("families")
-                .and_then(|f| f.as_array())
-                .map(|names| {
-                    names
-                        .iter()
-                        .filter_map(|n| n.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default(),
-        })
-        .unwrap_or_default();
+    {
+        Ok(rows) => rows.first().map(server_types_of).unwrap_or_default(),
+        Err(err) => {
+            debug!(endpoint = %endpoint.endpoint, error = %err, "server type families unknown");
+            ServerTypes::default()
+        }
+    };
 
     Ok(EndpointMetadata {
         engine,
@@ -650,6 +642,22 @@ fn schema_difference(a: &[ColumnMeta], b: &[ColumnMeta]) -> Option<String> {
         }
     }
     (a.len() != b.len()).then(|| format!("{} columns there, {} here", a.len(), b.len()))
+}
+
+fn server_types_of(row: &serde_json::Map<String, serde_json::Value>) -> ServerTypes {
+    ServerTypes {
+        version: json_text(row, "version"),
+        families: row
+            .get("families")
+            .and_then(|f| f.as_array())
+            .map(|names| {
+                names
+                    .iter()
+                    .filter_map(|n| n.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
 }
 
 /// Maps stream columns to table columns and builds the encoder.
