@@ -108,6 +108,7 @@ fn spec(
     table: &str,
     columns: &[(&str, &str)],
     lines: &[&str],
+    extra: &str,
 ) -> std::path::PathBuf {
     let input = dir.join("input.jsonl");
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
@@ -120,7 +121,7 @@ fn spec(
          partitions: 1\n\
          epoch: {{max_messages: 100, max_duration_ms: 200}}\n\
          source:\n  class: jsonl_file\n  parameters: {{files: ['{}'], schema: [{}]}}\n\
-         sinks:\n  - name: out\n    sink_class_name: ClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{hosts: ['{}', '{}'], database: default, table: {table}}}\n",
+         sinks:\n  - name: out\n    sink_class_name: ClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{hosts: ['{}', '{}'], database: default, table: {table}{extra}}}\n",
         input.display(),
         schema.join(", "),
         A1.http_addr(),
@@ -138,7 +139,7 @@ fn every_type_the_server_has_lands_through_the_exactly_once_sink_value_for_value
     let table = Table::create(&t);
     let dir = tempfile::tempdir().unwrap();
     let columns: Vec<(&str, &str)> = COLUMNS.iter().map(|(c, s, _)| (*c, *s)).collect();
-    let spec = spec(dir.path(), "types", &t, &columns, INPUT);
+    let spec = spec(dir.path(), "types", &t, &columns, INPUT, "");
     let out = run_spec(
         worker_bin!(),
         &spec,
@@ -207,6 +208,7 @@ fn a_stream_type_whose_column_type_the_server_lacks_is_refused_naming_its_versio
         &t,
         &[("id", "uint64"), ("at", "timestamp")],
         &[r#"{"id":1,"at":"2023-11-14T22:13:20Z"}"#],
+        "",
     );
     let out = run_spec(
         worker_bin!(),
@@ -233,4 +235,75 @@ fn a_stream_type_whose_column_type_the_server_lacks_is_refused_naming_its_versio
         .unwrap(),
         0
     );
+}
+
+#[test]
+fn a_value_its_column_cannot_hold_becomes_a_dead_letter_naming_column_and_value() {
+    wait_for_cluster(Duration::from_secs(60)).unwrap();
+    let t = unique_name("it_types_bad");
+    let table = ReplicatedTable::create(
+        "default",
+        &t,
+        "id UInt64, kind Enum8('a' = 1, 'b' = 2), price Decimal(5, 2)",
+        "id",
+        &SHARD_A,
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let spec = spec(
+        dir.path(),
+        "types_bad",
+        &t,
+        &[
+            ("id", "uint64"),
+            ("kind", "utf8"),
+            ("price", "decimal(9,2)"),
+        ],
+        &[
+            r#"{"id":0,"kind":"a","price":"999.99"}"#,
+            r#"{"id":1,"kind":"zzz","price":"1"}"#,
+            r#"{"id":2,"kind":"b","price":"1000"}"#,
+            r#"{"id":3,"kind":"b","price":"-999.99"}"#,
+        ],
+        ", on_bad_rows: dead_letter",
+    );
+    let out = run_spec(worker_bin!(), &spec, &state, Duration::from_secs(60)).unwrap();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let landed = query_text(
+        A1.http_port,
+        &format!(
+            "SELECT id, kind, toString(price) FROM {} ORDER BY id FORMAT TSV",
+            table.qualified()
+        ),
+    )
+    .unwrap();
+    assert_eq!(landed, "0\ta\t999.99\n3\tb\t-999.99\n");
+    let dead = export_dead_letters(worker_bin!(), &state).unwrap();
+    let seen: Vec<(String, String, String)> = dead
+        .iter()
+        .map(|d| {
+            (
+                d["message_id"].as_str().unwrap().to_owned(),
+                d["column"].as_str().unwrap().to_owned(),
+                d["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(seen.len(), 2, "{dead:?}");
+    assert_eq!((seen[0].0.as_str(), seen[0].1.as_str()), ("0-1", "kind"));
+    assert!(
+        seen[0]
+            .2
+            .contains("`zzz` is not a value of Enum8('a' = 1, 'b' = 2)"),
+        "{}",
+        seen[0].2
+    );
+    assert_eq!((seen[1].0.as_str(), seen[1].1.as_str()), ("0-2", "price"));
+    assert!(
+        seen[1].2.contains("1000.00 does not fit Decimal(5, 2)"),
+        "{}",
+        seen[1].2
+    );
+    assert_eq!(dead[1]["row"]["price"], "1000.00");
 }
