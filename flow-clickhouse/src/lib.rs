@@ -4,10 +4,13 @@
 //! rule; its spec is validated once into typed parameters (`params`, with the `topology` of
 //! parsed endpoints and an optional TLS config). Every class shares one per-sink state
 //! (`sink_state`) whose writer session (`session`) starts when the first partition opens, waiting out
-//! unreachable endpoints (`session_wait`; a host of a shard whose other hosts answer is admitted later by
-//! `late_hosts`), probing every endpoint (engine, schema, replication
-//! identity, capabilities, `dedup_window`) and planning the RowBinary encoding (`chtype`,
-//! `rowbinary`). Epochs are cut into encoded per-shard parts (`cutter`, routed by `routing`,
+//! unreachable endpoints (`session_wait`; a host of a shard whose other hosts answer, or a
+//! whole shard once another answered, is admitted later by `late_hosts`), probing every endpoint
+//! (engine, schema, replication identity, capabilities, `dedup_window`, the server's type
+//! families) and planning the RowBinary encoding (`chtype` checks each stream type against its
+//! column type, nested ones included; `rowbinary` walks cell and packed values into the body,
+//! checked per value against the oracle of `rowbinary_oracle`, the `clickhouse` crate's
+//! serializer). Epochs are cut into encoded per-shard parts (`cutter`, routed by `routing`,
 //! compressed by `compress`) and inserted over HTTP (`insert`, `client`, `tls`), retried and given
 //! up as the guarantee's table says for the error class of `classify` (`guarantee`).
 //!
@@ -46,6 +49,8 @@ mod rebuild;
 mod routing;
 mod row_spans;
 mod rowbinary;
+#[cfg(test)]
+mod rowbinary_oracle;
 mod session;
 mod session_wait;
 mod sink_state;
@@ -58,7 +63,7 @@ use std::sync::Arc;
 
 use flow_core::Registry;
 
-pub use chtype::{check_mapping, ChType};
+pub use chtype::{check_mapping, check_mapping_on, ChType, ServerTypes};
 pub use classify::{ClassifiedError, ErrorClass};
 pub use compress::{seal, unframe};
 pub use fingerprint::topology_fingerprint;

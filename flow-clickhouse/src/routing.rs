@@ -23,6 +23,7 @@ const TAG_UINT: u8 = 2;
 const TAG_FLOAT: u8 = 3;
 const TAG_BOOL: u8 = 4;
 const TAG_BYTES: u8 = 5;
+const TAG_PACKED: u8 = 6;
 
 /// Rendezvous (highest-random-weight) routing over shard names.
 #[derive(Clone, Debug)]
@@ -121,6 +122,13 @@ fn encode_value(value: Value<'_>, buf: &mut Vec<u8>) {
         }
         Value::Bytes(bytes) => {
             buf.push(TAG_BYTES);
+            let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+            buf.extend_from_slice(&len.to_le_bytes());
+            buf.extend_from_slice(bytes);
+        }
+        // A packed value's bytes are canonical for its type (decimals, UUIDs, lists, ...).
+        Value::Packed(bytes) => {
+            buf.push(TAG_PACKED);
             let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
             buf.extend_from_slice(&len.to_le_bytes());
             buf.extend_from_slice(bytes);

@@ -8,6 +8,8 @@
 
 use serde_json::{Map, Number, Value as Json};
 
+use flow_core::{decimal_width, write_uuid, WideInt};
+
 use crate::chtype::ChType;
 use crate::rowbinary::EncodedColumn;
 
@@ -73,10 +75,18 @@ pub fn row_json(columns: &[EncodedColumn], row: &[u8]) -> Result<Json, ReadError
 /// The width of a fixed-width type.
 fn fixed_width(ty: &ChType) -> Option<usize> {
     Some(match ty {
-        ChType::Int8 | ChType::UInt8 | ChType::Bool => 1,
-        ChType::Int16 | ChType::UInt16 | ChType::Date => 2,
-        ChType::Int32 | ChType::UInt32 | ChType::DateTime | ChType::Float32 => 4,
-        ChType::Int64 | ChType::UInt64 | ChType::Float64 => 8,
+        ChType::Int8 | ChType::UInt8 | ChType::Bool | ChType::Enum8(_) => 1,
+        ChType::Int16 | ChType::UInt16 | ChType::Date | ChType::Enum16(_) => 2,
+        ChType::Int32
+        | ChType::UInt32
+        | ChType::DateTime
+        | ChType::Float32
+        | ChType::Date32
+        | ChType::IPv4 => 4,
+        ChType::Int64 | ChType::UInt64 | ChType::Float64 | ChType::DateTime64(_) => 8,
+        ChType::Int128 | ChType::UInt128 | ChType::Uuid | ChType::IPv6 => 16,
+        ChType::Int256 | ChType::UInt256 => 32,
+        ChType::Decimal { precision, .. } => decimal_width(*precision),
         ChType::FixedString(n) => *n,
         _ => return None,
     })
@@ -116,6 +126,24 @@ fn skip_value(ty: &ChType, data: &[u8], at: usize) -> Result<usize, String> {
             let len = usize::try_from(len).map_err(|_| format!("a length of {len} bytes"))?;
             take(data, start, len).map(|_| start + len)
         }
+        ChType::Array(inner) => {
+            let (count, mut at) = read_leb128(data, at)?;
+            for _ in 0..count {
+                at = skip_value(inner, data, at)?;
+            }
+            Ok(at)
+        }
+        ChType::Map(key, value) => {
+            let (count, mut at) = read_leb128(data, at)?;
+            for _ in 0..count {
+                at = skip_value(key, data, at)?;
+                at = skip_value(value, data, at)?;
+            }
+            Ok(at)
+        }
+        ChType::Tuple(items) => items
+            .iter()
+            .try_fold(at, |at, item| skip_value(item, data, at)),
         ChType::Unsupported(text) => Err(format!("the type {text} cannot be read")),
         fixed => {
             let width = fixed_width(fixed).unwrap_or(0);
@@ -138,11 +166,56 @@ fn read_value(ty: &ChType, data: &[u8], at: usize) -> Result<(Json, usize), Stri
             Ok((text(bytes), start + len))
         }
         ChType::FixedString(n) => Ok((text(take(data, at, *n)?), at + n)),
+        ChType::Array(inner) => {
+            let (count, mut at) = read_leb128(data, at)?;
+            let mut items = Vec::new();
+            for _ in 0..count {
+                let (item, next) = read_value(inner, data, at)?;
+                items.push(item);
+                at = next;
+            }
+            Ok((Json::Array(items), at))
+        }
+        ChType::Map(key, value) => {
+            let (count, mut at) = read_leb128(data, at)?;
+            let as_object = matches!(key.as_ref(), ChType::String | ChType::FixedString(_));
+            let mut object = Map::new();
+            let mut pairs = Vec::new();
+            for _ in 0..count {
+                let (k, next) = read_value(key, data, at)?;
+                let (v, next) = read_value(value, data, next)?;
+                at = next;
+                match k {
+                    Json::String(k) if as_object => {
+                        object.insert(k, v);
+                    }
+                    k => pairs.push(Json::Array(vec![k, v])),
+                }
+            }
+            Ok((
+                if as_object {
+                    Json::Object(object)
+                } else {
+                    Json::Array(pairs)
+                },
+                at,
+            ))
+        }
+        ChType::Tuple(items) => {
+            let mut values = Vec::with_capacity(items.len());
+            let mut at = at;
+            for item in items {
+                let (value, next) = read_value(item, data, at)?;
+                values.push(value);
+                at = next;
+            }
+            Ok((Json::Array(values), at))
+        }
         ChType::Unsupported(text) => Err(format!("the type {text} cannot be read")),
         fixed => {
             let width = fixed_width(fixed).unwrap_or(0);
             let bytes = take(data, at, width)?;
-            Ok((number(fixed, bytes), at + width))
+            Ok((scalar(fixed, bytes), at + width))
         }
     }
 }
@@ -151,23 +224,59 @@ fn text(bytes: &[u8]) -> Json {
     Json::String(String::from_utf8_lossy(bytes).into_owned())
 }
 
-/// A fixed-width value as JSON; `bytes` has the type's width.
-fn number(ty: &ChType, bytes: &[u8]) -> Json {
+/// A fixed-width value as JSON; `bytes` has the type's width. Values a JSON reader's doubles
+/// would round (128/256-bit integers, decimals) are strings, as are UUIDs, IPs and enum names.
+fn scalar(ty: &ChType, bytes: &[u8]) -> Json {
     let mut le = [0u8; 8];
-    le[..bytes.len()].copy_from_slice(bytes);
+    let n = bytes.len().min(8);
+    le[..n].copy_from_slice(&bytes[..n]);
     let unsigned = u64::from_le_bytes(le);
     let float =
         |v: f64| Number::from_f64(v).map_or_else(|| Json::String(v.to_string()), Json::Number);
+    let wide = |signed: bool, scale: u8| {
+        let mut text = String::new();
+        WideInt::from_le_bytes(bytes, signed).write_decimal(signed, scale, &mut text);
+        Json::String(text)
+    };
     match ty {
         ChType::Int8 => Json::from(unsigned as u8 as i8),
         ChType::Int16 => Json::from(unsigned as u16 as i16),
-        ChType::Int32 => Json::from(unsigned as u32 as i32),
-        ChType::Int64 => Json::from(unsigned as i64),
+        ChType::Int32 | ChType::Date32 => Json::from(unsigned as u32 as i32),
+        ChType::Int64 | ChType::DateTime64(_) => Json::from(unsigned as i64),
         ChType::Bool => Json::Bool(unsigned != 0),
         ChType::Float32 => float(f64::from(f32::from_bits(unsigned as u32))),
         ChType::Float64 => float(f64::from_bits(unsigned)),
+        ChType::Int128 | ChType::Int256 => wide(true, 0),
+        ChType::UInt128 | ChType::UInt256 => wide(false, 0),
+        ChType::Decimal { scale, .. } => wide(true, *scale),
+        ChType::Uuid => {
+            let mut uuid = [0u8; 16];
+            for (half, chunk) in uuid.chunks_exact_mut(8).zip(bytes.chunks_exact(8)) {
+                for (to, from) in half.iter_mut().zip(chunk.iter().rev()) {
+                    *to = *from;
+                }
+            }
+            let mut text = String::new();
+            write_uuid(&uuid, &mut text);
+            Json::String(text)
+        }
+        ChType::IPv4 => Json::String(std::net::Ipv4Addr::from(unsigned as u32).to_string()),
+        ChType::IPv6 => {
+            let mut octets = [0u8; 16];
+            octets.copy_from_slice(bytes);
+            Json::String(std::net::Ipv6Addr::from(octets).to_string())
+        }
+        ChType::Enum8(items) => enum_name(items, i64::from(unsigned as u8 as i8)),
+        ChType::Enum16(items) => enum_name(items, i64::from(unsigned as u16 as i16)),
         _ => Json::from(unsigned),
     }
+}
+
+fn enum_name<T: Copy + Into<i64>>(items: &[(String, T)], code: i64) -> Json {
+    items
+        .iter()
+        .find(|(_, c)| (*c).into() == code)
+        .map_or_else(|| Json::from(code), |(name, _)| Json::String(name.clone()))
 }
 
 #[cfg(test)]
@@ -247,6 +356,95 @@ mod tests {
         assert_eq!(
             row_json(&columns, &data[..3]).unwrap(),
             serde_json::json!({"a": null, "s": "x"})
+        );
+    }
+
+    #[test]
+    fn rows_of_the_new_types_are_read_back_as_their_json_forms() {
+        let types = [
+            ("d", "decimal(9,2)", "Decimal(18, 4)", "\"-12.5\""),
+            (
+                "u",
+                "uuid",
+                "UUID",
+                "\"01234567-89ab-cdef-0123-456789abcdef\"",
+            ),
+            ("e", "utf8", "Enum8('a' = 1, 'b' = 2)", "\"b\""),
+            ("i4", "ipv4", "IPv4", "\"10.1.2.3\""),
+            ("i6", "ipv6", "IPv6", "\"2001:db8::1\""),
+            (
+                "big",
+                "int128",
+                "Int128",
+                "\"-170141183460469231731687303715884105728\"",
+            ),
+            ("t", "timestamp", "DateTime64(3)", "1500000"),
+            ("day", "date32", "Date32", "-1"),
+            (
+                "l",
+                "list<optional<uint8>>",
+                "Array(Nullable(UInt8))",
+                "[1, null]",
+            ),
+            (
+                "m",
+                "dict<utf8,list<uint32>>",
+                "Map(String, Array(UInt32))",
+                "{\"k\": [7]}",
+            ),
+            (
+                "p",
+                "dict<uint8,utf8>",
+                "Map(UInt8, String)",
+                "[[1, \"x\"]]",
+            ),
+            (
+                "tu",
+                "tuple<uint8,optional<utf8>>",
+                "Tuple(UInt8, Nullable(String))",
+                "[3, null]",
+            ),
+        ];
+        let schema = StreamSchema::new(
+            types
+                .iter()
+                .map(|(name, ty, _, _)| Column::new(*name, ty.parse().unwrap()))
+                .collect(),
+        )
+        .unwrap();
+        let columns: Vec<EncodedColumn> = types
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _, ty, _))| column(name, i, ty))
+            .collect();
+        let mut batch = MessageBatch::new(schema);
+        let mut row = batch.start_row(MessageId::new(0, 0));
+        for (_, _, _, json) in types {
+            flow_core::push_json_text(&mut row, json).unwrap();
+        }
+        row.finish().unwrap();
+        let mut data = Vec::new();
+        RowBinaryEncoder::new(columns.clone())
+            .encode_row(&batch.row(0), &mut data)
+            .unwrap();
+        let spans = RowSpans::parse(&columns, &data).unwrap();
+        assert_eq!(spans.rows(), 1);
+        assert_eq!(
+            row_json(&columns, &data).unwrap(),
+            serde_json::json!({
+                "d": "-12.5000",
+                "u": "01234567-89ab-cdef-0123-456789abcdef",
+                "e": "b",
+                "i4": "10.1.2.3",
+                "i6": "2001:db8::1",
+                "big": "-170141183460469231731687303715884105728",
+                "t": 1500,
+                "day": -1,
+                "l": [1, null],
+                "m": {"k": [7]},
+                "p": [[1, "x"]],
+                "tu": [3, null],
+            })
         );
     }
 }

@@ -9,9 +9,9 @@ use std::time::Duration;
 use flow_core::{SinkError, StreamSchema};
 use futures_util::future::join_all;
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use crate::chtype::{check_mapping, ChType};
+use crate::chtype::{check_mapping_on, ChType, ServerTypes};
 use crate::classify::{ClassifiedError, ErrorClass};
 use crate::client::{
     build_shards, json_text, json_u64, quote_ident, quote_literal, EndpointClient, ShardClients,
@@ -136,6 +136,7 @@ pub(crate) struct EndpointMetadata {
     pub(crate) zookeeper_path: Option<String>,
     pub(crate) capabilities: Capabilities,
     dedup_windows: DedupWindows,
+    server_types: ServerTypes,
 }
 
 /// The dedup window of one shard's table, kept for the re-checks on reload.
@@ -385,8 +386,15 @@ impl WriterSession {
         if dynamic.async_insert && !capabilities.async_insert {
             return Err(refused(ASYNC_INSERT_UNSUPPORTED.to_owned()));
         }
-        let encoder = plan_columns(class, params, stream, &reference.columns, capabilities)
-            .map_err(refused)?;
+        let encoder = plan_columns(
+            class,
+            params,
+            stream,
+            &reference.columns,
+            capabilities,
+            &reference.server_types,
+        )
+        .map_err(refused)?;
         let columns_guard = ColumnsGuard::new(
             ColumnsGuard::query(&params.database, &params.table),
             reference.columns.clone(),
@@ -651,6 +659,21 @@ async fn probe(
         .filter_map(|row| Some((json_text(row, "name"), json_u64(row, "value")?)))
         .collect();
     let dedup_windows = DedupWindows::new(server_defaults, &engine_full);
+    // What the server knows of types, so that a refused column can say which type it lacks. Only
+    // messages use it, so a server (or a user) that cannot answer leaves it unknown.
+    let server_types = match endpoint
+        .query_json(
+            "SELECT version() AS version, groupArray(name) AS families FROM system.data_type_families",
+            timeout,
+        )
+        .await
+    {
+        Ok(rows) => rows.first().map(server_types_of).unwrap_or_default(),
+        Err(err) => {
+            debug!(endpoint = %endpoint.endpoint, error = %err, "server type families unknown");
+            ServerTypes::default()
+        }
+    };
 
     Ok(EndpointMetadata {
         engine,
@@ -660,6 +683,7 @@ async fn probe(
         zookeeper_path,
         capabilities,
         dedup_windows,
+        server_types,
     })
 }
 
@@ -684,6 +708,22 @@ pub(crate) fn schema_difference(a: &[ColumnMeta], b: &[ColumnMeta]) -> Option<St
     (a.len() != b.len()).then(|| format!("{} columns there, {} here", a.len(), b.len()))
 }
 
+fn server_types_of(row: &serde_json::Map<String, serde_json::Value>) -> ServerTypes {
+    ServerTypes {
+        version: json_text(row, "version"),
+        families: row
+            .get("families")
+            .and_then(|f| f.as_array())
+            .map(|names| {
+                names
+                    .iter()
+                    .filter_map(|n| n.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
 /// Maps stream columns to table columns and builds the encoder.
 fn plan_columns(
     class: SinkClass,
@@ -691,6 +731,7 @@ fn plan_columns(
     stream: &Arc<StreamSchema>,
     table: &[ColumnMeta],
     capabilities: Capabilities,
+    server_types: &ServerTypes,
 ) -> Result<RowBinaryEncoder, String> {
     let mut problems = Vec::new();
     let mut plan = Vec::new();
@@ -710,7 +751,7 @@ fn plan_columns(
             continue;
         }
         let ty = ChType::parse(&target.type_text);
-        if let Err(reason) = check_mapping(&column.name, &column.ty, &ty) {
+        if let Err(reason) = check_mapping_on(&column.name, &column.ty, &ty, server_types) {
             problems.push(reason);
             continue;
         }

@@ -15,7 +15,10 @@
 //! epoch's commit, the batch's acknowledgement), so it continues across restarts and crashes.
 //!
 //! Messages travel in [`MessageBatch`]es, row-major arenas reused across epochs: no allocation per
-//! message on the hot path.
+//! message on the hot path. A value is a 64-bit cell, or for wide and nested types (decimals,
+//! UUIDs, lists, dicts, tuples, ...) a byte string in the arena in its packed form
+//! ([`PackedReader`]), ClickHouse's RowBinary layout of the type, which sinks walk without
+//! decoding into objects. Sources read values from their JSON forms (`json_form`).
 
 // API modules: what plugin authors build on (`delivery` for outbox sinks, `registry` for
 // builders) and the built-in plugins' parameter types. The rest is re-exported below.
@@ -31,9 +34,11 @@ mod dead_row;
 mod drain;
 mod error;
 mod graph;
+mod json_form;
 mod lag;
 mod message;
 mod metrics;
+mod packed;
 mod plugin;
 mod progress;
 mod replay;
@@ -42,6 +47,7 @@ mod runtime;
 mod spec;
 mod spec_text;
 mod types;
+mod wide_int;
 
 pub use capacity::{CapacityDecay, FaultedIn};
 pub use dead_row::{DeadRow, ResendRow};
@@ -50,8 +56,13 @@ pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,
 };
+pub use json_form::{push_json_text, write_json_value};
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
 pub use metrics::{Metrics, SinkCount, SinkCounter, SinkMetrics, SourceCount};
+pub use packed::{
+    check_date32, decimal_width, parse_uuid, validate as validate_packed, write_leb128, write_uuid,
+    PackedError, PackedReader, DATE32_RANGE,
+};
 pub use plugin::{
     Epoch, EpochOutcome, EpochWrite, Processor, ProcessorFactory, ReadLimits, Replay, ReplayReader,
     Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,
@@ -69,4 +80,5 @@ pub use spec::{
     MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
 };
 pub use spec_text::MAX_SPEC_NESTING;
-pub use types::{Column, SchemaError, StreamSchema, StreamType};
+pub use types::{Column, SchemaError, StreamSchema, StreamType, MAX_DECIMAL_PRECISION};
+pub use wide_int::WideInt;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::capacity::{CapacityDecay, FaultedIn};
 use crate::error::ValueError;
-use crate::types::{StreamSchema, StreamType};
+use crate::types::{Column, StreamSchema, StreamType};
 
 /// Identifies a message: its partition and its offset in that partition. Ids of one partition are
 /// ordered by offset; the printed form is `<partition>-<offset>`.
@@ -56,6 +56,9 @@ pub enum Value<'a> {
     Float(f64),
     Bool(bool),
     Bytes(&'a [u8]),
+    /// A value of a type too wide or nested for the other variants (`decimal`, `uuid`,
+    /// `list<T>`, ...), in its packed form: see [`crate::packed`](crate::PackedReader).
+    Packed(&'a [u8]),
 }
 
 impl Value<'_> {
@@ -67,6 +70,7 @@ impl Value<'_> {
             Value::Float(_) => "a floating-point number",
             Value::Bool(_) => "a boolean",
             Value::Bytes(_) => "a string",
+            Value::Packed(_) => "a packed value",
         }
     }
 }
@@ -86,6 +90,7 @@ enum Cell {
     Float(f64),
     Bool(bool),
     Bytes { start: u32, len: u32 },
+    Packed { start: u32, len: u32 },
 }
 
 const _: () = assert!(std::mem::size_of::<Cell>() == 16);
@@ -207,6 +212,10 @@ impl MessageBatch {
                 let start = start as usize;
                 Value::Bytes(&self.arena[start..start + len as usize])
             }
+            Cell::Packed { start, len } => {
+                let start = start as usize;
+                Value::Packed(&self.arena[start..start + len as usize])
+            }
         }
     }
 }
@@ -229,6 +238,11 @@ impl<'a> Row<'a> {
 
     pub fn is_empty(&self) -> bool {
         self.batch.schema.is_empty()
+    }
+
+    /// The stream type of column `column` (schema order); panics outside the schema, like `get`.
+    pub fn column_type(&self, column: usize) -> &'a StreamType {
+        &self.batch.schema.columns()[column].ty
     }
 
     /// The value of column `column` (schema order). Panics on an index outside the schema, which
@@ -255,6 +269,14 @@ pub struct RowWriter<'a> {
 }
 
 impl RowWriter<'_> {
+    /// The column the next `push` fills, if the row is not full.
+    pub fn next_column(&self) -> Option<&Column> {
+        self.batch
+            .schema
+            .columns()
+            .get(self.batch.cells.len() - self.cells_mark)
+    }
+
     /// Checks `value` against the type of the next column and appends it.
     pub fn push(&mut self, value: Value<'_>) -> Result<&mut Self, ValueError> {
         let column_index = self.batch.cells.len() - self.cells_mark;
@@ -274,7 +296,8 @@ impl RowWriter<'_> {
             })?
         };
         let cell = match (cell, value) {
-            (Cell::Bytes { .. }, Value::Bytes(bytes)) => {
+            (Cell::Bytes { .. }, Value::Bytes(bytes))
+            | (Cell::Packed { .. }, Value::Packed(bytes)) => {
                 let start = self.batch.arena.len();
                 let (Ok(start32), Ok(len)) = (
                     u32::try_from(start),
@@ -283,9 +306,16 @@ impl RowWriter<'_> {
                     return Err(self.arena_full(column_index));
                 };
                 self.batch.arena.extend_from_slice(bytes);
-                Cell::Bytes {
-                    start: start32,
-                    len,
+                if matches!(cell, Cell::Packed { .. }) {
+                    Cell::Packed {
+                        start: start32,
+                        len,
+                    }
+                } else {
+                    Cell::Bytes {
+                        start: start32,
+                        len,
+                    }
                 }
             }
             (cell, _) => cell,
@@ -335,7 +365,7 @@ fn unsigned_max(ty: &StreamType) -> Option<u64> {
     Some(match ty {
         StreamType::Uint8 => u8::MAX.into(),
         StreamType::Uint16 | StreamType::Date => u16::MAX.into(),
-        StreamType::Uint32 | StreamType::Datetime => u32::MAX.into(),
+        StreamType::Uint32 | StreamType::Datetime | StreamType::Ipv4 => u32::MAX.into(),
         StreamType::Uint64 => u64::MAX,
         _ => return None,
     })
@@ -347,9 +377,14 @@ fn signed_range(ty: &StreamType) -> Option<(i64, i64)> {
         StreamType::Int8 => (i8::MIN.into(), i8::MAX.into()),
         StreamType::Int16 => (i16::MIN.into(), i16::MAX.into()),
         StreamType::Int32 => (i32::MIN.into(), i32::MAX.into()),
-        StreamType::Int64 => (i64::MIN, i64::MAX),
+        StreamType::Int64 | StreamType::Timestamp => (i64::MIN, i64::MAX),
         _ => return None,
     })
+}
+
+/// The checks of a column value, for the items of packed values (`crate::json_form`).
+pub(crate) fn check_item(ty: &StreamType, value: Value<'_>) -> Result<(), String> {
+    check_value(ty, value).map(|_| ())
 }
 
 fn check_value(ty: &StreamType, value: Value<'_>) -> Result<Cell, String> {
@@ -362,7 +397,23 @@ fn check_value(ty: &StreamType, value: Value<'_>) -> Result<Cell, String> {
     }
     let inner = ty.inner();
     let out_of_range = |v: &dyn fmt::Display| format!("{v} is out of range for {inner}");
+    if inner.is_packed() {
+        let Value::Packed(bytes) = value else {
+            return Err(format!("expected {inner}, got {}", value.kind()));
+        };
+        crate::packed::validate(inner, bytes).map_err(|err| err.0)?;
+        return Ok(Cell::Packed { start: 0, len: 0 });
+    }
     match (inner, value) {
+        (StreamType::Date32, Value::Int(v)) => {
+            crate::packed::check_date32(v)?;
+            Ok(Cell::Int(v))
+        }
+        (StreamType::Date32, Value::Uint(v)) => {
+            let v = i64::try_from(v).map_err(|_| out_of_range(&v))?;
+            crate::packed::check_date32(v)?;
+            Ok(Cell::Int(v))
+        }
         (StreamType::Float | StreamType::Double, Value::Float(v)) => Ok(Cell::Float(v)),
         // Integers are accepted where floats are declared: JSON does not tell `1` from `1.0`.
         (StreamType::Float | StreamType::Double, Value::Int(v)) => Ok(Cell::Float(v as f64)),

@@ -1,9 +1,11 @@
 //! Rows as JSON objects by column name ([`write_row_object`]), written straight into a byte
-//! buffer: the debug sink's output lines and the `row` of a sink's dead letters.
+//! buffer: the debug sink's output lines and the `row` of a sink's dead letters. Values take the
+//! JSON forms of [`crate::json_form`].
 
 use std::io::Write;
 
-use crate::message::{Row, Value};
+use crate::json_form::write_json_value;
+use crate::message::Row;
 
 /// Appends `{"<column>":<value>,...}` for `row`, with `columns` naming its values in order.
 /// Non-finite floats are written as strings (JSON has none); bytes that are not UTF-8 are
@@ -16,28 +18,9 @@ pub fn write_row_object(out: &mut Vec<u8>, columns: &[String], row: &Row<'_>) {
         }
         write_json_string(out, name.as_bytes());
         out.push(b':');
-        write_json_value(out, value);
+        write_json_value(out, row.column_type(i), value);
     }
     out.push(b'}');
-}
-
-fn write_json_value(out: &mut Vec<u8>, value: Value<'_>) {
-    match value {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Int(v) => {
-            let _ = write!(out, "{v}");
-        }
-        Value::Uint(v) => {
-            let _ = write!(out, "{v}");
-        }
-        Value::Float(v) if v.is_finite() => {
-            let _ = write!(out, "{v}");
-        }
-        // JSON has no NaN or infinity.
-        Value::Float(v) => write_json_string(out, v.to_string().as_bytes()),
-        Value::Bool(v) => out.extend_from_slice(if v { b"true" } else { b"false" }),
-        Value::Bytes(bytes) => write_json_string(out, bytes),
-    }
 }
 
 /// Writes a JSON string; bytes that are not UTF-8 are replaced with U+FFFD.

@@ -1,5 +1,7 @@
-//! Stream types and schemas, mirroring the yson types of the reference (`int8` .. `uint64`, `float`,
-//! `double`, `string`, `utf8`, `boolean`, `date`, `datetime`, `optional<T>`).
+//! Stream types and schemas, named after the yson types of the reference (`int8` .. `uint64`,
+//! `float`, `double`, `string`, `utf8`, `boolean`, `date`, `datetime`, `date32`, `timestamp`,
+//! `decimal(P,S)`, `uuid`, `optional<T>`, `list<T>`, `dict<K,V>`, `tuple<T1,...>`), plus the
+//! ClickHouse value types yson has no name for (`int128` .. `uint256`, `ipv4`, `ipv6`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -30,6 +32,10 @@ pub enum StreamType {
     Uint16,
     Uint32,
     Uint64,
+    Int128,
+    Uint128,
+    Int256,
+    Uint256,
     /// 32-bit IEEE float.
     Float,
     /// 64-bit IEEE float.
@@ -43,8 +49,27 @@ pub enum StreamType {
     Date,
     /// Seconds since the Unix epoch, `0..=4294967295`.
     Datetime,
+    /// Days since 1970-01-01 as a signed 32-bit number (before the epoch too).
+    Date32,
+    /// Microseconds since the Unix epoch, signed 64-bit (the yson `timestamp`).
+    Timestamp,
+    /// A fixed-point number of `precision` significant digits (1..=76), `scale` of them after
+    /// the point (0..=precision).
+    Decimal {
+        precision: u8,
+        scale: u8,
+    },
+    Uuid,
+    Ipv4,
+    Ipv6,
     Optional(Box<StreamType>),
+    List(Box<StreamType>),
+    Dict(Box<StreamType>, Box<StreamType>),
+    Tuple(Vec<StreamType>),
 }
+
+/// The most digits a `decimal(P,S)` can have: what ClickHouse's `Decimal256` holds.
+pub const MAX_DECIMAL_PRECISION: u8 = 76;
 
 impl StreamType {
     /// The type without its `optional<>` wrapper.
@@ -59,16 +84,35 @@ impl StreamType {
         matches!(self, StreamType::Optional(_))
     }
 
-    /// Inclusive integer range of an integral type, as `i128` so that both signed and unsigned fit.
+    /// Whether a value of this type (under its `optional`) travels as [`crate::Value::Packed`]:
+    /// the types whose values do not fit one 64-bit cell.
+    pub fn is_packed(&self) -> bool {
+        matches!(
+            self.inner(),
+            StreamType::Int128
+                | StreamType::Uint128
+                | StreamType::Int256
+                | StreamType::Uint256
+                | StreamType::Decimal { .. }
+                | StreamType::Uuid
+                | StreamType::Ipv6
+                | StreamType::List(_)
+                | StreamType::Dict(..)
+                | StreamType::Tuple(_)
+        )
+    }
+
+    /// Inclusive integer range of a type carried as a 64-bit integer, as `i128` so that both
+    /// signed and unsigned fit.
     pub fn integer_range(&self) -> Option<(i128, i128)> {
         Some(match self.inner() {
             StreamType::Int8 => (i8::MIN.into(), i8::MAX.into()),
             StreamType::Int16 => (i16::MIN.into(), i16::MAX.into()),
-            StreamType::Int32 => (i32::MIN.into(), i32::MAX.into()),
-            StreamType::Int64 => (i64::MIN.into(), i64::MAX.into()),
+            StreamType::Int32 | StreamType::Date32 => (i32::MIN.into(), i32::MAX.into()),
+            StreamType::Int64 | StreamType::Timestamp => (i64::MIN.into(), i64::MAX.into()),
             StreamType::Uint8 => (0, u8::MAX.into()),
             StreamType::Uint16 => (0, u16::MAX.into()),
-            StreamType::Uint32 | StreamType::Datetime => (0, u32::MAX.into()),
+            StreamType::Uint32 | StreamType::Datetime | StreamType::Ipv4 => (0, u32::MAX.into()),
             StreamType::Uint64 => (0, u64::MAX.into()),
             StreamType::Date => (0, u16::MAX.into()),
             _ => return None,
@@ -78,7 +122,12 @@ impl StreamType {
     pub fn is_signed_integer(&self) -> bool {
         matches!(
             self.inner(),
-            StreamType::Int8 | StreamType::Int16 | StreamType::Int32 | StreamType::Int64
+            StreamType::Int8
+                | StreamType::Int16
+                | StreamType::Int32
+                | StreamType::Int64
+                | StreamType::Date32
+                | StreamType::Timestamp
         )
     }
 }
@@ -94,6 +143,10 @@ impl fmt::Display for StreamType {
             StreamType::Uint16 => "uint16",
             StreamType::Uint32 => "uint32",
             StreamType::Uint64 => "uint64",
+            StreamType::Int128 => "int128",
+            StreamType::Uint128 => "uint128",
+            StreamType::Int256 => "int256",
+            StreamType::Uint256 => "uint256",
             StreamType::Float => "float",
             StreamType::Double => "double",
             StreamType::String => "string",
@@ -101,7 +154,27 @@ impl fmt::Display for StreamType {
             StreamType::Boolean => "boolean",
             StreamType::Date => "date",
             StreamType::Datetime => "datetime",
+            StreamType::Date32 => "date32",
+            StreamType::Timestamp => "timestamp",
+            StreamType::Uuid => "uuid",
+            StreamType::Ipv4 => "ipv4",
+            StreamType::Ipv6 => "ipv6",
+            StreamType::Decimal { precision, scale } => {
+                return write!(f, "decimal({precision},{scale})")
+            }
             StreamType::Optional(inner) => return write!(f, "optional<{inner}>"),
+            StreamType::List(inner) => return write!(f, "list<{inner}>"),
+            StreamType::Dict(key, value) => return write!(f, "dict<{key},{value}>"),
+            StreamType::Tuple(items) => {
+                f.write_str("tuple<")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{item}")?;
+                }
+                return f.write_str(">");
+            }
         };
         f.write_str(name)
     }
@@ -111,16 +184,60 @@ impl FromStr for StreamType {
     type Err = SchemaError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let trimmed = text.trim();
-        if let Some(rest) = trimmed.strip_prefix("optional<") {
-            let inner = rest
-                .strip_suffix('>')
-                .ok_or_else(|| SchemaError::UnknownType {
-                    text: text.to_owned(),
-                })?;
-            return Ok(StreamType::Optional(Box::new(inner.parse()?)));
+        let unknown = || SchemaError::UnknownType {
+            text: text.to_owned(),
+        };
+        let mut parser = TypeParser { rest: text };
+        let ty = parser.parse_type().ok_or_else(unknown)?;
+        if !parser.rest.trim().is_empty() {
+            return Err(unknown());
         }
-        Ok(match trimmed {
+        Ok(ty)
+    }
+}
+
+/// Recursive descent over a type text such as `dict<utf8,list<optional<decimal(18,4)>>>`.
+struct TypeParser<'a> {
+    rest: &'a str,
+}
+
+impl<'a> TypeParser<'a> {
+    fn eat(&mut self, token: char) -> bool {
+        let trimmed = self.rest.trim_start();
+        match trimmed.strip_prefix(token) {
+            Some(rest) => {
+                self.rest = rest;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn word(&mut self) -> &'a str {
+        let trimmed = self.rest.trim_start();
+        let end = trimmed
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(trimmed.len());
+        let (word, rest) = trimmed.split_at(end);
+        self.rest = rest;
+        word
+    }
+
+    fn number(&mut self) -> Option<u8> {
+        let word = self.word();
+        if word.is_empty() || !word.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        word.parse().ok()
+    }
+
+    fn boxed(&mut self) -> Option<Box<StreamType>> {
+        Some(Box::new(self.parse_type()?))
+    }
+
+    fn parse_type(&mut self) -> Option<StreamType> {
+        let word = self.word();
+        Some(match word {
             "int8" => StreamType::Int8,
             "int16" => StreamType::Int16,
             "int32" => StreamType::Int32,
@@ -129,6 +246,10 @@ impl FromStr for StreamType {
             "uint16" => StreamType::Uint16,
             "uint32" => StreamType::Uint32,
             "uint64" => StreamType::Uint64,
+            "int128" => StreamType::Int128,
+            "uint128" => StreamType::Uint128,
+            "int256" => StreamType::Int256,
+            "uint256" => StreamType::Uint256,
             "float" => StreamType::Float,
             "double" => StreamType::Double,
             "string" => StreamType::String,
@@ -136,11 +257,54 @@ impl FromStr for StreamType {
             "boolean" | "bool" => StreamType::Boolean,
             "date" => StreamType::Date,
             "datetime" => StreamType::Datetime,
-            _ => {
-                return Err(SchemaError::UnknownType {
-                    text: text.to_owned(),
-                })
+            "date32" => StreamType::Date32,
+            "timestamp" => StreamType::Timestamp,
+            "uuid" => StreamType::Uuid,
+            "ipv4" => StreamType::Ipv4,
+            "ipv6" => StreamType::Ipv6,
+            "decimal" => {
+                if !self.eat('(') {
+                    return None;
+                }
+                let precision = self.number()?;
+                if !self.eat(',') {
+                    return None;
+                }
+                let scale = self.number()?;
+                if !self.eat(')') {
+                    return None;
+                }
+                let valid = (1..=MAX_DECIMAL_PRECISION).contains(&precision) && scale <= precision;
+                return valid.then_some(StreamType::Decimal { precision, scale });
             }
+            "optional" | "list" | "dict" | "tuple" => {
+                if !self.eat('<') {
+                    return None;
+                }
+                let ty = match word {
+                    "optional" => StreamType::Optional(self.boxed()?),
+                    "list" => StreamType::List(self.boxed()?),
+                    "dict" => {
+                        let key = self.boxed()?;
+                        if !self.eat(',') {
+                            return None;
+                        }
+                        StreamType::Dict(key, self.boxed()?)
+                    }
+                    _ => {
+                        let mut items = vec![self.parse_type()?];
+                        while self.eat(',') {
+                            items.push(self.parse_type()?);
+                        }
+                        StreamType::Tuple(items)
+                    }
+                };
+                if !self.eat('>') {
+                    return None;
+                }
+                ty
+            }
+            _ => return None,
         })
     }
 }
@@ -246,17 +410,52 @@ mod tests {
             "datetime",
             "optional<uint64>",
             "optional<optional<utf8>>",
+            "int128",
+            "uint128",
+            "int256",
+            "uint256",
+            "date32",
+            "timestamp",
+            "uuid",
+            "ipv4",
+            "ipv6",
+            "decimal(18,4)",
+            "decimal(76,0)",
+            "list<optional<decimal(18,4)>>",
+            "dict<string,list<uint32>>",
+            "tuple<int8,utf8,list<tuple<uuid,ipv6>>>",
         ] {
             let ty: StreamType = name.parse().unwrap();
             assert_eq!(ty.to_string(), name);
         }
+        assert_eq!(
+            " dict< utf8 , list<uint32> > "
+                .parse::<StreamType>()
+                .unwrap(),
+            StreamType::Dict(
+                Box::new(StreamType::Utf8),
+                Box::new(StreamType::List(Box::new(StreamType::Uint32)))
+            )
+        );
     }
 
     #[test]
     fn unknown_type_is_rejected_with_its_text() {
-        let err = "uint128".parse::<StreamType>().unwrap_err();
-        assert_eq!(err.to_string(), "unknown stream type `uint128`");
-        assert!("optional<int8".parse::<StreamType>().is_err());
+        let err = "uint512".parse::<StreamType>().unwrap_err();
+        assert_eq!(err.to_string(), "unknown stream type `uint512`");
+        for text in [
+            "optional<int8",
+            "decimal(0,0)",
+            "decimal(77,2)",
+            "decimal(4,5)",
+            "decimal(4)",
+            "dict<utf8>",
+            "tuple<>",
+            "list<int8>>",
+            "list<int8> x",
+        ] {
+            assert!(text.parse::<StreamType>().is_err(), "{text}");
+        }
     }
 
     #[test]

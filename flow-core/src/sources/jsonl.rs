@@ -6,20 +6,23 @@
 //! `on_bad_record: dead_letter`. A last line without its newline is not read until the newline
 //! arrives: a finite run that ends on one reports it instead of parsing half a record.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use flow_state::DeadLetter;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use tokio::io::BufReader;
 
 use crate::error::{SourceError, Violation};
-use crate::message::{MessageBatch, MessageId, Value};
+use crate::json_form::push_json;
+use crate::message::{MessageBatch, MessageId};
 use crate::plugin::{ReadLimits, Source, SourceFactory, SourceOutput, SourceRead};
 use crate::registry::{parse_parameters, BuildResult, SourceBuildContext};
 use crate::spec::is_valid_name;
-use crate::types::{Column, StreamSchema, StreamType};
+use crate::types::{Column, StreamSchema};
 
 use super::line_reader::{self, CheckError, LineEnd, Recorded, Tail};
 
@@ -400,103 +403,29 @@ pub(super) fn parse_line(
     if line.iter().all(u8::is_ascii_whitespace) {
         return Ok(false);
     }
-    let object: serde_json::Map<String, serde_json::Value> =
+    // Values stay JSON text until their column's type reads them: a decimal or a 128-bit
+    // integer must not pass through an f64 on the way.
+    let object: BTreeMap<String, &RawValue> =
         serde_json::from_slice(line).map_err(|err| format!("not a JSON object: {err}"))?;
     if let Some(unknown) = object.keys().find(|key| schema.index_of(key).is_none()) {
         return Err(format!("`{unknown}`: not a column of the declared schema"));
     }
+    let mut scratch = Vec::new();
     let mut row = batch.start_row(id);
     for column in schema.columns() {
-        let json = object.get(&column.name).unwrap_or(&serde_json::Value::Null);
-        let value = json_value(json, &column.ty)
-            .map_err(|what| format!("column `{}` ({}): {what}", column.name, column.ty))?;
-        row.push(value).map_err(|err| err.to_string())?;
+        let raw = object.get(&column.name).copied();
+        push_json(&mut row, &column.name, &column.ty, raw, &mut scratch)?;
     }
     row.finish().map_err(|err| err.to_string())?;
     Ok(true)
 }
 
-fn json_value<'a>(json: &'a serde_json::Value, ty: &StreamType) -> Result<Value<'a>, String> {
-    Ok(match json {
-        serde_json::Value::Null => Value::Null,
-        serde_json::Value::Bool(b) => Value::Bool(*b),
-        serde_json::Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                Value::Uint(u)
-            } else if let Some(i) = n.as_i64() {
-                Value::Int(i)
-            } else {
-                Value::Float(n.as_f64().unwrap_or(f64::NAN))
-            }
-        }
-        serde_json::Value::String(s) => match ty.inner() {
-            StreamType::Date => Value::Uint(parse_date(s)?),
-            StreamType::Datetime => Value::Uint(parse_datetime(s)?),
-            _ => Value::Bytes(s.as_bytes()),
-        },
-        serde_json::Value::Array(_) => return Err(format!("expected {ty}, got an array")),
-        serde_json::Value::Object(_) => return Err(format!("expected {ty}, got an object")),
-    })
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn parse_date_parts(text: &str) -> Option<i64> {
-    let mut parts = text.splitn(3, '-');
-    let year: i64 = parts.next()?.parse().ok()?;
-    let month: i64 = parts.next()?.parse().ok()?;
-    let day: i64 = parts.next()?.parse().ok()?;
-    let max_day = match month {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
-        2 => 28,
-        _ => return None,
-    };
-    (1..=max_day)
-        .contains(&day)
-        .then(|| days_from_civil(year, month, day))
-}
-
-fn parse_date(text: &str) -> Result<u64, String> {
-    let days = parse_date_parts(text)
-        .ok_or_else(|| format!("`{text}` is not a date (expected YYYY-MM-DD)"))?;
-    u64::try_from(days).map_err(|_| format!("`{text}` is before 1970-01-01"))
-}
-
-fn parse_datetime(text: &str) -> Result<u64, String> {
-    let bad = || format!("`{text}` is not a datetime (expected YYYY-MM-DD HH:MM:SS, UTC)");
-    let trimmed = text.strip_suffix('Z').unwrap_or(text);
-    let (date, time) = trimmed
-        .split_once(' ')
-        .or_else(|| trimmed.split_once('T'))
-        .ok_or_else(bad)?;
-    let days = parse_date_parts(date).ok_or_else(bad)?;
-    let mut hms = time.splitn(3, ':');
-    let mut next = |max: i64| -> Option<i64> {
-        let v: i64 = hms.next()?.parse().ok()?;
-        (0..=max).contains(&v).then_some(v)
-    };
-    let (h, m, s) = (next(23), next(59), next(59));
-    let (Some(h), Some(m), Some(s)) = (h, m, s) else {
-        return Err(bad());
-    };
-    let seconds = days * 86_400 + h * 3600 + m * 60 + s;
-    u64::try_from(seconds).map_err(|_| format!("`{text}` is before 1970-01-01"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::json_form::{parse_date, parse_datetime};
+    use crate::message::Value;
+    use crate::types::StreamType;
     use std::io::Write;
     use std::time::Duration;
 
@@ -607,6 +536,115 @@ mod tests {
             "{}",
             dead[2].reason
         );
+    }
+
+    fn wide_factory(file: PathBuf) -> JsonlFileFactory {
+        let types = [
+            ("i128", "int128"),
+            ("u128", "uint128"),
+            ("i256", "int256"),
+            ("u256", "uint256"),
+            ("price", "decimal(9,2)"),
+            ("id", "uuid"),
+            ("v4", "ipv4"),
+            ("v6", "ipv6"),
+            ("born", "date32"),
+            ("at", "timestamp"),
+            ("tags", "list<int8>"),
+            ("counts", "dict<utf8,uint8>"),
+            ("pair", "tuple<uint8,optional<utf8>>"),
+        ];
+        let params = JsonlFileParams {
+            files: vec![file],
+            stream_id: "rows".to_owned(),
+            schema: types
+                .iter()
+                .map(|(name, ty)| Column::new(*name, ty.parse().unwrap()))
+                .collect(),
+            on_bad_record: OnBadRecord::DeadLetter,
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+        };
+        let schema = StreamSchema::new(params.schema.clone()).unwrap();
+        JsonlFileFactory { params, schema }
+    }
+
+    const GOOD_WIDE_LINE: &str = r#"{"i128":"-170141183460469231731687303715884105728","u128":340282366920938463463374607431768211455,"i256":-5,"u256":"115792089237316195423570985008687907853269984665640564039457584007913129639935","price":1234567.89,"id":"01234567-89ab-cdef-0123-456789abcdef","v4":"10.0.0.1","v6":"2001:db8::1","born":"1900-01-01","at":"2023-11-14T22:13:20.5+00:00","tags":[-128,0,127],"counts":{"a":1,"b":255},"pair":[7,null]}"#;
+
+    #[tokio::test]
+    async fn every_new_type_reads_its_json_form_without_loss() {
+        let file = write_file(&format!("{GOOD_WIDE_LINE}\n"));
+        let factory = wide_factory(file.path().to_path_buf());
+        let mut source = factory.open_partition(0, None).unwrap();
+        let mut batch = MessageBatch::new(factory.schema());
+        let mut dead = Vec::new();
+        read(&mut source, &mut batch, &mut dead, 10).await.unwrap();
+        assert!(dead.is_empty(), "{:?}", dead[0].reason);
+        let names: Vec<String> = factory
+            .schema()
+            .columns()
+            .iter()
+            .map(|c| c.name.clone())
+            .collect();
+        let mut out = Vec::new();
+        crate::row_json::write_row_object(&mut out, &names, &batch.row(0));
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"i128":"-170141183460469231731687303715884105728","u128":"340282366920938463463374607431768211455","i256":"-5","u256":"115792089237316195423570985008687907853269984665640564039457584007913129639935","price":"1234567.89","id":"01234567-89ab-cdef-0123-456789abcdef","v4":"10.0.0.1","v6":"2001:db8::1","born":-25567,"at":1700000000500000,"tags":[-128,0,127],"counts":{"a":1,"b":255},"pair":[7,null]}"#
+        );
+    }
+
+    #[tokio::test]
+    async fn one_bad_value_per_new_type_gives_one_error_naming_file_line_and_column() {
+        // The good line's fields as raw JSON text (a JSON library would round its numbers).
+        let good = &GOOD_WIDE_LINE[1..GOOD_WIDE_LINE.len() - 1];
+        let bad: [(&str, &str); 13] = [
+            ("i128", r#""170141183460469231731687303715884105728""#),
+            ("u128", "-1"),
+            ("i256", r#""12x""#),
+            ("u256", "1e3"),
+            ("price", "12345678.9"),
+            ("id", r#""01234567-89ab-cdef-0123-456789abcde""#),
+            ("v4", r#""10.0.0.256""#),
+            ("v6", r#""2001:db8:::1""#),
+            ("born", r#""2300-01-01""#),
+            ("at", r#""2023-11-14T22:13:20""#),
+            ("tags", "[1,128]"),
+            ("counts", r#"{"a":"x"}"#),
+            ("pair", "[7]"),
+        ];
+        let mut lines = String::new();
+        for (column, value) in &bad {
+            // A later duplicate key wins, as in every JSON object reader here.
+            lines.push_str(&format!("{{{good},\"{column}\":{value}}}\n"));
+        }
+        let file = write_file(&lines);
+        let factory = wide_factory(file.path().to_path_buf());
+        let mut source = factory.open_partition(0, None).unwrap();
+        let mut batch = MessageBatch::new(factory.schema());
+        let mut dead = Vec::new();
+        read(&mut source, &mut batch, &mut dead, 100).await.unwrap();
+        assert!(batch.is_empty());
+        let path = file.path().display();
+        let reasons: Vec<String> = dead.iter().map(|d| d.reason.clone()).collect();
+        let expected: Vec<String> = [
+            "1: column `i128` (int128): 170141183460469231731687303715884105728 is out of range for 128-bit integers",
+            "2: column `u128` (uint128): -1 is out of range for 128-bit integers",
+            "3: column `i256` (int256): `12x` is not an integer",
+            "4: column `u256` (uint256): 1e3: write uint256 values without an exponent (digits, a point, digits)",
+            "5: column `price` (decimal(9,2)): 12345678.9 has more than 7 digits before the point (decimal(9,2))",
+            "6: column `id` (uuid): `01234567-89ab-cdef-0123-456789abcde` is not a UUID (expected 8-4-4-4-12 hex digits)",
+            "7: column `v4` (ipv4): `10.0.0.256` is not an IPv4 address",
+            "8: column `v6` (ipv6): `2001:db8:::1` is not an IPv6 address",
+            "9: column `born` (date32): `2300-01-01` is outside date32 (1900-01-01 ..= 2299-12-31)",
+            "10: column `at` (timestamp): `2023-11-14T22:13:20` has no time zone: write Z or ±HH:MM after the time (a timestamp without one is ambiguous)",
+            "11: column `tags` (list<int8>): 128 is out of range for int8",
+            "12: column `counts` (dict<utf8,uint8>): expected uint8, got a string",
+            "13: column `pair` (tuple<uint8,optional<utf8>>): expected tuple<uint8,optional<utf8>>, an array of 2 items, got 1",
+        ]
+        .iter()
+        .map(|tail| format!("{path}:{tail}"))
+        .collect();
+        assert_eq!(reasons, expected);
     }
 
     #[test]

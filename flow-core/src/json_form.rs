@@ -1,0 +1,789 @@
+//! The JSON forms of stream values, read by `jsonl_file` and the broker sources
+//! ([`push_json`]) and written for dead letters and the debug sink ([`write_json_value`]).
+//!
+//! Numbers are read from their text (a [`RawValue`]), so decimals and 128/256-bit integers
+//! arrive without a trip through `f64`: `decimal(P,S)` and `int128` .. `uint256` take a JSON
+//! number or a string of digits; `uuid` and `ipv6`/`ipv4` their text forms (`ipv4` also a
+//! number); `date`/`date32` a day number or `YYYY-MM-DD`; `datetime` seconds or
+//! `YYYY-MM-DD HH:MM:SS` (UTC); `timestamp` microseconds or RFC 3339 text, which must carry its
+//! zone (`Z` or `±HH:MM`: a text without one is refused rather than guessed); `list<T>` and
+//! `tuple<...>` arrays; `dict<K,V>` an object (keys read as K) or an array of `[key, value]`.
+
+use std::io::Write;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use serde_json::value::RawValue;
+
+use crate::message::{check_item, RowWriter, Value};
+use crate::packed::{self, check_date32, write_leb128, PackedReader};
+use crate::types::StreamType;
+use crate::wide_int::WideInt;
+
+/// Reads the JSON value of one column (`None`: the key is missing, which is null) and pushes it.
+/// The error names the column and its type.
+pub(crate) fn push_json(
+    row: &mut RowWriter<'_>,
+    name: &str,
+    ty: &StreamType,
+    raw: Option<&RawValue>,
+    scratch: &mut Vec<u8>,
+) -> Result<(), String> {
+    let in_column = |what: String| format!("column `{name}` ({ty}): {what}");
+    let is_null = raw.is_none_or(|raw| raw.get() == "null");
+    if is_null {
+        return row
+            .push(Value::Null)
+            .map(|_| ())
+            .map_err(|err| err.to_string());
+    }
+    let raw = raw.map_or("null", RawValue::get);
+    if ty.is_packed() {
+        scratch.clear();
+        pack(ty.inner(), raw, scratch).map_err(in_column)?;
+        row.push(Value::Packed(scratch))
+    } else {
+        let json: serde_json::Value =
+            serde_json::from_str(raw).map_err(|err| in_column(format!("not JSON ({err})")))?;
+        let value = scalar_value(&json, ty.inner()).map_err(in_column)?;
+        row.push(value)
+    }
+    .map(|_| ())
+    .map_err(|err| err.to_string())
+}
+
+/// Pushes the next column's value from its JSON text, as `jsonl_file` reads the column's key
+/// (for sources that hold one value at a time).
+pub fn push_json_text(row: &mut RowWriter<'_>, json: &str) -> Result<(), String> {
+    let Some(column) = row.next_column().cloned() else {
+        return Err("the row has all its values".to_owned());
+    };
+    let raw: &RawValue =
+        serde_json::from_str(json).map_err(|err| format!("not JSON ({err}): {json}"))?;
+    let mut scratch = Vec::new();
+    push_json(row, &column.name, &column.ty, Some(raw), &mut scratch)
+}
+
+/// A value of a type that fits a cell, from its JSON form (ranges are checked by the caller).
+fn scalar_value<'a>(json: &'a serde_json::Value, ty: &StreamType) -> Result<Value<'a>, String> {
+    Ok(match json {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(b) => Value::Bool(*b),
+        serde_json::Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                Value::Uint(u)
+            } else if let Some(i) = n.as_i64() {
+                Value::Int(i)
+            } else {
+                Value::Float(n.as_f64().unwrap_or(f64::NAN))
+            }
+        }
+        serde_json::Value::String(s) => match ty {
+            StreamType::Date => Value::Uint(parse_date(s)?),
+            StreamType::Datetime => Value::Uint(parse_datetime(s)?),
+            StreamType::Date32 => Value::Int(parse_date32(s)?),
+            StreamType::Timestamp => Value::Int(parse_timestamp(s)?),
+            StreamType::Ipv4 => Value::Uint(
+                s.parse::<Ipv4Addr>()
+                    .map(|ip| u32::from(ip).into())
+                    .map_err(|_| format!("`{s}` is not an IPv4 address"))?,
+            ),
+            StreamType::Float | StreamType::Double => Value::Float(match s.as_str() {
+                "nan" | "NaN" => f64::NAN,
+                "inf" | "+inf" | "Infinity" => f64::INFINITY,
+                "-inf" | "-Infinity" => f64::NEG_INFINITY,
+                _ => return Err(format!("`{s}` is not a number")),
+            }),
+            _ => Value::Bytes(s.as_bytes()),
+        },
+        serde_json::Value::Array(_) => return Err(format!("expected {ty}, got an array")),
+        serde_json::Value::Object(_) => return Err(format!("expected {ty}, got an object")),
+    })
+}
+
+/// A JSON string's text, or the error for another JSON value.
+fn json_text(raw: &str, what: &str) -> Result<String, String> {
+    serde_json::from_str::<String>(raw).map_err(|_| format!("expected {what} as text, got {raw}"))
+}
+
+/// The digits of a JSON number or string; exponents are refused (they hide how many digits the
+/// value has).
+fn number_text(raw: &str, ty: &StreamType) -> Result<String, String> {
+    let text = if raw.starts_with('"') {
+        json_text(raw, "a number")?
+    } else if raw.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+        raw.to_owned()
+    } else {
+        return Err(format!("expected {ty}, got {raw}"));
+    };
+    if text.contains(['e', 'E']) {
+        return Err(format!(
+            "{text}: write {ty} values without an exponent (digits, a point, digits)"
+        ));
+    }
+    Ok(text)
+}
+
+/// Appends the packed form of the JSON value `raw` of type `ty` (an `optional` here is an item's,
+/// with its marker byte).
+fn pack(ty: &StreamType, raw: &str, out: &mut Vec<u8>) -> Result<(), String> {
+    let is_null = raw == "null";
+    match ty {
+        StreamType::Optional(inner) => {
+            if is_null {
+                out.push(1);
+                return Ok(());
+            }
+            out.push(0);
+            return pack(inner, raw, out);
+        }
+        _ if is_null => return Err(format!("null where {ty} is expected")),
+        _ => {}
+    }
+    match ty {
+        StreamType::Int128 | StreamType::Uint128 | StreamType::Int256 | StreamType::Uint256 => {
+            let (bits, signed) = match ty {
+                StreamType::Int128 => (128, true),
+                StreamType::Uint128 => (128, false),
+                StreamType::Int256 => (256, true),
+                _ => (256, false),
+            };
+            let value = WideInt::parse_integer(&number_text(raw, ty)?, bits, signed)?;
+            out.extend_from_slice(&value.to_le_bytes()[..(bits / 8) as usize]);
+        }
+        StreamType::Decimal { precision, scale } => {
+            let value = WideInt::parse_decimal(&number_text(raw, ty)?, *precision, *scale)?;
+            out.extend_from_slice(&value.to_le_bytes()[..packed::decimal_width(*precision)]);
+        }
+        StreamType::Uuid => {
+            let text = json_text(raw, "a UUID")?;
+            let bytes = packed::parse_uuid(&text).ok_or_else(|| {
+                format!("`{text}` is not a UUID (expected 8-4-4-4-12 hex digits)")
+            })?;
+            out.extend_from_slice(&bytes);
+        }
+        StreamType::Ipv6 => {
+            let text = json_text(raw, "an IPv6 address")?;
+            let ip = text
+                .parse::<Ipv6Addr>()
+                .or_else(|_| text.parse::<Ipv4Addr>().map(|v4| v4.to_ipv6_mapped()))
+                .map_err(|_| format!("`{text}` is not an IPv6 address"))?;
+            out.extend_from_slice(&ip.octets());
+        }
+        StreamType::List(item) => {
+            let items: Vec<&RawValue> = serde_json::from_str(raw)
+                .map_err(|_| format!("expected {ty} as an array, got {raw}"))?;
+            write_leb128(items.len() as u64, out);
+            for item_raw in items {
+                pack(item, item_raw.get(), out)?;
+            }
+        }
+        StreamType::Tuple(items) => {
+            let values: Vec<&RawValue> = serde_json::from_str(raw)
+                .map_err(|_| format!("expected {ty} as an array, got {raw}"))?;
+            if values.len() != items.len() {
+                return Err(format!(
+                    "expected {ty}, an array of {} items, got {}",
+                    items.len(),
+                    values.len()
+                ));
+            }
+            for (item, value) in items.iter().zip(values) {
+                pack(item, value.get(), out)?;
+            }
+        }
+        StreamType::Dict(key, value) => {
+            if raw.starts_with('{') {
+                let Entries(entries) = serde_json::from_str(raw)
+                    .map_err(|err| format!("expected {ty}, got a bad object ({err})"))?;
+                write_leb128(entries.len() as u64, out);
+                for (k, v) in entries {
+                    // An object key is text: numeric key types read it as a number.
+                    let numeric = match key.inner() {
+                        StreamType::Int8
+                        | StreamType::Int16
+                        | StreamType::Int32
+                        | StreamType::Int64
+                        | StreamType::Uint8
+                        | StreamType::Uint16
+                        | StreamType::Uint32
+                        | StreamType::Uint64
+                        | StreamType::Float
+                        | StreamType::Double => true,
+                        StreamType::Date
+                        | StreamType::Date32
+                        | StreamType::Datetime
+                        | StreamType::Timestamp
+                        | StreamType::Ipv4 => k.parse::<i64>().is_ok(),
+                        _ => false,
+                    };
+                    let key_json = if numeric {
+                        k
+                    } else {
+                        serde_json::Value::String(k).to_string()
+                    };
+                    pack(key, &key_json, out)?;
+                    pack(value, v.get(), out)?;
+                }
+            } else {
+                let pairs: Vec<(&RawValue, &RawValue)> =
+                    serde_json::from_str(raw).map_err(|_| {
+                        format!("expected {ty} as an object or an array of [key, value], got {raw}")
+                    })?;
+                write_leb128(pairs.len() as u64, out);
+                for (k, v) in pairs {
+                    pack(key, k.get(), out)?;
+                    pack(value, v.get(), out)?;
+                }
+            }
+        }
+        scalar => {
+            let json: serde_json::Value =
+                serde_json::from_str(raw).map_err(|err| format!("not JSON ({err})"))?;
+            let value = scalar_value(&json, scalar)?;
+            // The same checks as a top-level value of the type.
+            check_item(scalar, value)?;
+            write_scalar(scalar, value, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// An object's entries in the order they were written (a `Map` keeps its order, and may repeat a
+/// key).
+struct Entries<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for Entries<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry::<String, &'de RawValue>()? {
+                    entries.push(entry);
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_map(Visit)
+    }
+}
+
+/// Appends a checked cell value of a scalar type in its packed form.
+fn write_scalar(ty: &StreamType, value: Value<'_>, out: &mut Vec<u8>) -> Result<(), String> {
+    let int = match value {
+        Value::Int(v) => i128::from(v),
+        Value::Uint(v) => i128::from(v),
+        Value::Bool(v) => i128::from(v),
+        Value::Float(v) => {
+            if let StreamType::Float = ty {
+                // An item is packed as its own width, so a float's range is checked here.
+                let narrow = v as f32;
+                if v.is_finite() && !narrow.is_finite() {
+                    return Err(format!("{v:e} is out of range for float"));
+                }
+                out.extend_from_slice(&narrow.to_le_bytes());
+            } else {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            return Ok(());
+        }
+        Value::Bytes(bytes) => {
+            write_leb128(bytes.len() as u64, out);
+            out.extend_from_slice(bytes);
+            return Ok(());
+        }
+        Value::Null | Value::Packed(_) => return Ok(()),
+    };
+    let width = packed::fixed_width(ty).unwrap_or(8);
+    out.extend_from_slice(&int.to_le_bytes()[..width]);
+    Ok(())
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The date of a day number (the inverse of [`days_from_civil`]), to check it.
+#[cfg(test)]
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+fn parse_date_parts(text: &str) -> Option<i64> {
+    let mut parts = text.splitn(3, '-');
+    let year: i64 = parts.next()?.parse().ok()?;
+    let month: i64 = parts.next()?.parse().ok()?;
+    let day: i64 = parts.next()?.parse().ok()?;
+    let max_day = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
+        2 => 28,
+        _ => return None,
+    };
+    (1..=max_day)
+        .contains(&day)
+        .then(|| days_from_civil(year, month, day))
+}
+
+pub(crate) fn parse_date(text: &str) -> Result<u64, String> {
+    let days = parse_date_parts(text)
+        .ok_or_else(|| format!("`{text}` is not a date (expected YYYY-MM-DD)"))?;
+    u64::try_from(days).map_err(|_| format!("`{text}` is before 1970-01-01"))
+}
+
+fn parse_date32(text: &str) -> Result<i64, String> {
+    let days = parse_date_parts(text)
+        .ok_or_else(|| format!("`{text}` is not a date (expected YYYY-MM-DD)"))?;
+    check_date32(days)
+        .map(|()| days)
+        .map_err(|_| format!("`{text}` is outside date32 (1900-01-01 ..= 2299-12-31)"))
+}
+
+/// `HH:MM:SS` as seconds.
+fn parse_clock(time: &str) -> Option<i64> {
+    let mut hms = time.splitn(3, ':');
+    let mut next = |max: i64| -> Option<i64> {
+        let part = hms.next()?;
+        if part.len() != 2 {
+            return None;
+        }
+        let v: i64 = part.parse().ok()?;
+        (0..=max).contains(&v).then_some(v)
+    };
+    Some(next(23)? * 3600 + next(59)? * 60 + next(59)?)
+}
+
+pub(crate) fn parse_datetime(text: &str) -> Result<u64, String> {
+    let bad = || format!("`{text}` is not a datetime (expected YYYY-MM-DD HH:MM:SS, UTC)");
+    let trimmed = text.strip_suffix('Z').unwrap_or(text);
+    let (date, time) = trimmed
+        .split_once(' ')
+        .or_else(|| trimmed.split_once('T'))
+        .ok_or_else(bad)?;
+    let days = parse_date_parts(date).ok_or_else(bad)?;
+    let seconds = days * 86_400 + parse_clock(time).ok_or_else(bad)?;
+    u64::try_from(seconds).map_err(|_| format!("`{text}` is before 1970-01-01"))
+}
+
+/// RFC 3339 (`2023-11-14T22:13:20.123456Z`, `... +02:00`) as microseconds since the epoch; the
+/// zone is required and at most six fractional digits that are not zeros are kept.
+pub(crate) fn parse_timestamp(text: &str) -> Result<i64, String> {
+    let bad = || {
+        format!(
+            "`{text}` is not an RFC 3339 timestamp (expected YYYY-MM-DDTHH:MM:SS[.ffffff] and \
+             Z or ±HH:MM)"
+        )
+    };
+    let (date, rest) = text.split_once(['T', 't', ' ']).ok_or_else(bad)?;
+    let days = parse_date_parts(date).ok_or_else(bad)?;
+    let (clock_and_fraction, offset_seconds) = if let Some(clock) = rest.strip_suffix(['Z', 'z']) {
+        (clock, 0)
+    } else if let Some(at) = rest.rfind(['+', '-']).filter(|&at| at >= 8) {
+        let (clock, zone) = rest.split_at(at);
+        let sign = if zone.starts_with('-') { -1 } else { 1 };
+        let (h, m) = zone[1..].split_once(':').ok_or_else(bad)?;
+        let (Ok(h), Ok(m)) = (h.parse::<i64>(), m.parse::<i64>()) else {
+            return Err(bad());
+        };
+        if h.abs() > 23 || m > 59 || zone.len() != 6 {
+            return Err(bad());
+        }
+        (clock, sign * (h * 3600 + m * 60))
+    } else {
+        return Err(format!(
+            "`{text}` has no time zone: write Z or ±HH:MM after the time (a timestamp \
+                 without one is ambiguous)"
+        ));
+    };
+    let (clock, fraction) = match clock_and_fraction.split_once('.') {
+        Some((clock, fraction)) => (clock, fraction),
+        None => (clock_and_fraction, ""),
+    };
+    let seconds = parse_clock(clock).ok_or_else(bad)?;
+    if !fraction.bytes().all(|b| b.is_ascii_digit())
+        || (clock_and_fraction.contains('.') && fraction.is_empty())
+    {
+        return Err(bad());
+    }
+    if fraction.len() > 6 && fraction[6..].bytes().any(|b| b != b'0') {
+        return Err(format!(
+            "`{text}` is finer than a microsecond, which a timestamp cannot hold"
+        ));
+    }
+    let mut micros = 0i64;
+    for i in 0..6 {
+        let digit = fraction
+            .as_bytes()
+            .get(i)
+            .map_or(0, |b| i64::from(b - b'0'));
+        micros = micros * 10 + digit;
+    }
+    (days * 86_400 + seconds - offset_seconds)
+        .checked_mul(1_000_000)
+        .and_then(|s| s.checked_add(micros))
+        .ok_or_else(|| format!("`{text}` is outside the range of a timestamp"))
+}
+
+/// Writes a value of `ty` as JSON: decimals and 64-bit-plus integers of packed types as strings
+/// (a JSON reader's doubles would lose digits), `uuid` and IPs as text, `date32` and `timestamp`
+/// as numbers, lists and tuples as arrays, dicts with string keys as objects and others as
+/// arrays of pairs.
+pub fn write_json_value(out: &mut Vec<u8>, ty: &StreamType, value: Value<'_>) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Int(v) => {
+            let _ = write!(out, "{v}");
+        }
+        Value::Uint(v) if matches!(ty.inner(), StreamType::Ipv4) => {
+            let ip = Ipv4Addr::from(v as u32);
+            let _ = write!(out, "\"{ip}\"");
+        }
+        Value::Uint(v) => {
+            let _ = write!(out, "{v}");
+        }
+        Value::Float(v) => write_float(out, v),
+        Value::Bool(v) => out.extend_from_slice(if v { b"true" } else { b"false" }),
+        Value::Bytes(bytes) => crate::row_json::write_json_string(out, bytes),
+        Value::Packed(bytes) => {
+            let mut reader = PackedReader::new(bytes);
+            if write_packed(out, ty.inner(), &mut reader).is_err() {
+                // Checked when the row was written; not reached.
+                out.extend_from_slice(b"null");
+            }
+        }
+    }
+}
+
+fn write_float(out: &mut Vec<u8>, v: f64) {
+    if v.is_finite() {
+        let _ = write!(out, "{v}");
+    } else {
+        // JSON has no NaN or infinity.
+        crate::row_json::write_json_string(out, v.to_string().as_bytes());
+    }
+}
+
+/// Text written to a byte buffer through `fmt::Write`.
+struct Utf8Out<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Utf8Out<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+fn write_packed(
+    out: &mut Vec<u8>,
+    ty: &StreamType,
+    reader: &mut PackedReader<'_>,
+) -> Result<(), packed::PackedError> {
+    match ty {
+        StreamType::Optional(inner) => {
+            if reader.byte()? == 1 {
+                out.extend_from_slice(b"null");
+                Ok(())
+            } else {
+                write_packed(out, inner, reader)
+            }
+        }
+        StreamType::Int8 => write_num(out, i8::from_le_bytes(reader.array()?)),
+        StreamType::Int16 => write_num(out, i16::from_le_bytes(reader.array()?)),
+        StreamType::Int32 | StreamType::Date32 => {
+            write_num(out, i32::from_le_bytes(reader.array()?))
+        }
+        StreamType::Int64 | StreamType::Timestamp => {
+            write_num(out, i64::from_le_bytes(reader.array()?))
+        }
+        StreamType::Uint8 => write_num(out, reader.byte()?),
+        StreamType::Uint16 | StreamType::Date => {
+            write_num(out, u16::from_le_bytes(reader.array()?))
+        }
+        StreamType::Uint32 | StreamType::Datetime => {
+            write_num(out, u32::from_le_bytes(reader.array()?))
+        }
+        StreamType::Uint64 => write_num(out, u64::from_le_bytes(reader.array()?)),
+        StreamType::Ipv4 => {
+            let ip = Ipv4Addr::from(u32::from_le_bytes(reader.array()?));
+            let _ = write!(out, "\"{ip}\"");
+            Ok(())
+        }
+        StreamType::Float => {
+            write_float(out, f32::from_le_bytes(reader.array()?).into());
+            Ok(())
+        }
+        StreamType::Double => {
+            write_float(out, f64::from_le_bytes(reader.array()?));
+            Ok(())
+        }
+        StreamType::Boolean => {
+            out.extend_from_slice(if reader.byte()? == 1 {
+                b"true"
+            } else {
+                b"false"
+            });
+            Ok(())
+        }
+        StreamType::String | StreamType::Utf8 => {
+            crate::row_json::write_json_string(out, reader.string()?);
+            Ok(())
+        }
+        StreamType::Int128 | StreamType::Uint128 | StreamType::Int256 | StreamType::Uint256 => {
+            let width = packed::fixed_width(ty).unwrap_or(16);
+            let signed = matches!(ty, StreamType::Int128 | StreamType::Int256);
+            let value = WideInt::from_le_bytes(reader.take(width)?, signed);
+            out.push(b'"');
+            value.write_decimal(signed, 0, &mut Utf8Out(out));
+            out.push(b'"');
+            Ok(())
+        }
+        StreamType::Decimal { precision, scale } => {
+            let value =
+                WideInt::from_le_bytes(reader.take(packed::decimal_width(*precision))?, true);
+            out.push(b'"');
+            value.write_decimal(true, *scale, &mut Utf8Out(out));
+            out.push(b'"');
+            Ok(())
+        }
+        StreamType::Uuid => {
+            out.push(b'"');
+            packed::write_uuid(&reader.array()?, &mut Utf8Out(out));
+            out.push(b'"');
+            Ok(())
+        }
+        StreamType::Ipv6 => {
+            let ip = Ipv6Addr::from(reader.array::<16>()?);
+            let _ = write!(out, "\"{ip}\"");
+            Ok(())
+        }
+        StreamType::List(item) => {
+            let count = reader.leb128()?;
+            out.push(b'[');
+            for i in 0..count {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_packed(out, item, reader)?;
+            }
+            out.push(b']');
+            Ok(())
+        }
+        StreamType::Tuple(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_packed(out, item, reader)?;
+            }
+            out.push(b']');
+            Ok(())
+        }
+        StreamType::Dict(key, value) => {
+            let count = reader.leb128()?;
+            let as_object = matches!(key.as_ref(), StreamType::String | StreamType::Utf8);
+            out.push(if as_object { b'{' } else { b'[' });
+            for i in 0..count {
+                if i > 0 {
+                    out.push(b',');
+                }
+                if as_object {
+                    write_packed(out, key, reader)?;
+                    out.push(b':');
+                    write_packed(out, value, reader)?;
+                } else {
+                    out.push(b'[');
+                    write_packed(out, key, reader)?;
+                    out.push(b',');
+                    write_packed(out, value, reader)?;
+                    out.push(b']');
+                }
+            }
+            out.push(if as_object { b'}' } else { b']' });
+            Ok(())
+        }
+    }
+}
+
+fn write_num(out: &mut Vec<u8>, v: impl std::fmt::Display) -> Result<(), packed::PackedError> {
+    let _ = write!(out, "{v}");
+    Ok(())
+}
+
+/// `YYYY-MM-DD` of a day number.
+#[cfg(test)]
+fn format_days(days: i64) -> String {
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_need_a_zone_and_keep_microseconds() {
+        assert_eq!(parse_timestamp("1970-01-01T00:00:00Z"), Ok(0));
+        assert_eq!(
+            parse_timestamp("2023-11-14T22:13:20.123456Z"),
+            Ok(1_700_000_000_123_456)
+        );
+        assert_eq!(
+            parse_timestamp("2023-11-15T00:13:20.5+02:00"),
+            Ok(1_700_000_000_500_000)
+        );
+        assert_eq!(parse_timestamp("1969-12-31T23:59:59-00:00"), Ok(-1_000_000));
+        assert_eq!(
+            parse_timestamp("2023-11-14T22:13:20.1234560Z"),
+            Ok(1_700_000_000_123_456)
+        );
+        assert_eq!(
+            parse_timestamp("2023-11-14T22:13:20"),
+            Err(
+                "`2023-11-14T22:13:20` has no time zone: write Z or ±HH:MM after the time \
+                 (a timestamp without one is ambiguous)"
+                    .to_owned()
+            )
+        );
+        assert!(parse_timestamp("2023-11-14T22:13:20.1234567Z")
+            .unwrap_err()
+            .contains("finer than a microsecond"));
+        for bad in [
+            "2023-11-14",
+            "2023-11-14T25:00:00Z",
+            "2023-11-14T22:13:20+2:00",
+        ] {
+            assert!(parse_timestamp(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn day_numbers_convert_both_ways() {
+        for days in [-25_567, -1, 0, 19_000, 120_529] {
+            let text = format_days(days);
+            assert_eq!(parse_date_parts(&text), Some(days), "{text}");
+        }
+        assert_eq!(format_days(-25_567), "1900-01-01");
+        assert_eq!(format_days(120_529), "2299-12-31");
+    }
+
+    fn pushed(ty: &str, json: &str) -> Result<String, String> {
+        let schema = crate::types::StreamSchema::new(vec![crate::types::Column::new(
+            "c",
+            ty.parse().unwrap(),
+        )])
+        .unwrap();
+        let mut batch = crate::message::MessageBatch::new(schema);
+        let mut row = batch.start_row(crate::message::MessageId::new(0, 0));
+        push_json_text(&mut row, json)?;
+        row.finish().map_err(|err| err.to_string())?;
+        let mut out = Vec::new();
+        crate::row_json::write_row_object(&mut out, &["c".to_owned()], &batch.row(0));
+        Ok(String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn items_are_checked_like_columns_and_written_back_in_the_same_forms() {
+        assert_eq!(
+            pushed("list<float>", "[1e300]"),
+            Err("column `c` (list<float>): 1e300 is out of range for float".to_owned())
+        );
+        assert_eq!(
+            pushed(
+                "dict<uint16,optional<ipv4>>",
+                r#"{"7": "1.2.3.4", "65535": null}"#
+            ),
+            Ok(r#"{"c":[[7,"1.2.3.4"],[65535,null]]}"#.to_owned())
+        );
+        assert_eq!(
+            pushed("dict<uint16,utf8>", r#"{"65536": "x"}"#),
+            Err("column `c` (dict<uint16,utf8>): 65536 is out of range for uint16".to_owned())
+        );
+        assert_eq!(
+            pushed(
+                "tuple<decimal(5,2),uuid>",
+                r#"[-1, "00000000-0000-0000-0000-00000000000a"]"#
+            ),
+            Ok(r#"{"c":["-1.00","00000000-0000-0000-0000-00000000000a"]}"#.to_owned())
+        );
+        assert_eq!(
+            pushed("optional<list<optional<int8>>>", "null"),
+            Ok(r#"{"c":null}"#.to_owned())
+        );
+        assert_eq!(
+            pushed("list<int8>", r#"{"a": 1}"#),
+            Err(
+                r#"column `c` (list<int8>): expected list<int8> as an array, got {"a": 1}"#
+                    .to_owned()
+            )
+        );
+    }
+
+    fn decimal_text(units: i128, scale: u32) -> String {
+        let sign = if units < 0 { "-" } else { "" };
+        let magnitude = units.unsigned_abs();
+        let unit = 10u128.pow(scale);
+        format!(
+            "{sign}{}.{:0width$}",
+            magnitude / unit,
+            magnitude % unit,
+            width = scale as usize
+        )
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn json_forms_of_wide_and_nested_values_round_trip_exactly(
+            units in proptest::collection::vec(
+                proptest::option::of(-(10i128.pow(38) - 1)..10i128.pow(38)),
+                0..5,
+            ),
+            wide in proptest::num::i128::ANY,
+            pairs in proptest::collection::vec(("[a-z\"\\\\]{0,4}", proptest::num::u64::ANY), 0..4),
+        ) {
+            let items: Vec<String> = units
+                .iter()
+                .map(|u| u.map_or("null".to_owned(), |u| format!("\"{}\"", decimal_text(u, 10))))
+                .collect();
+            let json = format!("[{}]", items.join(","));
+            proptest::prop_assert_eq!(
+                pushed("list<optional<decimal(38,10)>>", &json),
+                Ok(format!("{{\"c\":{json}}}"))
+            );
+            let json = format!("\"{wide}\"");
+            proptest::prop_assert_eq!(pushed("int128", &json), Ok(format!("{{\"c\":{json}}}")));
+            let object: Vec<String> = pairs
+                .iter()
+                .map(|(k, v)| format!("{}:{v}", serde_json::Value::String(k.clone())))
+                .collect();
+            let json = format!("{{{}}}", object.join(","));
+            proptest::prop_assert_eq!(
+                pushed("dict<utf8,uint64>", &json),
+                Ok(format!("{{\"c\":{json}}}"))
+            );
+        }
+    }
+}
