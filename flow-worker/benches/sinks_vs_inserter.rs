@@ -6,8 +6,9 @@
 //! Environment: `FLOW_BENCH_ROWS` (comma list, default `2000000,8000000`),
 //! `FLOW_BENCH_REPETITIONS` (3; cases alternate within each repetition, medians are reported),
 //! `FLOW_BENCH_ONLY` (comma list of `inserter,inserter_sharded,batching,sharded,at_least_once,
-//! at_most_once`, and `jetstream`, which runs only when named: the batching sink reading the
-//! generator's rows as JSON from a JetStream stream the orchestrator publishes beforehand),
+//! at_most_once`, and, run only when named, `jetstream` (the batching sink reading the
+//! generator's rows as JSON from a JetStream stream the orchestrator publishes beforehand) and
+//! `batching_scraped` (the batching sink serving `/metrics`, scraped every second)),
 //! `FLOW_BENCH_KEEP=1` (keep state directories and worker logs), `FLOW_BENCH_ENDLESS_SECS` (run the
 //! endless flat-footprint check instead, at `FLOW_BENCH_ENDLESS_RATE` rows/s in all).
 //!
@@ -55,6 +56,45 @@ const B1: &str = "127.0.0.1:18125";
 const B2: &str = "127.0.0.1:18126";
 const NODES: [&str; 4] = [A1, A2, B1, B2];
 const NATS_URL: &str = "nats://127.0.0.1:14222";
+/// Where the `batching_scraped` case serves its metrics.
+const METRICS_ADDR: &str = "127.0.0.1:19464";
+
+/// Scrapes `/metrics` of the case under measurement every second, as Prometheus would.
+struct Scraper {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Scraper {
+    fn start() -> Scraper {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let mut answered = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(mut stream) = std::net::TcpStream::connect(METRICS_ADDR) {
+                    let request = format!("GET /metrics HTTP/1.1\r\nHost: {METRICS_ADDR}\r\nConnection: close\r\n\r\n");
+                    let mut body = Vec::new();
+                    if stream.write_all(request.as_bytes()).is_ok()
+                        && stream.read_to_end(&mut body).is_ok()
+                        && body.starts_with(b"HTTP/1.1 200")
+                    {
+                        answered += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            answered
+        });
+        Scraper { stop, thread }
+    }
+
+    fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or(0)
+    }
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Case {
@@ -67,6 +107,8 @@ enum Case {
     AtMostOnce,
     /// `ClickHouseBatchingSink` fed by `nats_jetstream` instead of the generator.
     JetStream,
+    /// `ClickHouseBatchingSink` serving `/metrics`, scraped every second.
+    BatchingScraped,
 }
 
 impl Case {
@@ -79,7 +121,7 @@ impl Case {
         Case::AtMostOnce,
     ];
     /// Run only when `FLOW_BENCH_ONLY` names them.
-    const ON_REQUEST: [Case; 1] = [Case::JetStream];
+    const ON_REQUEST: [Case; 2] = [Case::JetStream, Case::BatchingScraped];
 
     fn name(self) -> &'static str {
         match self {
@@ -90,13 +132,14 @@ impl Case {
             Case::AtLeastOnce => "at_least_once",
             Case::AtMostOnce => "at_most_once",
             Case::JetStream => "jetstream",
+            Case::BatchingScraped => "batching_scraped",
         }
     }
 
     /// The sink class the spec names.
     fn sink_class(self) -> &'static str {
         match self {
-            Case::JetStream => Case::Batching.class(),
+            Case::JetStream | Case::BatchingScraped => Case::Batching.class(),
             _ => self.class(),
         }
     }
@@ -110,6 +153,7 @@ impl Case {
             Case::AtLeastOnce => "AtLeastOnceClickHouseSink",
             Case::AtMostOnce => "AtMostOnceClickHouseSink",
             Case::JetStream => "ClickHouseBatchingSink from JetStream",
+            Case::BatchingScraped => "ClickHouseBatchingSink, /metrics scraped every 1 s",
         }
     }
 
@@ -138,7 +182,10 @@ impl Case {
     }
 
     fn exactly_once(self) -> bool {
-        matches!(self, Case::Batching | Case::Sharded | Case::JetStream)
+        matches!(
+            self,
+            Case::Batching | Case::Sharded | Case::JetStream | Case::BatchingScraped
+        )
     }
 
     fn target_ratio(self) -> f64 {
@@ -464,11 +511,19 @@ fn run_case(ch: &ClickHouse, case: Case, rows: u64, work: &Path, tag: &str) -> R
             .arg(&spec_path)
             .arg("--state-dir")
             .arg(&state_dir);
+        if case == Case::BatchingScraped {
+            command.arg("--metrics-addr").arg(METRICS_ADDR);
+        }
     }
+    let scraper = (case == Case::BatchingScraped).then(Scraper::start);
     let output = command
         .stderr(std::fs::File::create(&log)?)
         .output()
         .context("running the runner")?;
+    if let Some(scraper) = scraper {
+        let scrapes = scraper.stop();
+        println!("  {tag}: /metrics answered {scrapes} scrapes");
+    }
     let stdout = String::from_utf8_lossy(&output.stdout);
     let measured: Measured = stdout
         .lines()
@@ -496,7 +551,8 @@ fn run_case(ch: &ClickHouse, case: Case, rows: u64, work: &Path, tag: &str) -> R
         | Case::InserterSharded
         | Case::Batching
         | Case::Sharded
-        | Case::JetStream => ensure!(
+        | Case::JetStream
+        | Case::BatchingScraped => ensure!(
             table_rows == rows && ids == rows,
             "{tag}: {} wrote {rows} rows but the table holds {table_rows} rows with {ids} distinct ids: rows were lost or duplicated",
             case.class()

@@ -13,7 +13,7 @@ use flow_integration::worker::*;
 use flow_integration::*;
 
 const PARTITIONS: u64 = 4;
-const PER_PARTITION: u64 = 15_000;
+const PER_PARTITION: u64 = 8_000;
 
 fn addr(node: Node) -> Result<SocketAddr> {
     node.http_addr().parse().context("node address")
@@ -70,7 +70,7 @@ fn spec_over_proxies(pipeline: &str, table: &str, proxies: &[FaultProxy]) -> Str
         .partitions(PARTITIONS)
         .epoch(500, 200)
         .count(PER_PARTITION)
-        .rate(1_500)
+        .rate(1_000)
         .dynamic("{max_rows_per_batch: 500, retry_backoff: 100ms, max_retry_backoff: 1s, write_timeout: 2s}")
         .yaml()
 }
