@@ -369,7 +369,7 @@ impl ClickHouse {
     /// timed run starts on a quiet server rather than sharing the cores with the previous run's
     /// merges and replication.
     fn settle(&self) -> Result<()> {
-        for case in Case::ALL {
+        for case in Case::ALL.into_iter().chain(Case::ON_REQUEST) {
             for node in NODES {
                 self.exec(
                     node,
@@ -1130,7 +1130,7 @@ mod jetstream {
         let mut stream = std::net::TcpStream::connect(super::A1).ok()?;
         let query = format!("SELECT%20count()%20FROM%20default.{table}");
         let request = format!(
-            "GET /?query={query} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            "GET /?query={query} HTTP/1.0\r\nHost: {}\r\n\r\n",
             super::A1
         );
         stream.write_all(request.as_bytes()).ok()?;
