@@ -82,7 +82,8 @@ struct BatchingSink {
     cutter: BatchCutter,
 }
 
-async fn blocking<T: Send + 'static>(
+/// Runs a state-store call off the runtime threads.
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, flow_state::StateError> + Send + 'static,
 ) -> Result<T, SinkError> {
     tokio::task::spawn_blocking(f)

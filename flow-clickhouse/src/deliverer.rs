@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use crate::backlog_age::{expired, unanswered_marker, unanswered_prefix, Expired};
+use crate::batching_sink::blocking;
 use crate::classify::{is_row_rejection, ClassifiedError};
 use crate::compress::is_framed;
 use crate::exactly_once::ExactlyOnce;
@@ -191,12 +192,7 @@ impl ClickHouseDeliverer {
                     return Ok(true);
                 }
                 let (store, task_key) = (self.store.clone(), key.clone());
-                let mut persisted =
-                    tokio::task::spawn_blocking(move || store.fingerprints(&task_key))
-                        .await
-                        .map_err(|err| SinkError::Delivery {
-                            reason: format!("state task failed: {err}"),
-                        })??;
+                let mut persisted = blocking(move || store.fingerprints(&task_key)).await?;
                 let target = target_key(shard);
                 match persisted.get(&target) {
                     Some(old) if *old != fingerprint => {
@@ -374,13 +370,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
         after: Option<u64>,
     ) -> Result<Option<(u64, SealedBatch)>, SinkError> {
         let (store, task_key, task_shard) = (self.store.clone(), key.clone(), shard.to_owned());
-        let next = tokio::task::spawn_blocking(move || {
-            store.next_undelivered(&task_key, &task_shard, after)
-        })
-        .await
-        .map_err(|err| SinkError::Delivery {
-            reason: format!("state task failed: {err}"),
-        })??;
+        let next = blocking(move || store.next_undelivered(&task_key, &task_shard, after)).await?;
         let Some(stored) = next else {
             return Ok(None);
         };
@@ -389,12 +379,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
             StoredBody::Payload(location) => {
                 let (store, task_key, location) =
                     (self.store.clone(), key.clone(), location.clone());
-                let payload =
-                    tokio::task::spawn_blocking(move || store.load_payload(&task_key, &location))
-                        .await
-                        .map_err(|err| SinkError::Delivery {
-                            reason: format!("state task failed: {err}"),
-                        })??;
+                let payload = blocking(move || store.load_payload(&task_key, &location)).await?;
                 SealedBatch {
                     payload,
                     ..stored.batch
