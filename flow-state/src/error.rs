@@ -11,61 +11,89 @@ pub enum StateError {
     /// sled could not open (or create) the database directory.
     #[error("cannot open state store in {dir}: {source}")]
     Open {
+        /// The store's directory.
         dir: PathBuf,
         #[source]
+        /// sled's reason.
         source: sled::Error,
     },
     /// Another process holds the store's lock: a worker runs on this directory.
     #[error(
         "the state directory {dir} is in use by another process (is another worker running on it?)"
     )]
-    Locked { dir: PathBuf },
+    Locked {
+        /// The store's directory.
+        dir: PathBuf,
+    },
     /// The directory belongs to another pipeline, or to this one with another partition count.
     #[error("the state directory {dir} belongs to {found}, but the spec says {wanted}. Starting would send everything again under a new name, or strand the undelivered batches of dropped partitions. To go on, either restore the pipeline name and partition count in the spec, or deliver what is pending with the old spec (`flow-worker drain`) and start the new spec with a new state directory")]
     OtherPipeline {
+        /// The store's directory.
         dir: PathBuf,
+        /// The pipeline the directory was claimed by.
         found: Box<crate::identity::PipelineIdentity>,
+        /// The pipeline the spec asks for.
         wanted: Box<crate::identity::PipelineIdentity>,
     },
     /// A sled operation (read, transaction, flush, open tree) failed.
     #[error("sled {op} failed for {target}: {source}")]
     Sled {
+        /// The operation, e.g. `get position` or `scan batches`.
         op: &'static str,
+        /// The key, queue or tree it was done on.
         target: String,
         #[source]
+        /// sled's reason.
         source: sled::Error,
     },
     /// A file-system operation done by the store itself (fsync of the data file, a blob, a directory).
     #[error("{what} failed for {path}: {source}")]
     Io {
+        /// The operation, e.g. `fsync of data file`.
         what: &'static str,
+        /// The file or directory it was done on.
         path: PathBuf,
         #[source]
+        /// The operating system's reason.
         source: std::io::Error,
     },
     /// A stored value could not be decoded (corruption or incompatible format).
     #[error("cannot decode {what} stored at key {key}: {detail}")]
     Decode {
+        /// What kind of value was stored (batch header, dead letter, counter, ...).
         what: &'static str,
+        /// The key it is stored at, printable.
         key: String,
+        /// Why decoding failed.
         detail: String,
     },
     /// A value could not be encoded before the transaction.
     #[error("cannot encode {what} for {context}: {detail}")]
     Encode {
+        /// What kind of value was being encoded.
         what: &'static str,
+        /// The queue or key it was meant for.
         context: String,
+        /// Why encoding failed.
         detail: String,
     },
     /// `acknowledge` was called for a batch that is not pending in its queue (never committed,
     /// or already acknowledged).
     #[error("cannot acknowledge batch {seq} of {key}: it is not pending (never committed, or already acknowledged)")]
-    NotPending { key: SinkPartition, seq: u64 },
+    NotPending {
+        /// The queue.
+        key: SinkPartition,
+        /// The sequence number asked for.
+        seq: u64,
+    },
     /// A pipeline, sink or value name cannot be used as part of a key.
     #[error("invalid {what} name {name:?}: {reason}")]
     InvalidName {
+        /// Which kind of name: `pipeline`, `sink` or `sink value`.
         what: &'static str,
+        /// The name as given.
         name: String,
+        /// Why it cannot be used.
         reason: &'static str,
     },
     /// A request was made after `close` (or the committer thread stopped).
@@ -76,7 +104,10 @@ pub enum StateError {
     CommitterPanicked,
     /// A sequence counter would overflow.
     #[error("sequence counter overflow for {target}")]
-    Overflow { target: String },
+    Overflow {
+        /// The queue (or dead-letter owner and partition) whose sequence counter is exhausted.
+        target: String,
+    },
 }
 
 impl StateError {

@@ -15,7 +15,9 @@ const IDENTITY_KEY: &[u8] = b"flow/pipeline-identity";
 /// The pipeline a state directory belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PipelineIdentity {
+    /// The pipeline's name (`name` in the spec).
     pub pipeline: String,
+    /// The pipeline's partition count.
     pub partitions: u32,
 }
 

@@ -4,7 +4,7 @@
 //! are big-endian so iteration order is numeric order:
 //! `positions` (`pipeline\0 partition` -> opaque source position),
 //! `batches` (`pipeline\0 sink\0 partition seq` -> `[2][header_len][bincode header][body]`, the
-//! body being either the location of the payload in a segment file ([`segments`]) or the source
+//! body being either the location of the payload in a segment file (`segments`) or the source
 //! position to rebuild the batch from),
 //! `batch_seq` (`pipeline\0 sink\0 partition` -> queue bounds `head..next`: every pending seq is in
 //! that range, `head` is at most the oldest, and seqs are never reused),
@@ -12,7 +12,7 @@
 //! (`pipeline\0 owner\0 partition seq`, owner = sink name or `"source"`), `dead_letter_seq`
 //! (next dead-letter seq per owner/partition), `sink_values` (`pipeline\0 sink\0 name`) and
 //! `counters` (`pipeline\0 owner\0 partition name` -> u64: monotonic counters whose additions
-//! ride in the transaction of the commit or acknowledgement they count, [`counters`]).
+//! ride in the transaction of the commit or acknowledgement they count, `counters`).
 //!
 //! **Commit protocol.** Callers encode everything (batches, dead letters, fingerprints) on their
 //! own thread and send the request to a dedicated committer thread. Each request is applied in
@@ -28,6 +28,8 @@
 //! file `db` through our own file handle, and an fsync of the store directory if its entries
 //! changed. Only then is every request of the group answered. Reads (`position`, `undelivered`,
 //! ...) read sled directly and may observe a commit that is still being made durable.
+
+#![warn(missing_docs)]
 
 mod codec;
 mod committer;
@@ -145,6 +147,29 @@ fn receipt(outcome: Outcome) -> CommitReceipt {
 
 impl StateStore {
     /// Opens or creates the store in `dir` (blocking), with fsync on. Starts the committer thread.
+    ///
+    /// Fails with [`StateError::Locked`] when another process (a running worker) has the
+    /// directory open, and [`StateError::Open`] when sled cannot open or create it.
+    ///
+    /// ```
+    /// use flow_state::{EpochCommit, StateStore};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let store = StateStore::open(dir.path())?;
+    /// store.claim("events", 1)?;
+    /// // Record that partition 0 was read up to source position "42", durably.
+    /// store.commit_blocking(EpochCommit {
+    ///     pipeline: "events".to_owned(),
+    ///     partition: 0,
+    ///     position: b"42".to_vec(),
+    ///     ..EpochCommit::default()
+    /// })?;
+    /// assert_eq!(store.position("events", 0)?, Some(b"42".to_vec()));
+    /// store.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn open(dir: &Path) -> Result<StateStore, StateError> {
         StateStore::open_with(dir, StoreOptions::default())
     }

@@ -13,12 +13,14 @@ pub const RECENT_DEAD_LETTERS: usize = 5;
 const PREVIEW_BYTES: usize = 200;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+/// Everything a store holds, as `flow-worker status` shows it ([`crate::StateStore::summary`]).
 pub struct StateSummary {
     /// Per pipeline name.
     pub pipelines: BTreeMap<String, PipelineSummary>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+/// What a store holds for one pipeline.
 pub struct PipelineSummary {
     /// Committed source position per partition.
     pub positions: BTreeMap<u32, PositionInfo>,
@@ -41,6 +43,7 @@ pub struct PositionInfo {
     /// The position bytes in hex.
     pub hex: String,
     #[serde(default)]
+    /// How [`PositionInfo::value`] is encoded.
     pub encoding: PositionEncoding,
     /// The position in `encoding`.
     #[serde(default)]
@@ -63,6 +66,7 @@ pub enum PositionEncoding {
 }
 
 impl PositionInfo {
+    /// Describes a stored position: as text when it is printable UTF-8, in hex otherwise.
     pub fn of(bytes: &[u8]) -> PositionInfo {
         let text = std::str::from_utf8(bytes)
             .ok()
@@ -84,26 +88,36 @@ impl PositionInfo {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+/// The outbox queue of one sink partition: its backlog, fingerprints, dead letters and counters.
 pub struct SinkPartitionSummary {
+    /// The sink's name.
     pub sink: String,
+    /// The source partition.
     pub partition: u32,
     /// Sequence number the next batch will get.
     pub next_seq: u64,
+    /// Batches not yet acknowledged (shard parts count one each).
     pub undelivered: u64,
+    /// Rows of the undelivered batches.
     pub rows: u64,
     /// Payload bytes of the undelivered batches.
     pub bytes: u64,
+    /// The oldest undelivered batch, if any.
     pub oldest: Option<BatchInfo>,
+    /// The newest undelivered batch, if any.
     pub newest: Option<BatchInfo>,
     /// The undelivered entries per shard (`""` when unsharded).
     #[serde(default)]
     pub shards: BTreeMap<String, ShardBacklog>,
+    /// The sink's fingerprints (see [`crate::StateStore::fingerprints`]).
     pub fingerprints: BTreeMap<String, String>,
     /// Pending entries an attempt sent without getting an answer (they may have landed).
     #[serde(default)]
     pub unanswered: u64,
+    /// Dead letters ever recorded for this sink partition, removed ones included (the next
+    /// dead-letter sequence number).
     pub dead_letter_count: u64,
-    /// The newest dead letters, newest last.
+    /// The newest stored dead letters (at most [`RECENT_DEAD_LETTERS`]), newest first.
     pub recent_dead_letters: Vec<DeadLetterInfo>,
     /// Persisted counters of this sink partition, by name (totals over every run).
     #[serde(default)]
@@ -136,6 +150,7 @@ pub struct ShardRunStatus {
     pub errors: u64,
     /// Failed attempts that were tried again.
     pub retries: u64,
+    /// The newest failure, if any.
     pub last_error: Option<ErrorRecord>,
 }
 
@@ -146,6 +161,7 @@ pub struct ErrorRecord {
     pub code: Option<u32>,
     /// The error class (`transient`, `permanent`, ...).
     pub class: String,
+    /// The error message.
     pub text: String,
     /// When it happened (ms since the Unix epoch).
     pub at_ms: u64,
@@ -154,26 +170,38 @@ pub struct ErrorRecord {
 /// One shard's part of a sink partition's backlog.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ShardBacklog {
+    /// Entries not yet acknowledged.
     pub undelivered: u64,
+    /// Rows of those entries.
     pub rows: u64,
     /// When its oldest undelivered entry was sealed (ms since the Unix epoch).
     pub oldest_sealed_at_ms: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+/// One undelivered batch as `status` shows it (the header of a [`crate::SealedBatch`]).
 pub struct BatchInfo {
+    /// Its sequence number in the queue.
     pub seq: u64,
+    /// Where it is written, e.g. `default.events`.
     pub target: String,
+    /// Its encoding, e.g. `RowBinary`.
     pub format: String,
+    /// The shard it is for (`""` when unsharded).
     pub shard: String,
+    /// Its deduplication token.
     pub token: String,
+    /// Message id of its first row within the partition.
     pub first_offset: u64,
+    /// Message id of its last row within the partition.
     pub last_offset: u64,
+    /// Rows in the batch.
     pub rows: u64,
     /// Bytes sent for the batch (framed payload), whether stored or rebuilt.
     pub bytes: u64,
     /// When the batch was sealed (ms since the Unix epoch).
     pub sealed_at_ms: u64,
+    /// Whether the outbox keeps its payload or only its bounds.
     pub stored: BatchBody,
 }
 
@@ -189,18 +217,28 @@ pub enum BatchBody {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+/// The dead letters of one owner in one partition.
 pub struct DeadLetterGroupSummary {
+    /// The source partition.
     pub partition: u32,
+    /// Dead letters ever recorded, removed ones included.
     pub count: u64,
+    /// The newest stored ones (at most [`RECENT_DEAD_LETTERS`]), newest first.
     pub recent: Vec<DeadLetterInfo>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+/// One stored dead letter as `status` shows it.
 pub struct DeadLetterInfo {
+    /// Its sequence number among its owner's dead letters of the partition.
     pub seq: u64,
+    /// The source partition.
     pub partition: u32,
+    /// The message id within the partition, when known.
     pub offset: Option<u64>,
+    /// Why it was set aside.
     pub reason: String,
+    /// Length of the payload in bytes.
     pub payload_len: u64,
     /// The first bytes of the payload, lossily decoded as UTF-8.
     pub payload_preview: String,

@@ -7,12 +7,16 @@ use serde::{Deserialize, Serialize};
 /// One queue of sealed batches: a sink of a pipeline, for one source partition.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct SinkPartition {
+    /// The pipeline's name.
     pub pipeline: String,
+    /// The sink's name.
     pub sink: String,
+    /// The source partition.
     pub partition: u32,
 }
 
 impl SinkPartition {
+    /// The queue of `sink` of `pipeline` for `partition`.
     pub fn new(pipeline: impl Into<String>, sink: impl Into<String>, partition: u32) -> Self {
         SinkPartition {
             pipeline: pipeline.into(),
@@ -31,12 +35,15 @@ impl fmt::Display for SinkPartition {
 /// Everything one partition produced during one epoch, committed atomically.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct EpochCommit {
+    /// The pipeline's name.
     pub pipeline: String,
+    /// The source partition the epoch read.
     pub partition: u32,
     /// Opaque source position after the epoch.
     pub position: Vec<u8>,
     /// Stored under owner `"source"`.
     pub source_dead_letters: Vec<DeadLetter>,
+    /// What each sink appends to its queue of this partition.
     pub sinks: Vec<SinkEpochCommit>,
     /// Additions to this partition's persisted counters, made in the same transaction.
     pub counters: Vec<CounterAdd>,
@@ -47,24 +54,33 @@ pub struct EpochCommit {
 /// Counters only grow; an addition of 0 writes nothing.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct CounterAdd {
+    /// A sink's name, or [`crate::SOURCE_OWNER`].
     pub owner: String,
+    /// What is counted.
     pub name: String,
+    /// The amount to add.
     pub by: u64,
 }
 
 /// A persisted counter's value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredCounter {
+    /// The pipeline's name.
     pub pipeline: String,
+    /// A sink's name, or [`crate::SOURCE_OWNER`].
     pub owner: String,
+    /// The source partition.
     pub partition: u32,
+    /// What is counted.
     pub name: String,
+    /// The total over every run.
     pub value: u64,
 }
 
 /// The part of an epoch commit that belongs to one sink.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct SinkEpochCommit {
+    /// The sink's name.
     pub sink: String,
     /// How the outbox keeps this commit's batches.
     pub storage: BatchStorage,
@@ -88,7 +104,10 @@ pub enum BatchStorage {
     Payload,
     /// Only metadata is stored; the batch is rebuilt by re-reading the source from the position
     /// the epoch started at (`None`: from the start of the partition).
-    Bounds { epoch_start: Option<Vec<u8>> },
+    Bounds {
+        /// Source position the epoch started at.
+        epoch_start: Option<Vec<u8>>,
+    },
 }
 
 /// A batch ready to send: the exact bytes plus everything needed to resend them identically.
@@ -106,7 +125,9 @@ pub struct SealedBatch {
     pub shard: String,
     /// Message-id bounds within the partition.
     pub first_offset: u64,
+    /// Message id of the last row (inclusive).
     pub last_offset: u64,
+    /// Rows in the batch.
     pub rows: u64,
     /// Bytes of the encoded rows before framing (what `content_hash` covers).
     pub encoded_bytes: u64,
@@ -126,8 +147,11 @@ pub struct SealedBatch {
 /// ([`StoredBody::Rebuild`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredBatch {
+    /// Its sequence number in the queue.
     pub seq: u64,
+    /// The batch, with an empty payload.
     pub batch: SealedBatch,
+    /// Where its payload comes from.
     pub body: StoredBody,
 }
 
@@ -137,7 +161,10 @@ pub enum StoredBody {
     /// In the store; see [`crate::StateStore::load_payload`].
     Payload(PayloadRef),
     /// Not stored: re-read the source from `epoch_start` and re-cut at the batch's bounds.
-    Rebuild { epoch_start: Option<Vec<u8>> },
+    Rebuild {
+        /// Source position the batch's epoch started at (`None`: the start of the partition).
+        epoch_start: Option<Vec<u8>>,
+    },
 }
 
 /// Where a stored payload lives (opaque outside the store).
@@ -156,6 +183,7 @@ impl PayloadRef {
         self.len
     }
 
+    /// Whether the stored payload is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -164,6 +192,7 @@ impl PayloadRef {
 /// Sequence numbers assigned by a commit, per sink (in the order of [`EpochCommit::sinks`]).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct CommitReceipt {
+    /// Per sink name, the sequence numbers of its batches in commit order.
     pub batch_seqs: Vec<(String, Vec<u64>)>,
 }
 
@@ -182,9 +211,13 @@ impl CommitReceipt {
 /// A message (or row) that could not be processed, with the reason.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeadLetter {
+    /// The source partition the message came from.
     pub partition: u32,
+    /// The message id within the partition, when known.
     pub offset: Option<u64>,
+    /// Why it was set aside.
     pub reason: String,
+    /// The message's (or row's) bytes.
     pub payload: Vec<u8>,
 }
 
@@ -205,9 +238,13 @@ pub struct AckExtras {
 /// the owner's per-partition sequence.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredDeadLetter {
+    /// The pipeline's name.
     pub pipeline: String,
+    /// A sink's name, or [`crate::SOURCE_OWNER`].
     pub owner: String,
+    /// Its sequence number among the owner's dead letters of the partition.
     pub seq: u64,
+    /// The dead letter.
     pub letter: DeadLetter,
 }
 
