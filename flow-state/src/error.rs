@@ -13,8 +13,8 @@ pub enum StateError {
     Open {
         /// The store's directory.
         dir: PathBuf,
-        #[source]
         /// sled's reason.
+        #[source]
         source: sled::Error,
     },
     /// Another process holds the store's lock: a worker runs on this directory.
@@ -42,8 +42,8 @@ pub enum StateError {
         op: &'static str,
         /// The key, queue or tree it was done on.
         target: String,
-        #[source]
         /// sled's reason.
+        #[source]
         source: sled::Error,
     },
     /// A file-system operation done by the store itself (fsync of the data file, a blob, a directory).
@@ -53,8 +53,8 @@ pub enum StateError {
         what: &'static str,
         /// The file or directory it was done on.
         path: PathBuf,
-        #[source]
         /// The operating system's reason.
+        #[source]
         source: std::io::Error,
     },
     /// A stored value could not be decoded (corruption or incompatible format).

@@ -12,15 +12,15 @@ use crate::error::StateError;
 pub const RECENT_DEAD_LETTERS: usize = 5;
 const PREVIEW_BYTES: usize = 200;
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 /// Everything a store holds, as `flow-worker status` shows it ([`crate::StateStore::summary`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct StateSummary {
     /// Per pipeline name.
     pub pipelines: BTreeMap<String, PipelineSummary>,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 /// What a store holds for one pipeline.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PipelineSummary {
     /// Committed source position per partition.
     pub positions: BTreeMap<u32, PositionInfo>,
@@ -42,8 +42,8 @@ pub struct PositionInfo {
     pub text: Option<String>,
     /// The position bytes in hex.
     pub hex: String,
-    #[serde(default)]
     /// How [`PositionInfo::value`] is encoded.
+    #[serde(default)]
     pub encoding: PositionEncoding,
     /// The position in `encoding`.
     #[serde(default)]
@@ -87,8 +87,8 @@ impl PositionInfo {
     }
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 /// The outbox queue of one sink partition: its backlog, fingerprints, dead letters and counters.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SinkPartitionSummary {
     /// The sink's name.
     pub sink: String,
@@ -178,8 +178,8 @@ pub struct ShardBacklog {
     pub oldest_sealed_at_ms: u64,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 /// One undelivered batch as `status` shows it (the header of a [`crate::SealedBatch`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BatchInfo {
     /// Its sequence number in the queue.
     pub seq: u64,
@@ -216,8 +216,8 @@ pub enum BatchBody {
     Bounds,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 /// The dead letters of one owner in one partition.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DeadLetterGroupSummary {
     /// The source partition.
     pub partition: u32,
@@ -227,8 +227,8 @@ pub struct DeadLetterGroupSummary {
     pub recent: Vec<DeadLetterInfo>,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 /// One stored dead letter as `status` shows it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DeadLetterInfo {
     /// Its sequence number among its owner's dead letters of the partition.
     pub seq: u64,
