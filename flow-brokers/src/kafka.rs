@@ -65,23 +65,29 @@ const OWNED_PROPERTIES: &[(&str, &str)] = &[
     ),
 ];
 
+/// Parameters of the `kafka` source, as a spec's `parameters:` map gives them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaParams {
     /// `host:port` of the bootstrap brokers.
     pub brokers: Vec<String>,
+    /// The topic read.
     pub topic: String,
     /// The Kafka partition of each flow partition, in flow partition order; by default flow
     /// partition `i` reads Kafka partition `i`.
     #[serde(default)]
     pub topic_partitions: Option<Vec<i32>>,
+    /// How a message's payload becomes a row.
     #[serde(default)]
     pub format: BrokerFormat,
     /// The declared columns, with `format: json`.
     #[serde(default)]
     pub schema: Option<Vec<Column>>,
+    /// What a message that does not fit the schema does: stop the partition, or become a dead letter.
     #[serde(default)]
     pub on_bad_record: OnBadRecord,
+    /// The id of the stream the source emits, which processors and sinks name as their input
+    /// (default `rows`).
     #[serde(default = "default_stream_id")]
     pub stream_id: String,
     /// A consumer group that receives the read positions, for monitoring only.
@@ -99,34 +105,50 @@ fn default_stream_id() -> String {
 /// Why the Kafka source could not read.
 #[derive(Debug, thiserror::Error)]
 pub enum KafkaSourceError {
+    /// The Kafka consumer could not be created (bad brokers list or librdkafka property).
     #[error("cannot create the Kafka consumer for {brokers}: {source}")]
     Client {
+        /// The `brokers` list as given.
         brokers: String,
+        /// librdkafka's reason.
         #[source]
         source: KafkaError,
     },
+    /// A request to the brokers failed (partition assignment, watermark query, fetch).
     #[error("Kafka {what} failed: {source}")]
     Request {
+        /// Which request.
         what: &'static str,
+        /// librdkafka's reason.
         #[source]
         source: KafkaError,
     },
     /// Retention removed messages the partition had not read yet.
     #[error("topic `{topic}` partition {kafka_partition} no longer holds offsets {position}..{}: its retention removed them before flow partition {partition} read them, so they are lost. Raise the topic's retention (retention.ms, retention.bytes) above the worker's downtime; to go on without them, start with a new state directory or drain this one first", low - 1)]
     Gap {
+        /// The topic.
         topic: String,
+        /// The Kafka partition.
         kafka_partition: i32,
+        /// The flow partition reading it.
         partition: u32,
+        /// The next offset the partition would read (its committed position).
         position: u64,
+        /// The lowest offset the partition still holds.
         low: u64,
     },
     /// The partition ends below the committed position: the topic was deleted and created again.
     #[error("topic `{topic}` partition {kafka_partition} ends at offset {high}, below flow partition {partition}'s committed position {position}: the topic was deleted and created again, so its offsets no longer name the messages flow committed. Use a new state directory for the new topic")]
     Reset {
+        /// The topic.
         topic: String,
+        /// The Kafka partition.
         kafka_partition: i32,
+        /// The flow partition reading it.
         partition: u32,
+        /// The committed position.
         position: u64,
+        /// The partition's high watermark (the offset after its last message).
         high: u64,
     },
 }

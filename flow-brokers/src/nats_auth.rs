@@ -20,11 +20,16 @@ use crate::NatsSourceError;
 pub enum NatsAuth {
     /// `{user_password: {user: NAME, password_env_var: VAR}}`
     UserPassword {
+        /// The NATS user name.
         user: String,
+        /// The environment variable holding the password.
         password_env_var: String,
     },
     /// `{token: {env_var: VAR}}`
-    Token { env_var: String },
+    Token {
+        /// The environment variable holding the token.
+        env_var: String,
+    },
     /// `{nkey_seed_file: PATH}`: a file holding the user's nkey seed (`SU...`).
     NkeySeedFile(PathBuf),
     /// `{credentials_file: PATH}`: a `.creds` file (JWT and nkey seed).

@@ -42,6 +42,7 @@ const CONSUMER_INACTIVE: Duration = Duration::from_secs(120);
 /// Between two warnings about the same partition's broker trouble.
 const WARN_EVERY: Duration = Duration::from_secs(30);
 
+/// Parameters of the `nats_jetstream` source, as a spec's `parameters:` map gives them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatsJetStreamParams {
@@ -55,13 +56,17 @@ pub struct NatsJetStreamParams {
     /// Or a template whose `{partition}` is replaced by the partition number.
     #[serde(default)]
     pub subject_template: Option<String>,
+    /// How a message's payload becomes a row.
     #[serde(default)]
     pub format: BrokerFormat,
     /// The declared columns, with `format: json`.
     #[serde(default)]
     pub schema: Option<Vec<Column>>,
+    /// What a message that does not fit the schema does: stop the partition, or become a dead letter.
     #[serde(default)]
     pub on_bad_record: OnBadRecord,
+    /// The id of the stream the source emits, which processors and sinks name as their input
+    /// (default `rows`).
     #[serde(default = "default_stream_id")]
     pub stream_id: String,
     /// How to authenticate; credentials come from the environment or files, never the spec.
