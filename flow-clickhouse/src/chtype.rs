@@ -13,44 +13,75 @@ use flow_core::StreamType;
 /// `Nullable(Nullable(T))`, `LowCardinality(Array(T))`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ChType {
+    /// `Int8`: signed 8-bit integer.
     Int8,
+    /// `Int16`: signed 16-bit integer.
     Int16,
+    /// `Int32`: signed 32-bit integer.
     Int32,
+    /// `Int64`: signed 64-bit integer.
     Int64,
+    /// `UInt8`: unsigned 8-bit integer.
     UInt8,
+    /// `UInt16`: unsigned 16-bit integer.
     UInt16,
+    /// `UInt32`: unsigned 32-bit integer.
     UInt32,
+    /// `UInt64`: unsigned 64-bit integer.
     UInt64,
+    /// `Int128`: signed 128-bit integer.
     Int128,
+    /// `UInt128`: unsigned 128-bit integer.
     UInt128,
+    /// `Int256`: signed 256-bit integer.
     Int256,
+    /// `UInt256`: unsigned 256-bit integer.
     UInt256,
+    /// `Float32`.
     Float32,
+    /// `Float64`.
     Float64,
+    /// `String`: arbitrary bytes.
     String,
+    /// `FixedString(N)`: exactly `N` bytes.
     FixedString(usize),
+    /// `LowCardinality(T)`: dictionary-encoded `T`, written as `T` is.
     LowCardinality(Box<ChType>),
+    /// `Bool`.
     Bool,
+    /// `Date`: days since 1970-01-01, 16 bits unsigned.
     Date,
+    /// `Date32`: days since 1970-01-01, 32 bits signed.
     Date32,
     /// `DateTime` with or without a time zone argument. The zone only changes how ClickHouse
     /// prints the value, never the stored seconds, so it is not kept.
     DateTime,
     /// `DateTime64(precision[, zone])`: ticks of 10^-precision s (the zone is not kept either).
     DateTime64(u8),
+    /// `Decimal(P, S)` (and `Decimal32/64/128/256(S)`).
     Decimal {
+        /// Total digits, 1..=76.
         precision: u8,
+        /// Digits after the point, 0..=precision.
         scale: u8,
     },
+    /// `UUID`.
     Uuid,
+    /// `IPv4`.
     IPv4,
+    /// `IPv6`.
     IPv6,
     /// Names and values in declaration order.
     Enum8(Vec<(String, i8)>),
+    /// `Enum16`: names and values in declaration order.
     Enum16(Vec<(String, i16)>),
+    /// `Nullable(T)`.
     Nullable(Box<ChType>),
+    /// `Array(T)`.
     Array(Box<ChType>),
+    /// `Tuple(T1, ...)`, unnamed or named (names are not kept).
     Tuple(Vec<ChType>),
+    /// `Map(K, V)`.
     Map(Box<ChType>, Box<ChType>),
     /// Any other type, with the text it was parsed from.
     Unsupported(String),
@@ -440,6 +471,7 @@ impl fmt::Display for ChType {
 /// What the servers of a sink know about types: their version and `system.data_type_families`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServerTypes {
+    /// The server version, as `version()` returns it.
     pub version: String,
     /// Empty when unknown (every family is then assumed present).
     pub families: Vec<String>,

@@ -32,6 +32,7 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
+    /// The class's name in logs, status and metrics: `retryable`, `permanent` or `unclassified`.
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorClass::Retryable => "retryable",
@@ -207,9 +208,11 @@ pub fn parse_code(header: Option<&str>, body: &str) -> Option<u32> {
 /// The classified form of any failure of an insert or query.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClassifiedError {
+    /// Whether retrying can help.
     pub class: ErrorClass,
     /// The server's error code, when the failure came from the server with one.
     pub code: Option<u32>,
+    /// The error's text, as the server or client gave it.
     pub message: String,
 }
 

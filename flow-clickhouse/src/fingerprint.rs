@@ -97,7 +97,7 @@ fn endpoint_preimage(database: &str, table: &str, port: u16, hosts: &[String]) -
 }
 
 /// The routing fingerprint. `shard_names`: `None` for the unsharded forms (`host`, `hosts`), which
-/// share the constant [`UNSHARDED`]; otherwise the hex xxh64 of
+/// share the constant `"unsharded"`; otherwise the hex xxh64 of
 /// `length_prefixed(key_columns) + "|" + length_prefixed(shard names sorted)`. The key column order
 /// matters; the shard order does not.
 pub fn topology_fingerprint(key_columns: &[String], shard_names: Option<&[String]>) -> String {

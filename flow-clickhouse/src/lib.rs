@@ -25,6 +25,8 @@
 //! (in the acknowledgement's transaction, or with the epoch for the classes without an outbox),
 //! and `insert` counts every failed attempt durably and times the successful ones.
 
+#![warn(missing_docs)]
+
 mod at_least_once_sink;
 mod at_most_once_sink;
 mod backlog_age;

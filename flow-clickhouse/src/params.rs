@@ -69,6 +69,7 @@ pub enum SinkClass {
 }
 
 impl SinkClass {
+    /// Every class, in the order of [`SinkClass::ALL_CLASS_NAMES`].
     pub const ALL: [SinkClass; 4] = [
         SinkClass::Batching,
         SinkClass::ShardedBatching,
@@ -168,8 +169,10 @@ pub enum HostSelectionPolicy {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Codec {
+    /// LZ4 (the default).
     #[default]
     Lz4,
+    /// Uncompressed.
     None,
 }
 
@@ -239,6 +242,7 @@ pub struct ClickHouseParams {
     /// The hosts of one unsharded table (at least two).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<String>,
+    /// The order in which a shard's hosts are tried.
     pub host_selection_policy: HostSelectionPolicy,
     /// Shard name => the hosts of that shard.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -246,6 +250,7 @@ pub struct ClickHouseParams {
     /// Columns whose values form the routing key; empty routes by message id. Needs `shard_hosts`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sharding_key_columns: Vec<String>,
+    /// The ClickHouse user (default `default`).
     pub user: String,
     /// Name of the environment variable holding the password; unset (or `""` in a spec)
     /// connects without one.
@@ -254,25 +259,34 @@ pub struct ClickHouseParams {
         skip_serializing_if = "Option::is_none"
     )]
     pub password_env_var: Option<String>,
+    /// The database of `table` (default `default`).
     pub database: String,
     /// Required.
     pub table: String,
+    /// HTTP compression of inserted data (default LZ4).
     pub codec: Codec,
+    /// Talk HTTPS instead of HTTP; every other TLS option is rejected without it.
     pub enable_tls: bool,
+    /// PEM files whose certificates are trusted as roots (with none and no `tls_ca_directory`, the
+    /// system roots).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tls_ca_files: Vec<PathBuf>,
+    /// A directory whose `*.pem` / `*.crt` files are trusted as roots.
     #[serde(
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub tls_ca_directory: Option<PathBuf>,
+    /// Accept any server certificate (insecure; for tests only).
     pub tls_skip_verification: bool,
     /// Our addition: the prefix of deduplication tokens; `None` means `<pipeline>.<sink>/`.
     /// Must match `[A-Za-z0-9_./-]*`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_namespace: Option<String>,
+    /// Static at-most-once settings; only `AtMostOnceClickHouseSink` accepts it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub at_most_once_strategy: Option<AtMostOnceStrategy>,
+    /// What a row that fails its checks does (default `stop`).
     pub on_bad_rows: OnBadRows,
     /// Exactly-once classes only.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -762,7 +776,7 @@ pub struct ClickHouseDynamicParams {
     /// Pause after the first failed attempt; it doubles while errors repeat. 0..=10m.
     #[serde(with = "duration")]
     pub retry_backoff: Duration,
-    /// Cap of the growing pause ([`crate::backoff`]). retry_backoff..=1h; unset, the larger of
+    /// Cap of the growing pause. retry_backoff..=1h; unset, the larger of
     /// 30 s and `retry_backoff` (see [`ClickHouseDynamicParams::retry_backoff_cap`]).
     #[serde(with = "optional_duration", skip_serializing_if = "Option::is_none")]
     pub max_retry_backoff: Option<Duration>,
@@ -780,6 +794,7 @@ pub struct ClickHouseDynamicParams {
     /// Payload bytes (as sent, after framing) the sink holds in memory for delivery, per shard,
     /// across its partitions. 1 MiB..=4 GiB.
     pub max_in_flight_bytes: u64,
+    /// Dynamic at-most-once settings; only `AtMostOnceClickHouseSink` accepts it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub at_most_once_strategy: Option<AtMostOnceDynamic>,
 }
@@ -803,7 +818,7 @@ impl Default for ClickHouseDynamicParams {
 
 impl ClickHouseDynamicParams {
     /// The cap of the growing retry pause: `max_retry_backoff`, or unset the larger of
-    /// [`DEFAULT_MAX_RETRY_BACKOFF`] and `retry_backoff`.
+    /// 30 s (`DEFAULT_MAX_RETRY_BACKOFF`) and `retry_backoff`.
     pub fn retry_backoff_cap(&self) -> Duration {
         self.max_retry_backoff
             .unwrap_or(DEFAULT_MAX_RETRY_BACKOFF.max(self.retry_backoff))

@@ -25,8 +25,11 @@ use crate::chtype::ChType;
 /// One column to encode: where its value is in the stream row and the table type to encode it as.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EncodedColumn {
+    /// The table column's name.
     pub name: String,
+    /// Index of the value in the stream row.
     pub stream_index: usize,
+    /// The table column's type, which decides the bytes written.
     pub ty: ChType,
 }
 
@@ -43,11 +46,14 @@ pub struct RowBinaryEncoder {
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 #[error("column `{column}`: {reason}")]
 pub struct EncodeError {
+    /// The table column.
     pub column: String,
+    /// Why its value could not be encoded.
     pub reason: String,
 }
 
 impl RowBinaryEncoder {
+    /// An encoder of `columns`, in that order; computes the plan fingerprint once.
     pub fn new(columns: Vec<EncodedColumn>) -> RowBinaryEncoder {
         let plan = columns
             .iter()
@@ -63,6 +69,7 @@ impl RowBinaryEncoder {
         self.columns.iter().map(|c| c.name.clone()).collect()
     }
 
+    /// The columns in encoding order.
     pub fn columns(&self) -> &[EncodedColumn] {
         &self.columns
     }

@@ -28,8 +28,10 @@ use flow_core::Violation;
 /// Why a sink could not be verified at all.
 #[derive(Debug, Error)]
 pub enum VerifyError {
+    /// The HTTP clients of the sink's endpoints could not be built (TLS files, URL).
     #[error("cannot build the clients of the sink: {0}")]
     Clients(String),
+    /// The sink's parameters do not validate.
     #[error("invalid sink parameters: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Parameters(Vec<Violation>),
 }
@@ -37,14 +39,18 @@ pub enum VerifyError {
 /// One active part that a replica serves but ZooKeeper does not list for it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct OrphanPart {
+    /// The part's name in `system.parts`.
     pub name: String,
+    /// Rows in the part.
     pub rows: u64,
 }
 
 /// What one endpoint of a shard holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ReplicaState {
+    /// The endpoint asked, `host:port`.
     pub endpoint: String,
+    /// Rows the table holds there.
     pub rows: u64,
     /// `None` for a table that does not replicate.
     pub replication: Option<Replication>,
@@ -53,10 +59,13 @@ pub struct ReplicaState {
 /// The replication side of a replica.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Replication {
+    /// The replica's name in ZooKeeper (`system.replicas.replica_name`).
     pub replica_name: String,
     /// Entries the replica has still to execute (fetches, merges).
     pub queue_size: u64,
+    /// The replica is read-only (it lost its ZooKeeper session or metadata).
     pub readonly: bool,
+    /// Active local parts ZooKeeper does not list for the replica.
     pub orphan_parts: Vec<OrphanPart>,
 }
 
@@ -65,17 +74,27 @@ pub struct Replication {
 #[serde(tag = "verdict", rename_all = "snake_case")]
 pub enum ShardVerdict {
     /// Every replica holds the same number of rows and no orphan part.
-    Consistent { rows: u64 },
+    Consistent {
+        /// Rows each replica holds.
+        rows: u64,
+    },
     /// Replicas differ while some replication queue is not empty: they may still converge.
     Unsettled,
     /// Replicas hold orphan parts (`orphans`), or, with every queue empty, a count that differs
     /// from the most common one: they need a repair.
     Diverged {
+        /// The endpoints that need a repair.
         replicas: Vec<String>,
+        /// Whether orphan parts are the reason (otherwise a differing row count).
         orphans: bool,
     },
     /// An endpoint could not be asked.
-    Unreachable { endpoint: String, error: String },
+    Unreachable {
+        /// The endpoint, `host:port`.
+        endpoint: String,
+        /// Why it could not be asked.
+        error: String,
+    },
 }
 
 /// The replicas of one shard and what they were found to be.
@@ -85,7 +104,9 @@ pub struct ShardReport {
     pub shard: String,
     /// `database.table`.
     pub table: String,
+    /// Every endpoint of the shard.
     pub replicas: Vec<ReplicaState>,
+    /// What they were found to be.
     pub verdict: ShardVerdict,
 }
 
