@@ -9,6 +9,8 @@
 //! to (`metrics_endpoint`). The
 //! CLI lives in this library so that test harnesses can ship the same binary under their own name.
 
+#![warn(missing_docs)]
+
 mod cli;
 mod dead_letters;
 mod drain;
