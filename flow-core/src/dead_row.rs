@@ -10,6 +10,7 @@ use crate::row_json::{write_json_string, write_row_object};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeadRow {
+    /// The row's message id, `<partition>-<offset>`.
     pub message_id: String,
     /// The shard the row was routed to (sharded sinks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -44,12 +45,14 @@ pub struct ResendRow {
     pub token: String,
     /// The message-id bounds the row is known to lie within (equal when its offset is known).
     pub first_offset: u64,
+    /// Message id of the last row the row may be (the upper bound).
     pub last_offset: u64,
     /// The row's encoded bytes, in hexadecimal.
     pub encoded_hex: String,
 }
 
 impl ResendRow {
+    /// `bytes` in lowercase hexadecimal, two digits per byte (the form of `encoded_hex`).
     pub fn hex(bytes: &[u8]) -> String {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut out = String::with_capacity(bytes.len() * 2);

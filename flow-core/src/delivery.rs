@@ -50,6 +50,9 @@ pub fn now_ms() -> u64 {
 /// (`StateStore::acknowledge`) once the target holds it.
 #[async_trait]
 pub trait BatchDeliverer: Send + Sync + 'static {
+    /// Sends batch `seq` of queue `key` to its target and acknowledges it in the outbox; returns
+    /// once both are done. An error stops the partition's delivery (no batch is skipped). `stop`
+    /// turns `true` when the pipeline stops: a deliverer waiting on its target should then return.
     async fn deliver(
         &self,
         key: &SinkPartition,
@@ -96,6 +99,7 @@ pub struct BudgetPermit {
 pub const MAX_BYTE_BUDGET: u64 = u32::MAX as u64;
 
 impl ByteBudget {
+    /// A budget of `limit` bytes, clamped to 1..=[`MAX_BYTE_BUDGET`].
     pub fn new(limit: u64) -> Arc<ByteBudget> {
         let limit = limit.clamp(1, MAX_BYTE_BUDGET);
         Arc::new(ByteBudget {
@@ -105,6 +109,7 @@ impl ByteBudget {
         })
     }
 
+    /// The budget in bytes.
     pub fn limit(&self) -> u64 {
         self.limit.load(Ordering::Relaxed)
     }
@@ -182,6 +187,7 @@ struct LatencyWindow {
 const MAX_LATENCY_SAMPLES: usize = 100_000;
 
 impl DeliveryLatency {
+    /// The latency record of `sink`.
     pub fn new(sink: &str) -> Arc<DeliveryLatency> {
         Arc::new(DeliveryLatency {
             sink: sink.to_owned(),
@@ -239,11 +245,14 @@ impl Drop for DeliveryLatency {
 
 /// What the delivery of one sink shares across its partitions.
 pub struct SinkDelivery {
+    /// The payload bytes the sink may hold in memory.
     pub budget: Arc<ByteBudget>,
+    /// Epoch-to-acknowledgement latency of the sink.
     pub latency: Arc<DeliveryLatency>,
 }
 
 impl SinkDelivery {
+    /// Shared delivery state of `sink`, with a budget of `budget_bytes`.
     pub fn new(sink: &str, budget_bytes: u64) -> Arc<SinkDelivery> {
         Arc::new(SinkDelivery {
             budget: ByteBudget::new(budget_bytes),
@@ -261,6 +270,7 @@ struct Queued {
     _permit: BudgetPermit,
 }
 
+/// The delivery task of one sink partition and the bounded channel into it.
 pub struct DeliveryQueue {
     key: SinkPartition,
     tx: Option<mpsc::Sender<Queued>>,
@@ -765,6 +775,7 @@ pub struct OutboxSink<S> {
 }
 
 impl<S: Sealer> OutboxSink<S> {
+    /// A sink made of `sealer`; its delivery opens in [`Sealer::open`].
     pub fn new(sealer: S) -> OutboxSink<S> {
         OutboxSink {
             sealer,

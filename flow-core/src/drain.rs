@@ -9,15 +9,20 @@ use crate::spec::ValidatedPipeline;
 /// The undelivered batches of one sink partition.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingOutbox {
+    /// The sink's name.
     pub sink: String,
+    /// The partition.
     pub partition: u32,
+    /// Undelivered batches (shard parts count one each).
     pub batches: u64,
+    /// Rows of those batches.
     pub rows: u64,
 }
 
 /// Every sink partition of a pipeline with undelivered batches, by partition, then sink.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OutboxBacklog {
+    /// The sink partitions, by partition, then sink.
     pub entries: Vec<PendingOutbox>,
 }
 
@@ -58,14 +63,17 @@ impl OutboxBacklog {
         entries.map(|e| e.sink.clone()).collect()
     }
 
+    /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
+    /// Pending batches over every sink partition.
     pub fn batches(&self) -> u64 {
         self.entries.iter().map(|e| e.batches).sum()
     }
 
+    /// Pending rows over every sink partition.
     pub fn rows(&self) -> u64 {
         self.entries.iter().map(|e| e.rows).sum()
     }
@@ -74,6 +82,8 @@ impl OutboxBacklog {
 /// The outbox before and after a drain; `after` is empty unless a stop interrupted it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DrainReport {
+    /// What was pending when the drain started.
     pub before: OutboxBacklog,
+    /// What is still pending.
     pub after: OutboxBacklog,
 }

@@ -10,18 +10,37 @@ use crate::types::StreamType;
 /// A boxed error of a third-party plugin.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// Why a value, row or message id does not fit what it is checked against.
 #[derive(Error, Debug, Clone, PartialEq)]
 pub enum ValueError {
+    /// A text meant as a message id is not `<partition>-<offset>`.
     #[error("`{text}` is not a message id (expected `<partition>-<offset>`)")]
-    BadMessageId { text: String },
+    BadMessageId {
+        /// The text as given.
+        text: String,
+    },
+    /// A row has more values than its schema has columns.
     #[error("row has more values than the {expected} columns of its schema")]
-    TooManyValues { expected: usize },
+    TooManyValues {
+        /// The schema's column count.
+        expected: usize,
+    },
+    /// A row has fewer values than its schema has columns.
     #[error("row has {got} of {expected} values")]
-    MissingValues { expected: usize, got: usize },
+    MissingValues {
+        /// The schema's column count.
+        expected: usize,
+        /// The values the row has.
+        got: usize,
+    },
+    /// A value does not fit its column's type (range, precision, form).
     #[error("column `{column}` ({ty}): {what}")]
     Invalid {
+        /// The column's name.
         column: String,
+        /// The column's declared type.
         ty: StreamType,
+        /// What is wrong with the value.
         what: String,
     },
 }
@@ -29,11 +48,14 @@ pub enum ValueError {
 /// One problem found in a pipeline spec, with its path (`sinks[0].parameters.path`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Violation {
+    /// Where in the spec, e.g. `sinks[0].parameters.path`; empty for the spec as a whole.
     pub path: String,
+    /// What is wrong there.
     pub message: String,
 }
 
 impl Violation {
+    /// A violation at `path` (relative to whatever [`Violation::under`] later prefixes).
     pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
         Violation {
             path: path.into(),
@@ -78,6 +100,7 @@ impl fmt::Display for Violation {
 /// Every violation found in a spec.
 #[derive(Error, Debug, Clone, PartialEq, Eq)]
 pub struct SpecError {
+    /// Every violation, in the order they were found.
     pub violations: Vec<Violation>,
 }
 
@@ -95,24 +118,46 @@ impl fmt::Display for SpecError {
     }
 }
 
+/// Why a source could not read.
 #[derive(Error, Debug)]
 pub enum SourceError {
+    /// A file operation failed.
     #[error("{what} `{path}`: {source}")]
     Io {
+        /// The operation, e.g. `cannot open input file`.
         what: &'static str,
+        /// The file.
         path: PathBuf,
+        /// The operating system's reason.
         #[source]
         source: std::io::Error,
     },
     /// A record that does not match the declared schema: `file:line: column: what is wrong`.
     #[error("{location}: {what}")]
-    BadRecord { location: String, what: String },
+    BadRecord {
+        /// Where the record is, e.g. `file:line`.
+        location: String,
+        /// What is wrong with it.
+        what: String,
+    },
     /// An input file cannot be read as the source needs (not a regular file, or no longer the
     /// file the committed position was taken in); `what` says why and how to go on.
     #[error("input file `{path}`: {what}")]
-    InputFile { path: PathBuf, what: String },
+    InputFile {
+        /// The file.
+        path: PathBuf,
+        /// Why it cannot be read, and how to go on.
+        what: String,
+    },
+    /// A committed position is not one this source writes (another source's, or corrupt).
     #[error("source position `{position:?}` cannot be decoded: {what}")]
-    BadPosition { position: Vec<u8>, what: String },
+    BadPosition {
+        /// The position's bytes.
+        position: Vec<u8>,
+        /// Why they cannot be decoded.
+        what: String,
+    },
+    /// The error of a source outside flow-core, as it reported it.
     #[error(transparent)]
     Plugin(BoxError),
 }
@@ -120,43 +165,69 @@ pub enum SourceError {
 /// Why re-reading the source for pending batches failed.
 #[derive(Error, Debug)]
 pub enum ReplayError {
+    /// The source could not re-read the range.
     #[error("source: {0}")]
     Source(#[source] SourceError),
+    /// A processor failed on a re-read message.
     #[error("processor `{processor}`: {source}")]
     Processor {
+        /// The processor's name.
         processor: String,
+        /// Its error.
         #[source]
         source: ProcessorError,
     },
 }
 
+/// Why a sink could not take, seal or deliver a batch.
 #[derive(Error, Debug)]
 pub enum SinkError {
+    /// A pending batch stored as bounds could not be rebuilt from the source.
     #[error("re-reading the source to rebuild pending batches: {0}")]
     Replay(#[source] Box<ReplayError>),
+    /// A file operation failed.
     #[error("{what} `{path}`: {source}")]
     Io {
+        /// The operation.
         what: &'static str,
+        /// The file.
         path: PathBuf,
+        /// The operating system's reason.
         #[source]
         source: std::io::Error,
     },
+    /// The state store (outbox) failed.
     #[error("sink state: {0}")]
     State(#[from] flow_state::StateError),
+    /// A row failed the sink's checks under `on_bad_rows: stop`.
     #[error("message {message_id} rejected: {reason}")]
-    Rejected { message_id: String, reason: String },
+    Rejected {
+        /// The message id, `<partition>-<offset>`.
+        message_id: String,
+        /// Why the row was rejected.
+        reason: String,
+    },
+    /// Delivery stopped, e.g. the outbox and the sink disagree or the delivery task ended.
     #[error("delivery stopped: {reason}")]
-    Delivery { reason: String },
+    Delivery {
+        /// Why.
+        reason: String,
+    },
+    /// The sink will not go on with what it found (its output file truncated, a batch stored
+    /// without the payload it needs); the text says why and how to go on.
     #[error("{0}")]
     Refused(String),
     /// The target system failed or refused: `context` says what was being done, `source` is the
     /// target's own (classified) error.
     #[error("{context}: {source}")]
     Target {
+        /// What was being done.
         context: String,
+        /// The target's own error.
         #[source]
         source: BoxError,
     },
+    /// The error of a sink outside flow-core, as it reported it.
     #[error(transparent)]
     Plugin(BoxError),
 }
@@ -167,14 +238,19 @@ impl From<ReplayError> for SinkError {
     }
 }
 
+/// Why a processor failed on a message.
 #[derive(Error, Debug)]
 pub enum ProcessorError {
+    /// A value of the message does not fit the processor's output schema.
     #[error("message {message_id}: {source}")]
     Value {
+        /// The message id, `<partition>-<offset>`.
         message_id: String,
+        /// What is wrong with the value.
         #[source]
         source: ValueError,
     },
+    /// The error of a processor outside flow-core, as it reported it.
     #[error(transparent)]
     Plugin(BoxError),
 }
@@ -182,43 +258,68 @@ pub enum ProcessorError {
 /// Why a partition or the whole pipeline stopped.
 #[derive(Error, Debug)]
 pub enum RuntimeError {
+    /// The state store failed for a partition.
     #[error("partition {partition}: state store: {source}")]
     State {
+        /// The partition.
         partition: u32,
+        /// The store's error.
         #[source]
         source: flow_state::StateError,
     },
+    /// The source failed for a partition.
     #[error("partition {partition}: source: {source}")]
     Source {
+        /// The partition.
         partition: u32,
+        /// The source's error.
         #[source]
         source: SourceError,
     },
+    /// A processor failed in a partition.
     #[error("partition {partition}: processor `{processor}`: {source}")]
     Processor {
+        /// The partition.
         partition: u32,
+        /// The processor's name.
         processor: String,
+        /// Its error.
         #[source]
         source: ProcessorError,
     },
+    /// A sink failed in a partition.
     #[error("partition {partition}: sink `{sink}`: {source}")]
     Sink {
+        /// The partition.
         partition: u32,
+        /// The sink's name.
         sink: String,
+        /// Its error.
         #[source]
         source: SinkError,
     },
+    /// A task of the runtime panicked or was cancelled, or a partition's stream graph could not
+    /// be built.
     #[error("partition {partition}: task failed: {reason}")]
-    Task { partition: u32, reason: String },
+    Task {
+        /// The partition (0 for pipeline-wide tasks, `u32::MAX` when unknown).
+        partition: u32,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The state store could not be opened.
     #[error("opening the state store in `{dir}`: {source}")]
     OpenState {
+        /// The state directory.
         dir: PathBuf,
+        /// The store's error.
         #[source]
         source: flow_state::StateError,
     },
     /// The state directory belongs to another pipeline or partition count.
     #[error("{0}")]
     OtherPipeline(#[source] flow_state::StateError),
+    /// Several partitions failed; each error says which.
     #[error("{} partition(s) failed:{}", .0.len(), list(.0))]
     PartitionsFailed(Vec<RuntimeError>),
 }

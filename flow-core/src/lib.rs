@@ -20,6 +20,8 @@
 //! ([`PackedReader`]), ClickHouse's RowBinary layout of the type, which sinks walk without
 //! decoding into objects. Sources read values from their JSON forms (`json_form`).
 
+#![warn(missing_docs)]
+
 // API modules: what plugin authors build on (`delivery` for outbox sinks, `registry` for
 // builders) and the built-in plugins' parameter types. The rest is re-exported below.
 pub mod delivery;

@@ -15,11 +15,14 @@ use crate::types::{Column, StreamSchema, StreamType};
 /// ordered by offset; the printed form is `<partition>-<offset>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct MessageId {
+    /// The source partition.
     pub partition: u32,
+    /// The message's position within its partition, as the source numbers it.
     pub offset: u64,
 }
 
 impl MessageId {
+    /// The id of message `offset` of `partition`.
     pub const fn new(partition: u32, offset: u64) -> Self {
         MessageId { partition, offset }
     }
@@ -50,11 +53,17 @@ impl FromStr for MessageId {
 /// seconds, both carried as `Uint`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Value<'a> {
+    /// No value (an `optional<T>` column's null).
     Null,
+    /// A signed integer (`int8`..`int64`, `date32`, `timestamp`).
     Int(i64),
+    /// An unsigned integer (`uint8`..`uint64`, `date`, `datetime`, `ipv4`).
     Uint(u64),
+    /// A `float` or `double`.
     Float(f64),
+    /// A `boolean`.
     Bool(bool),
+    /// The bytes of a `string` or `utf8`.
     Bytes(&'a [u8]),
     /// A value of a type too wide or nested for the other variants (`decimal`, `uuid`,
     /// `list<T>`, ...), in its packed form: see [`crate::packed`](crate::PackedReader).
@@ -111,6 +120,7 @@ pub struct MessageBatch {
 }
 
 impl MessageBatch {
+    /// An empty batch of stream `schema`.
     pub fn new(schema: Arc<StreamSchema>) -> Self {
         MessageBatch {
             schema,
@@ -122,18 +132,23 @@ impl MessageBatch {
         }
     }
 
+    /// The stream's schema.
     pub fn schema(&self) -> &Arc<StreamSchema> {
         &self.schema
     }
 
+    /// How many messages the batch holds.
     pub fn len(&self) -> usize {
         self.ids.len()
     }
 
+    /// Whether the batch holds no message.
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
 
+    /// Removes every message, keeping the capacity unless a run of small epochs says it is no
+    /// longer needed.
     pub fn clear(&mut self) {
         let used = self.held_bytes(|v| v.len(), |v| v.len(), |v| v.len());
         let capacity = self.held_bytes(|v| v.capacity(), |v| v.capacity(), |v| v.capacity());
@@ -160,6 +175,7 @@ impl MessageBatch {
             + arena(&self.arena)
     }
 
+    /// The ids of the messages, in batch order.
     pub fn ids(&self) -> &[MessageId] {
         &self.ids
     }
@@ -169,10 +185,12 @@ impl MessageBatch {
         self.arena.len()
     }
 
+    /// Message `index` (batch order); reading its values panics when `index` is out of range.
     pub fn row(&self, index: usize) -> Row<'_> {
         Row { batch: self, index }
     }
 
+    /// Every message, in batch order.
     pub fn rows(&self) -> impl ExactSizeIterator<Item = Row<'_>> + '_ {
         (0..self.ids.len()).map(move |index| Row { batch: self, index })
     }
@@ -228,14 +246,17 @@ pub struct Row<'a> {
 }
 
 impl<'a> Row<'a> {
+    /// The message's id.
     pub fn id(&self) -> MessageId {
         self.batch.ids[self.index]
     }
 
+    /// How many values the row has (its schema's column count).
     pub fn len(&self) -> usize {
         self.batch.schema.len()
     }
 
+    /// Whether the schema has no columns.
     pub fn is_empty(&self) -> bool {
         self.batch.schema.is_empty()
     }
@@ -253,6 +274,7 @@ impl<'a> Row<'a> {
             .value(self.batch.cells[self.index * width + column])
     }
 
+    /// Every value, in schema order.
     pub fn values(&self) -> impl Iterator<Item = Value<'a>> + 'a {
         let row = *self;
         (0..row.len()).map(move |column| row.get(column))

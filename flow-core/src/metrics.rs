@@ -27,8 +27,11 @@ use prometheus_client::registry::Registry;
 /// What a persisted source counter counts (owner [`SOURCE_OWNER`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SourceCount {
+    /// Source messages in committed epochs.
     Messages,
+    /// Epochs committed.
     EpochsCommitted,
+    /// Dead letters committed with the epochs.
     DeadLetters,
 }
 
@@ -65,19 +68,24 @@ impl SourceCount {
 /// What a persisted sink counter counts.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SinkCount {
+    /// Rows delivered to the target (rows set aside as dead letters excluded).
     RowsDelivered,
+    /// Batches delivered to the target.
     BatchesDelivered,
     /// Failed INSERT attempts that were tried again.
     Retries,
     /// Failed INSERT attempts, by error class and server code.
     InsertErrors {
+        /// The error class (`retryable`, `permanent`, `unclassified`).
         class: String,
+        /// The server's error code, when it gave one.
         code: Option<u32>,
     },
     /// At-most-once: rows that did not fit the lossy queue.
     DroppedRows,
     /// At-most-once: rows whose INSERT failed and was not retried.
     LostRows,
+    /// Rows of delivered batches set aside as dead letters.
     DeadLetterRows,
     /// Inserts given up (the sink then fails every later write until a restart).
     GaveUp,
@@ -88,11 +96,14 @@ pub enum SinkCount {
 /// A sink counter of one shard (`None`: the sink is not sharded, or the count is not a shard's).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SinkCounter {
+    /// What is counted.
     pub count: SinkCount,
+    /// The shard (`None` when the sink is not sharded or the count is not a shard's).
     pub shard: Option<String>,
 }
 
 impl SinkCounter {
+    /// The counter of `count` for `shard`; an empty shard name means no shard.
     pub fn new(count: SinkCount, shard: Option<&str>) -> SinkCounter {
         SinkCounter {
             count,
@@ -235,6 +246,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Metrics {
+    /// An empty set of metrics, every family registered.
     pub fn new() -> Arc<Metrics> {
         let mut registry = Registry::default();
         let source = SourceFamilies::register(&mut registry);
@@ -561,6 +573,7 @@ pub struct SinkMetrics {
 }
 
 impl SinkMetrics {
+    /// The handle of partition `partition` of `sink`: counts persist through `store`.
     pub fn new(
         metrics: Arc<Metrics>,
         store: StateStore,

@@ -66,14 +66,17 @@ pub struct PackedReader<'a> {
 }
 
 impl<'a> PackedReader<'a> {
+    /// A cursor at the start of `bytes`.
     pub fn new(bytes: &'a [u8]) -> Self {
         PackedReader { bytes }
     }
 
+    /// Whether every byte has been read.
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()
     }
 
+    /// The next `n` bytes; an error when fewer are left.
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], PackedError> {
         if self.bytes.len() < n {
             return Err(PackedError(format!(
@@ -86,16 +89,19 @@ impl<'a> PackedReader<'a> {
         Ok(head)
     }
 
+    /// The next byte.
     pub fn byte(&mut self) -> Result<u8, PackedError> {
         Ok(self.take(1)?[0])
     }
 
+    /// The next `N` bytes, as an array.
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N], PackedError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N)?);
         Ok(out)
     }
 
+    /// The next LEB128-encoded unsigned number (RowBinary's length prefix).
     pub fn leb128(&mut self) -> Result<u64, PackedError> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
@@ -215,6 +221,7 @@ fn check(ty: &StreamType, reader: &mut PackedReader<'_>) -> Result<(), PackedErr
 /// The range ClickHouse's `Date32` holds: 1900-01-01 ..= 2299-12-31.
 pub const DATE32_RANGE: (i64, i64) = (-25_567, 120_529);
 
+/// Checks that `days` since 1970-01-01 is within [`DATE32_RANGE`]; the error says why not.
 pub fn check_date32(days: i64) -> Result<(), String> {
     if (DATE32_RANGE.0..=DATE32_RANGE.1).contains(&days) {
         Ok(())

@@ -17,6 +17,7 @@ use crate::types::StreamSchema;
 pub trait SourceFactory: Send + Sync {
     /// The id of the stream the source emits (`rows` for the generator).
     fn stream_id(&self) -> &str;
+    /// The columns of the stream it emits.
     fn schema(&self) -> Arc<StreamSchema>;
     /// Opens `partition` at a committed `position` (`None`: from the beginning).
     fn open_partition(
@@ -36,7 +37,9 @@ pub trait SourceFactory: Send + Sync {
 /// How much one `read` may return and until when it may wait for data.
 #[derive(Clone, Copy, Debug)]
 pub struct ReadLimits {
+    /// The most messages to append.
     pub max_messages: usize,
+    /// When to return, with whatever was read.
     pub deadline: Instant,
 }
 
@@ -55,6 +58,7 @@ pub struct SourceRead {
 
 /// Where a source appends what it read.
 pub struct SourceOutput<'a> {
+    /// The epoch's batch of the source's stream, to append messages to.
     pub batch: &'a mut MessageBatch,
     /// Records that could not be turned into messages, committed with the epoch.
     pub dead_letters: &'a mut Vec<DeadLetter>,
@@ -77,7 +81,9 @@ pub trait Source: Send {
 
 /// Builds the per-partition instances of a processor.
 pub trait ProcessorFactory: Send + Sync {
+    /// The columns of the stream the processor emits.
     fn output_schema(&self) -> Arc<StreamSchema>;
+    /// The processor of `partition`.
     fn create(&self, partition: u32) -> Box<dyn Processor>;
 }
 
@@ -95,10 +101,15 @@ pub trait Processor: Send {
 /// What a sink instance knows about where it runs.
 #[derive(Clone)]
 pub struct SinkContext {
+    /// The pipeline's name.
     pub pipeline: String,
+    /// The sink's name in the spec.
     pub sink: String,
+    /// The partition this instance writes.
     pub partition: u32,
+    /// The pipeline's partition count.
     pub partitions: u32,
+    /// The pipeline's state store: the sink's outbox queue, fingerprints and sink values.
     pub store: StateStore,
     /// The dynamic parameters in force when the instance is created.
     pub dynamic_parameters: serde_yaml::Value,
@@ -143,6 +154,7 @@ impl SinkContext {
 
 /// Builds the per-partition instances of a sink.
 pub trait SinkFactory: Send + Sync {
+    /// The sink of the partition in `ctx`; an error stops the partition before it reads.
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError>;
 
     /// New dynamic parameters (already validated by the sink's builder), applied on SIGHUP at
@@ -163,6 +175,7 @@ pub struct Epoch<'a> {
     /// When the epoch began reading (ms since the Unix epoch): no message of it was read
     /// earlier.
     pub started_ms: u64,
+    /// The epoch's messages, a batch per input stream.
     pub inputs: &'a [&'a MessageBatch],
 }
 
@@ -171,6 +184,7 @@ pub struct Epoch<'a> {
 pub struct EpochWrite {
     /// Sealed batches, appended to the sink partition's outbox in this order.
     pub batches: Vec<SealedBatch>,
+    /// Rows set aside, committed as the sink's dead letters.
     pub dead_letters: Vec<DeadLetter>,
     /// The sink can rebuild these batches through [`SinkContext::replay`], so the outbox keeps
     /// only their bounds (when the context has a replay).
@@ -180,13 +194,17 @@ pub struct EpochWrite {
     pub counters: Vec<flow_state::CounterAdd>,
 }
 
+/// What a sink answers for an epoch ([`Sink::write_epoch`]).
 #[derive(Debug)]
 pub enum EpochOutcome {
+    /// Commit the epoch with this write.
     Commit(EpochWrite),
     /// The epoch must not be committed: the runtime rewinds the source to the last committed
     /// position and replays the epoch after `retry_after`.
     Veto {
+        /// Why, for the log.
         reason: String,
+        /// How long to wait before reading the epoch again.
         retry_after: Duration,
     },
 }

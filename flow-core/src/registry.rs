@@ -12,23 +12,31 @@ use crate::types::StreamSchema;
 
 /// What a source builder knows about the pipeline.
 pub struct SourceBuildContext<'a> {
+    /// The pipeline's name.
     pub pipeline: &'a str,
+    /// The pipeline's partition count.
     pub partitions: u32,
 }
 
 /// What a processor builder knows about the pipeline.
 pub struct ProcessorBuildContext<'a> {
+    /// The pipeline's name.
     pub pipeline: &'a str,
+    /// The processor's name in the spec.
     pub name: &'a str,
+    /// The schema of the stream it reads.
     pub input_schema: &'a Arc<StreamSchema>,
 }
 
 /// What a sink builder knows about the pipeline.
 pub struct SinkBuildContext<'a> {
+    /// The pipeline's name.
     pub pipeline: &'a str,
+    /// The sink's name in the spec.
     pub sink: &'a str,
     /// The class name as written in the spec (an alias resolves to the same builder).
     pub class: &'a str,
+    /// The pipeline's partition count.
     pub partitions: u32,
     /// `(stream id, schema)` per input stream, in `input_stream_ids` order.
     pub inputs: &'a [(String, Arc<StreamSchema>)],
@@ -38,16 +46,22 @@ pub struct SinkBuildContext<'a> {
 /// (`parameters.count`, `dynamic_parameters.max_rows_per_batch`).
 pub type BuildResult<T> = Result<T, Vec<Violation>>;
 
+/// Builds a source's factory from its context and `parameters`; a violation's path is relative
+/// to the source's spec entry.
 pub type SourceBuilder = Arc<
     dyn Fn(&SourceBuildContext<'_>, &serde_yaml::Value) -> BuildResult<Arc<dyn SourceFactory>>
         + Send
         + Sync,
 >;
+/// Builds a processor's factory from its context and `parameters`; a violation's path is
+/// relative to the processor's spec entry.
 pub type ProcessorBuilder = Arc<
     dyn Fn(&ProcessorBuildContext<'_>, &serde_yaml::Value) -> BuildResult<Arc<dyn ProcessorFactory>>
         + Send
         + Sync,
 >;
+/// Builds a sink's factory from its context, `parameters` and `dynamic_parameters`; a
+/// violation's path is relative to the sink's spec entry.
 pub type SinkBuilder = Arc<
     dyn Fn(
             &SinkBuildContext<'_>,
@@ -58,7 +72,33 @@ pub type SinkBuilder = Arc<
         + Sync,
 >;
 
-/// Builders by class name.
+/// Builders by class name: what [`Registry::build`] turns a spec's `class` and
+/// `sink_class_name` entries into.
+///
+/// Start from [`Registry::with_builtins`] and add the classes of other crates (their `register`
+/// functions) or your own with `register_*`:
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use flow_core::registry::{BuildResult, SinkBuildContext};
+/// use flow_core::{Registry, SinkFactory};
+///
+/// fn my_sink(
+///     _ctx: &SinkBuildContext<'_>,
+///     _parameters: &serde_yaml::Value,
+///     _dynamic_parameters: &serde_yaml::Value,
+/// ) -> BuildResult<Arc<dyn SinkFactory>> {
+///     // Parse the parameters (`flow_core::registry::parse_parameters`) and return the
+///     // factory of the sink; here every entry is refused, with the path of the problem.
+///     Err(vec![flow_core::Violation::new("parameters", "not implemented")])
+/// }
+///
+/// let mut registry = Registry::with_builtins();
+/// registry.register_sink("MySink", Arc::new(my_sink));
+/// assert!(registry.source_classes().contains(&"generator"));
+/// assert!(registry.sink_classes().contains(&"MySink"));
+/// ```
 #[derive(Clone, Default)]
 pub struct Registry {
     sources: BTreeMap<String, SourceBuilder>,
@@ -72,38 +112,47 @@ impl Registry {
         Registry::default()
     }
 
+    /// Adds (or replaces) the source class `class`.
     pub fn register_source(&mut self, class: &str, builder: SourceBuilder) {
         self.sources.insert(class.to_owned(), builder);
     }
 
+    /// Adds (or replaces) the processor class `class`.
     pub fn register_processor(&mut self, class: &str, builder: ProcessorBuilder) {
         self.processors.insert(class.to_owned(), builder);
     }
 
+    /// Adds (or replaces) the sink class `class`; register each alias of a class under its own name.
     pub fn register_sink(&mut self, class: &str, builder: SinkBuilder) {
         self.sinks.insert(class.to_owned(), builder);
     }
 
+    /// The builder of source class `class`, if registered.
     pub fn source(&self, class: &str) -> Option<&SourceBuilder> {
         self.sources.get(class)
     }
 
+    /// The builder of processor class `class`, if registered.
     pub fn processor(&self, class: &str) -> Option<&ProcessorBuilder> {
         self.processors.get(class)
     }
 
+    /// The builder of sink class `class`, if registered.
     pub fn sink(&self, class: &str) -> Option<&SinkBuilder> {
         self.sinks.get(class)
     }
 
+    /// Every registered source class, sorted.
     pub fn source_classes(&self) -> Vec<&str> {
         self.sources.keys().map(String::as_str).collect()
     }
 
+    /// Every registered processor class, sorted.
     pub fn processor_classes(&self) -> Vec<&str> {
         self.processors.keys().map(String::as_str).collect()
     }
 
+    /// Every registered sink class (aliases included), sorted.
     pub fn sink_classes(&self) -> Vec<&str> {
         self.sinks.keys().map(String::as_str).collect()
     }

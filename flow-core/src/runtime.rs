@@ -37,22 +37,32 @@ pub enum PartitionEnd {
     Stopped,
 }
 
+/// What one partition did in a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PartitionReport {
+    /// The partition.
     pub partition: u32,
+    /// How it ended.
     pub end: PartitionEnd,
+    /// Epochs committed.
     pub epochs_committed: u64,
+    /// Source messages in the committed epochs.
     pub messages: u64,
+    /// Dead letters committed with those epochs.
     pub dead_letters: u64,
+    /// Epochs a sink vetoed (each read again).
     pub vetoes: u64,
 }
 
+/// What [`Pipeline::run`] did, per partition.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunReport {
+    /// One report per partition, in partition order.
     pub partitions: Vec<PartitionReport>,
 }
 
 impl RunReport {
+    /// Source messages committed over every partition.
     pub fn messages(&self) -> u64 {
         self.partitions.iter().map(|p| p.messages).sum()
     }
@@ -147,6 +157,7 @@ impl PipelineControl {
         self.progress.get()
     }
 
+    /// Whether a shutdown was asked for.
     pub fn is_shutting_down(&self) -> bool {
         *self.shutdown.borrow()
     }
@@ -232,6 +243,8 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
+    /// Binds a validated pipeline to its state store; nothing runs until [`Pipeline::run`] (or
+    /// [`Pipeline::drain`]).
     pub fn new(validated: ValidatedPipeline, store: StateStore) -> Pipeline {
         let (shutdown, _) = watch::channel(false);
         let dynamic = validated
@@ -267,6 +280,7 @@ impl Pipeline {
         }
     }
 
+    /// A handle to stop or reload the pipeline while it runs (take it before `run`).
     pub fn control(&self) -> PipelineControl {
         self.control.clone()
     }
@@ -343,6 +357,40 @@ impl Pipeline {
     }
 
     /// Runs every partition to its end. Fails if any partition failed, after the others ended.
+    ///
+    /// A partition ends when its source is exhausted and its sinks delivered everything
+    /// ([`PartitionEnd::Drained`]), or after a shutdown ([`PartitionEnd::Stopped`]). A store
+    /// claimed by another pipeline or partition count fails with [`RuntimeError::OtherPipeline`].
+    ///
+    /// ```
+    /// use flow_core::{PartitionEnd, Pipeline, PipelineSpec, Registry};
+    /// use flow_state::StateStore;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let out = dir.path().join("out.jsonl");
+    /// let spec = PipelineSpec::from_yaml(&format!(
+    ///     r#"
+    /// pipeline: example
+    /// partitions: 2
+    /// source: {{class: generator, parameters: {{count: 100}}}}
+    /// sinks:
+    ///   - {{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: "{}"}}}}
+    /// "#,
+    ///     out.display()
+    /// ))?;
+    /// let validated = Registry::with_builtins().build(&spec)?;
+    /// let store = StateStore::open(&dir.path().join("state"))?;
+    /// let report = Pipeline::new(validated, store.clone()).run().await?;
+    /// store.close()?;
+    ///
+    /// assert!(report.partitions.iter().all(|p| p.end == PartitionEnd::Drained));
+    /// assert_eq!(report.messages(), 200); // `count` messages per partition
+    /// assert_eq!(std::fs::read_to_string(&out)?.lines().count(), 200);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn run(self) -> Result<RunReport, RuntimeError> {
         self.claim_store().await?;
         self.load_counters().await?;

@@ -16,32 +16,46 @@ use crate::plugin::{ProcessorFactory, SinkFactory, SourceFactory};
 use crate::registry::{ProcessorBuildContext, Registry, SinkBuildContext, SourceBuildContext};
 use crate::types::StreamSchema;
 
+/// The most partitions a pipeline may have.
 pub const MAX_PARTITIONS: u32 = 1024;
+/// The largest `epoch.max_messages`.
 pub const MAX_EPOCH_MESSAGES: u64 = 10_000_000;
+/// The largest `epoch.max_duration_ms` (1 h).
 pub const MAX_EPOCH_DURATION_MS: u64 = 3_600_000;
+/// The largest `shutdown.drain_timeout_ms` (1 h).
 pub const MAX_DRAIN_TIMEOUT_MS: u64 = 3_600_000;
 
+/// A pipeline spec as written (YAML), before validation: [`PipelineSpec::from_yaml`] parses it,
+/// [`Registry::build`] validates it into a [`ValidatedPipeline`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSpec {
     /// `[A-Za-z0-9_-]+`; namespaces the pipeline's state.
     pub pipeline: String,
+    /// Independent partitions the source is read in, 1..=[`MAX_PARTITIONS`] (default 1).
     #[serde(default = "default_partitions")]
     pub partitions: u32,
+    /// Where the outbox lives, relative to the working directory (`--state-dir` wins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<PathBuf>,
+    /// When an epoch (one atomic commit per partition) ends.
     #[serde(default)]
     pub epoch: EpochSpec,
+    /// What the outbox keeps of sealed batches.
     #[serde(default, skip_serializing_if = "OutboxSpec::is_default")]
     pub outbox: OutboxSpec,
+    /// What a graceful stop does.
     #[serde(default, skip_serializing_if = "ShutdownSpec::is_default")]
     pub shutdown: ShutdownSpec,
     /// The Prometheus endpoint; none when absent (`--metrics-addr` wins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsSpec>,
+    /// The one source.
     pub source: SourceSpec,
+    /// Processors, each turning one stream into another.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processors: Vec<ProcessorSpec>,
+    /// The sinks; at least one.
     pub sinks: Vec<SinkSpec>,
 }
 
@@ -49,6 +63,7 @@ fn default_partitions() -> u32 {
     1
 }
 
+/// `epoch:`: when an epoch ends (one atomic commit of a partition's position and sealed batches).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EpochSpec {
@@ -116,6 +131,7 @@ pub struct MetricsSpec {
 /// The validated `metrics` section.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MetricsSettings {
+    /// The address to listen on.
     pub listen: std::net::SocketAddr,
 }
 
@@ -141,6 +157,7 @@ impl MetricsSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxSpec {
+    /// Whether sealed batches keep their payloads (default `auto`).
     #[serde(default)]
     pub payloads: PayloadPolicy,
 }
@@ -164,31 +181,43 @@ pub enum PayloadPolicy {
     Always,
 }
 
+/// `source:`: the source's class and its parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceSpec {
+    /// A registered source class, e.g. `generator`, `jsonl_file`, `nats_jetstream`.
     pub class: String,
+    /// The class's parameters, checked by its factory.
     #[serde(default)]
     pub parameters: serde_yaml::Value,
 }
 
+/// One entry of `processors:`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessorSpec {
+    /// Unique within the pipeline.
     pub name: String,
+    /// A registered processor class, e.g. `project`.
     pub class: String,
+    /// The stream it reads.
     pub input_stream_id: String,
+    /// The stream it emits, which later processors and sinks name.
     pub output_stream_id: String,
+    /// The class's parameters, checked by its factory.
     #[serde(default)]
     pub parameters: serde_yaml::Value,
 }
 
+/// One entry of `sinks:`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SinkSpec {
     /// Unique within the pipeline; names the sink's state.
     pub name: String,
+    /// A registered sink class, e.g. `ClickHouseBatchingSink`.
     pub sink_class_name: String,
+    /// The streams it writes (the source's `stream_id` or processors' output).
     pub input_stream_ids: Vec<String>,
     /// Static: a change needs a restart.
     #[serde(default)]
@@ -214,6 +243,35 @@ const TOP_LEVEL_FIELDS: &[&str] = &[
 impl PipelineSpec {
     /// Parses YAML, reporting every structural mistake (unknown field, wrong type, missing
     /// field) of each section with its path, not just the first one.
+    ///
+    /// Only the structure is checked here; [`Registry::build`] checks the values and each
+    /// plugin's parameters.
+    ///
+    /// ```
+    /// use flow_core::PipelineSpec;
+    ///
+    /// # fn main() -> Result<(), flow_core::SpecError> {
+    /// let spec = PipelineSpec::from_yaml(
+    ///     r#"
+    /// pipeline: events
+    /// partitions: 4
+    /// source: {class: generator, parameters: {count: 1000}}
+    /// sinks:
+    ///   - {name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {path: out.jsonl}}
+    /// "#,
+    /// )?;
+    /// assert_eq!(spec.partitions, 4);
+    ///
+    /// // Every mistake is reported, each with its path.
+    /// let Err(error) = PipelineSpec::from_yaml("pipeline: events\npartitions: four\nsinks: []\n")
+    /// else {
+    ///     panic!("a spec without a source was accepted");
+    /// };
+    /// let paths: Vec<&str> = error.violations.iter().map(|v| v.path.as_str()).collect();
+    /// assert_eq!(paths, ["partitions", "source"]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn from_yaml(text: &str) -> Result<PipelineSpec, SpecError> {
         let text = crate::spec_text::prepare(text).map_err(|violation| SpecError {
             violations: vec![violation],
@@ -433,40 +491,63 @@ fn list<T: DeserializeOwned>(
 /// Epoch bounds after validation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EpochSettings {
+    /// Messages per partition after which an epoch ends.
     pub max_messages: usize,
+    /// Time after which an epoch ends.
     pub max_duration: Duration,
 }
 
+/// A processor of a validated spec, built by its factory.
 pub struct ValidatedProcessor {
+    /// Its name in the spec.
     pub name: String,
+    /// Builds the processor of each partition.
     pub factory: Arc<dyn ProcessorFactory>,
+    /// The stream it reads.
     pub input_stream_id: String,
+    /// The stream it emits.
     pub output_stream_id: String,
 }
 
+/// A sink of a validated spec, built by its factory.
 pub struct ValidatedSink {
+    /// Its name in the spec.
     pub name: String,
+    /// Its `sink_class_name`.
     pub class: String,
+    /// Opens the sink of each partition.
     pub factory: Arc<dyn SinkFactory>,
+    /// The streams it writes.
     pub input_stream_ids: Vec<String>,
+    /// The `dynamic_parameters` it starts with.
     pub dynamic_parameters: serde_yaml::Value,
 }
 
 /// A spec that passed validation, with every plugin built (none has connected anywhere yet).
 pub struct ValidatedPipeline {
+    /// The pipeline's name.
     pub name: String,
+    /// Its partition count.
     pub partitions: u32,
+    /// The spec's `state_dir`, if any.
     pub state_dir: Option<PathBuf>,
+    /// When an epoch ends.
     pub epoch: EpochSettings,
+    /// Whether sealed batches keep their payloads.
     pub payloads: PayloadPolicy,
     /// How long a graceful stop lets sinks deliver what is pending.
     pub drain_timeout: Duration,
     /// The Prometheus endpoint of the spec, if any.
     pub metrics: Option<MetricsSettings>,
+    /// Builds the source of each partition.
     pub source: Arc<dyn SourceFactory>,
+    /// The processors, in spec order.
     pub processors: Vec<ValidatedProcessor>,
+    /// The sinks, in spec order.
     pub sinks: Vec<ValidatedSink>,
+    /// The schema of every stream, by stream id.
     pub streams: BTreeMap<String, Arc<StreamSchema>>,
+    /// The spec it was built from.
     pub spec: PipelineSpec,
 }
 

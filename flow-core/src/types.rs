@@ -13,28 +13,49 @@ use thiserror::Error;
 /// A stream type or schema that cannot be used.
 #[derive(Error, Debug, Clone, PartialEq, Eq)]
 pub enum SchemaError {
+    /// A type name this crate does not know.
     #[error("unknown stream type `{text}`")]
-    UnknownType { text: String },
+    UnknownType {
+        /// The text as given.
+        text: String,
+    },
+    /// A column's name is empty.
     #[error("a column has an empty name")]
     EmptyColumnName,
+    /// Two columns have the same name.
     #[error("column `{name}` is declared twice")]
-    DuplicateColumn { name: String },
+    DuplicateColumn {
+        /// The name.
+        name: String,
+    },
 }
 
 /// The type of one stream column.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum StreamType {
+    /// Signed 8-bit integer.
     Int8,
+    /// Signed 16-bit integer.
     Int16,
+    /// Signed 32-bit integer.
     Int32,
+    /// Signed 64-bit integer.
     Int64,
+    /// Unsigned 8-bit integer.
     Uint8,
+    /// Unsigned 16-bit integer.
     Uint16,
+    /// Unsigned 32-bit integer.
     Uint32,
+    /// Unsigned 64-bit integer.
     Uint64,
+    /// Signed 128-bit integer.
     Int128,
+    /// Unsigned 128-bit integer.
     Uint128,
+    /// Signed 256-bit integer.
     Int256,
+    /// Unsigned 256-bit integer.
     Uint256,
     /// 32-bit IEEE float.
     Float,
@@ -44,6 +65,7 @@ pub enum StreamType {
     String,
     /// Bytes that must be valid UTF-8.
     Utf8,
+    /// `true` or `false`.
     Boolean,
     /// Days since 1970-01-01, `0..=65535` (the range ClickHouse's `Date` can hold).
     Date,
@@ -56,15 +78,24 @@ pub enum StreamType {
     /// A fixed-point number of `precision` significant digits (1..=76), `scale` of them after
     /// the point (0..=precision).
     Decimal {
+        /// Significant digits, 1..=[`MAX_DECIMAL_PRECISION`].
         precision: u8,
+        /// Digits after the point, 0..=precision.
         scale: u8,
     },
+    /// A 128-bit UUID.
     Uuid,
+    /// An IPv4 address, carried as its 32-bit number.
     Ipv4,
+    /// An IPv6 address (16 bytes).
     Ipv6,
+    /// `optional<T>`: a `T` or null.
     Optional(Box<StreamType>),
+    /// `list<T>`: any number of `T`.
     List(Box<StreamType>),
+    /// `dict<K,V>`: key-value pairs.
     Dict(Box<StreamType>, Box<StreamType>),
+    /// `tuple<T1,...>`: a fixed sequence of typed items.
     Tuple(Vec<StreamType>),
 }
 
@@ -80,6 +111,7 @@ impl StreamType {
         }
     }
 
+    /// Whether the type is `optional<T>`.
     pub fn is_optional(&self) -> bool {
         matches!(self, StreamType::Optional(_))
     }
@@ -119,6 +151,8 @@ impl StreamType {
         })
     }
 
+    /// Whether the type (under its `optional`) is a signed integer: `int8`..`int64`, `date32`,
+    /// `timestamp`.
     pub fn is_signed_integer(&self) -> bool {
         matches!(
             self.inner(),
@@ -326,12 +360,15 @@ impl<'de> Deserialize<'de> for StreamType {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Column {
+    /// The column's name, unique within its stream.
     pub name: String,
+    /// The column's type (`type:` in a spec).
     #[serde(rename = "type")]
     pub ty: StreamType,
 }
 
 impl Column {
+    /// A column named `name` of type `ty`.
     pub fn new(name: impl Into<String>, ty: StreamType) -> Self {
         Column {
             name: name.into(),
@@ -369,18 +406,22 @@ impl StreamSchema {
         Arc::new(StreamSchema { columns })
     }
 
+    /// The columns, in order.
     pub fn columns(&self) -> &[Column] {
         &self.columns
     }
 
+    /// How many columns there are.
     pub fn len(&self) -> usize {
         self.columns.len()
     }
 
+    /// Whether there are no columns.
     pub fn is_empty(&self) -> bool {
         self.columns.is_empty()
     }
 
+    /// The position of the column named `name`, if there is one.
     pub fn index_of(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|c| c.name == name)
     }

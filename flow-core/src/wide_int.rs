@@ -20,6 +20,7 @@ pub struct WideInt {
 }
 
 impl WideInt {
+    /// Zero.
     pub const ZERO: WideInt = WideInt { limbs: [0; 4] };
 
     /// Sign-extends `bytes` (little-endian two's complement of 1..=32 bytes; `signed` says whether
@@ -38,6 +39,7 @@ impl WideInt {
         WideInt { limbs }
     }
 
+    /// `v`, sign-extended.
     pub fn from_i128(v: i128) -> WideInt {
         WideInt::from_le_bytes(&v.to_le_bytes(), true)
     }
@@ -51,6 +53,7 @@ impl WideInt {
         (WideInt::from_le_bytes(out, signed) == *self).then_some(())
     }
 
+    /// All 32 bytes, little-endian two's complement.
     pub fn to_le_bytes(&self) -> [u8; 32] {
         let mut out = [0u8; 32];
         for (i, limb) in self.limbs.iter().enumerate() {

@@ -11,9 +11,11 @@ use crate::plugin::{Processor, ProcessorFactory};
 use crate::registry::{parse_parameters, BuildResult, ProcessorBuildContext};
 use crate::types::StreamSchema;
 
+/// Parameters of the `project` processor, as a spec's `parameters:` map gives them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProjectParams {
+    /// The input columns to keep, by name, in output order.
     pub columns: Vec<String>,
 }
 

@@ -31,8 +31,10 @@ use crate::row_json::{write_json_string, write_row_object};
 const IN_FLIGHT_BYTES: u64 = 64 << 20;
 use crate::registry::{parse_parameters, BuildResult, SinkBuildContext};
 
+/// The largest `max_rows_per_batch`.
 pub const MAX_ROWS_PER_BATCH: u64 = 1_000_000;
 
+/// Parameters of the `DebugSink`, as a spec's `parameters:` map gives them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DebugSinkParams {
@@ -40,9 +42,11 @@ pub struct DebugSinkParams {
     pub path: PathBuf,
 }
 
+/// The reloadable `dynamic_parameters` of the `DebugSink`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DebugSinkDynamicParams {
+    /// A batch is sealed at this many messages, 1..=[`MAX_ROWS_PER_BATCH`] (default 10000).
     #[serde(default = "default_max_rows_per_batch")]
     pub max_rows_per_batch: u64,
 }

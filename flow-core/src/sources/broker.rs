@@ -33,6 +33,7 @@ pub enum BrokerFormat {
 pub struct BrokerRecord<'a> {
     /// The broker's position of the message (stream sequence, offset); the message's id offset.
     pub position: u64,
+    /// The message's bytes.
     pub payload: &'a [u8],
     /// The subject (NATS) or topic (Kafka) the message was published to.
     pub origin: &'a str,
@@ -104,6 +105,8 @@ impl BrokerDecoder {
         }
     }
 
+    /// A decoder of `partition`'s records into `schema`; `with_key`: the raw schema has the `key`
+    /// column (brokers with keys).
     pub fn new(
         partition: u32,
         schema: Arc<StreamSchema>,

@@ -19,6 +19,7 @@ pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 /// `ts` of message id 0; it advances one second every 1000 ids.
 pub const TS_BASE: u64 = 1_700_000_000;
 
+/// Parameters of the `generator` source, as a spec's `parameters:` map gives them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GeneratorParams {
@@ -27,6 +28,7 @@ pub struct GeneratorParams {
     /// Per partition; 0 means unlimited.
     #[serde(default)]
     pub rate_per_second: u64,
+    /// Bytes of each row's `payload` column, 0..=[`MAX_PAYLOAD_BYTES`] (default 16).
     #[serde(default = "default_payload_bytes")]
     pub payload_bytes: usize,
 }
@@ -36,6 +38,7 @@ fn default_payload_bytes() -> usize {
 }
 
 impl GeneratorParams {
+    /// Every violation of these parameters, with paths under `parameters`.
     pub fn validate(&self) -> Vec<Violation> {
         let mut violations = Vec::new();
         if self.payload_bytes > MAX_PAYLOAD_BYTES {

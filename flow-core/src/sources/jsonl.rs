@@ -1,6 +1,6 @@
 //! `jsonl_file`: one partition per file of JSON objects, one per line, checked against a declared
 //! schema. The position is `(byte offset, line number)` of the next line, with the file's device,
-//! inode and the hash of the bytes before the offset (see [`super::line_reader`]); a message's
+//! inode and the hash of the bytes before the offset (see `line_reader`); a message's
 //! offset is its 0-based line number. A bad line stops the partition with
 //! `file:line: column: what is wrong`, or is committed as a dead letter with
 //! `on_bad_record: dead_letter`. A last line without its newline is not read until the newline
@@ -35,6 +35,7 @@ const INCOMPLETE_LINE_GRACE: std::time::Duration = std::time::Duration::from_sec
 /// How long a read waits for an incomplete last line to grow before returning.
 const INCOMPLETE_LINE_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// What a source does with a record that does not fit its schema (`on_bad_record`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnBadRecord {
@@ -45,16 +46,19 @@ pub enum OnBadRecord {
     DeadLetter,
 }
 
+/// Parameters of the `jsonl_file` source, as a spec's `parameters:` map gives them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JsonlFileParams {
     /// One file per partition, in partition order.
     pub files: Vec<PathBuf>,
+    /// The id of the stream the source emits (default `rows`).
     #[serde(default = "default_stream_id")]
     pub stream_id: String,
     /// The declared columns; every line must be an object with exactly these keys (a missing key is
     /// null, which only an `optional<T>` column accepts).
     pub schema: Vec<Column>,
+    /// What a line that does not fit the schema does (default `stop`).
     #[serde(default)]
     pub on_bad_record: OnBadRecord,
     /// A longer line is a bad record: it stops the partition or is kept as a dead letter of its
