@@ -50,7 +50,7 @@ pub struct PipelineSpec {
     /// The Prometheus endpoint; none when absent (`--metrics-addr` wins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsSpec>,
-    /// The one source.
+    /// Where the messages come from: the source class and its parameters.
     pub source: SourceSpec,
     /// Processors, each turning one stream into another.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
