@@ -228,3 +228,278 @@ impl SinkConfig for DebugSinkConfig {
         to_section(&self.dynamic_parameters)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::registry::parse_parameters;
+    use crate::spec::{
+        EpochSpec, MetricsSpec, OutboxSpec, PayloadPolicy, PipelineSpec, ShutdownSpec,
+    };
+    use crate::types::StreamType;
+    use crate::Registry;
+
+    const DEBUG_SINK: &str =
+        "sinks:\n  - {name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {path: out.jsonl}}\n";
+
+    /// The registry's violations for `spec`, with `prefix` (`source.`) stripped from their paths.
+    fn registry_violations(spec: &PipelineSpec, prefix: &str) -> Vec<Violation> {
+        let err = Registry::with_builtins().build(spec).err().unwrap();
+        err.violations
+            .into_iter()
+            .map(|v| {
+                let path = v.path.strip_prefix(prefix).unwrap_or(&v.path).to_owned();
+                Violation::new(path, v.message)
+            })
+            .collect()
+    }
+
+    fn generator_spec(source: impl SourceConfig) -> PipelineSpec {
+        PipelineSpec::builder("p")
+            .source(source)
+            .sink("out", ["rows"], DebugSinkConfig::new("out.jsonl"))
+            .build()
+    }
+
+    #[test]
+    fn a_generator_config_and_its_yaml_give_the_same_parameters() {
+        let yaml = PipelineSpec::from_yaml(&format!(
+            "pipeline: p\nsource: {{class: generator, parameters: {{count: 5, payload_bytes: 8}}}}\n{DEBUG_SINK}"
+        ))
+        .unwrap();
+        let config = GeneratorParams::new(5).payload_bytes(8);
+        let code = generator_spec(config.clone());
+        assert_eq!(code.source.class, yaml.source.class);
+        let from_yaml: GeneratorParams =
+            parse_parameters(&yaml.source.parameters, "parameters").unwrap();
+        let from_code: GeneratorParams =
+            parse_parameters(&code.source.parameters, "parameters").unwrap();
+        assert_eq!(from_yaml, config);
+        assert_eq!(from_code, config);
+        assert!(config.validate().is_empty());
+        assert!(Registry::with_builtins().build(&code).is_ok());
+    }
+
+    #[test]
+    fn a_generator_mistake_in_code_is_the_violation_of_the_same_mistake_in_yaml() {
+        let yaml = PipelineSpec::from_yaml(&format!(
+            "pipeline: p\nsource: {{class: generator, parameters: {{count: 5, payload_bytes: 2000000}}}}\n{DEBUG_SINK}"
+        ))
+        .unwrap();
+        let config = GeneratorParams::new(5).payload_bytes(2_000_000);
+        let expected = vec![Violation::new(
+            "parameters.payload_bytes",
+            "2000000 is out of range 0..=1048576",
+        )];
+        assert_eq!(config.validate(), expected);
+        assert_eq!(registry_violations(&yaml, "source."), expected);
+        assert_eq!(
+            registry_violations(&generator_spec(config), "source."),
+            expected
+        );
+    }
+
+    fn jsonl_schema() -> Vec<Column> {
+        vec![
+            Column::new("id", StreamType::Uint64),
+            Column::new("name", StreamType::Optional(Box::new(StreamType::Utf8))),
+        ]
+    }
+
+    #[test]
+    fn a_jsonl_file_config_and_its_yaml_give_the_same_parameters() {
+        let yaml = PipelineSpec::from_yaml(
+            "pipeline: p\npartitions: 2\nsource:\n  class: jsonl_file\n  parameters:\n    files: [a.jsonl, b.jsonl]\n    schema: [{name: id, type: uint64}, {name: name, type: optional<utf8>}]\n    stream_id: events\n    on_bad_record: dead_letter\nsinks:\n  - {name: out, sink_class_name: DebugSink, input_stream_ids: [events], parameters: {path: out.jsonl}}\n",
+        )
+        .unwrap();
+        let config = JsonlFileParams::new(["a.jsonl", "b.jsonl"], jsonl_schema())
+            .stream_id("events")
+            .on_bad_record(OnBadRecord::DeadLetter);
+        let code = PipelineSpec::builder("p")
+            .partitions(2)
+            .source(config.clone())
+            .sink("out", ["events"], DebugSinkConfig::new("out.jsonl"))
+            .build();
+        let from_yaml: JsonlFileParams =
+            parse_parameters(&yaml.source.parameters, "parameters").unwrap();
+        let from_code: JsonlFileParams =
+            parse_parameters(&code.source.parameters, "parameters").unwrap();
+        assert_eq!(from_yaml, config);
+        assert_eq!(from_code, config);
+        assert_eq!(code.source.class, "jsonl_file");
+        assert!(config.validate().is_empty());
+        assert!(Registry::with_builtins().build(&code).is_ok());
+    }
+
+    #[test]
+    fn jsonl_file_mistakes_in_code_are_the_violations_of_the_same_mistakes_in_yaml() {
+        let yaml = PipelineSpec::from_yaml(
+            "pipeline: p\nsource:\n  class: jsonl_file\n  parameters: {files: [a.jsonl], schema: [{name: id, type: uint64}, {name: name, type: optional<utf8>}], stream_id: 'bad id', max_record_bytes: 0}\nsinks:\n  - {name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {path: out.jsonl}}\n",
+        )
+        .unwrap();
+        let config = JsonlFileParams::new(["a.jsonl"], jsonl_schema())
+            .stream_id("bad id")
+            .max_record_bytes(0);
+        let expected = vec![
+            Violation::new(
+                "parameters.max_record_bytes",
+                "0 is out of range 1..=1073741824",
+            ),
+            Violation::new("parameters.stream_id", "`bad id` is not a valid stream id"),
+        ];
+        assert_eq!(config.validate(), expected);
+        // The unknown stream `bad id` is the sink's violation, not the source's.
+        assert_eq!(registry_violations(&yaml, "source."), expected);
+        let code = PipelineSpec::builder("p")
+            .source(config)
+            .sink("out", ["rows"], DebugSinkConfig::new("out.jsonl"))
+            .build();
+        assert_eq!(registry_violations(&code, "source."), expected);
+    }
+
+    #[test]
+    fn the_file_count_of_jsonl_file_is_checked_against_the_partitions_by_the_registry() {
+        let config = JsonlFileParams::new(["a.jsonl"], jsonl_schema());
+        assert!(config.validate().is_empty());
+        let code = PipelineSpec::builder("p")
+            .partitions(2)
+            .source(config)
+            .sink("out", ["rows"], DebugSinkConfig::new("out.jsonl"))
+            .build();
+        assert_eq!(
+            registry_violations(&code, "source."),
+            vec![Violation::new(
+                "parameters.files",
+                "1 file(s) for 2 partition(s): jsonl_file reads one file per partition, so set `partitions: 1`"
+            )]
+        );
+    }
+
+    #[test]
+    fn a_project_config_gives_the_yaml_parameters_and_its_violations() {
+        let spec = |columns: &str| {
+            PipelineSpec::from_yaml(&format!(
+                "pipeline: p\nsource: {{class: generator, parameters: {{count: 1}}}}\nprocessors:\n  - {{name: keep, class: project, input_stream_id: rows, output_stream_id: kept, parameters: {{columns: {columns}}}}}\nsinks:\n  - {{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: out.jsonl}}}}\n"
+            ))
+            .unwrap()
+        };
+        let code = |config: ProjectParams| {
+            PipelineSpec::builder("p")
+                .source(GeneratorParams::new(1))
+                .processor("keep", "rows", "kept", config)
+                // Reading `rows`, the sink does not depend on the processor being valid.
+                .sink("out", ["rows"], DebugSinkConfig::new("out.jsonl"))
+                .build()
+        };
+        let good = ProjectParams::new(["user_id", "ts"]);
+        assert_eq!(
+            code(good.clone()).processors,
+            spec("[user_id, ts]").processors
+        );
+        assert!(good.validate().is_empty());
+        for (columns, config) in [
+            ("[]", ProjectParams::new(Vec::<String>::new())),
+            ("[ts, ts]", ProjectParams::new(["ts", "ts"])),
+        ] {
+            let expected = registry_violations(&spec(columns), "processors[0].");
+            assert_eq!(config.validate(), expected, "{columns}");
+            assert_eq!(registry_violations(&code(config), "processors[0]."), expected);
+        }
+        assert_eq!(
+            ProjectParams::new(["ts", "ts"]).validate(),
+            vec![Violation::new(
+                "parameters.columns",
+                "column `ts` is declared twice"
+            )]
+        );
+    }
+
+    #[test]
+    fn a_debug_sink_config_and_its_yaml_give_the_same_parameters_and_violations() {
+        let yaml = |dynamic: &str| {
+            PipelineSpec::from_yaml(&format!(
+                "pipeline: p\nsource: {{class: generator, parameters: {{count: 1}}}}\nsinks:\n  - {{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: out.jsonl}}, dynamic_parameters: {dynamic}}}\n"
+            ))
+            .unwrap()
+        };
+        let config = DebugSinkConfig::new("out.jsonl").max_rows_per_batch(500);
+        let code = generator_spec(GeneratorParams::new(1));
+        let code = PipelineSpec {
+            sinks: vec![config.sink_spec("out", vec!["rows".to_owned()])],
+            ..code
+        };
+        let from_yaml = yaml("{max_rows_per_batch: 500}");
+        assert_eq!(code.sinks[0].parameters, from_yaml.sinks[0].parameters);
+        let parsed: DebugSinkDynamicParams =
+            parse_parameters(&from_yaml.sinks[0].dynamic_parameters, "dynamic_parameters")
+                .unwrap();
+        assert_eq!(parsed, config.dynamic_parameters);
+        assert_eq!(code.sinks, from_yaml.sinks);
+        assert!(config.validate().is_empty());
+
+        let wrong = config.max_rows_per_batch(0);
+        let expected = vec![Violation::new(
+            "dynamic_parameters.max_rows_per_batch",
+            "0 is out of range 1..=1000000",
+        )];
+        assert_eq!(wrong.validate(), expected);
+        assert_eq!(
+            registry_violations(&yaml("{max_rows_per_batch: 0}"), "sinks[0]."),
+            expected
+        );
+        let empty = DebugSinkConfig::new("");
+        assert_eq!(
+            empty.validate(),
+            vec![Violation::new(
+                "parameters.path",
+                "set a file path, or `-` for stdout"
+            )]
+        );
+    }
+
+    #[test]
+    fn every_spec_key_set_in_code_gives_the_spec_of_the_same_yaml() {
+        let yaml = PipelineSpec::from_yaml(
+            "pipeline: full\npartitions: 3\nstate_dir: /var/lib/flow\nepoch: {max_messages: 500, max_duration_ms: 250}\noutbox: {payloads: always}\nshutdown: {drain_timeout_ms: 0}\nmetrics: {listen: '127.0.0.1:9464'}\nsource: {class: generator, parameters: {count: 10, rate_per_second: 100, payload_bytes: 4}}\nprocessors:\n  - {name: keep, class: project, input_stream_id: rows, output_stream_id: kept, parameters: {columns: [id, payload]}}\nsinks:\n  - {name: a, sink_class_name: DebugSink, input_stream_ids: [kept], parameters: {path: a.jsonl}, dynamic_parameters: {max_rows_per_batch: 10000}}\n  - {name: b, sink_class_name: DebugSink, input_stream_ids: [rows, kept], parameters: {path: '-'}, dynamic_parameters: {max_rows_per_batch: 7}}\n",
+        )
+        .unwrap();
+        let code = PipelineSpec::builder("full")
+            .partitions(3)
+            .state_dir("/var/lib/flow")
+            .epoch(EpochSpec {
+                max_messages: 500,
+                max_duration_ms: 250,
+            })
+            .outbox(OutboxSpec {
+                payloads: PayloadPolicy::Always,
+            })
+            .shutdown(ShutdownSpec {
+                drain_timeout_ms: 0,
+            })
+            .metrics(MetricsSpec {
+                listen: "127.0.0.1:9464".to_owned(),
+            })
+            .source(GeneratorParams::new(10).rate_per_second(100).payload_bytes(4))
+            .processor("keep", "rows", "kept", ProjectParams::new(["id", "payload"]))
+            .sink("a", ["kept"], DebugSinkConfig::new("a.jsonl"))
+            .sink(
+                "b",
+                ["rows", "kept"],
+                DebugSinkConfig::new("-").max_rows_per_batch(7),
+            )
+            .build();
+        assert_eq!(code, yaml);
+        assert!(Registry::with_builtins().build(&code).is_ok());
+    }
+
+    #[test]
+    fn a_spec_built_in_code_has_the_yaml_defaults() {
+        let yaml = PipelineSpec::from_yaml(&format!(
+            "pipeline: p\nsource: {{class: generator, parameters: {{count: 1, rate_per_second: 0, payload_bytes: 16}}}}\nsinks:\n  - {{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: out.jsonl}}, dynamic_parameters: {{max_rows_per_batch: 10000}}}}\n"
+        ))
+        .unwrap();
+        assert_eq!(generator_spec(GeneratorParams::new(1)), yaml);
+    }
+}
