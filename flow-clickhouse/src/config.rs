@@ -29,8 +29,8 @@ use std::time::Duration;
 use flow_core::{to_section, ConfigError, SinkConfig};
 
 use crate::params::{
-    self, AtMostOnceDynamic, AtMostOnceStrategy, ClickHouseDynamicParams, ClickHouseParams,
-    Codec, HostSelectionPolicy, OnBadRows, OnExpiredBacklog, SinkClass,
+    self, AtMostOnceDynamic, AtMostOnceStrategy, ClickHouseDynamicParams, ClickHouseParams, Codec,
+    HostSelectionPolicy, OnBadRows, OnExpiredBacklog, SinkClass,
 };
 
 /// Builds the configuration of a ClickHouse sink of one class; unset parameters keep the
@@ -674,7 +674,8 @@ mod tests {
     /// The spec with every plugin section rewritten as its typed parameters serialize: two specs
     /// that mean the same thing become equal.
     fn normalized(mut spec: PipelineSpec) -> PipelineSpec {
-        let source: GeneratorParams = parse_parameters(&spec.source.parameters, "parameters").unwrap();
+        let source: GeneratorParams =
+            parse_parameters(&spec.source.parameters, "parameters").unwrap();
         spec.source = source.source_spec();
         for sink in &mut spec.sinks {
             let (parameters, dynamic) = parsed_sink(sink);
@@ -707,7 +708,11 @@ mod tests {
                 max_messages: 10_000,
                 max_duration_ms: 500,
             })
-            .source(GeneratorParams::new(100_000).rate_per_second(0).payload_bytes(16))
+            .source(
+                GeneratorParams::new(100_000)
+                    .rate_per_second(0)
+                    .payload_bytes(16),
+            )
             .sink("events", ["rows"], sink)
             .build();
         assert_eq!(normalized(code.clone()), normalized(yaml.clone()));

@@ -133,10 +133,7 @@ impl ProjectParams {
     pub fn validate(&self) -> Vec<Violation> {
         let mut v = Vec::new();
         if self.columns.is_empty() {
-            v.push(Violation::new(
-                "parameters.columns",
-                project::NO_COLUMNS,
-            ));
+            v.push(Violation::new("parameters.columns", project::NO_COLUMNS));
         }
         let mut seen = std::collections::HashSet::new();
         if let Some(twice) = self.columns.iter().find(|c| !seen.insert(c.as_str())) {
@@ -405,7 +402,10 @@ mod tests {
         ] {
             let expected = registry_violations(&spec(columns), "processors[0].");
             assert_eq!(config.validate(), expected, "{columns}");
-            assert_eq!(registry_violations(&code(config), "processors[0]."), expected);
+            assert_eq!(
+                registry_violations(&code(config), "processors[0]."),
+                expected
+            );
         }
         assert_eq!(
             ProjectParams::new(["ts", "ts"]).validate(),
@@ -433,8 +433,7 @@ mod tests {
         let from_yaml = yaml("{max_rows_per_batch: 500}");
         assert_eq!(code.sinks[0].parameters, from_yaml.sinks[0].parameters);
         let parsed: DebugSinkDynamicParams =
-            parse_parameters(&from_yaml.sinks[0].dynamic_parameters, "dynamic_parameters")
-                .unwrap();
+            parse_parameters(&from_yaml.sinks[0].dynamic_parameters, "dynamic_parameters").unwrap();
         assert_eq!(parsed, config.dynamic_parameters);
         assert_eq!(code.sinks, from_yaml.sinks);
         assert!(config.validate().is_empty());
@@ -481,8 +480,17 @@ mod tests {
             .metrics(MetricsSpec {
                 listen: "127.0.0.1:9464".to_owned(),
             })
-            .source(GeneratorParams::new(10).rate_per_second(100).payload_bytes(4))
-            .processor("keep", "rows", "kept", ProjectParams::new(["id", "payload"]))
+            .source(
+                GeneratorParams::new(10)
+                    .rate_per_second(100)
+                    .payload_bytes(4),
+            )
+            .processor(
+                "keep",
+                "rows",
+                "kept",
+                ProjectParams::new(["id", "payload"]),
+            )
             .sink("a", ["kept"], DebugSinkConfig::new("a.jsonl"))
             .sink(
                 "b",
@@ -496,9 +504,9 @@ mod tests {
 
     #[test]
     fn a_spec_built_in_code_has_the_yaml_defaults() {
-        let yaml = PipelineSpec::from_yaml(&format!(
-            "pipeline: p\nsource: {{class: generator, parameters: {{count: 1, rate_per_second: 0, payload_bytes: 16}}}}\nsinks:\n  - {{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: out.jsonl}}, dynamic_parameters: {{max_rows_per_batch: 10000}}}}\n"
-        ))
+        let yaml = PipelineSpec::from_yaml(
+            "pipeline: p\nsource: {class: generator, parameters: {count: 1, rate_per_second: 0, payload_bytes: 16}}\nsinks:\n  - {name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {path: out.jsonl}, dynamic_parameters: {max_rows_per_batch: 10000}}\n"
+        )
         .unwrap();
         assert_eq!(generator_spec(GeneratorParams::new(1)), yaml);
     }

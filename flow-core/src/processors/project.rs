@@ -49,10 +49,7 @@ pub(crate) fn build(
         }
     }
     if params.columns.is_empty() {
-        violations.push(Violation::new(
-            "parameters.columns",
-            NO_COLUMNS,
-        ));
+        violations.push(Violation::new("parameters.columns", NO_COLUMNS));
     }
     let schema = match StreamSchema::new(columns) {
         Ok(schema) => Some(schema),
