@@ -267,7 +267,7 @@ mod tests {
         ))
         .unwrap();
         let config = GeneratorParams::new(5).payload_bytes(8);
-        let code = generator_spec(config.clone());
+        let code = generator_spec(&config);
         assert_eq!(code.source.class, yaml.source.class);
         let from_yaml: GeneratorParams =
             parse_parameters(&yaml.source.parameters, "parameters").unwrap();

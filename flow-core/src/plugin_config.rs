@@ -80,6 +80,41 @@ pub trait SinkConfig {
     }
 }
 
+// A borrowed config is the config: a spec builder may take `&config` and leave it to the caller.
+impl<T: SourceConfig + ?Sized> SourceConfig for &T {
+    fn class_name(&self) -> &str {
+        (**self).class_name()
+    }
+
+    fn parameters(&self) -> serde_yaml::Value {
+        (**self).parameters()
+    }
+}
+
+impl<T: ProcessorConfig + ?Sized> ProcessorConfig for &T {
+    fn class_name(&self) -> &str {
+        (**self).class_name()
+    }
+
+    fn parameters(&self) -> serde_yaml::Value {
+        (**self).parameters()
+    }
+}
+
+impl<T: SinkConfig + ?Sized> SinkConfig for &T {
+    fn class_name(&self) -> &str {
+        (**self).class_name()
+    }
+
+    fn parameters(&self) -> serde_yaml::Value {
+        (**self).parameters()
+    }
+
+    fn dynamic_parameters(&self) -> serde_yaml::Value {
+        (**self).dynamic_parameters()
+    }
+}
+
 /// A typed parameters value as a spec section. Serialization fails only for a value YAML cannot
 /// hold (a path that is not UTF-8); the section then holds the reason as text, which the
 /// registry refuses with a violation at the section's path that quotes it.
@@ -92,6 +127,18 @@ pub fn to_section<T: Serialize + ?Sized>(value: &T) -> serde_yaml::Value {
 /// Every violation found in one plugin's typed configuration, with paths relative to its spec
 /// entry (`parameters.shard_hosts.a`), as the registry would report them under
 /// `sinks[i].` / `source.`.
+///
+/// ```
+/// use flow_core::sources::GeneratorParams;
+/// use flow_core::ConfigError;
+///
+/// let source = GeneratorParams::new(100).payload_bytes(1 << 30);
+/// let err = ConfigError::check("generator", source.validate()).unwrap_err();
+/// assert_eq!(
+///     err.to_string(),
+///     "the generator configuration has 1 violation(s):\n  parameters.payload_bytes: 1073741824 is out of range 0..=1048576"
+/// );
+/// ```
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     /// The plugin class whose configuration is wrong.
