@@ -1,8 +1,10 @@
 //! Typed configuration of flow-core's built-in plugins: builder-style constructors on their
-//! parameter types, the [`SourceConfig`] / [`ProcessorConfig`] / [`SinkConfig`] impls, and
-//! `validate`, which runs the registry's own builder of the class on the serialized parameters so
-//! that its violations are those of the YAML path by construction. What depends on the rest of
-//! the pipeline (one file per partition, the columns of a processor's input) is left to
+//! parameter types, the [`SourceConfig`] / [`ProcessorConfig`] / [`SinkConfig`] impls, and the
+//! registry's own checks as `validate`. `jsonl_file` and `DebugSink` run their registry builder on
+//! the serialized parameters, so their violations are those of the YAML path by construction;
+//! `generator`'s `validate` is the one its builder calls; `project`'s makes the two checks of its
+//! builder that do not need the input stream. What depends on the rest of the pipeline (one file
+//! per partition, the columns of a processor's input) is left to
 //! [`Registry::build`](crate::Registry::build): `validate` builds with a context in which those
 //! checks hold.
 
