@@ -98,7 +98,7 @@ pub struct KafkaParams {
     pub properties: BTreeMap<String, String>,
 }
 
-fn default_stream_id() -> String {
+pub(crate) fn default_stream_id() -> String {
     "rows".to_owned()
 }
 

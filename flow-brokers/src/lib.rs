@@ -8,9 +8,13 @@
 //!
 //! - [`nats_jetstream`](NatsJetStreamParams): one subject of a JetStream stream per partition.
 //! - [`kafka`](KafkaParams): one partition of a Kafka topic per partition (librdkafka).
+//!
+//! Both parameter types are also their typed configuration (`config`): builder-style
+//! constructors, [`flow_core::SourceConfig`], and `validate` with the registry's own checks.
 
 #![warn(missing_docs)]
 
+mod config;
 mod kafka;
 mod nats_auth;
 mod nats_jetstream;

@@ -16,7 +16,7 @@ use crate::NatsSourceError;
 /// one of the keys below (serde_yaml 0.9 reads enums only from `!tag` values, which a spec
 /// author should not need to know).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", try_from = "AuthForms")]
+#[serde(rename_all = "snake_case", try_from = "AuthForms", into = "AuthForms")]
 pub enum NatsAuth {
     /// `{user_password: {user: NAME, password_env_var: VAR}}`
     UserPassword {
@@ -36,27 +36,58 @@ pub enum NatsAuth {
     CredentialsFile(PathBuf),
 }
 
-/// The `auth:` map as written: every form optional, exactly one required.
-#[derive(Deserialize)]
+/// The `auth:` map as written: every form optional, exactly one required. `NatsAuth` is
+/// serialized through it too, so that a config made in code reads back as the spec form.
+#[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AuthForms {
+    #[serde(skip_serializing_if = "Option::is_none")]
     user_password: Option<UserPassword>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<TokenAuth>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     nkey_seed_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     credentials_file: Option<PathBuf>,
 }
 
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct UserPassword {
     user: String,
     password_env_var: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TokenAuth {
     env_var: String,
+}
+
+impl From<NatsAuth> for AuthForms {
+    fn from(auth: NatsAuth) -> AuthForms {
+        let mut forms = AuthForms {
+            user_password: None,
+            token: None,
+            nkey_seed_file: None,
+            credentials_file: None,
+        };
+        match auth {
+            NatsAuth::UserPassword {
+                user,
+                password_env_var,
+            } => {
+                forms.user_password = Some(UserPassword {
+                    user,
+                    password_env_var,
+                })
+            }
+            NatsAuth::Token { env_var } => forms.token = Some(TokenAuth { env_var }),
+            NatsAuth::NkeySeedFile(path) => forms.nkey_seed_file = Some(path),
+            NatsAuth::CredentialsFile(path) => forms.credentials_file = Some(path),
+        }
+        forms
+    }
 }
 
 impl TryFrom<AuthForms> for NatsAuth {

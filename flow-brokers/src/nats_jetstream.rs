@@ -81,11 +81,11 @@ pub struct NatsJetStreamParams {
     pub max_messages_per_pull: usize,
 }
 
-fn default_stream_id() -> String {
+pub(crate) fn default_stream_id() -> String {
     "rows".to_owned()
 }
 
-fn default_max_messages_per_pull() -> usize {
+pub(crate) fn default_max_messages_per_pull() -> usize {
     DEFAULT_MAX_MESSAGES_PER_PULL
 }
 

@@ -24,6 +24,9 @@
 //! Metrics: each sink partition counts through its `flow_core::SinkMetrics` what it delivered
 //! (in the acknowledgement's transaction, or with the epoch for the classes without an outbox),
 //! and `insert` counts every failed attempt durably and times the successful ones.
+//!
+//! Typed configuration: [`ClickHouseSink`] (`config`) sets every parameter in code and builds a
+//! checked [`ClickHouseSinkConfig`] through the same `params` parsing and validation as a YAML spec.
 
 #![warn(missing_docs)]
 
@@ -37,6 +40,7 @@ mod classify;
 mod client;
 mod columns_guard;
 mod compress;
+mod config;
 mod cutter;
 mod dedup_window;
 mod deliverer;
@@ -68,9 +72,13 @@ use flow_core::Registry;
 pub use chtype::{check_mapping, check_mapping_on, ChType, ServerTypes};
 pub use classify::{ClassifiedError, ErrorClass};
 pub use compress::{seal, unframe};
+pub use config::{ClickHouseSink, ClickHouseSinkConfig};
 pub use fingerprint::topology_fingerprint;
 pub use guarantee::Guarantee;
-pub use params::{ClickHouseDynamicParams, ClickHouseParams, Codec, SinkClass};
+pub use params::{
+    AtMostOnceDynamic, AtMostOnceStrategy, ClickHouseDynamicParams, ClickHouseParams, Codec,
+    HostSelectionPolicy, OnBadRows, OnExpiredBacklog, SinkClass,
+};
 pub use routing::{routing_key, RendezvousRouter};
 pub use rowbinary::{EncodedColumn, RowBinaryEncoder};
 pub use split::requeued_batch;

@@ -19,6 +19,11 @@
 //! UUIDs, lists, dicts, tuples, ...) a byte string in the arena in its packed form
 //! ([`PackedReader`]), ClickHouse's RowBinary layout of the type, which sinks walk without
 //! decoding into objects. Sources read values from their JSON forms (`json_form`).
+//!
+//! A spec can also be assembled in code ([`PipelineSpec::builder`]) from typed plugin configs
+//! ([`SourceConfig`], [`ProcessorConfig`], [`SinkConfig`]; `plugin_config`), which turn into the
+//! same spec entries the YAML path reads; the built-in classes' parameter types implement them
+//! (`builtin_config`) and check themselves with the registry's own validation.
 
 #![warn(missing_docs)]
 
@@ -30,6 +35,7 @@ pub mod registry;
 pub mod sinks;
 pub mod sources;
 
+mod builtin_config;
 mod builtins;
 mod capacity;
 mod dead_row;
@@ -42,11 +48,13 @@ mod message;
 mod metrics;
 mod packed;
 mod plugin;
+mod plugin_config;
 mod progress;
 mod replay;
 mod row_json;
 mod runtime;
 mod spec;
+mod spec_builder;
 mod spec_text;
 mod types;
 mod wide_int;
@@ -69,6 +77,7 @@ pub use plugin::{
     Epoch, EpochOutcome, EpochWrite, Processor, ProcessorFactory, ReadLimits, Replay, ReplayReader,
     Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,
 };
+pub use plugin_config::{to_section, ConfigError, ProcessorConfig, SinkConfig, SourceConfig};
 pub use progress::Progress;
 pub use registry::Registry;
 pub use row_json::{write_json_string, write_row_object};
@@ -81,6 +90,7 @@ pub use spec::{
     ValidatedPipeline, ValidatedProcessor, ValidatedSink, MAX_EPOCH_DURATION_MS,
     MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
 };
+pub use spec_builder::{NoSource, PipelineSpecBuilder};
 pub use spec_text::MAX_SPEC_NESTING;
 pub use types::{Column, SchemaError, StreamSchema, StreamType, MAX_DECIMAL_PRECISION};
 pub use wide_int::WideInt;

@@ -19,6 +19,9 @@ pub struct ProjectParams {
     pub columns: Vec<String>,
 }
 
+/// The violation message of an empty `columns` list.
+pub(crate) const NO_COLUMNS: &str = "list at least one column";
+
 pub(crate) fn build(
     ctx: &ProcessorBuildContext<'_>,
     parameters: &serde_yaml::Value,
@@ -48,10 +51,7 @@ pub(crate) fn build(
         }
     }
     if params.columns.is_empty() {
-        violations.push(Violation::new(
-            "parameters.columns",
-            "list at least one column",
-        ));
+        violations.push(Violation::new("parameters.columns", NO_COLUMNS));
     }
     let schema = match StreamSchema::new(columns) {
         Ok(schema) => Some(schema),

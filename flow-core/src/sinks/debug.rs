@@ -51,7 +51,7 @@ pub struct DebugSinkDynamicParams {
     pub max_rows_per_batch: u64,
 }
 
-fn default_max_rows_per_batch() -> u64 {
+pub(crate) fn default_max_rows_per_batch() -> u64 {
     10_000
 }
 

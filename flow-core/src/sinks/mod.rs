@@ -2,6 +2,8 @@
 
 pub mod debug;
 
+pub use crate::builtin_config::DebugSinkConfig;
+
 use crate::registry::Registry;
 
 pub(crate) fn register(registry: &mut Registry) {

@@ -33,7 +33,7 @@ pub struct GeneratorParams {
     pub payload_bytes: usize,
 }
 
-fn default_payload_bytes() -> usize {
+pub(crate) fn default_payload_bytes() -> usize {
     16
 }
 

@@ -67,11 +67,11 @@ pub struct JsonlFileParams {
     pub max_record_bytes: u64,
 }
 
-fn default_max_record_bytes() -> u64 {
+pub(crate) fn default_max_record_bytes() -> u64 {
     DEFAULT_MAX_RECORD_BYTES
 }
 
-fn default_stream_id() -> String {
+pub(crate) fn default_stream_id() -> String {
     "rows".to_owned()
 }
 
