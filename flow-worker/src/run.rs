@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use flow_core::{Metrics, Pipeline, PipelineControl, PipelineSpec, Registry};
+use flow_core::{Pipeline, PipelineControl, PipelineSpec, Registry};
 use flow_state::StateStore;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
@@ -38,16 +38,14 @@ pub fn run(
         let metrics = pipeline.metrics();
         pipeline.load_counters().await?;
         let endpoint = match metrics_addr {
-            Some(addr) => Some(crate::metrics_endpoint::serve(addr, Arc::clone(&metrics)).await?),
+            Some(addr) => Some(flow::MetricsEndpoint::serve(addr, Arc::clone(&metrics)).await?),
             None => None,
         };
         let (outbox, outbox_samples) = watch::channel(None);
         let snapshots = tokio::spawn(write_snapshots(Snapshots {
-            store: store.clone(),
-            state_dir: state_dir.clone(),
+            status: flow::LiveStatus::new(&spec.pipeline, store.clone(), control.clone(), metrics),
             control: control.clone(),
             pipeline: spec.pipeline.clone(),
-            metrics,
             outbox,
         }));
         let progress = show_progress.then(|| {
@@ -186,58 +184,37 @@ const SNAPSHOT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2)
 
 /// What the snapshot task reads and where it writes.
 struct Snapshots {
-    store: StateStore,
-    state_dir: PathBuf,
+    status: flow::LiveStatus,
     control: PipelineControl,
     pipeline: String,
-    metrics: Arc<Metrics>,
     /// Where the progress line takes the outbox from.
     outbox: watch::Sender<Option<OutboxSample>>,
 }
 
-/// Writes `StateStore::summary`, with the running pipeline's source lag and what its sinks saw
-/// since the start, to the state directory every `SNAPSHOT_INTERVAL` (atomically: a temporary
-/// file, then a rename), sets the backlog and lag gauges of the metrics from it, and hands the
+/// Writes the pipeline's status (`flow::LiveStatus`: the store's summary with the running
+/// pipeline's source lag and what its sinks saw since the start, which also sets the backlog and
+/// lag gauges of the metrics) to the state directory every `SNAPSHOT_INTERVAL`, and hands the
 /// outbox it shows to the progress line.
 async fn write_snapshots(snapshots: Snapshots) {
     let Snapshots {
-        store,
-        state_dir,
+        status,
         control,
         pipeline,
-        metrics,
         outbox,
     } = snapshots;
-    let path = crate::status::snapshot_path(&state_dir);
-    let temporary = path.with_extension("json.tmp");
     let mut warned = false;
     loop {
-        let reader = store.clone();
         let rows_sealed = control.progress().rows_sealed;
-        let written = match tokio::task::spawn_blocking(move || reader.summary()).await {
-            Ok(Ok(mut summary)) => {
+        let written = match status.summary().await {
+            Ok(summary) => {
                 outbox.send_replace(Some(OutboxSample::of(&summary, &pipeline, rows_sealed)));
-                if let Some(running) = summary.pipelines.get_mut(&pipeline) {
-                    for (&partition, position) in &mut running.positions {
-                        position.lag = control.source_lag(partition);
-                    }
-                    metrics.observe_summary(&pipeline, running, flow_core::delivery::now_ms());
-                    metrics.fill_run_status(&pipeline, running);
-                }
-                serde_json::to_vec(&summary)
-                    .map_err(|err| err.to_string())
-                    .and_then(|bytes| {
-                        std::fs::write(&temporary, bytes)
-                            .and_then(|()| std::fs::rename(&temporary, &path))
-                            .map_err(|err| err.to_string())
-                    })
+                status.write_snapshot(&summary).await
             }
-            Ok(Err(err)) => Err(err.to_string()),
-            Err(err) => Err(err.to_string()),
+            Err(err) => Err(err),
         };
         if let Err(error) = written {
             if !warned {
-                warn!(path = %path.display(), error = %error, "cannot write the status snapshot; `flow-worker status` will not show this worker's progress while it runs");
+                warn!(error = %error, "cannot write the status snapshot; `flow-worker status` will not show this worker's progress while it runs");
                 warned = true;
             }
         }
