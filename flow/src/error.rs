@@ -54,7 +54,9 @@ pub enum HandleError {
     },
     /// `stop` asked the pipeline to stop but it had not ended within the timeout; it goes on
     /// stopping, and `wait` returns its report once it ends.
-    #[error("the pipeline did not stop within {0:?}; it is still stopping (call wait() for its report)")]
+    #[error(
+        "the pipeline did not stop within {0:?}; it is still stopping (call wait() for its report)"
+    )]
     StopTimeout(Duration),
     /// The run's report was already returned by an earlier `wait` or `stop`.
     #[error("the pipeline's run already ended and its report was returned")]

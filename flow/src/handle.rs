@@ -246,7 +246,9 @@ async fn serve_metrics(
         return Ok(None);
     };
     pipeline.load_counters().await.map_err(HandleError::Run)?;
-    Ok(Some(MetricsEndpoint::serve(addr, pipeline.metrics()).await?))
+    Ok(Some(
+        MetricsEndpoint::serve(addr, pipeline.metrics()).await?,
+    ))
 }
 
 /// Runs the pipeline with the status refresher beside it, then removes the status snapshot and
@@ -383,7 +385,10 @@ sinks:
             .unwrap();
         let report = handle.wait().await.unwrap();
         assert_eq!(report.messages(), 2500);
-        assert!(report.partitions.iter().all(|p| p.end == PartitionEnd::Drained));
+        assert!(report
+            .partitions
+            .iter()
+            .all(|p| p.end == PartitionEnd::Drained));
         let offsets = offsets(&out);
         assert_eq!(offsets[&0], (0..1250).collect::<Vec<u64>>());
         assert_eq!(offsets[&1], (0..1250).collect::<Vec<u64>>());
@@ -391,7 +396,10 @@ sinks:
         let counters = handle.counters().unwrap();
         assert_eq!(counters.source_messages(), 2500);
         assert_eq!(counters.rows_delivered("debug"), 2500);
-        assert!(matches!(handle.wait().await, Err(HandleError::AlreadyEnded)));
+        assert!(matches!(
+            handle.wait().await,
+            Err(HandleError::AlreadyEnded)
+        ));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -409,7 +417,10 @@ sinks:
             let report = handle.stop(Duration::from_secs(20)).await.unwrap();
             assert_eq!(report.partitions.len(), 2);
             assert!(
-                report.partitions.iter().all(|p| p.end == PartitionEnd::Stopped),
+                report
+                    .partitions
+                    .iter()
+                    .all(|p| p.end == PartitionEnd::Stopped),
                 "{report:?}"
             );
             assert!(report.messages() > 0, "{report:?}");
@@ -417,7 +428,10 @@ sinks:
         }
         let offsets = offsets(&out);
         let delivered: usize = offsets.values().map(Vec::len).sum();
-        assert_eq!(delivered as u64, total, "the drain delivered every committed message");
+        assert_eq!(
+            delivered as u64, total,
+            "the drain delivered every committed message"
+        );
         for (partition, offsets) in &offsets {
             let expected: Vec<u64> = (0..offsets.len() as u64).collect();
             assert_eq!(offsets, &expected, "partition {partition}");
@@ -474,7 +488,10 @@ sinks:
         let running = handle.status().await.unwrap();
         let pipeline = &running.pipelines["handle-test"];
         assert_eq!(pipeline.positions.len(), 2);
-        assert!(pipeline.sinks.iter().all(|s| s.run.is_some()), "{pipeline:?}");
+        assert!(
+            pipeline.sinks.iter().all(|s| s.run.is_some()),
+            "{pipeline:?}"
+        );
         handle.stop(Duration::from_secs(20)).await.unwrap();
 
         let options = StartOptions::new(dir.path().join("state"));
@@ -493,7 +510,10 @@ sinks:
         assert_eq!(positions, vec![(0, next.clone()), (1, next)]);
         assert_eq!(pipeline.sinks.len(), 2);
         assert!(
-            pipeline.sinks.iter().all(|s| s.undelivered == 0 && s.rows == 0),
+            pipeline
+                .sinks
+                .iter()
+                .all(|s| s.undelivered == 0 && s.rows == 0),
             "{pipeline:?}"
         );
         assert!(!snapshot_path(&dir.path().join("state")).exists());
@@ -512,12 +532,17 @@ sinks:
 "#,
         )
         .unwrap();
-        let err = PipelineHandle::start(spec, StartOptions::new(dir.path())).await.err();
+        let err = PipelineHandle::start(spec, StartOptions::new(dir.path()))
+            .await
+            .err();
         let Some(HandleError::Spec(err)) = err else {
             panic!("{err:?}");
         };
         let paths: Vec<&str> = err.violations.iter().map(|v| v.path.as_str()).collect();
-        assert_eq!(paths, ["sinks[0].sink_class_name", "sinks[1].input_stream_ids[0]"]);
+        assert_eq!(
+            paths,
+            ["sinks[0].sink_class_name", "sinks[1].input_stream_ids[0]"]
+        );
         assert!(!dir.path().join("db").exists(), "nothing was opened");
     }
 

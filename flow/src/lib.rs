@@ -37,11 +37,11 @@ pub use metrics_endpoint::{MetricsEndpoint, MetricsEndpointError};
 pub use metrics_snapshot::{MetricSample, MetricsParseError, MetricsSnapshot};
 
 pub use flow_core::{
-    Column, Epoch, EpochOutcome, EpochWrite, MessageBatch, Metrics, PartitionEnd, PartitionReport,
-    Pipeline, PipelineControl, PipelineSpec, Progress, ReadLimits, Registry, ReloadOutcome, Row,
-    RowWriter, RunReport, RuntimeError, Sink, SinkContext, SinkError, SinkFactory, Source,
-    SourceError, SourceFactory, SourceOutput, SourceRead, SpecError, StreamSchema, StreamType,
-    ValidatedPipeline, Value, Violation,
+    Column, Epoch, EpochOutcome, EpochWrite, MessageBatch, MessageId, Metrics, PartitionEnd,
+    PartitionReport, Pipeline, PipelineControl, PipelineSpec, Progress, ReadLimits, Registry,
+    ReloadOutcome, Row, RowWriter, RunReport, RuntimeError, Sink, SinkContext, SinkError,
+    SinkFactory, Source, SourceError, SourceFactory, SourceOutput, SourceRead, SpecError,
+    StreamSchema, StreamType, ValidatedPipeline, Value, Violation,
 };
 pub use flow_state::{StateError, StateStore, StateSummary};
 

@@ -90,7 +90,8 @@ impl LiveStatus {
                 position.lag = self.control.source_lag(partition);
             }
             let now_ms = flow_core::delivery::now_ms();
-            self.metrics.observe_summary(&self.pipeline, running, now_ms);
+            self.metrics
+                .observe_summary(&self.pipeline, running, now_ms);
             self.metrics.fill_run_status(&self.pipeline, running);
         }
         Ok(summary)
