@@ -8,7 +8,6 @@ use flow_state::StateError;
 
 use crate::live_status::StatusError;
 use crate::metrics_endpoint::MetricsEndpointError;
-use crate::metrics_snapshot::MetricsParseError;
 
 /// An error of a [`PipelineHandle`](crate::PipelineHandle).
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +66,4 @@ pub enum HandleError {
     /// The status could not be read.
     #[error(transparent)]
     Status(#[from] StatusError),
-    /// The metrics could not be encoded or read back.
-    #[error(transparent)]
-    Metrics(#[from] MetricsParseError),
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use flow_core::{
     Metrics, Pipeline, PipelineControl, PipelineSpec, Progress, Registry, ReloadOutcome, RunReport,
+    SpecError,
 };
 use flow_state::{StateStore, StateSummary};
 use tokio::sync::watch;
@@ -22,7 +23,7 @@ use tracing::{info, warn};
 use crate::error::HandleError;
 use crate::live_status::{read_state_dir, snapshot_path, LiveStatus};
 use crate::metrics_endpoint::MetricsEndpoint;
-use crate::metrics_snapshot::MetricsSnapshot;
+use crate::metrics_snapshot::{MetricsParseError, MetricsSnapshot};
 
 /// How often a running pipeline refreshes its status snapshot and the gauges of its metrics.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(2);
@@ -174,8 +175,8 @@ impl PipelineHandle {
     /// `dynamic_parameters` of its sinks at once; a changed static part is reported
     /// ([`ReloadOutcome::static_changes`]) and takes effect only at the next start. Nothing is
     /// applied if the spec has a violation.
-    pub fn reload(&self, spec: &PipelineSpec) -> Result<ReloadOutcome, HandleError> {
-        Ok(self.control.reload(&self.registry, spec)?)
+    pub fn reload(&self, spec: &PipelineSpec) -> Result<ReloadOutcome, SpecError> {
+        self.control.reload(&self.registry, spec)
     }
 
     /// What `flow-worker status --json` shows for this state directory: while the pipeline
@@ -197,8 +198,8 @@ impl PipelineHandle {
     /// The values `/metrics` shows now, as Rust values. The `_total` counters include every
     /// earlier run of this state directory; the backlog and lag gauges are as of the last status
     /// read (every 2 s, and every [`status`](Self::status)).
-    pub fn counters(&self) -> Result<MetricsSnapshot, HandleError> {
-        Ok(MetricsSnapshot::of(&self.metrics)?)
+    pub fn counters(&self) -> Result<MetricsSnapshot, MetricsParseError> {
+        MetricsSnapshot::of(&self.metrics)
     }
 
     /// What the partitions committed since this start (messages, rows sealed).
@@ -465,10 +466,7 @@ sinks:
                 static_changes: vec!["sinks[0].parameters.path".to_owned()],
             }
         );
-        let invalid = handle.reload(&spec(0, 1000, &out, 0)).err();
-        let Some(HandleError::Spec(invalid)) = invalid else {
-            panic!("{invalid:?}");
-        };
+        let invalid = handle.reload(&spec(0, 1000, &out, 0)).unwrap_err();
         assert_eq!(
             invalid.violations[0].path,
             "sinks[0].dynamic_parameters.max_rows_per_batch"
