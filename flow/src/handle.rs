@@ -179,13 +179,14 @@ impl PipelineHandle {
         self.control.reload(&self.registry, spec)
     }
 
-    /// What `flow-worker status --json` shows for this state directory: while the pipeline
-    /// runs, the store's summary with the source lag per partition and what each sink saw since
-    /// the start; once the run's report was returned, the summary of the closed store.
+    /// What `flow-worker status --json` shows for this state directory: until the run's report
+    /// is taken, the store's summary with the source lag per partition and what each sink saw
+    /// since the start (the handle keeps the store readable after the run closed it); after
+    /// that, the summary of the store, opened again for the read.
     pub async fn status(&self) -> Result<StateSummary, HandleError> {
         match &self.run {
-            Some(run) if !run.task.is_finished() => Ok(run.status.summary().await?),
-            _ => Ok(read_state_dir(&self.state_dir).await?),
+            Some(run) => Ok(run.status.summary().await?),
+            None => Ok(read_state_dir(&self.state_dir).await?),
         }
     }
 
@@ -496,8 +497,22 @@ sinks:
         let mut handle = PipelineHandle::start(spec(700, 0, &out, 100), options)
             .await
             .unwrap();
+        while !handle.is_finished() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let ended = handle.status().await.unwrap();
         handle.wait().await.unwrap();
         let drained = handle.status().await.unwrap();
+        let run_of = |summary: &StateSummary| {
+            let mut pipeline = summary.pipelines["handle-test"].clone();
+            pipeline.sinks.iter_mut().for_each(|s| s.run = None);
+            pipeline
+        };
+        assert_eq!(
+            run_of(&ended),
+            run_of(&drained),
+            "live and stored status agree"
+        );
         let pipeline = &drained.pipelines["handle-test"];
         let positions: Vec<(u32, String)> = pipeline
             .positions
