@@ -377,6 +377,23 @@ sinks:
         offsets
     }
 
+    /// Waits (up to 30 s, for a loaded machine) until both partitions committed an epoch.
+    async fn until_both_partitions_committed(handle: &PipelineHandle) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let status = handle.status().await.unwrap();
+            let committed = status
+                .pipelines
+                .get("handle-test")
+                .map_or(0, |p| p.positions.len());
+            if committed == 2 {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{status:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn start_then_wait_reports_every_message_of_a_finite_generator() {
         let dir = tempfile::tempdir().unwrap();
@@ -415,7 +432,8 @@ sinks:
             let mut handle = PipelineHandle::start(spec(0, 5000, &out, 100), options)
                 .await
                 .unwrap();
-            tokio::time::sleep(Duration::from_millis(400)).await;
+            until_both_partitions_committed(&handle).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
             let report = handle.stop(Duration::from_secs(20)).await.unwrap();
             assert_eq!(report.partitions.len(), 2);
             assert!(
@@ -438,6 +456,30 @@ sinks:
             let expected: Vec<u64> = (0..offsets.len() as u64).collect();
             assert_eq!(offsets, &expected, "partition {partition}");
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stop_that_times_out_leaves_the_pipeline_stopping_and_wait_returns_its_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.jsonl");
+        let options = StartOptions::new(dir.path().join("state"));
+        let mut handle = PipelineHandle::start(spec(0, 1000, &out, 100), options)
+            .await
+            .unwrap();
+        until_both_partitions_committed(&handle).await;
+        let timed_out = handle.stop(Duration::ZERO).await.err();
+        assert_eq!(
+            timed_out.map(|e| e.to_string()).as_deref(),
+            Some("the pipeline did not stop within 0ns; it is still stopping (call wait() for its report)")
+        );
+        let report = handle.wait().await.unwrap();
+        assert!(
+            report
+                .partitions
+                .iter()
+                .all(|p| p.end == PartitionEnd::Stopped),
+            "{report:?}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -483,7 +525,7 @@ sinks:
         let mut handle = PipelineHandle::start(spec(0, 2000, &out, 100), options)
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        until_both_partitions_committed(&handle).await;
         let running = handle.status().await.unwrap();
         let pipeline = &running.pipelines["handle-test"];
         assert_eq!(pipeline.positions.len(), 2);
@@ -569,7 +611,7 @@ sinks:
             .await
             .unwrap();
         let addr = handle.metrics_addr().unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        until_both_partitions_committed(&handle).await;
         handle.stop(Duration::from_secs(20)).await.unwrap();
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
