@@ -6,10 +6,9 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use flow_core::{Pipeline, PipelineControl, PipelineSpec, Registry};
-use flow_state::StateStore;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::progress::{OutboxSample, ProgressLine};
 
@@ -32,7 +31,7 @@ pub fn run(
         .build()
         .context("starting the tokio runtime")?;
     let outcome = runtime.block_on(async move {
-        let store = open_store(&state_dir).await?;
+        let store = flow::open_state_store(&state_dir).await?;
         let pipeline = Pipeline::new(validated, store.clone());
         let control = pipeline.control();
         let metrics = pipeline.metrics();
@@ -68,7 +67,7 @@ pub fn run(
         drop(endpoint);
         // Once the worker is gone, `status` reads the store itself.
         let _ = std::fs::remove_file(crate::status::snapshot_path(&state_dir));
-        let closed = close_store(store, &state_dir).await;
+        let closed = flow::close_state_store(store).await;
         match result {
             Ok(report) => {
                 info!(
@@ -77,7 +76,7 @@ pub fn run(
                     stopped_early = report.partitions.iter().any(|p| p.end == flow_core::PartitionEnd::Stopped),
                     "pipeline finished"
                 );
-                closed.map(|()| ExitCode::SUCCESS)
+                closed.map(|()| ExitCode::SUCCESS).map_err(Into::into)
             }
             // Each partition's failure was logged when it happened; `main` prints the whole.
             Err(err) => Err(err.into()),
@@ -107,33 +106,6 @@ pub(crate) fn resolve_state_dir(
     }
     Ok(state_dir)
 }
-
-/// Opens the state store off the runtime threads.
-pub(crate) async fn open_store(state_dir: &Path) -> anyhow::Result<StateStore> {
-    let dir = state_dir.to_path_buf();
-    tokio::task::spawn_blocking(move || StateStore::open(&dir))
-        .await
-        .context("opening the state store")?
-        // The store's error says whether another worker holds it (and only then).
-        .with_context(|| format!("cannot open the state directory `{}`", state_dir.display()))
-}
-
-/// Closes the state store. A committer blocked in the file system (a full disk) must not keep
-/// the process alive: what was committed is durable, so this gives up after a bounded wait.
-pub(crate) async fn close_store(store: StateStore, state_dir: &Path) -> anyhow::Result<()> {
-    let closing = tokio::task::spawn_blocking(move || store.close());
-    match tokio::time::timeout(STORE_CLOSE_TIMEOUT, closing).await {
-        Ok(Ok(closed)) => closed.context("closing the state store"),
-        Ok(Err(err)) => Err(err).context("closing the state store"),
-        Err(_) => {
-            error!(state_dir = %state_dir.display(), "the state store did not close within {} s (its writes are blocked: is the disk full?); exiting anyway, what was committed is durable", STORE_CLOSE_TIMEOUT.as_secs());
-            Err(flow_state::StateError::Closed).context("closing the state store")
-        }
-    }
-}
-
-/// How long closing the state store may take before the worker exits without it.
-const STORE_CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// SIGINT/SIGTERM: graceful stop (a second one exits at once; the outbox makes that safe).
 /// SIGHUP: reload the spec file and apply changed dynamic parameters.

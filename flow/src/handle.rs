@@ -24,13 +24,10 @@ use crate::error::HandleError;
 use crate::live_status::{read_state_dir, snapshot_path, LiveStatus};
 use crate::metrics_endpoint::MetricsEndpoint;
 use crate::metrics_snapshot::{MetricsParseError, MetricsSnapshot};
+use crate::store_lifecycle::{close_state_store, open_state_store};
 
 /// How often a running pipeline refreshes its status snapshot and the gauges of its metrics.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(2);
-
-/// How long closing the state store may take before the run ends without it (a committer blocked
-/// in the file system, a full disk: what was committed is durable).
-const STORE_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How to start a pipeline: where its state lives, which plugin classes it may use, and whether
 /// it serves Prometheus metrics.
@@ -112,7 +109,7 @@ impl PipelineHandle {
             .metrics_listen
             .or(validated.metrics.map(|m| m.listen));
         let name = validated.name.clone();
-        let store = open_store(&state_dir).await?;
+        let store = open_state_store(&state_dir).await?;
         let pipeline = Pipeline::new(validated, store.clone());
         let control = pipeline.control();
         let metrics = pipeline.metrics();
@@ -120,7 +117,7 @@ impl PipelineHandle {
             Ok(endpoint) => endpoint,
             Err(err) => {
                 // The run never started: nothing but the open store to give back.
-                if let Err(closed) = close_store(store, &state_dir).await {
+                if let Err(closed) = close_state_store(store).await {
                     warn!(error = %closed, "closing the state store after a failed start");
                 }
                 return Err(err);
@@ -268,7 +265,7 @@ async fn run_to_end(
     stop_refresh.send_replace(true);
     let _ = refresher.await;
     let _ = tokio::fs::remove_file(snapshot_path(&state_dir)).await;
-    let closed = close_store(store, &state_dir).await;
+    let closed = close_state_store(store).await.map_err(HandleError::from);
     match result {
         Ok(report) => {
             info!(messages = report.messages(), "pipeline finished");
@@ -300,34 +297,6 @@ async fn refresh(status: LiveStatus, mut stop: watch::Receiver<bool>) {
             _ = tokio::time::sleep(REFRESH_INTERVAL) => {}
             _ = stop.wait_for(|stop| *stop) => return,
         }
-    }
-}
-
-/// Opens the state store off the runtime threads.
-async fn open_store(state_dir: &Path) -> Result<StateStore, HandleError> {
-    let dir = state_dir.to_path_buf();
-    tokio::task::spawn_blocking(move || StateStore::open(&dir))
-        .await
-        .map_err(HandleError::Task)?
-        .map_err(|source| HandleError::OpenStore {
-            dir: state_dir.to_path_buf(),
-            source,
-        })
-}
-
-/// Closes the state store off the runtime threads, giving up after [`STORE_CLOSE_TIMEOUT`].
-async fn close_store(store: StateStore, state_dir: &Path) -> Result<(), HandleError> {
-    let closing = tokio::task::spawn_blocking(move || store.close());
-    match tokio::time::timeout(STORE_CLOSE_TIMEOUT, closing).await {
-        Ok(Ok(closed)) => closed.map_err(|source| HandleError::CloseStore {
-            dir: state_dir.to_path_buf(),
-            source,
-        }),
-        Ok(Err(err)) => Err(HandleError::Task(err)),
-        Err(_) => Err(HandleError::CloseTimeout {
-            dir: state_dir.to_path_buf(),
-            timeout: STORE_CLOSE_TIMEOUT,
-        }),
     }
 }
 

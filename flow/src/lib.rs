@@ -29,12 +29,14 @@ mod handle;
 mod live_status;
 mod metrics_endpoint;
 mod metrics_snapshot;
+mod store_lifecycle;
 
 pub use error::HandleError;
 pub use handle::{PipelineHandle, StartOptions};
 pub use live_status::{read_state_dir, snapshot_path, LiveStatus, StatusError};
 pub use metrics_endpoint::{MetricsEndpoint, MetricsEndpointError};
 pub use metrics_snapshot::{MetricSample, MetricsParseError, MetricsSnapshot};
+pub use store_lifecycle::{close_state_store, open_state_store, StoreError, STORE_CLOSE_TIMEOUT};
 
 pub use flow_core::{
     Column, Epoch, EpochOutcome, EpochWrite, MessageBatch, MessageId, Metrics, PartitionEnd,
