@@ -38,12 +38,12 @@ pub fn drain(
         .build()
         .context("starting the tokio runtime")?;
     let outcome = runtime.block_on(async {
-        let store = crate::run::open_store(&state_dir).await?;
+        let store = flow::open_state_store(&state_dir).await?;
         let pipeline = Pipeline::new(validated, store.clone());
         let signals = tokio::spawn(stop_on_signal(pipeline.control()));
         let drained = pipeline.drain().await;
         signals.abort();
-        let closed = crate::run::close_store(store, &state_dir).await;
+        let closed = flow::close_state_store(store).await;
         let report = drained?;
         closed?;
         Ok::<_, anyhow::Error>(report)

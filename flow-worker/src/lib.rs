@@ -6,8 +6,9 @@
 //! positions, undelivered batches, fingerprints and dead letters, `dead-letters` lists, exports or
 //! purges what sources and sinks set aside, and `verify` checks that the replicas of every
 //! ClickHouse shard hold the same rows. `run` serves Prometheus metrics at `/metrics` when asked
-//! to (`metrics_endpoint`). The
-//! CLI lives in this library so that test harnesses can ship the same binary under their own name.
+//! to (the `flow` facade's `MetricsEndpoint`) and keeps the status snapshot current (its
+//! `LiveStatus`). The CLI lives in this library so that test harnesses can ship the same binary
+//! under their own name.
 
 #![warn(missing_docs)]
 
@@ -15,7 +16,6 @@ mod cli;
 mod dead_letters;
 mod drain;
 mod memory;
-mod metrics_endpoint;
 mod progress;
 mod run;
 mod status;
@@ -32,10 +32,5 @@ pub use memory::{configure_allocator, report_memory};
 static TEST_ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// Every plugin class the worker knows: flow-core's built-ins, the broker sources and the
-/// ClickHouse sinks.
-pub fn registry() -> flow_core::Registry {
-    let mut registry = flow_core::Registry::with_builtins();
-    flow_brokers::register(&mut registry);
-    flow_clickhouse::register(&mut registry);
-    registry
-}
+/// ClickHouse sinks (the `flow` facade's registry).
+pub use flow::registry;

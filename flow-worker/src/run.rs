@@ -5,11 +5,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use flow_core::{Metrics, Pipeline, PipelineControl, PipelineSpec, Registry};
-use flow_state::StateStore;
+use flow_core::{Pipeline, PipelineControl, PipelineSpec, Registry};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::progress::{OutboxSample, ProgressLine};
 
@@ -32,22 +31,20 @@ pub fn run(
         .build()
         .context("starting the tokio runtime")?;
     let outcome = runtime.block_on(async move {
-        let store = open_store(&state_dir).await?;
+        let store = flow::open_state_store(&state_dir).await?;
         let pipeline = Pipeline::new(validated, store.clone());
         let control = pipeline.control();
         let metrics = pipeline.metrics();
         pipeline.load_counters().await?;
         let endpoint = match metrics_addr {
-            Some(addr) => Some(crate::metrics_endpoint::serve(addr, Arc::clone(&metrics)).await?),
+            Some(addr) => Some(flow::MetricsEndpoint::serve(addr, Arc::clone(&metrics)).await?),
             None => None,
         };
         let (outbox, outbox_samples) = watch::channel(None);
         let snapshots = tokio::spawn(write_snapshots(Snapshots {
-            store: store.clone(),
-            state_dir: state_dir.clone(),
+            status: flow::LiveStatus::new(&spec.pipeline, store.clone(), control.clone(), metrics),
             control: control.clone(),
             pipeline: spec.pipeline.clone(),
-            metrics,
             outbox,
         }));
         let progress = show_progress.then(|| {
@@ -70,7 +67,7 @@ pub fn run(
         drop(endpoint);
         // Once the worker is gone, `status` reads the store itself.
         let _ = std::fs::remove_file(crate::status::snapshot_path(&state_dir));
-        let closed = close_store(store, &state_dir).await;
+        let closed = flow::close_state_store(store).await;
         match result {
             Ok(report) => {
                 info!(
@@ -79,7 +76,7 @@ pub fn run(
                     stopped_early = report.partitions.iter().any(|p| p.end == flow_core::PartitionEnd::Stopped),
                     "pipeline finished"
                 );
-                closed.map(|()| ExitCode::SUCCESS)
+                closed.map(|()| ExitCode::SUCCESS).map_err(Into::into)
             }
             // Each partition's failure was logged when it happened; `main` prints the whole.
             Err(err) => Err(err.into()),
@@ -109,33 +106,6 @@ pub(crate) fn resolve_state_dir(
     }
     Ok(state_dir)
 }
-
-/// Opens the state store off the runtime threads.
-pub(crate) async fn open_store(state_dir: &Path) -> anyhow::Result<StateStore> {
-    let dir = state_dir.to_path_buf();
-    tokio::task::spawn_blocking(move || StateStore::open(&dir))
-        .await
-        .context("opening the state store")?
-        // The store's error says whether another worker holds it (and only then).
-        .with_context(|| format!("cannot open the state directory `{}`", state_dir.display()))
-}
-
-/// Closes the state store. A committer blocked in the file system (a full disk) must not keep
-/// the process alive: what was committed is durable, so this gives up after a bounded wait.
-pub(crate) async fn close_store(store: StateStore, state_dir: &Path) -> anyhow::Result<()> {
-    let closing = tokio::task::spawn_blocking(move || store.close());
-    match tokio::time::timeout(STORE_CLOSE_TIMEOUT, closing).await {
-        Ok(Ok(closed)) => closed.context("closing the state store"),
-        Ok(Err(err)) => Err(err).context("closing the state store"),
-        Err(_) => {
-            error!(state_dir = %state_dir.display(), "the state store did not close within {} s (its writes are blocked: is the disk full?); exiting anyway, what was committed is durable", STORE_CLOSE_TIMEOUT.as_secs());
-            Err(flow_state::StateError::Closed).context("closing the state store")
-        }
-    }
-}
-
-/// How long closing the state store may take before the worker exits without it.
-const STORE_CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// SIGINT/SIGTERM: graceful stop (a second one exits at once; the outbox makes that safe).
 /// SIGHUP: reload the spec file and apply changed dynamic parameters.
@@ -186,58 +156,37 @@ const SNAPSHOT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2)
 
 /// What the snapshot task reads and where it writes.
 struct Snapshots {
-    store: StateStore,
-    state_dir: PathBuf,
+    status: flow::LiveStatus,
     control: PipelineControl,
     pipeline: String,
-    metrics: Arc<Metrics>,
     /// Where the progress line takes the outbox from.
     outbox: watch::Sender<Option<OutboxSample>>,
 }
 
-/// Writes `StateStore::summary`, with the running pipeline's source lag and what its sinks saw
-/// since the start, to the state directory every `SNAPSHOT_INTERVAL` (atomically: a temporary
-/// file, then a rename), sets the backlog and lag gauges of the metrics from it, and hands the
+/// Writes the pipeline's status (`flow::LiveStatus`: the store's summary with the running
+/// pipeline's source lag and what its sinks saw since the start, which also sets the backlog and
+/// lag gauges of the metrics) to the state directory every `SNAPSHOT_INTERVAL`, and hands the
 /// outbox it shows to the progress line.
 async fn write_snapshots(snapshots: Snapshots) {
     let Snapshots {
-        store,
-        state_dir,
+        status,
         control,
         pipeline,
-        metrics,
         outbox,
     } = snapshots;
-    let path = crate::status::snapshot_path(&state_dir);
-    let temporary = path.with_extension("json.tmp");
     let mut warned = false;
     loop {
-        let reader = store.clone();
         let rows_sealed = control.progress().rows_sealed;
-        let written = match tokio::task::spawn_blocking(move || reader.summary()).await {
-            Ok(Ok(mut summary)) => {
+        let written = match status.summary().await {
+            Ok(summary) => {
                 outbox.send_replace(Some(OutboxSample::of(&summary, &pipeline, rows_sealed)));
-                if let Some(running) = summary.pipelines.get_mut(&pipeline) {
-                    for (&partition, position) in &mut running.positions {
-                        position.lag = control.source_lag(partition);
-                    }
-                    metrics.observe_summary(&pipeline, running, flow_core::delivery::now_ms());
-                    metrics.fill_run_status(&pipeline, running);
-                }
-                serde_json::to_vec(&summary)
-                    .map_err(|err| err.to_string())
-                    .and_then(|bytes| {
-                        std::fs::write(&temporary, bytes)
-                            .and_then(|()| std::fs::rename(&temporary, &path))
-                            .map_err(|err| err.to_string())
-                    })
+                status.write_snapshot(&summary).await
             }
-            Ok(Err(err)) => Err(err.to_string()),
-            Err(err) => Err(err.to_string()),
+            Err(err) => Err(err),
         };
         if let Err(error) = written {
             if !warned {
-                warn!(path = %path.display(), error = %error, "cannot write the status snapshot; `flow-worker status` will not show this worker's progress while it runs");
+                warn!(error = %error, "cannot write the status snapshot; `flow-worker status` will not show this worker's progress while it runs");
                 warned = true;
             }
         }

@@ -1,7 +1,7 @@
 //! `flow-worker status`: what the state directory holds, per pipeline, sink and partition.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use std::collections::BTreeMap;
@@ -11,9 +11,7 @@ use flow_core::{SinkCount, SinkCounter};
 use flow_state::{SinkPartitionSummary, StateError, StateStore, StateSummary};
 
 /// The file a running worker refreshes with its state summary (see `run`).
-pub fn snapshot_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("status-snapshot.json")
-}
+pub use flow::snapshot_path;
 
 pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let summary = summary(state_dir)?;

@@ -1,11 +1,12 @@
-//! The Prometheus endpoint of `run` (`--metrics-addr`, `metrics: { listen }`): `GET /metrics`
-//! answers the pipeline's [`Metrics`] in Prometheus text format 0.0.4, over HTTP/1.1 on hyper.
+//! The Prometheus endpoint of a pipeline (`flow-worker run --metrics-addr`, the spec's
+//! `metrics: { listen }`, [`StartOptions::metrics_listen`](crate::StartOptions::metrics_listen)):
+//! `GET /metrics` answers the pipeline's [`Metrics`] in Prometheus text format 0.0.4, over
+//! HTTP/1.1 on hyper.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::Context;
 use flow_core::Metrics;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -16,23 +17,50 @@ use tracing::{info, warn};
 
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Binds `addr` (failing at once when it cannot: a worker asked for metrics must not run
-/// unobserved), then serves every connection on its own task.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<ServeTask> {
-    let listener = TcpListener::bind(addr).await.with_context(|| {
-        format!("cannot listen for metrics on {addr} (is the port in use? choose another with --metrics-addr or metrics.listen)")
-    })?;
-    let local = listener.local_addr().unwrap_or(addr);
-    info!(address = %local, "serving Prometheus metrics at http://{local}/metrics");
-    Ok(ServeTask(tokio::spawn(accept(listener, metrics))))
+/// The endpoint could not listen.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen for metrics on {addr} (is the port in use? choose another with --metrics-addr or metrics.listen)")]
+pub struct MetricsEndpointError {
+    /// The address asked for.
+    pub addr: SocketAddr,
+    /// Why binding it failed.
+    #[source]
+    pub source: std::io::Error,
 }
 
-/// The accept loop; aborted when dropped.
-pub struct ServeTask(tokio::task::JoinHandle<()>);
+/// A running `/metrics` endpoint; it stops serving when dropped.
+pub struct MetricsEndpoint {
+    local_addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
 
-impl Drop for ServeTask {
+impl MetricsEndpoint {
+    /// Binds `addr` (failing at once when it cannot: a pipeline asked for metrics must not run
+    /// unobserved), then serves every connection on its own task of the current runtime.
+    pub async fn serve(
+        addr: SocketAddr,
+        metrics: Arc<Metrics>,
+    ) -> Result<MetricsEndpoint, MetricsEndpointError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| MetricsEndpointError { addr, source })?;
+        let local_addr = listener.local_addr().unwrap_or(addr);
+        info!(address = %local_addr, "serving Prometheus metrics at http://{local_addr}/metrics");
+        Ok(MetricsEndpoint {
+            local_addr,
+            task: tokio::spawn(accept(listener, metrics)),
+        })
+    }
+
+    /// The address it listens on (the port the system chose for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+}
+
+impl Drop for MetricsEndpoint {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
 }
 
@@ -90,7 +118,7 @@ fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Byte
         _ => reply(
             StatusCode::NOT_FOUND,
             text,
-            "flow-worker serves Prometheus metrics at /metrics\n".to_owned(),
+            "flow serves Prometheus metrics at /metrics\n".to_owned(),
         ),
     }
 }
@@ -100,7 +128,9 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+    async fn get(addr: SocketAddr, path: &str) -> Result<String> {
         let mut stream = tokio::net::TcpStream::connect(addr).await?;
         let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await?;
@@ -110,12 +140,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn get_metrics_answers_prometheus_text_and_other_paths_404() -> anyhow::Result<()> {
+    async fn get_metrics_answers_prometheus_text_and_other_paths_404() -> Result<()> {
         let metrics = Metrics::new();
         metrics.applied("p", 0, &[flow_core::SourceCount::Messages.addition(3)]);
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let task = ServeTask(tokio::spawn(accept(listener, metrics)));
+        let task = MetricsEndpoint {
+            local_addr: addr,
+            task: tokio::spawn(accept(listener, metrics)),
+        };
         let answer = get(addr, "/metrics").await?;
         assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
         assert!(
@@ -133,10 +166,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_port_in_use_is_refused_with_what_to_do() -> anyhow::Result<()> {
+    async fn a_port_in_use_is_refused_with_what_to_do() -> Result<()> {
         let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let err = serve(taken.local_addr()?, Metrics::new()).await.err();
-        let text = err.map(|e| format!("{e:#}")).unwrap_or_default();
+        let err = MetricsEndpoint::serve(taken.local_addr()?, Metrics::new())
+            .await
+            .err();
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(
             text.starts_with("cannot listen for metrics on 127.0.0.1:"),
             "{text}"
