@@ -507,6 +507,8 @@ struct InboxState {
     read: u64,
     /// Tickets below were read at least once: their bytes no longer count.
     fresh: u64,
+    /// Tickets below are committed: a reopen never goes back before it.
+    committed: u64,
     unread_bytes: u64,
     /// The seq of ticket 0, set when the pipeline first opens the partition.
     first_seq: Option<u64>,
@@ -525,6 +527,7 @@ impl Inbox {
                 next_ticket: 0,
                 read: 0,
                 fresh: 0,
+                committed: 0,
                 unread_bytes: 0,
                 first_seq: None,
                 phase: if finished {
@@ -709,6 +712,7 @@ impl PartitionObserver for Inbox {
             return;
         };
         let mut state = self.lock();
+        state.committed = state.committed.max(ticket);
         while state
             .chunks
             .front()
@@ -802,7 +806,7 @@ impl SourceFactory for PushFactory {
             }
             Some(first_seq) => {
                 // A reopen after a veto: read again from the committed position.
-                let oldest = state.chunks.front().map_or(state.next_ticket, |c| c.first);
+                let oldest = state.committed;
                 let ticket = seq
                     .checked_sub(first_seq)
                     .filter(|t| (oldest..=state.read).contains(t))
@@ -853,5 +857,359 @@ impl Source for PushReader {
             }
             let _ = tokio::time::timeout_at(limits.deadline, self.inbox.readable.notified()).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::types::Column;
+
+    fn schema() -> Arc<StreamSchema> {
+        StreamSchema::new(vec![
+            Column::new("id", StreamType::Uint64),
+            Column::new("small", StreamType::Uint8),
+            Column::new("name", StreamType::Utf8),
+        ])
+        .unwrap()
+    }
+
+    /// A push source bound to `partitions`, its handle, and its factory.
+    fn bound(partitions: u32, max_buffered_bytes: u64) -> (PushHandle, Arc<dyn SourceFactory>) {
+        let (source, handle) =
+            PushSource::new("events", schema(), PushOptions { max_buffered_bytes });
+        let ctx = SourceBuildContext {
+            pipeline: "p",
+            partitions,
+        };
+        let factory =
+            (source.builder())(&ctx, &serde_yaml::Value::Null).unwrap_or_else(|v| panic!("{v:?}"));
+        (handle, factory)
+    }
+
+    /// Reads what one `read` returns within 10 ms: the ids read and the position.
+    async fn read(source: &mut dyn Source, max_messages: usize) -> (Vec<String>, u64) {
+        let mut batch = MessageBatch::new(schema());
+        let mut dead = Vec::new();
+        let mut out = SourceOutput {
+            batch: &mut batch,
+            dead_letters: &mut dead,
+        };
+        let limits = ReadLimits {
+            max_messages,
+            deadline: tokio::time::Instant::now() + Duration::from_millis(10),
+        };
+        let end = source.read(&mut out, limits).await.unwrap();
+        let ids = batch.ids().iter().map(ToString::to_string).collect();
+        let position = super::super::decode_words::<1>(&end.position).unwrap()[0];
+        (ids, position)
+    }
+
+    fn row(id: u64) -> [Value<'static>; 3] {
+        [Value::Uint(id), Value::Uint(1), Value::Bytes(b"abcd")]
+    }
+
+    /// 16 (id) + 3 x 16 (cells) + 4 (`abcd`).
+    const ROW_BYTES: u64 = 68;
+
+    #[tokio::test(start_paused = true)]
+    async fn send_waits_once_the_unread_bytes_reach_the_bound_and_goes_on_as_the_pipeline_reads() {
+        let (handle, factory) = bound(1, 2 * ROW_BYTES + 10);
+        let mut source = factory.open_partition(0, None).unwrap();
+        let sent = Arc::new(AtomicUsize::new(0));
+        let sender = {
+            let (handle, sent) = (handle.clone(), Arc::clone(&sent));
+            tokio::spawn(async move {
+                for id in 0..5 {
+                    handle.send(Route::Partition(0), &row(id)).await.unwrap();
+                    sent.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(sent.load(Ordering::SeqCst), 2, "two rows fit the bound");
+
+        assert_eq!(read(source.as_mut(), 1).await, (vec!["0-0".to_owned()], 1));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            3,
+            "one row read, one more sent"
+        );
+
+        let (ids, position) = read(source.as_mut(), 10).await;
+        assert_eq!(
+            (ids, position),
+            (vec!["0-1".to_owned(), "0-2".to_owned()], 3)
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(sent.load(Ordering::SeqCst), 5);
+        sender.await.unwrap();
+        let (ids, position) = read(source.as_mut(), 10).await;
+        assert_eq!(
+            (ids, position),
+            (vec!["0-3".to_owned(), "0-4".to_owned()], 5)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_row_larger_than_the_bound_is_accepted_alone() {
+        let (handle, factory) = bound(1, 10);
+        let mut source = factory.open_partition(0, None).unwrap();
+        handle.send(Route::Partition(0), &row(0)).await.unwrap();
+        let second = tokio::time::timeout(
+            Duration::from_secs(1),
+            handle.send(Route::Partition(0), &row(1)),
+        )
+        .await;
+        assert!(
+            second.is_err(),
+            "the second row waits for the first to be read"
+        );
+        assert_eq!(read(source.as_mut(), 10).await.0, vec!["0-0".to_owned()]);
+        handle.send(Route::Partition(0), &row(1)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn every_kind_of_bad_row_is_refused_naming_its_column_and_nothing_is_enqueued() {
+        let (handle, factory) = bound(1, 1 << 20);
+        let mut source = factory.open_partition(0, None).unwrap();
+        let at = Route::Partition(0);
+        let refused = |ty: StreamType, column: &str, what: &str| PushError::Value {
+            column: column.to_owned(),
+            ty,
+            what: what.to_owned(),
+        };
+        let cases: Vec<(Result<Receipt, PushError>, PushError)> = vec![
+            (
+                handle.send(at, &[Value::Uint(1)]).await,
+                PushError::MissingValue {
+                    column: "small".to_owned(),
+                    got: 1,
+                    expected: 3,
+                },
+            ),
+            (
+                handle
+                    .send(
+                        at,
+                        &[
+                            Value::Uint(1),
+                            Value::Uint(1),
+                            Value::Bytes(b"a"),
+                            Value::Null,
+                        ],
+                    )
+                    .await,
+                PushError::ExtraValues {
+                    got: 4,
+                    expected: 3,
+                },
+            ),
+            (
+                handle
+                    .send(
+                        at,
+                        &[Value::Bytes(b"1"), Value::Uint(1), Value::Bytes(b"a")],
+                    )
+                    .await,
+                refused(StreamType::Uint64, "id", "expected uint64, got a string"),
+            ),
+            (
+                handle
+                    .send(at, &[Value::Uint(1), Value::Uint(300), Value::Bytes(b"a")])
+                    .await,
+                refused(StreamType::Uint8, "small", "300 is out of range for uint8"),
+            ),
+            (
+                handle
+                    .send(at, &[Value::Uint(1), Value::Uint(1), Value::Null])
+                    .await,
+                refused(
+                    StreamType::Utf8,
+                    "name",
+                    "null in a column that is not optional",
+                ),
+            ),
+            (
+                handle
+                    .send(at, &[Value::Uint(1), Value::Uint(1), Value::Bytes(&[0xff])])
+                    .await,
+                refused(
+                    StreamType::Utf8,
+                    "name",
+                    "not valid UTF-8 (invalid utf-8 sequence of 1 bytes from index 0)",
+                ),
+            ),
+            (
+                handle
+                    .send_json_text(at, r#"{"id": 1, "small": 256, "name": "a"}"#)
+                    .await,
+                refused(StreamType::Uint8, "small", "256 is out of range for uint8"),
+            ),
+            (
+                handle
+                    .send_json_text(at, r#"{"id": "x", "small": 1, "name": "a"}"#)
+                    .await,
+                refused(StreamType::Uint64, "id", "expected uint64, got a string"),
+            ),
+            (
+                handle.send_json_text(at, r#"{"id": 1, "small": 1}"#).await,
+                refused(
+                    StreamType::Utf8,
+                    "name",
+                    "null in a column that is not optional",
+                ),
+            ),
+            (
+                handle
+                    .send_json_text(at, r#"{"id": 1, "small": 1, "name": "a", "extra": 2}"#)
+                    .await,
+                PushError::UnknownColumn {
+                    key: "extra".to_owned(),
+                },
+            ),
+            (
+                handle.send(Route::Partition(1), &row(1)).await,
+                PushError::NoSuchPartition {
+                    partition: 1,
+                    partitions: 1,
+                },
+            ),
+        ];
+        for (index, (got, expected)) in cases.into_iter().enumerate() {
+            assert_eq!(got.err(), Some(expected), "case {index}");
+        }
+        let not_object = handle.send_json_text(at, "[1, 2]").await.err();
+        assert!(
+            matches!(&not_object, Some(PushError::NotJsonObject { reason }) if reason.starts_with("invalid type: sequence")),
+            "{not_object:?}"
+        );
+        assert_eq!(read(source.as_mut(), 10).await, (Vec::new(), 0));
+
+        let receipt = handle
+            .send_json(at, &serde_json::json!({"id": 9, "small": 2, "name": "ok"}))
+            .await
+            .unwrap();
+        assert_eq!(receipt.partition(), 0);
+        assert_eq!(read(source.as_mut(), 10).await, (vec!["0-0".to_owned()], 1));
+    }
+
+    #[test]
+    fn keys_route_to_the_same_partition_every_time() {
+        let first = partition_of(Route::Key(b"user-1"), 8).unwrap();
+        assert_eq!(partition_of(Route::Key(b"user-1"), 8).unwrap(), first);
+        assert_eq!(
+            partition_of(Route::Key(b"user-1"), 8).unwrap() as u64,
+            xxhash_rust::xxh64::xxh64(b"user-1", 0) % 8
+        );
+        assert_eq!(
+            partition_of(Route::KeyU64(42), 8).unwrap() as u64,
+            xxhash_rust::xxh64::xxh64(&42u64.to_le_bytes(), 0) % 8
+        );
+        let spread: std::collections::BTreeSet<u32> = (0..64)
+            .map(|k| partition_of(Route::KeyU64(k), 8).unwrap())
+            .collect();
+        assert_eq!(spread.len(), 8, "64 keys reach every one of 8 partitions");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reopen_after_a_veto_reads_the_uncommitted_rows_again_and_commits_drop_them() {
+        let (handle, factory) = bound(1, 1 << 20);
+        let observer = factory.observer(0).unwrap();
+        let mut source = factory
+            .open_partition(0, Some(&7u64.to_be_bytes()))
+            .unwrap();
+        for id in 0..3 {
+            handle.send(Route::Partition(0), &row(id)).await.unwrap();
+        }
+        assert_eq!(
+            read(source.as_mut(), 2).await,
+            (vec!["0-7".to_owned(), "0-8".to_owned()], 9)
+        );
+        observer.committed(&8u64.to_be_bytes());
+        let mut source = factory
+            .open_partition(0, Some(&8u64.to_be_bytes()))
+            .unwrap();
+        let (ids, position) = read(source.as_mut(), 10).await;
+        assert_eq!(
+            (ids, position),
+            (vec!["0-8".to_owned(), "0-9".to_owned()], 10)
+        );
+        let early = factory.open_partition(0, Some(&7u64.to_be_bytes()));
+        assert!(matches!(early, Err(SourceError::BadPosition { .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn receipts_follow_the_observer_and_fail_when_the_partition_ends() {
+        let (handle, factory) = bound(1, 1 << 20);
+        let observer = factory.observer(0).unwrap();
+        let mut source = factory.open_partition(0, None).unwrap();
+        let receipts: Vec<Receipt> = futures_receipts(&handle, 3).await;
+        read(source.as_mut(), 10).await;
+        observer.committed(&2u64.to_be_bytes());
+        observer.delivered(&1u64.to_be_bytes());
+        assert_eq!(receipts[0].delivered().await, Ok(MessageId::new(0, 0)));
+        assert_eq!(receipts[1].committed().await, Ok(MessageId::new(0, 1)));
+        observer.ended(Ok(PartitionEnd::Stopped));
+        let stopped = "the pipeline was stopped".to_owned();
+        assert_eq!(
+            receipts[1].delivered().await,
+            Err(PushError::NotDelivered {
+                id: MessageId::new(0, 1),
+                reason: stopped.clone()
+            })
+        );
+        assert_eq!(
+            receipts[2].committed().await,
+            Err(PushError::NotCommitted {
+                partition: 0,
+                reason: stopped.clone()
+            })
+        );
+        assert_eq!(
+            handle.send(Route::Partition(0), &row(3)).await.err(),
+            Some(PushError::Stopped {
+                partition: 0,
+                reason: stopped
+            })
+        );
+    }
+
+    async fn futures_receipts(handle: &PushHandle, n: u64) -> Vec<Receipt> {
+        let mut receipts = Vec::new();
+        for id in 0..n {
+            receipts.push(handle.send(Route::Partition(0), &row(id)).await.unwrap());
+        }
+        receipts
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn finish_refuses_later_sends_and_exhausts_the_partition_once_read() {
+        let (handle, factory) = bound(1, 1 << 20);
+        let mut source = factory.open_partition(0, None).unwrap();
+        handle.send(Route::Partition(0), &row(0)).await.unwrap();
+        handle.finish();
+        assert_eq!(
+            handle.send(Route::Partition(0), &row(1)).await.err(),
+            Some(PushError::Finished)
+        );
+        let mut batch = MessageBatch::new(schema());
+        let mut dead = Vec::new();
+        let mut out = SourceOutput {
+            batch: &mut batch,
+            dead_letters: &mut dead,
+        };
+        let limits = ReadLimits {
+            max_messages: 10,
+            deadline: tokio::time::Instant::now() + Duration::from_secs(1),
+        };
+        let end = source.read(&mut out, limits).await.unwrap();
+        assert_eq!((batch.len(), end.exhausted), (1, true));
     }
 }
