@@ -279,7 +279,8 @@ impl PushHandle {
         inbox
             .enqueue(|row| {
                 for value in values {
-                    row.push(*value).map_err(value_error)?;
+                    row.push(*value)
+                        .map_err(|err| value_error(err, &self.shared.schema))?;
                 }
                 Ok(())
             })
@@ -359,16 +360,18 @@ impl PushHandle {
     }
 
     /// The inbox of `route`, waiting until a spec naming the source is built.
-    async fn inbox(&self, route: Route<'_>) -> Result<Arc<Inbox>, PushError> {
+    async fn inbox(&self, route: Route<'_>) -> Result<&Arc<Inbox>, PushError> {
         loop {
+            if let Some(inboxes) = self.shared.inboxes.get() {
+                let partition = partition_of(route, inboxes.len() as u32)?;
+                return Ok(&inboxes[partition as usize]);
+            }
             let bound = self.shared.bound.notified();
             tokio::pin!(bound);
             bound.as_mut().enable();
-            if let Some(inboxes) = self.shared.inboxes.get() {
-                let partition = partition_of(route, inboxes.len() as u32)?;
-                return Ok(Arc::clone(&inboxes[partition as usize]));
+            if self.shared.inboxes.get().is_none() {
+                bound.await;
             }
-            bound.await;
         }
     }
 }
@@ -388,12 +391,24 @@ fn partition_of(route: Route<'_>, partitions: u32) -> Result<u32, PushError> {
     Ok((hash % u64::from(partitions.max(1))) as u32)
 }
 
-fn value_error(err: ValueError) -> PushError {
+fn value_error(err: ValueError, schema: &StreamSchema) -> PushError {
     match err {
         ValueError::Invalid { column, ty, what } => PushError::Value { column, ty, what },
-        other => PushError::NotJsonObject {
-            reason: other.to_string(),
+        ValueError::MissingValues { expected, got } => PushError::MissingValue {
+            column: schema
+                .columns()
+                .get(got)
+                .map(|column| column.name.clone())
+                .unwrap_or_default(),
+            got,
+            expected,
         },
+        ValueError::TooManyValues { expected } => PushError::ExtraValues {
+            got: expected + 1,
+            expected,
+        },
+        // Not a row's error; pushing values never returns it.
+        ValueError::BadMessageId { text } => PushError::NotJsonObject { reason: text },
     }
 }
 
@@ -553,17 +568,24 @@ impl Inbox {
         mut write: impl FnMut(&mut RowWriter<'_>) -> Result<(), PushError>,
     ) -> Result<Receipt, PushError> {
         loop {
+            // Registering for a wake-up takes the Notify's lock: only once the inbox is full.
+            if let Some(ticket) = self.try_enqueue(&mut write)? {
+                return Ok(self.receipt(ticket));
+            }
             let space = self.space.notified();
             tokio::pin!(space);
             space.as_mut().enable();
             if let Some(ticket) = self.try_enqueue(&mut write)? {
-                self.readable.notify_one();
-                return Ok(Receipt {
-                    inbox: Arc::clone(self),
-                    ticket,
-                });
+                return Ok(self.receipt(ticket));
             }
             space.await;
+        }
+    }
+
+    fn receipt(self: &Arc<Self>, ticket: u64) -> Receipt {
+        Receipt {
+            inbox: Arc::clone(self),
+            ticket,
         }
     }
 
@@ -594,9 +616,15 @@ impl Inbox {
             // Dropping the writer takes the row back out.
             return Ok(None);
         }
-        row.finish().map_err(value_error)?;
+        row.finish().map_err(|err| value_error(err, &self.schema))?;
         state.next_ticket += 1;
         state.unread_bytes += bytes;
+        // The reader waits only after finding nothing unread: wake it for the first row only.
+        let first_unread = state.read == ticket;
+        drop(guard);
+        if first_unread {
+            self.readable.notify_one();
+        }
         Ok(Some(ticket))
     }
 
@@ -1098,6 +1126,41 @@ mod tests {
             .unwrap();
         assert_eq!(receipt.partition(), 0);
         assert_eq!(read(source.as_mut(), 10).await, (vec!["0-0".to_owned()], 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_before_the_spec_is_built_waits_for_the_partition_count() {
+        let (source, handle) = PushSource::new("events", schema(), PushOptions::default());
+        let early = tokio::spawn({
+            let handle = handle.clone();
+            async move {
+                handle
+                    .send(Route::KeyU64(3), &row(3))
+                    .await
+                    .map(|r| r.partition())
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!early.is_finished());
+        assert_eq!(handle.partitions(), None);
+        let ctx = SourceBuildContext {
+            pipeline: "p",
+            partitions: 4,
+        };
+        let builder = source.builder();
+        assert!(builder(&ctx, &serde_yaml::Value::Null).is_ok());
+        let expected = partition_of(Route::KeyU64(3), 4).unwrap();
+        assert_eq!(early.await.unwrap(), Ok(expected));
+        assert_eq!(handle.partitions(), Some(4));
+        let again = SourceBuildContext {
+            pipeline: "p",
+            partitions: 2,
+        };
+        let violations = builder(&again, &serde_yaml::Value::Null).err().unwrap();
+        assert_eq!(violations[0].path, "partitions");
+        let parameters: serde_yaml::Value = serde_yaml::from_str("{count: 1}").unwrap();
+        let violations = builder(&ctx, &parameters).err().unwrap();
+        assert_eq!(violations[0].path, "parameters.count");
     }
 
     #[test]
