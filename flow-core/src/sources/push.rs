@@ -80,46 +80,83 @@ pub enum PushError {
     /// The row lacks a value for `column` and those after it.
     #[error("the row has {got} values but the schema has {expected} columns: column `{column}` has no value")]
     MissingValue {
+        /// The first column without a value.
         column: String,
+        /// Values given.
         got: usize,
+        /// Columns of the schema.
         expected: usize,
     },
     /// The row has more values than the schema has columns.
     #[error("the row has {got} values but the schema has only {expected} columns")]
-    ExtraValues { got: usize, expected: usize },
+    ExtraValues {
+        /// Values given.
+        got: usize,
+        /// Columns of the schema.
+        expected: usize,
+    },
     /// A value does not fit its column: wrong type, out of range, null where not optional, bad
     /// JSON form.
     #[error("column `{column}` ({ty}): {what}")]
     Value {
+        /// The column's name.
         column: String,
+        /// The column's type.
         ty: StreamType,
+        /// What is wrong with the value.
         what: String,
     },
     /// A JSON message has a key that is not a column.
     #[error("`{key}`: not a column of the declared schema")]
-    UnknownColumn { key: String },
+    UnknownColumn {
+        /// The key.
+        key: String,
+    },
     /// A JSON message is not a JSON object.
     #[error("not a JSON object: {reason}")]
-    NotJsonObject { reason: String },
+    NotJsonObject {
+        /// The JSON parser's error.
+        reason: String,
+    },
     /// [`Route::Partition`] names a partition the pipeline does not have.
     #[error("partition {partition} does not exist: the pipeline has {partitions}")]
-    NoSuchPartition { partition: u32, partitions: u32 },
+    NoSuchPartition {
+        /// The partition asked for.
+        partition: u32,
+        /// The pipeline's partition count.
+        partitions: u32,
+    },
     /// [`PushHandle::finish`] was called: the source takes no more messages.
     #[error("the push source was finished: it takes no more messages")]
     Finished,
     /// The pipeline's partition stopped or failed: nothing was enqueued.
     #[error("partition {partition} of the pipeline has stopped ({reason}): nothing was enqueued")]
-    Stopped { partition: u32, reason: String },
+    Stopped {
+        /// The message's partition.
+        partition: u32,
+        /// How the partition ended.
+        reason: String,
+    },
     /// The pipeline stopped or failed before the message was committed: it is lost unless the
     /// application sends it again.
     #[error(
         "partition {partition} stopped before the message was committed ({reason}): send it again"
     )]
-    NotCommitted { partition: u32, reason: String },
+    NotCommitted {
+        /// The message's partition.
+        partition: u32,
+        /// How the partition ended.
+        reason: String,
+    },
     /// The message is committed, but the pipeline stopped before every sink held it: it stays
     /// in the outbox and the next run on the same state directory delivers it.
     #[error("message {id} is committed but was not delivered before the pipeline stopped ({reason}); the next run delivers it from the outbox")]
-    NotDelivered { id: MessageId, reason: String },
+    NotDelivered {
+        /// The message's id.
+        id: MessageId,
+        /// How the partition ended.
+        reason: String,
+    },
 }
 
 /// The source half of a push source: register it under a class name, then build the spec that
