@@ -66,6 +66,11 @@ impl DeliveryTracker {
         let _ = self.tx.send((position.to_vec(), newest));
     }
 
+    /// Ends the task without a last report (the partition task is going away).
+    pub(crate) fn abort(self) {
+        self.task.abort();
+    }
+
     /// Reports what the sinks delivered by now and ends the task (after the sinks closed).
     pub(crate) async fn finish(self) {
         drop(self.tx);

@@ -466,6 +466,21 @@ struct PartitionRunner {
     observed: Option<(Arc<dyn PartitionObserver>, DeliveryTracker)>,
 }
 
+impl Drop for PartitionRunner {
+    /// A partition task that panicked or was cancelled still ends its observer's run, so that
+    /// nothing waits on it for ever.
+    fn drop(&mut self) {
+        if let Some((observer, tracker)) = self.observed.take() {
+            tracker.abort();
+            observer.ended(Err(&RuntimeError::Task {
+                partition: self.partition,
+                reason: "the partition task ended without a report (it panicked or was cancelled)"
+                    .to_owned(),
+            }));
+        }
+    }
+}
+
 struct SinkSlot {
     name: String,
     sink: Box<dyn Sink>,

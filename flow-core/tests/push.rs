@@ -13,9 +13,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{
-    Column, Epoch, EpochOutcome, MessageId, PartitionEnd, Pipeline, PushError, PushHandle,
-    PushOptions, PushSource, Receipt, Registry, Route, RunReport, RuntimeError, Sink, SinkContext,
-    SinkError, SinkFactory, StreamSchema, StreamType, Value,
+    Column, Epoch, EpochOutcome, EpochWrite, MessageId, PartitionEnd, Pipeline, PushError,
+    PushHandle, PushOptions, PushSource, Receipt, Registry, Route, RunReport, RuntimeError, Sink,
+    SinkContext, SinkError, SinkFactory, StreamSchema, StreamType, Value,
 };
 use flow_state::{SinkPartition, StateStore};
 use tokio::task::JoinHandle;
@@ -55,6 +55,7 @@ fn registry_with_push() -> (Registry, PushHandle) {
     let mut registry = Registry::with_builtins();
     source.register(&mut registry, "app_events");
     registry.register_sink("VetoSink", Arc::new(build_veto_sink));
+    registry.register_sink("PanicSink", Arc::new(build_panic_sink));
     (registry, handle)
 }
 
@@ -313,6 +314,30 @@ async fn a_run_that_cannot_start_fails_the_receipts_it_holds() {
     store.close().unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_task_that_panics_still_fails_the_receipts_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    let store = StateStore::open(&dir.path().join("state")).unwrap();
+    let (registry, handle) = registry_with_push();
+    let running = start(&registry, &spec(1, "PanicSink", &out), &store);
+    let receipt = send_events(&handle, 0..1).await.remove(0);
+    let committed = within("not committed", receipt.committed()).await;
+    assert_eq!(
+        committed,
+        Err(PushError::NotCommitted {
+            partition: 0,
+            reason: "the pipeline failed: partition 0: task failed: the partition task ended without a report (it panicked or was cancelled)".to_owned()
+        })
+    );
+    let run = within("run", running.task).await.unwrap();
+    assert!(
+        matches!(run, Err(RuntimeError::PartitionsFailed(_))),
+        "{run:?}"
+    );
+    store.close().unwrap();
+}
+
 /// Opens the store, waiting a little if a store on `dir` closed a moment ago (sled may still
 /// hold its file lock from a background write of the previous handle).
 fn open_store(dir: &Path) -> StateStore {
@@ -356,5 +381,32 @@ impl Sink for VetoSink {
             reason: "always".to_owned(),
             retry_after: Duration::from_millis(20),
         })
+    }
+}
+
+/// A sink that panics in its first epoch.
+fn build_panic_sink(
+    _: &SinkBuildContext<'_>,
+    _: &serde_yaml::Value,
+    _: &serde_yaml::Value,
+) -> BuildResult<Arc<dyn SinkFactory>> {
+    Ok(Arc::new(PanicFactory))
+}
+
+struct PanicFactory;
+
+impl SinkFactory for PanicFactory {
+    fn create(&self, _: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+        Ok(Box::new(PanicSink))
+    }
+}
+
+struct PanicSink;
+
+#[async_trait]
+impl Sink for PanicSink {
+    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        assert!(epoch.inputs[0].is_empty(), "a message: this sink panics");
+        Ok(EpochOutcome::Commit(EpochWrite::default()))
     }
 }

@@ -199,6 +199,24 @@ pub struct Receipt {
     ticket: u64,
 }
 
+impl std::fmt::Debug for Receipt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receipt")
+            .field("partition", &self.inbox.partition)
+            .field("ticket", &self.ticket)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for PushHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushHandle")
+            .field("stream_id", &self.shared.stream_id)
+            .field("partitions", &self.partitions())
+            .finish()
+    }
+}
+
 struct Shared {
     stream_id: String,
     schema: Arc<StreamSchema>,
@@ -474,6 +492,9 @@ impl Receipt {
     /// Resolves once every sink holds the message (for ClickHouse: the INSERT of its batch
     /// succeeded), with its id; [`PushError::NotDelivered`] if the pipeline stopped before
     /// (the next run delivers it), [`PushError::NotCommitted`] if it stopped before the commit.
+    /// A sink without an outbox (the at-least-once and at-most-once ClickHouse classes, or any
+    /// sink that seals no batch for the message's epoch) delivers within the epoch: for it the
+    /// message counts as delivered once committed.
     pub async fn delivered(&self) -> Result<MessageId, PushError> {
         let ticket = self.ticket;
         let mut progress = self.inbox.progress.subscribe();
