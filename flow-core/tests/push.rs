@@ -56,6 +56,7 @@ fn registry_with_push() -> (Registry, PushHandle) {
     source.register(&mut registry, "app_events");
     registry.register_sink("VetoSink", Arc::new(build_veto_sink));
     registry.register_sink("PanicSink", Arc::new(build_panic_sink));
+    registry.register_sink("NullSink", Arc::new(build_null_sink));
     (registry, handle)
 }
 
@@ -244,6 +245,9 @@ async fn a_restart_delivers_the_committed_messages_once_and_continues_the_ids() 
         let id = within("committed", receipt.committed()).await.unwrap();
         assert_eq!(id, MessageId::new(0, seq as u64));
     }
+    // Committed is not delivered: the sink acknowledges nothing, so the receipt waits.
+    let waiting = tokio::time::timeout(Duration::from_millis(500), receipts[0].delivered()).await;
+    assert!(waiting.is_err(), "{waiting:?}");
     let _ = running.stop().await;
     for receipt in &receipts {
         let delivered = receipt.delivered().await;
@@ -311,6 +315,26 @@ async fn a_run_that_cannot_start_fails_the_receipts_it_holds() {
         matches!(&committed, Err(PushError::NotCommitted { partition: 0, reason }) if reason.starts_with("the pipeline failed: ")),
         "{committed:?}"
     );
+    store.close().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_without_an_outbox_counts_as_delivered_once_the_epoch_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    let store = StateStore::open(&dir.path().join("state")).unwrap();
+    let (registry, handle) = registry_with_push();
+    let running = start(&registry, &spec(2, "NullSink", &out), &store);
+    let receipts = send_events(&handle, 0..50).await;
+    for receipt in &receipts {
+        let committed = within("committed", receipt.committed()).await.unwrap();
+        assert_eq!(
+            within("delivered", receipt.delivered()).await,
+            Ok(committed)
+        );
+    }
+    let report = running.stop().await.unwrap();
+    assert_eq!(report.messages(), 50);
     store.close().unwrap();
 }
 
@@ -407,6 +431,32 @@ struct PanicSink;
 impl Sink for PanicSink {
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         assert!(epoch.inputs[0].is_empty(), "a message: this sink panics");
+        Ok(EpochOutcome::Commit(EpochWrite::default()))
+    }
+}
+
+/// A sink that seals nothing (as one that delivers within its epoch).
+fn build_null_sink(
+    _: &SinkBuildContext<'_>,
+    _: &serde_yaml::Value,
+    _: &serde_yaml::Value,
+) -> BuildResult<Arc<dyn SinkFactory>> {
+    Ok(Arc::new(NullFactory))
+}
+
+struct NullFactory;
+
+impl SinkFactory for NullFactory {
+    fn create(&self, _: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+        Ok(Box::new(NullSink))
+    }
+}
+
+struct NullSink;
+
+#[async_trait]
+impl Sink for NullSink {
+    async fn write_epoch(&mut self, _: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         Ok(EpochOutcome::Commit(EpochWrite::default()))
     }
 }
