@@ -294,6 +294,12 @@ impl Shared {
                 .map(|partition| Arc::new(Inbox::new(partition, self, finished)))
                 .collect()
         });
+        if self.finished.load(Ordering::SeqCst) {
+            // `finish` may have run while the inboxes were being made, and found none.
+            for inbox in inboxes {
+                inbox.finish();
+            }
+        }
         self.bound.notify_waiters();
         if inboxes.len() != partitions as usize {
             violations.push(Violation::new(
