@@ -39,6 +39,7 @@ mod builtin_config;
 mod builtins;
 mod capacity;
 mod dead_row;
+mod delivered;
 mod drain;
 mod error;
 mod graph;
@@ -74,8 +75,9 @@ pub use packed::{
     PackedError, PackedReader, DATE32_RANGE,
 };
 pub use plugin::{
-    Epoch, EpochOutcome, EpochWrite, Processor, ProcessorFactory, ReadLimits, Replay, ReplayReader,
-    Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput, SourceRead,
+    Epoch, EpochOutcome, EpochWrite, PartitionObserver, Processor, ProcessorFactory, ReadLimits,
+    Replay, ReplayReader, Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput,
+    SourceRead,
 };
 pub use plugin_config::{to_section, ConfigError, ProcessorConfig, SinkConfig, SourceConfig};
 pub use progress::Progress;
@@ -84,6 +86,7 @@ pub use row_json::{write_json_string, write_row_object};
 pub use runtime::{
     PartitionEnd, PartitionReport, Pipeline, PipelineControl, ReloadOutcome, RunReport,
 };
+pub use sources::push::{PushError, PushHandle, PushOptions, PushSource, Receipt, Route};
 pub use spec::{
     is_valid_name, EpochSettings, EpochSpec, MetricsSettings, MetricsSpec, OutboxSpec,
     PayloadPolicy, PipelineSpec, ProcessorSpec, ShutdownSpec, SinkSpec, SourceSpec,

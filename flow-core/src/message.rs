@@ -346,6 +346,13 @@ impl RowWriter<'_> {
         Ok(self)
     }
 
+    /// The bytes this row holds in its batch so far: 16 per value pushed, plus the bytes of its
+    /// strings and packed values (what a source that bounds its buffer by bytes counts).
+    pub fn written_bytes(&self) -> usize {
+        (self.batch.cells.len() - self.cells_mark) * std::mem::size_of::<Cell>()
+            + (self.batch.arena.len() - self.arena_mark)
+    }
+
     fn arena_full(&self, column_index: usize) -> ValueError {
         let column = &self.batch.schema.columns()[column_index];
         ValueError::Invalid {

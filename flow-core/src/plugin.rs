@@ -32,6 +32,33 @@ pub trait SourceFactory: Send + Sync {
     fn replayable(&self) -> bool {
         false
     }
+
+    /// What learns the fate of `partition`'s messages in this run: when an epoch is durable, when
+    /// every sink holds it, when the partition ends. `None` (the default): nothing is tracked.
+    /// Called once per run of the partition, before its sinks open.
+    fn observer(&self, partition: u32) -> Option<Arc<dyn PartitionObserver>> {
+        let _ = partition;
+        None
+    }
+}
+
+/// Told by the partition runner what became of the messages of one source partition, in order:
+/// `committed` and `delivered` positions only move forward, and `delivered` never passes
+/// `committed`. The calls come from runtime tasks: keep them short and never block.
+pub trait PartitionObserver: Send + Sync {
+    /// The epoch that ended at `position` is durable in the outbox (its batches and the position
+    /// are committed): a crash after this loses none of its messages.
+    fn committed(&self, position: &[u8]);
+
+    /// Every message up to `position` is held by every sink: each sink acknowledged every batch
+    /// committed up to that epoch (rows a sink set aside as dead letters included). An epoch
+    /// for which a sink sealed nothing (a sink without an outbox delivers within its epoch)
+    /// counts as delivered for that sink once committed.
+    fn delivered(&self, position: &[u8]);
+
+    /// The partition stopped for this run (`Drained`, `Stopped` or its failure); no further call
+    /// follows. What was committed and not delivered stays in the outbox for the next run.
+    fn ended(&self, end: Result<crate::runtime::PartitionEnd, &crate::error::RuntimeError>);
 }
 
 /// How much one `read` may return and until when it may wait for data.

@@ -17,12 +17,15 @@ use flow_state::{BatchStorage, DeadLetter, EpochCommit, SinkEpochCommit, StateSt
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use crate::delivered::DeliveryTracker;
 use crate::drain::{DrainReport, OutboxBacklog};
 use crate::error::{RuntimeError, SinkError, SpecError};
 use crate::graph::StreamGraph;
 use crate::lag::SourceLags;
 use crate::metrics::{Metrics, SinkCount, SinkCounter, SinkMetrics, SourceCount};
-use crate::plugin::{Epoch, EpochOutcome, Replay, Sink, SinkContext, SinkFactory, Source};
+use crate::plugin::{
+    Epoch, EpochOutcome, PartitionObserver, Replay, Sink, SinkContext, SinkFactory, Source,
+};
 use crate::progress::{Progress, ProgressCounters};
 use crate::registry::Registry;
 use crate::replay::PipelineReplay;
@@ -353,6 +356,16 @@ impl Pipeline {
                 .iter()
                 .map(|(_, sender)| sender.subscribe())
                 .collect(),
+            observed: None,
+        }
+    }
+
+    /// Tells every partition's observer that the run failed before the partitions started.
+    fn end_observers(&self, err: &RuntimeError) {
+        for partition in 0..self.validated.partitions {
+            if let Some(observer) = self.validated.source.observer(partition) {
+                observer.ended(Err(err));
+            }
         }
     }
 
@@ -392,8 +405,14 @@ impl Pipeline {
     /// # }
     /// ```
     pub async fn run(self) -> Result<RunReport, RuntimeError> {
-        self.claim_store().await?;
-        self.load_counters().await?;
+        let started = match self.claim_store().await {
+            Ok(()) => self.load_counters().await,
+            Err(err) => Err(err),
+        };
+        if let Err(err) = started {
+            self.end_observers(&err);
+            return Err(err);
+        }
         let runners = (0..self.validated.partitions).map(|p| (p, self.runner(p)));
         let mut reports = join_partitions(&self.validated.name, runners, |r| r.run()).await?;
         reports.sort_by_key(|r| r.partition);
@@ -491,6 +510,23 @@ struct PartitionRunner {
     lags: SourceLags,
     progress: ProgressCounters,
     metrics: Arc<Metrics>,
+    /// The source's observer of this partition and the task telling it what was delivered.
+    observed: Option<(Arc<dyn PartitionObserver>, DeliveryTracker)>,
+}
+
+impl Drop for PartitionRunner {
+    /// A partition task that panicked or was cancelled still ends its observer's run, so that
+    /// nothing waits on it for ever.
+    fn drop(&mut self) {
+        if let Some((observer, tracker)) = self.observed.take() {
+            tracker.abort();
+            observer.ended(Err(&RuntimeError::Task {
+                partition: self.partition,
+                reason: "the partition task ended without a report (it panicked or was cancelled)"
+                    .to_owned(),
+            }));
+        }
+    }
 }
 
 struct SinkSlot {
@@ -620,7 +656,29 @@ impl PartitionRunner {
         Ok(())
     }
 
+    /// Runs the partition, keeping the source's observer (if any) informed until it ended.
     async fn run(mut self) -> Result<PartitionReport, RuntimeError> {
+        let observer = self.pipeline.source.observer(self.partition);
+        if let Some(observer) = &observer {
+            let sinks = self.pipeline.sinks.iter().map(|s| s.name.clone()).collect();
+            let tracker = DeliveryTracker::start(
+                self.store.clone(),
+                &self.pipeline.name,
+                self.partition,
+                sinks,
+                Arc::clone(observer),
+            );
+            self.observed = Some((Arc::clone(observer), tracker));
+        }
+        let result = self.run_observed().await;
+        if let Some((observer, tracker)) = self.observed.take() {
+            tracker.finish().await;
+            observer.ended(result.as_ref().map(|report| report.end));
+        }
+        result
+    }
+
+    async fn run_observed(&mut self) -> Result<PartitionReport, RuntimeError> {
         let partition = self.partition;
         let pipeline = Arc::clone(&self.pipeline);
         let mut graph = StreamGraph::new(&pipeline, partition)
@@ -808,6 +866,7 @@ impl PartitionRunner {
                     .map(|c| c.dead_letters.len())
                     .sum::<usize>();
             let new_position = position.clone().unwrap_or_default();
+            let observed_position = self.observed.as_ref().map(|_| new_position.clone());
             let commit_started = std::time::Instant::now();
             let receipt = self
                 .store
@@ -828,6 +887,11 @@ impl PartitionRunner {
             );
             self.metrics.applied(&pipeline.name, partition, &counters);
             committed = position;
+            if let (Some((observer, tracker)), Some(position)) = (&self.observed, observed_position)
+            {
+                observer.committed(&position);
+                tracker.committed(&position, &receipt.batch_seqs);
+            }
             let rows_sealed = kept.iter().flatten().map(|b| b.rows).sum();
             self.progress.committed(messages as u64, rows_sealed);
             report.epochs_committed += 1;

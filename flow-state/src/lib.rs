@@ -82,6 +82,8 @@ struct Inner {
     tx: mpsc::Sender<Request>,
     thread: Mutex<Option<JoinHandle<Result<(), StateError>>>>,
     stats: Arc<StatCounters>,
+    /// Durable acknowledgements since the store opened (see [`StateStore::acknowledgements`]).
+    acks: tokio::sync::watch::Sender<u64>,
 }
 
 impl Inner {
@@ -220,6 +222,7 @@ impl StateStore {
                 tx,
                 thread: Mutex::new(Some(thread)),
                 stats,
+                acks: tokio::sync::watch::Sender::new(0),
             }),
         })
     }
@@ -250,7 +253,9 @@ impl StateStore {
         sink_values: Vec<(String, Vec<u8>)>,
     ) -> Result<(), StateError> {
         let op = Op::Ack(prepare_ack(key, seq, sink_values)?);
-        self.inner.submit(op).await.map(|_| ())
+        self.inner.submit(op).await?;
+        self.acknowledged();
+        Ok(())
     }
 
     /// Removes a pending batch, as [`StateStore::acknowledge`] does, together with what its
@@ -275,7 +280,21 @@ impl StateStore {
             &extras.dead_letters,
         )?;
         ack.counters = counters::prepare(&key.pipeline, key.partition, &extras.counters)?;
-        self.inner.submit(Op::Ack(ack)).await.map(|_| ())
+        self.inner.submit(Op::Ack(ack)).await?;
+        self.acknowledged();
+        Ok(())
+    }
+
+    /// Counts the acknowledgements made durable through this store since it opened; a receiver
+    /// wakes after each one. A watcher of delivery (a source that reports when its messages
+    /// reached every sink) re-reads the oldest pending batch of its queues when it moves, instead
+    /// of polling them.
+    pub fn acknowledgements(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.acks.subscribe()
+    }
+
+    fn acknowledged(&self) {
+        self.inner.acks.send_modify(|count| *count += 1);
     }
 
     /// Durably sets (`Some`) or removes (`None`) one sink-wide value (see
@@ -327,7 +346,9 @@ impl StateStore {
         sink_values: Vec<(String, Vec<u8>)>,
     ) -> Result<(), StateError> {
         let op = Op::Ack(prepare_ack(key, seq, sink_values)?);
-        self.inner.submit_blocking(op).map(|_| ())
+        self.inner.submit_blocking(op)?;
+        self.acknowledged();
+        Ok(())
     }
 
     /// Durably replaces the fingerprints of a sink partition (an empty map removes them).

@@ -4,12 +4,14 @@ pub mod broker;
 pub mod generator;
 pub mod jsonl;
 mod line_reader;
+pub mod push;
 
 pub use broker::{
     decode_broker_position, encode_broker_position, BrokerDecoder, BrokerFormat, BrokerRecord,
 };
 pub use generator::{GeneratorParams, GeneratorSource};
 pub use jsonl::{JsonlFileParams, OnBadRecord};
+pub use push::{PushError, PushHandle, PushOptions, PushSource, Receipt, Route};
 
 use crate::registry::Registry;
 
