@@ -917,112 +917,36 @@ fn endless(secs: u64) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // Push: the outbox's payload mode, through an embedded pipeline that an application feeds
 
-/// What the application pushes: the generator's values for one offset (built by the producer,
-/// one allocation per message, as an application handing over its own records would).
-struct Pushed {
-    id: u64,
-    user_id: u64,
-    ts: u64,
-    payload: Vec<u8>,
-}
-
-type Inbox = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Pushed>>>;
-
-/// A source that cannot re-read what it was given, so the exactly-once sink keeps payloads.
-struct PushFactory {
-    inboxes: Vec<Inbox>,
-}
-
-struct PushSource {
-    partition: u32,
-    inbox: Inbox,
-    next: u64,
-}
-
-impl flow_core::SourceFactory for PushFactory {
-    fn stream_id(&self) -> &str {
-        "rows"
-    }
-
-    fn schema(&self) -> Arc<flow_core::StreamSchema> {
-        flow_core::sources::generator::schema()
-    }
-
-    fn open_partition(
-        &self,
-        partition: u32,
-        position: Option<&[u8]>,
-    ) -> Result<Box<dyn flow_core::Source>, flow_core::SourceError> {
-        let next = position
-            .and_then(|p| <[u8; 8]>::try_from(p).ok())
-            .map_or(0, u64::from_be_bytes);
-        Ok(Box::new(PushSource {
-            partition,
-            inbox: Arc::clone(&self.inboxes[partition as usize]),
-            next,
-        }))
-    }
-}
-
-#[async_trait::async_trait]
-impl flow_core::Source for PushSource {
-    async fn read(
-        &mut self,
-        out: &mut flow_core::SourceOutput<'_>,
-        limits: flow_core::ReadLimits,
-    ) -> Result<flow_core::SourceRead, flow_core::SourceError> {
-        use flow_core::Value;
-        let mut inbox = self.inbox.lock().await;
-        let mut exhausted = false;
-        for _ in 0..limits.max_messages {
-            let message = match tokio::time::timeout_at(limits.deadline, inbox.recv()).await {
-                Ok(Some(message)) => message,
-                Ok(None) => {
-                    exhausted = true;
-                    break;
-                }
-                Err(_) => break,
-            };
-            let id = flow_core::MessageId::new(self.partition, self.next);
-            let mut row = out.batch.start_row(id);
-            row.push(Value::Uint(message.id))
-                .and_then(|r| r.push(Value::Uint(u64::from(self.partition))))
-                .and_then(|r| r.push(Value::Uint(self.next)))
-                .and_then(|r| r.push(Value::Uint(message.user_id)))
-                .and_then(|r| r.push(Value::Uint(message.ts)))
-                .and_then(|r| r.push(Value::Bytes(&message.payload)))
-                .map_err(|err| flow_core::SourceError::Plugin(Box::new(err)))?;
-            row.finish()
-                .map_err(|err| flow_core::SourceError::Plugin(Box::new(err)))?;
-            self.next += 1;
-        }
-        Ok(flow_core::SourceRead {
-            position: self.next.to_be_bytes().to_vec(),
-            exhausted,
-            lag: None,
-        })
-    }
-}
-
-/// Pushes `rate` messages per second into one partition's inbox, in 10 ms ticks.
-async fn produce(partition: u32, rate: u64, inbox: tokio::sync::mpsc::Sender<Pushed>) {
+/// Pushes `rate` messages per second into one partition through the application's handle, in
+/// 10 ms ticks: the generator's values for each offset, built by the producer as an application
+/// hands over its own records. Receipts are dropped: the bench measures the outbox, not the
+/// producer's bookkeeping.
+async fn produce(partition: u32, rate: u64, events: flow_core::PushHandle) {
+    use flow_core::{Route, Value};
     let per_tick = rate.div_ceil(100).max(1);
     let mut ticks = tokio::time::interval(Duration::from_millis(10));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut offset = 0u64;
+    let mut payload = Vec::with_capacity(PAYLOAD_BYTES);
     loop {
         ticks.tick().await;
         for _ in 0..per_tick {
             let (id, user_id, ts) = row_values(partition, offset, PARTITIONS);
-            let mut payload = Vec::with_capacity(PAYLOAD_BYTES);
+            payload.clear();
             fill_payload(id, PAYLOAD_BYTES, &mut payload);
-            let message = Pushed {
-                id,
-                user_id,
-                ts,
-                payload,
-            };
-            if inbox.send(message).await.is_err() {
+            let values = [
+                Value::Uint(id),
+                Value::Uint(u64::from(partition)),
+                Value::Uint(offset),
+                Value::Uint(user_id),
+                Value::Uint(ts),
+                Value::Bytes(&payload),
+            ];
+            if events
+                .send(Route::Partition(partition), &values)
+                .await
+                .is_err()
+            {
                 return;
             }
             offset += 1;
@@ -1030,7 +954,7 @@ async fn produce(partition: u32, rate: u64, inbox: tokio::sync::mpsc::Sender<Pus
     }
 }
 
-/// The `push` role: an embedded pipeline with [`PushFactory`] into `ClickHouseBatchingSink`,
+/// The `push` role: an embedded pipeline with flow-core's `PushSource` into `ClickHouseBatchingSink`,
 /// fed at `FLOW_BENCH_PUSH_RATE` rows/s until SIGTERM. JSON logs on stderr, like the worker's.
 fn push_pipeline() -> Result<()> {
     let rate: u64 = env_parse("FLOW_BENCH_PUSH_RATE")?.context("FLOW_BENCH_PUSH_RATE")?;
@@ -1045,23 +969,13 @@ fn push_pipeline() -> Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let (mut senders, mut inboxes) = (Vec::new(), Vec::new());
-        for _ in 0..PARTITIONS {
-            let (tx, rx) = tokio::sync::mpsc::channel(10_000);
-            senders.push(tx);
-            inboxes.push(Arc::new(tokio::sync::Mutex::new(rx)));
-        }
-        let factory: Arc<dyn flow_core::SourceFactory> = Arc::new(PushFactory { inboxes });
-        let mut registry = flow_core::Registry::with_builtins();
-        flow_clickhouse::register(&mut registry);
-        registry.register_source(
-            "push",
-            Arc::new(
-                move |_: &flow_core::registry::SourceBuildContext<'_>, _: &serde_yaml::Value| {
-                    Ok(Arc::clone(&factory))
-                },
-            ),
+        let (source, events) = flow_core::PushSource::new(
+            "rows",
+            flow_core::sources::generator::schema(),
+            flow_core::PushOptions::default(),
         );
+        let mut registry = flow::registry();
+        source.register(&mut registry, "push");
         let text =
             spec(Case::Batching, &table, 0, 0).replace("  class: generator\n", "  class: push\n");
         let validated = registry
@@ -1071,8 +985,9 @@ fn push_pipeline() -> Result<()> {
         let pipeline = flow_core::Pipeline::new(validated, store.clone());
         let control = pipeline.control();
         tokio::spawn(flow_worker::report_memory());
-        for (partition, tx) in (0..PARTITIONS).zip(senders) {
-            tokio::spawn(produce(partition, rate.div_ceil(u64::from(PARTITIONS)), tx));
+        for partition in 0..PARTITIONS {
+            let rate = rate.div_ceil(u64::from(PARTITIONS));
+            tokio::spawn(produce(partition, rate, events.clone()));
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::spawn(async move {
