@@ -68,8 +68,8 @@ pub use flow_core::{
 
 pub use flow_clickhouse::{
     AtMostOnceDynamic, AtMostOnceStrategy, ClickHouseDynamicParams, ClickHouseParams,
-    ClickHouseSink, ClickHouseSinkConfig, Codec, HostSelectionPolicy, OnBadRows,
-    OnExpiredBacklog, SinkClass,
+    ClickHouseSink, ClickHouseSinkConfig, Codec, HostSelectionPolicy, OnBadRows, OnExpiredBacklog,
+    SinkClass,
 };
 
 pub use flow_brokers::{KafkaParams, NatsAuth, NatsJetStreamParams};
