@@ -9,8 +9,10 @@
 //! - `WordTotals` (sink): words per partition, in memory, applied only once an epoch's commit is
 //!   durable (see its guarantee below).
 //!
-//! The lines go to both `WordTotals` and the built-in `ClickHouseBatchingSink`;
-//! `flow::PipelineHandle` runs the pipeline and the program checks every figure.
+//! Each class's parameter type is its typed config too (`SourceConfig`, `SinkConfig`), so the
+//! spec is built in code as for the built-ins (`flow::config`). The lines go to both `WordTotals`
+//! and the built-in `ClickHouseBatchingSink`; `flow::PipelineHandle` runs the pipeline and the
+//! program checks every figure.
 //!
 //! `cargo run -p flow-examples --example custom_plugins -- [TABLE] [HOST,HOST...]` (or
 //! `FLOW_EXAMPLE_TABLE`, `FLOW_EXAMPLE_HOSTS`; default `custom_plugins_example` on the replicas of
@@ -21,6 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{ensure, Context};
 use async_trait::async_trait;
+use flow::config::{to_section, ClickHouseSink, EpochSpec, SinkConfig, SourceConfig};
 use flow::core::registry::{parse_parameters, BuildResult, SinkBuildContext, SourceBuildContext};
 use flow::state::SealedBatch;
 use flow::{
@@ -36,10 +39,21 @@ const LINES: u64 = 3000;
 // ---------------------------------------------------------------------------------------------
 // The source
 
-/// `lines` takes no parameters.
-#[derive(serde::Deserialize)]
+/// `lines` takes no parameters. The registry's builder reads them from the spec entry, which
+/// the program writes with this type (or a YAML spec with `source: {class: lines}`).
+#[derive(serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct LinesParams {}
+
+impl SourceConfig for LinesParams {
+    fn class_name(&self) -> &str {
+        "lines"
+    }
+
+    fn parameters(&self) -> serde_yaml::Value {
+        to_section(self)
+    }
+}
 
 /// The builder of class `lines`: checks the spec entry before anything runs.
 fn lines_builder(
@@ -156,10 +170,24 @@ impl Source for LinesSource {
 /// Words per partition, filled by the sink instances when they drain.
 type Totals = Arc<Mutex<BTreeMap<u32, u64>>>;
 
-/// `WordTotals` takes no parameters.
-#[derive(serde::Deserialize)]
+/// `WordTotals` takes no parameters, static or dynamic.
+#[derive(serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WordTotalsParams {}
+
+impl SinkConfig for WordTotalsParams {
+    fn class_name(&self) -> &str {
+        "WordTotals"
+    }
+
+    fn parameters(&self) -> serde_yaml::Value {
+        to_section(self)
+    }
+
+    fn dynamic_parameters(&self) -> serde_yaml::Value {
+        serde_yaml::Value::Null
+    }
+}
 
 /// The builder of class `WordTotals`: its input must have a `words` column.
 fn word_totals_builder(
@@ -272,22 +300,20 @@ async fn main() -> anyhow::Result<()> {
         Arc::new(word_totals_builder(Arc::clone(&totals))),
     );
 
-    let spec = flow::PipelineSpec::from_yaml(&format!(
-        r#"
-pipeline: custom-plugins
-partitions: {PARTITIONS}
-epoch: {{max_messages: 400}}
-source: {{class: lines}}
-sinks:
-  - {{name: words, sink_class_name: WordTotals, input_stream_ids: [lines]}}
-  - name: clickhouse
-    sink_class_name: ClickHouseBatchingSink
-    input_stream_ids: [lines]
-    parameters: {{hosts: {hosts}, table: {table}}}
-"#,
-        hosts = target.hosts_yaml(),
-        table = target.table,
-    ))?;
+    let clickhouse = ClickHouseSink::exactly_once()
+        .hosts(&target.hosts)
+        .table(&target.table)
+        .build()?;
+    let spec = flow::PipelineSpec::builder("custom-plugins")
+        .partitions(PARTITIONS)
+        .epoch(EpochSpec {
+            max_messages: 400,
+            ..EpochSpec::default()
+        })
+        .source(LinesParams {})
+        .sink("words", ["lines"], WordTotalsParams {})
+        .sink("clickhouse", ["lines"], clickhouse)
+        .build();
     let state = tempfile::tempdir().context("creating the state directory")?;
     let options = flow::StartOptions::new(state.path()).registry(registry);
     let mut pipeline = flow::PipelineHandle::start(spec, options).await?;

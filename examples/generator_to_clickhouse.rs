@@ -1,14 +1,16 @@
-//! The generator into ClickHouse, exactly once, from a Rust program: `flow::registry()` knows
-//! every built-in plugin, `flow::PipelineHandle` runs the pipeline on this program's runtime.
+//! The generator into ClickHouse, exactly once, from a Rust program: `flow::config` builds the
+//! spec, `flow::registry()` knows every built-in plugin, `flow::PipelineHandle` runs the pipeline
+//! on this program's runtime.
 //!
 //! `cargo run -p flow-examples --example generator_to_clickhouse -- [TABLE] [HOST,HOST...]`
 //! (or `FLOW_EXAMPLE_TABLE`, `FLOW_EXAMPLE_HOSTS`; default `generator_example` on the replicas
 //! of shard `a` of the local cluster, `scripts/cluster.sh up`). The table is created if missing.
 
 use anyhow::{ensure, Context};
+use flow::config::{ClickHouseSink, EpochSpec, GeneratorParams};
 use flow_examples::ExampleTable;
 
-const PARTITIONS: u64 = 4;
+const PARTITIONS: u32 = 4;
 const PER_PARTITION: u64 = 2500;
 
 #[tokio::main]
@@ -18,23 +20,22 @@ async fn main() -> anyhow::Result<()> {
         .create("id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String")
         .await?;
 
-    // The spec is the YAML a worker runs (`flow-worker run`), here written in code.
-    let spec = flow::PipelineSpec::from_yaml(&format!(
-        r#"
-pipeline: generator-example
-partitions: {PARTITIONS}
-epoch: {{max_messages: 1000, max_duration_ms: 500}}
-source: {{class: generator, parameters: {{count: {PER_PARTITION}}}}}
-sinks:
-  - name: events
-    sink_class_name: ClickHouseBatchingSink
-    input_stream_ids: [rows]
-    parameters: {{hosts: {hosts}, table: {table}}}
-    dynamic_parameters: {{max_rows_per_batch: 1000}}
-"#,
-        hosts = target.hosts_yaml(),
-        table = target.table,
-    ))?;
+    // The spec a worker reads from YAML (`flow-worker run`), here built in code: the same
+    // validated model, and a mistake in the sink is a `ConfigError` with its path right here.
+    let sink = ClickHouseSink::exactly_once()
+        .hosts(&target.hosts)
+        .table(&target.table)
+        .max_rows_per_batch(1000)
+        .build()?;
+    let spec = flow::PipelineSpec::builder("generator-example")
+        .partitions(PARTITIONS)
+        .epoch(EpochSpec {
+            max_messages: 1000,
+            max_duration_ms: 500,
+        })
+        .source(GeneratorParams::new(PER_PARTITION))
+        .sink("events", ["rows"], sink)
+        .build();
     // The outbox: what is committed but not yet in ClickHouse survives a crash here.
     let state = tempfile::tempdir().context("creating the state directory")?;
     let options = flow::StartOptions::new(state.path()).registry(flow::registry());
@@ -43,7 +44,7 @@ sinks:
     // run until `pipeline.stop(timeout)`, which stops it as SIGTERM stops the worker.
     let report = pipeline.wait().await?;
 
-    let expected = PARTITIONS * PER_PARTITION;
+    let expected = u64::from(PARTITIONS) * PER_PARTITION;
     ensure!(report.messages() == expected, "{report:?}");
     let delivered = pipeline.counters()?.rows_delivered("events");
     ensure!(delivered == expected, "the sink delivered {delivered} rows");

@@ -4,18 +4,26 @@
 //! (messages, plugins, specs, the partition runner, metrics); `flow-state` ([`state`]) is the
 //! transactional outbox a pipeline commits into; `flow-clickhouse` ([`clickhouse`]) holds the
 //! ClickHouse sinks and `flow-brokers` ([`brokers`]) the NATS JetStream and Kafka sources.
-//! This crate puts them together: [`registry`] knows every built-in plugin class, and a
-//! [`PipelineHandle`] (`handle`) validates a spec, opens its state store and runs the pipeline on
-//! the current tokio runtime, then stops it gracefully, reloads its dynamic parameters and reads
-//! the same status (`live_status`) and metrics (`metrics_snapshot`, `metrics_endpoint`) as the
-//! `flow-worker` binary, which is built on this crate too.
+//! This crate puts them together: [`config`] holds the typed configuration of every built-in
+//! plugin (a spec written in Rust: the same validated model a YAML spec gives), [`registry`]
+//! knows every built-in plugin class, and a [`PipelineHandle`] (`handle`) validates a spec, opens
+//! its state store and runs the pipeline on the current tokio runtime, then stops it gracefully,
+//! reloads its dynamic parameters and reads the same status (`live_status`) and metrics
+//! (`metrics_snapshot`, `metrics_endpoint`) as the `flow-worker` binary, which is built on this
+//! crate too.
 //!
 //! ```no_run
+//! use flow::config::{DebugSinkConfig, GeneratorParams};
+//!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let spec = flow::PipelineSpec::from_yaml(
-//!     "pipeline: demo\nsource: {class: generator, parameters: {count: 1000}}\n\
-//!      sinks: [{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {path: out.jsonl}}]",
-//! )?;
+//! // Validates into the same pipeline as this YAML spec (`PipelineSpec::from_yaml`):
+//! // pipeline: demo
+//! // source: {class: generator, parameters: {count: 1000}}
+//! // sinks: [{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {path: out.jsonl}}]
+//! let spec = flow::PipelineSpec::builder("demo")
+//!     .source(GeneratorParams::new(1000))
+//!     .sink("out", ["rows"], DebugSinkConfig::new("out.jsonl"))
+//!     .build();
 //! let mut handle = flow::PipelineHandle::start(spec, flow::StartOptions::new("./state")).await?;
 //! let report = handle.wait().await?;
 //! assert_eq!(report.messages(), 1000);
@@ -24,6 +32,8 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod config;
+
 mod error;
 mod handle;
 mod live_status;
@@ -31,6 +41,7 @@ mod metrics_endpoint;
 mod metrics_snapshot;
 mod store_lifecycle;
 
+pub use config::ConfigError;
 pub use error::HandleError;
 pub use handle::{PipelineHandle, StartOptions};
 pub use live_status::{read_state_dir, snapshot_path, LiveStatus, StatusError};
