@@ -37,11 +37,6 @@ impl ExampleTable {
         }
     }
 
-    /// The hosts as a YAML flow sequence, for a sink's `hosts` parameter.
-    pub fn hosts_yaml(&self) -> String {
-        format!("{:?}", self.hosts)
-    }
-
     /// Creates the table with `columns` (`id UInt64, ...`, ordered by `id`) on every host, as a
     /// ReplicatedMergeTree (`{shard}` and `{replica}` are macros of every node), if missing.
     pub async fn create(&self, columns: &str) -> anyhow::Result<()> {
