@@ -2,7 +2,7 @@
 //! each writes to a table of its own and checks its result itself (exit 0 only if its counts are
 //! exact); the test checks the table once more (rows and distinct ids on both replicas after
 //! `SYSTEM SYNC REPLICA`). The example binaries are built with the test's own profile and target
-//! directory (`cargo test --workspace` has built them already; `cargo build` is then a no-op).
+//! directory (`cargo test --workspace` has built them already; building again is then a no-op).
 //! Also: the README's embedding program is `examples/generator_to_clickhouse.rs`, verbatim.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -31,12 +31,16 @@ fn target_and_profile() -> Result<(PathBuf, String)> {
     Ok((target.to_path_buf(), profile.to_owned()))
 }
 
-/// The path of example `name`, built (or found up to date) by cargo with this test's profile.
+/// The path of example `name`, built (or found up to date) by cargo with this test's profile, as
+/// `cargo test` builds every example of the workspace.
 fn example_bin(name: &str) -> Result<PathBuf> {
     let (target, profile) = target_and_profile()?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let built = Command::new(cargo)
-        .args(["build", "--quiet", "-p", "flow-examples", "--example", name])
+        // The same build `cargo test --workspace` makes: a no-op under it. `cargo build` of
+        // the example alone would select other features of the shared dependencies and rebuild
+        // them (two minutes of a CI run).
+        .args(["test", "--quiet", "--workspace", "--no-run"])
         .args(["--profile", &profile])
         .arg("--target-dir")
         .arg(&target)
