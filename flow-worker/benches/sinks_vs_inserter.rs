@@ -976,8 +976,13 @@ fn push_pipeline() -> Result<()> {
         );
         let mut registry = flow::registry();
         source.register(&mut registry, "push");
-        let text =
-            spec(Case::Batching, &table, 0, 0).replace("  class: generator\n", "  class: push\n");
+        // The generator's spec with its source swapped for the push class, which takes no
+        // parameters.
+        let generator = format!(
+            "  class: generator\n  parameters: {{count: 0, rate_per_second: 0, payload_bytes: {PAYLOAD_BYTES}}}\n"
+        );
+        let text = spec(Case::Batching, &table, 0, 0).replace(&generator, "  class: push\n");
+        anyhow::ensure!(text.contains("class: push"), "the bench spec's source moved: {text}");
         let validated = registry
             .build_yaml(&text)
             .map_err(|err| anyhow::anyhow!("{err}"))?;
