@@ -279,7 +279,7 @@ impl Sink for WordTotals {
 // The program
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+pub async fn main() -> anyhow::Result<()> {
     let target = ExampleTable::from_args("custom_plugins_example");
     target
         .create("id UInt64, line String, words UInt64")

@@ -14,7 +14,7 @@ const PARTITIONS: u32 = 4;
 const PER_PARTITION: u64 = 2500;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+pub async fn main() -> anyhow::Result<()> {
     let target = ExampleTable::from_args("generator_example");
     target
         .create("id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String")

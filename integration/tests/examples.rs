@@ -1,8 +1,7 @@
 //! The examples of `examples/` (crate `flow-examples`) run as programs against the local cluster:
 //! each writes to a table of its own and checks its result itself (exit 0 only if its counts are
 //! exact); the test checks the table once more (rows and distinct ids on both replicas after
-//! `SYSTEM SYNC REPLICA`). The example binaries are built with the test's own profile and target
-//! directory (`cargo test --workspace` has built them already; building again is then a no-op).
+//! `SYSTEM SYNC REPLICA`). The examples are built as bins of this package (`src/bin/*-it.rs`).
 //! Also: the README's embedding program is `examples/generator_to_clickhouse.rs`, verbatim.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -14,44 +13,15 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use flow_integration::*;
 
-/// The target directory and profile this test binary was built in: it is
-/// `<target>/<profile dir>/deps/<test>`, and the profile dir of the `dev` profile is `debug`.
-fn target_and_profile() -> Result<(PathBuf, String)> {
-    let exe = std::env::current_exe().context("locating the test binary")?;
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .context("the test binary is not in <target>/<profile>/deps")?;
-    let target = profile_dir.parent().context("no target directory")?;
-    let name = profile_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .context("the profile directory's name is not UTF-8")?;
-    let profile = if name == "debug" { "dev" } else { name };
-    Ok((target.to_path_buf(), profile.to_owned()))
-}
-
-/// The path of example `name`, built (or found up to date) by cargo with this test's profile, as
-/// `cargo test` builds every example of the workspace.
+/// The binary of example `name`: built with this package (`src/bin/<name>-it.rs` includes the
+/// example's source), so that it is as fresh as this test.
 fn example_bin(name: &str) -> Result<PathBuf> {
-    let (target, profile) = target_and_profile()?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let built = Command::new(cargo)
-        // The same build `cargo test --workspace` makes: a no-op under it. `cargo build` of
-        // the example alone would select other features of the shared dependencies and rebuild
-        // them (two minutes of a CI run).
-        .args(["test", "--quiet", "--workspace", "--no-run"])
-        .args(["--profile", &profile])
-        .arg("--target-dir")
-        .arg(&target)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .with_context(|| format!("running cargo build for example {name}"))?;
-    if !built.success() {
-        bail!("cargo build of example {name} failed: {built}");
-    }
-    let profile_dir = if profile == "dev" { "debug" } else { &profile };
-    Ok(target.join(profile_dir).join("examples").join(name))
+    let bin = match name {
+        "generator_to_clickhouse" => env!("CARGO_BIN_EXE_generator-to-clickhouse-it"),
+        "custom_plugins" => env!("CARGO_BIN_EXE_custom-plugins-it"),
+        other => bail!("no binary is built for example `{other}`"),
+    };
+    Ok(PathBuf::from(bin))
 }
 
 /// Runs example `name` with `args`, failing on a non-zero exit or after `timeout` (then killed).
