@@ -4,9 +4,11 @@
 //! ClickHouse remembers the hashes (or tokens) of recent blocks in a window bounded by count and by
 //! time. A replay that arrives after its block left the window is inserted again, so an
 //! exactly-once sink must warn when the window is smaller than its worst replay. The server-wide
-//! defaults come from `system.merge_tree_settings`; a table's own `SETTINGS` clause (read from
-//! `system.tables.engine_full`, which the HTTP interface exposes on every supported version)
-//! overrides them, and the override is what the table actually uses.
+//! defaults come from `system.merge_tree_settings`; a table's own `SETTINGS` clause overrides them,
+//! and the override is what the table actually uses. The clause is read from `SHOW CREATE TABLE`,
+//! which reads only that table's metadata: `system.tables.engine_full` reads every table's, and
+//! ClickHouse 18.16 fails the whole query (code 60, naming the other table) when any table of the
+//! database is dropped meanwhile.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -53,9 +55,9 @@ pub struct DedupWindows {
 }
 
 impl DedupWindows {
-    /// Server defaults, overridden by the numeric dedup-window settings of the table's `SETTINGS`
-    /// clause in `engine_full`.
-    pub fn new(server_defaults: BTreeMap<String, u64>, engine_full: &str) -> DedupWindows {
+    /// Server defaults, overridden by the numeric dedup-window settings of the `SETTINGS` clause
+    /// in the table's engine clause (see [`engine_clause`]).
+    pub fn new(server_defaults: BTreeMap<String, u64>, engine_clause: &str) -> DedupWindows {
         let mut values: BTreeMap<String, WindowValue> = server_defaults
             .into_iter()
             .filter(|(name, _)| DEDUP_WINDOW_SETTINGS.contains(&name.as_str()))
@@ -64,7 +66,7 @@ impl DedupWindows {
                 (name, WindowValue { value, source })
             })
             .collect();
-        for (name, text) in table_settings(engine_full) {
+        for (name, text) in table_settings(engine_clause) {
             if !DEDUP_WINDOW_SETTINGS.contains(&name.as_str()) {
                 continue;
             }
@@ -224,19 +226,42 @@ pub fn table_settings(engine_full: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The engine clause of a `CREATE TABLE` statement as `SHOW CREATE TABLE` prints it: what follows
+/// the top-level `ENGINE =`, up to a top-level `COMMENT` (which newer servers print after the
+/// settings). The same text `system.tables.engine_full` holds; empty when there is no `ENGINE`.
+pub fn engine_clause(create_statement: &str) -> &str {
+    let Some(engine_end) = top_level_keywords(create_statement, "ENGINE")
+        .first()
+        .copied()
+    else {
+        return "";
+    };
+    let rest = &create_statement[engine_end..];
+    let rest = rest.trim_start().strip_prefix('=').unwrap_or(rest);
+    let end = top_level_keywords(rest, "COMMENT")
+        .first()
+        .map_or(rest.len(), |after| after - "COMMENT".len());
+    rest[..end].trim()
+}
+
 /// The byte offset right after the last top-level `SETTINGS` keyword, if any.
 fn settings_clause_start(text: &str) -> Option<usize> {
-    const KEYWORD: &[u8] = b"SETTINGS";
+    top_level_keywords(text, "SETTINGS").last().copied()
+}
+
+/// The byte offsets right after each top-level occurrence of `keyword` as a whole word.
+fn top_level_keywords(text: &str, keyword: &str) -> Vec<usize> {
+    let keyword = keyword.as_bytes();
     let bytes = text.as_bytes();
-    let mut found = None;
+    let mut found = Vec::new();
     scan_top_level(bytes, |i| {
-        let end = i + KEYWORD.len();
+        let end = i + keyword.len();
         let is_word_start = i == 0 || !is_ident_byte(bytes[i - 1]);
         if is_word_start
-            && bytes.get(i..end) == Some(KEYWORD)
+            && bytes.get(i..end) == Some(keyword)
             && bytes.get(end).is_none_or(|b| !is_ident_byte(*b))
         {
-            found = Some(end);
+            found.push(end);
         }
     });
     found
@@ -302,6 +327,30 @@ mod tests {
         .into_iter()
         .map(|(n, v)| (n.to_owned(), v))
         .collect()
+    }
+
+    #[test]
+    fn engine_clause_of_an_old_server_statement_is_its_engine_full() {
+        let statement = "CREATE TABLE default.t ( x UInt64,  s String DEFAULT 'ENGINE = x') \
+             ENGINE = ReplicatedMergeTree('/clickhouse/tables/t', 'r1') ORDER BY id \
+             SETTINGS replicated_deduplication_window = 7, index_granularity = 4096";
+        assert_eq!(engine_clause(statement), ENGINE_FULL);
+    }
+
+    #[test]
+    fn engine_clause_of_a_new_server_statement_stops_at_its_comment() {
+        let statement = "CREATE TABLE default.t\n(\n    `x` UInt64 COMMENT 'ENGINE = y'\n)\n\
+             ENGINE = ReplicatedMergeTree('/clickhouse/tables/t', 'r1')\nORDER BY id\n\
+             SETTINGS replicated_deduplication_window = 7, index_granularity = 4096\n\
+             COMMENT 'SETTINGS replicated_deduplication_window = 1'";
+        assert_eq!(
+            table_settings(engine_clause(statement)),
+            vec![
+                ("replicated_deduplication_window".to_owned(), "7".to_owned()),
+                ("index_granularity".to_owned(), "4096".to_owned()),
+            ]
+        );
+        assert_eq!(engine_clause("CREATE VIEW v AS SELECT 1"), "");
     }
 
     #[test]

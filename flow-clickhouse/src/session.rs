@@ -17,7 +17,7 @@ use crate::client::{
     build_shards, json_text, json_u64, quote_ident, quote_literal, EndpointClient, ShardClients,
 };
 use crate::columns_guard::{read_columns, ColumnsGuard};
-use crate::dedup_window::{DedupWindows, DEDUP_WINDOW_SETTINGS};
+use crate::dedup_window::{engine_clause, DedupWindows, DEDUP_WINDOW_SETTINGS};
 use crate::fingerprint::{endpoint_target_fingerprint, replicated_target_fingerprint, target_key};
 use crate::late_hosts::{LateCheck, LateHost, LateHosts, LateTargets, ShardReference};
 use crate::params::{ClickHouseDynamicParams, ClickHouseParams, SinkClass, SinkParams};
@@ -541,11 +541,11 @@ async fn probe(
         reason,
     };
 
+    // Only `engine`: the columns that read table metadata (`engine_full`) read every table's, and
+    // old servers fail the query when another table of the database is dropped meanwhile.
     let tables = endpoint
         .query_json(
-            &format!(
-                "SELECT engine, engine_full FROM system.tables WHERE database = {db} AND name = {table}"
-            ),
+            &format!("SELECT engine FROM system.tables WHERE database = {db} AND name = {table}"),
             timeout,
         )
         .await
@@ -557,7 +557,6 @@ async fn probe(
         )));
     };
     let engine = json_text(row, "engine");
-    let engine_full = json_text(row, "engine_full");
     let kind = if engine == "Distributed" {
         return Err(refused(format!(
             "{} is a Distributed table on {}. The sink routes rows to shards itself and needs each shard's local table; a Distributed target would forward blocks on its own and break the link between deduplication token and shard. Set `table` to the local table and list the shards in `shard_hosts`",
@@ -658,7 +657,22 @@ async fn probe(
         .iter()
         .filter_map(|row| Some((json_text(row, "name"), json_u64(row, "value")?)))
         .collect();
-    let dedup_windows = DedupWindows::new(server_defaults, &engine_full);
+    let create = endpoint
+        .query_json(
+            &format!(
+                "SHOW CREATE TABLE {}.{}",
+                quote_ident(&params.database),
+                quote_ident(&params.table)
+            ),
+            timeout,
+        )
+        .await
+        .map_err(fail)?;
+    let statement = create.first().map(|row| json_text(row, "statement"));
+    let dedup_windows = DedupWindows::new(
+        server_defaults,
+        engine_clause(statement.as_deref().unwrap_or("")),
+    );
     // What the server knows of types, so that a refused column can say which type it lacks. Only
     // messages use it, so a server (or a user) that cannot answer leaves it unknown.
     let server_types = match endpoint

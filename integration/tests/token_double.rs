@@ -324,6 +324,10 @@ fn answer(
         vec![format!(
             r#"{{"zookeeper_path":"/clickhouse/tables/double-{port}/default.t","replica_name":"r1"{zk_name}}}"#
         )]
+    } else if sql.starts_with("SHOW CREATE TABLE") {
+        vec![format!(
+            r#"{{"statement":"CREATE TABLE default.t (id UInt64) ENGINE = ReplicatedMergeTree('/clickhouse/tables/double-{port}/default.t', 'r1') ORDER BY id SETTINGS index_granularity = 8192"}}"#
+        )]
     } else if sql.contains("FROM system.merge_tree_settings") {
         vec![r#"{"name":"replicated_deduplication_window_seconds","value":"604800"}"#.to_owned()]
     } else {
