@@ -3,7 +3,7 @@
 //! batch limits.
 
 use bytes::Bytes;
-use flow_core::{CapacityDecay, DeadRow, FaultedIn, MessageBatch, Row, SinkError};
+use flow_core::{CapacityDecay, DeadRow, FaultedIn, Headroom, MessageBatch, Row, SinkError};
 use flow_state::DeadLetter;
 
 use crate::compress::{is_framed, seal};
@@ -70,9 +70,11 @@ impl BatchCutter {
         self.decay.resize(shards, CapacityDecay::default());
         self.rows.resize(shards, 0);
         let dynamic = shared.dynamic();
-        let max_rows = dynamic.max_rows_per_batch;
+        let max_rows = usize::try_from(dynamic.max_rows_per_batch).unwrap_or(usize::MAX);
         let max_bytes = usize::try_from(dynamic.max_bytes_per_batch).unwrap_or(usize::MAX);
-        let mut batch_rows = 0u64;
+        // Encode buffers keep room for what an epoch at its bound would put in a batch.
+        let epoch = Headroom::for_load(batch.len(), batch.bound());
+        let mut batch_rows = 0usize;
         let mut batch_bytes = 0usize;
         let mut first_offset = None;
         for (index, row) in batch.rows().enumerate() {
@@ -92,14 +94,18 @@ impl BatchCutter {
                 }
             }
             if batch_rows >= max_rows || batch_bytes >= max_bytes {
-                self.seal(shared, first, row.id().offset, parts);
+                let headroom = epoch.min(Headroom::for_load(batch_rows, Some(max_rows)));
+                self.seal(shared, first, row.id().offset, parts, headroom);
                 batch_rows = 0;
                 batch_bytes = 0;
                 first_offset = None;
             }
         }
         if let (Some(first), Some(last)) = (first_offset, batch.ids().last()) {
-            self.seal(shared, first, last.offset, parts);
+            let headroom = epoch
+                .min(Headroom::for_load(batch_rows, Some(max_rows)))
+                .min(Headroom::for_load(batch_bytes, Some(max_bytes)));
+            self.seal(shared, first, last.offset, parts, headroom);
         }
         Ok(())
     }
@@ -126,13 +132,14 @@ impl BatchCutter {
     }
 
     /// Seals what the buffers hold as one batch with the given bounds: one part per shard that
-    /// received rows, in shard order.
+    /// received rows, in shard order. The buffers then keep `headroom` for the next batch.
     pub fn seal(
         &mut self,
         shared: &SinkShared,
         first_offset: u64,
         last_offset: u64,
         parts: &mut Vec<Part>,
+        headroom: Headroom,
     ) {
         self.faulted
             .resize(self.buffers.len(), FaultedIn::default());
@@ -155,10 +162,10 @@ impl BatchCutter {
                 payload,
             });
             // The encode buffer keeps its capacity for the next batch, unless it is oversized.
-            if decay.should_shrink(buffer.len(), buffer.capacity()) {
-                buffer.shrink_to_fit();
+            if decay.should_shrink(headroom.target(buffer.len()), buffer.capacity()) {
+                headroom.fit(buffer);
             }
-            faulted.settle(buffer, 0);
+            faulted.settle(buffer, 0, headroom);
         }
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use flow_core::delivery::OutboxDelivery;
-use flow_core::{MessageBatch, Replay, SinkContext, SinkError};
+use flow_core::{Headroom, MessageBatch, Replay, SinkContext, SinkError};
 use flow_state::{SealedBatch, StoredBatch, StoredBody};
 
 use crate::cutter::{BatchCutter, Part};
@@ -225,7 +225,13 @@ impl Requeue<'_> {
             if offset == current.last {
                 if let Some(done) = pending.next() {
                     let mut parts = Vec::new();
-                    cutter.seal(self.shared, done.first, done.last, &mut parts);
+                    cutter.seal(
+                        self.shared,
+                        done.first,
+                        done.last,
+                        &mut parts,
+                        Headroom::NONE,
+                    );
                     complete.push((done, parts));
                 }
             }

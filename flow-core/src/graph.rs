@@ -59,6 +59,7 @@ impl StreamGraph {
                         .cloned()
                         .unwrap_or_else(|| pipeline.source.schema()),
                 )
+                .bounded(pipeline.epoch.max_messages)
             })
             .collect();
         let mut graph = StreamGraph {

@@ -60,7 +60,7 @@ mod spec_text;
 mod types;
 mod wide_int;
 
-pub use capacity::{CapacityDecay, FaultedIn};
+pub use capacity::{CapacityDecay, FaultedIn, Headroom};
 pub use dead_row::{DeadRow, ResendRow};
 pub use drain::{DrainReport, OutboxBacklog, PendingOutbox};
 pub use error::{

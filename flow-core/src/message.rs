@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::capacity::{CapacityDecay, FaultedIn};
+use crate::capacity::{CapacityDecay, FaultedIn, Headroom};
 use crate::error::ValueError;
 use crate::types::{Column, StreamSchema, StreamType};
 
@@ -105,14 +105,17 @@ enum Cell {
 const _: () = assert!(std::mem::size_of::<Cell>() == 16);
 
 /// The messages of one stream in one epoch, stored row-major: a flat cell vector and one byte arena.
-/// Clearing keeps the capacity, so a partition reuses its batches across epochs, until a run of
-/// small epochs lets a burst's capacity go ([`CapacityDecay`]).
+/// Clearing keeps the capacity, sized for an epoch at the batch's bound ([`Headroom`]), so a
+/// partition reuses its batches across epochs, until a run of small epochs lets it go
+/// ([`CapacityDecay`]).
 #[derive(Clone, Debug)]
 pub struct MessageBatch {
     schema: Arc<StreamSchema>,
     ids: Vec<MessageId>,
     cells: Vec<Cell>,
     arena: Vec<u8>,
+    /// The most messages an epoch puts in the batch (`epoch.max_messages`), if known.
+    bound: Option<usize>,
     decay: CapacityDecay,
     /// Ids, cells and arena: trimmed to their use and written once when their capacity changes
     /// ([`FaultedIn`]).
@@ -127,9 +130,22 @@ impl MessageBatch {
             ids: Vec::new(),
             cells: Vec::new(),
             arena: Vec::new(),
+            bound: None,
             decay: CapacityDecay::default(),
             faulted: [FaultedIn::default(); 3],
         }
+    }
+
+    /// The batch, holding at most `messages` messages per epoch: its buffers keep room for that
+    /// many ([`Headroom`]).
+    pub fn bounded(mut self, messages: usize) -> Self {
+        self.bound = Some(messages);
+        self
+    }
+
+    /// The most messages an epoch puts in the batch, if known.
+    pub fn bound(&self) -> Option<usize> {
+        self.bound
     }
 
     /// The stream's schema.
@@ -147,21 +163,25 @@ impl MessageBatch {
         self.ids.is_empty()
     }
 
-    /// Removes every message, keeping the capacity unless a run of small epochs says it is no
-    /// longer needed.
+    /// Removes every message, keeping the capacity (sized for an epoch at the bound) unless a
+    /// run of small epochs says it is no longer needed.
     pub fn clear(&mut self) {
-        let used = self.held_bytes(|v| v.len(), |v| v.len(), |v| v.len());
+        let headroom = Headroom::for_load(self.len(), self.bound);
+        let needed = self.held_bytes(
+            |v| headroom.target(v.len()),
+            |v| headroom.target(v.len()),
+            |v| headroom.target(v.len()),
+        );
         let capacity = self.held_bytes(|v| v.capacity(), |v| v.capacity(), |v| v.capacity());
-        let shrink = self.decay.should_shrink(used, capacity);
-        if shrink {
-            self.ids.shrink_to_fit();
-            self.cells.shrink_to_fit();
-            self.arena.shrink_to_fit();
+        if self.decay.should_shrink(needed, capacity) {
+            headroom.fit(&mut self.ids);
+            headroom.fit(&mut self.cells);
+            headroom.fit(&mut self.arena);
         }
         let [ids, cells, arena] = &mut self.faulted;
-        ids.settle(&mut self.ids, MessageId::new(0, 0));
-        cells.settle(&mut self.cells, Cell::Null);
-        arena.settle(&mut self.arena, 0);
+        ids.settle(&mut self.ids, MessageId::new(0, 0), headroom);
+        cells.settle(&mut self.cells, Cell::Null, headroom);
+        arena.settle(&mut self.arena, 0, headroom);
     }
 
     fn held_bytes(
