@@ -1,12 +1,15 @@
-//! `AtLeastOnceClickHouseSink`: writes each epoch synchronously while it is processed, with no
-//! outbox and no token. The epoch commits only after every part was inserted; nothing is lost, and
-//! a part inserted before a failure may be inserted again when the epoch is replayed (a
-//! duplicate). Retryable errors are retried without limit; as in the reference, unknown ones fail
-//! the write (and the partition) after `max_insert_attempts` attempts and permanent ones at once.
-//! With `on_bad_rows: dead_letter` a part the server refuses for its rows is sent in halves
+//! `AtLeastOnceClickHouseSink`: writes each epoch before the epoch commits, with no outbox and
+//! no token. The epoch's rows are cut and encoded in `write_epoch`; their inserts then run as a
+//! pending write ([`flow_core::PendingWrite`]) while the partition reads the next epoch, and the
+//! epoch commits only after every part was inserted. Nothing is lost, and a part inserted before
+//! a failure may be inserted again when the epoch is replayed (a duplicate). Retryable errors are
+//! retried without limit; as in the reference, unknown ones fail the write (and the partition)
+//! after `max_insert_attempts` attempts and permanent ones at once. With
+//! `on_bad_rows: dead_letter` a part the server refuses for its rows is sent in halves
 //! ([`crate::split`]) and the rows it still refuses are committed as dead letters with the epoch.
-//! A stop in the middle of an epoch vetoes its commit, so the next run replays it. Accepts all three host forms; `shard_hosts` routes
-//! like the sharded exactly-once sink. It takes no part in the topology guard.
+//! A stop in the middle of an epoch vetoes its commit, so the next run replays it. Accepts all
+//! three host forms; `shard_hosts` routes like the sharded exactly-once sink. It takes no part in
+//! the topology guard.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,9 +17,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{
-    Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkCount, SinkError, SinkFactory,
+    Epoch, EpochOutcome, EpochWrite, PendingWrite, Sink, SinkContext, SinkCount, SinkError,
+    SinkFactory, SinkMetrics,
 };
-use flow_state::CounterAdd;
+use flow_state::{CounterAdd, DeadLetter};
+use tokio::sync::watch;
 use tracing::warn;
 
 use crate::classify::{is_row_rejection, ClassifiedError};
@@ -63,16 +68,93 @@ struct AtLeastOnceSink {
     cutter: BatchCutter,
 }
 
-impl AtLeastOnceSink {
+/// One epoch's parts on their way into ClickHouse. It owns the encoded parts, so the sink
+/// answers [`EpochOutcome::Pending`] once they are cut and the runtime reads the next epoch while
+/// they are inserted: the epoch still commits only after every part is in.
+struct EpochInserts {
+    shared: Arc<SinkShared>,
+    session: Arc<WriterSession>,
+    metrics: SinkMetrics,
+    partition: u32,
+    stop: watch::Receiver<bool>,
+    parts: Vec<Part>,
+    dead_letters: Vec<DeadLetter>,
+}
+
+impl EpochInserts {
+    async fn run(mut self) -> Result<EpochOutcome, SinkError> {
+        let parts = std::mem::take(&mut self.parts);
+        let mut delivered = Vec::with_capacity(parts.len() * 2);
+        for part in &parts {
+            let request = InsertRequest {
+                shard: &part.shard,
+                token: None,
+                payload: &part.payload,
+                compressed: part.compressed(),
+                sealed_at_ms: None,
+                answered_code: None,
+                attempts: None,
+                metrics: &self.metrics,
+            };
+            let result = insert_part(&self.shared, &self.session, request, &mut self.stop).await;
+            let retry_after = self.shared.dynamic().retry_backoff;
+            match result {
+                Ok(_) => delivered.extend(self.delivered(part, part.rows)),
+                Err(InsertFailure::Stopped) => return Ok(stopping(retry_after)),
+                Err(InsertFailure::GaveUp(gave_up)) if self.splits(&gave_up.error) => {
+                    match self.isolate(part, &gave_up.error).await? {
+                        Isolated::Done(dead) => {
+                            let landed = part.rows.saturating_sub(dead.len() as u64);
+                            delivered.extend(self.delivered(part, landed));
+                            self.dead_letters.extend(dead);
+                        }
+                        Isolated::Stopped => return Ok(stopping(retry_after)),
+                        Isolated::GaveUp(reason) => return Err(reason.to_sink_error()),
+                    }
+                }
+                Err(InsertFailure::GaveUp(gave_up)) => {
+                    return self.given_up(&part.shard, &gave_up, retry_after)
+                }
+                Err(other) => return Err(other.into_sink_error()),
+            }
+        }
+        // Rows inserted by an epoch that is then not committed are inserted again by its replay,
+        // and counted again: the counter follows what the table holds.
+        Ok(EpochOutcome::Commit(EpochWrite {
+            dead_letters: self.dead_letters,
+            counters: delivered,
+            ..EpochWrite::default()
+        }))
+    }
+
+    /// Sends a part the server refused for its rows in pieces (`on_bad_rows: dead_letter`).
+    async fn isolate(&self, part: &Part, refused: &ClassifiedError) -> Result<Isolated, SinkError> {
+        let refused = RefusedPart {
+            shard: &part.shard,
+            token: None,
+            format: &part.format,
+            payload: &part.payload,
+            first_offset: part.first_offset,
+            last_offset: part.last_offset,
+            rows: part.rows,
+            sealed_at_ms: None,
+            refused,
+        };
+        let (shared, session, metrics) = (&self.shared, &self.session, &self.metrics);
+        refused
+            .isolate(shared, session, self.partition, metrics, &self.stop)
+            .await
+    }
+
     /// What a given-up insert means for the epoch, as the guarantee says: an unknown or
     /// permanent error fails the partition; any other vetoes the commit so the epoch is replayed.
     fn given_up(
         &self,
-        session: &WriterSession,
         shard: &str,
         gave_up: &GaveUp,
         retry_after: Duration,
     ) -> Result<EpochOutcome, SinkError> {
+        let session = &self.session;
         if gave_up.give_up == GiveUp::FailPartition {
             return Err(gave_up.reason(session, shard, None).to_sink_error());
         }
@@ -83,7 +165,7 @@ impl AtLeastOnceSink {
             database = %session.database,
             table = %session.table,
             shard = %shard,
-            partition = self.ctx.partition,
+            partition = self.partition,
             attempts,
             error = %error,
             "insert failed {attempts} time(s); the epoch is not committed and will be replayed, so rows already inserted in it may be duplicated"
@@ -93,14 +175,13 @@ impl AtLeastOnceSink {
             retry_after,
         })
     }
-}
 
-impl AtLeastOnceSink {
-    /// The rows and batch of a delivered part, as additions to the persisted counters.
-    fn delivered(&self, part: &Part) -> [CounterAdd; 2] {
-        let (metrics, shard) = (&self.ctx.metrics, Some(part.shard.as_str()));
+    /// `rows` of a delivered part, and the part as a batch, as additions to the persisted
+    /// counters.
+    fn delivered(&self, part: &Part, rows: u64) -> [CounterAdd; 2] {
+        let (metrics, shard) = (&self.metrics, Some(part.shard.as_str()));
         [
-            metrics.add(SinkCount::RowsDelivered, shard, part.rows),
+            metrics.add(SinkCount::RowsDelivered, shard, rows),
             metrics.add(SinkCount::BatchesDelivered, shard, 1),
         ]
     }
@@ -109,6 +190,13 @@ impl AtLeastOnceSink {
     /// the partition.
     fn splits(&self, error: &ClassifiedError) -> bool {
         self.shared.params.spec.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
+    }
+}
+
+fn stopping(retry_after: Duration) -> EpochOutcome {
+    EpochOutcome::Veto {
+        reason: "the pipeline is stopping before the epoch was written".to_owned(),
+        retry_after,
     }
 }
 
@@ -127,76 +215,16 @@ impl Sink for AtLeastOnceSink {
                 .cut(&self.shared, &session, batch, &mut parts, &mut dead_letters)
                 .await?;
         }
-        let mut stop = self.ctx.shutdown.clone();
-        let mut delivered = Vec::with_capacity(parts.len() * 2);
-        for part in &parts {
-            let request = InsertRequest {
-                shard: &part.shard,
-                token: None,
-                payload: &part.payload,
-                compressed: part.compressed(),
-                sealed_at_ms: None,
-                answered_code: None,
-                attempts: None,
-                metrics: &self.ctx.metrics,
-            };
-            let result = insert_part(&self.shared, &session, request, &mut stop).await;
-            let retry_after = self.shared.dynamic().retry_backoff;
-            match result {
-                Ok(_) => delivered.extend(self.delivered(part)),
-                Err(InsertFailure::Stopped) => {
-                    return Ok(EpochOutcome::Veto {
-                        reason: "the pipeline is stopping before the epoch was written".to_owned(),
-                        retry_after,
-                    })
-                }
-                Err(InsertFailure::GaveUp(gave_up)) if self.splits(&gave_up.error) => {
-                    let refused = RefusedPart {
-                        shard: &part.shard,
-                        token: None,
-                        format: &part.format,
-                        payload: &part.payload,
-                        first_offset: part.first_offset,
-                        last_offset: part.last_offset,
-                        rows: part.rows,
-                        sealed_at_ms: None,
-                        refused: &gave_up.error,
-                    };
-                    let partition = self.ctx.partition;
-                    let metrics = &self.ctx.metrics;
-                    match refused
-                        .isolate(&self.shared, &session, partition, metrics, &stop)
-                        .await?
-                    {
-                        Isolated::Done(dead) => {
-                            let mut landed = self.delivered(part);
-                            landed[0].by = part.rows.saturating_sub(dead.len() as u64);
-                            delivered.extend(landed);
-                            dead_letters.extend(dead);
-                        }
-                        Isolated::Stopped => {
-                            return Ok(EpochOutcome::Veto {
-                                reason: "the pipeline is stopping before the epoch was written"
-                                    .to_owned(),
-                                retry_after,
-                            })
-                        }
-                        Isolated::GaveUp(reason) => return Err(reason.to_sink_error()),
-                    }
-                }
-                Err(InsertFailure::GaveUp(gave_up)) => {
-                    return self.given_up(&session, &part.shard, &gave_up, retry_after)
-                }
-                Err(other) => return Err(other.into_sink_error()),
-            }
-        }
-        // Rows inserted by an epoch that is then not committed are inserted again by its replay,
-        // and counted again: the counter follows what the table holds.
-        Ok(EpochOutcome::Commit(EpochWrite {
+        let inserts = EpochInserts {
+            shared: Arc::clone(&self.shared),
+            session,
+            metrics: self.ctx.metrics.clone(),
+            partition: self.ctx.partition,
+            stop: self.ctx.shutdown.clone(),
+            parts,
             dead_letters,
-            counters: delivered,
-            ..EpochWrite::default()
-        }))
+        };
+        Ok(EpochOutcome::Pending(PendingWrite::new(inserts.run())))
     }
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {

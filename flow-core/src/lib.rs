@@ -35,6 +35,7 @@ pub mod registry;
 pub mod sinks;
 pub mod sources;
 
+mod answers;
 mod builtin_config;
 mod builtins;
 mod capacity;
@@ -75,9 +76,9 @@ pub use packed::{
     PackedError, PackedReader, DATE32_RANGE,
 };
 pub use plugin::{
-    Epoch, EpochOutcome, EpochWrite, PartitionObserver, Processor, ProcessorFactory, ReadLimits,
-    Replay, ReplayReader, Sink, SinkContext, SinkFactory, Source, SourceFactory, SourceOutput,
-    SourceRead,
+    Epoch, EpochOutcome, EpochWrite, PartitionObserver, PendingWrite, Processor, ProcessorFactory,
+    ReadLimits, Replay, ReplayReader, Sink, SinkContext, SinkFactory, Source, SourceFactory,
+    SourceOutput, SourceRead,
 };
 pub use plugin_config::{to_section, ConfigError, ProcessorConfig, SinkConfig, SourceConfig};
 pub use progress::Progress;

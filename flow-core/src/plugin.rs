@@ -2,6 +2,8 @@
 //! parameters, see [`crate::registry`]) and instantiated once per partition. Every trait has one
 //! required method; lifecycle hooks have defaults.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -226,6 +228,10 @@ pub struct EpochWrite {
 pub enum EpochOutcome {
     /// Commit the epoch with this write.
     Commit(EpochWrite),
+    /// The sink is done with the epoch's messages but its write goes on: the runtime reads the
+    /// next epoch meanwhile, and commits this one (or replays it) once the write resolves to
+    /// [`EpochOutcome::Commit`] or [`EpochOutcome::Veto`].
+    Pending(PendingWrite),
     /// The epoch must not be committed: the runtime rewinds the source to the last committed
     /// position and replays the epoch after `retry_after`.
     Veto {
@@ -234,6 +240,30 @@ pub enum EpochOutcome {
         /// How long to wait before reading the epoch again.
         retry_after: Duration,
     },
+}
+
+/// A sink's write that outlives [`Sink::write_epoch`] ([`EpochOutcome::Pending`]): it owns what
+/// it writes, so the epoch's batches can be refilled while it runs.
+pub struct PendingWrite(Pin<Box<dyn Future<Output = Result<EpochOutcome, SinkError>> + Send>>);
+
+impl PendingWrite {
+    /// Wraps the write; it must resolve to a commit or a veto, not to another pending write.
+    pub fn new(
+        write: impl Future<Output = Result<EpochOutcome, SinkError>> + Send + 'static,
+    ) -> PendingWrite {
+        PendingWrite(Box::pin(write))
+    }
+
+    /// Runs the write to its outcome.
+    pub async fn finish(self) -> Result<EpochOutcome, SinkError> {
+        self.0.await
+    }
+}
+
+impl std::fmt::Debug for PendingWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingWrite")
+    }
 }
 
 /// One sink instance, owned by one partition.

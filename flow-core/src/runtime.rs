@@ -13,19 +13,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use flow_state::{BatchStorage, DeadLetter, EpochCommit, SinkEpochCommit, StateStore};
+use flow_state::{DeadLetter, EpochCommit, StateStore};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use crate::answers::{EpochAnswers, EpochCommits, Vetoed};
 use crate::delivered::DeliveryTracker;
 use crate::drain::{DrainReport, OutboxBacklog};
 use crate::error::{RuntimeError, SinkError, SpecError};
 use crate::graph::StreamGraph;
 use crate::lag::SourceLags;
-use crate::metrics::{Metrics, SinkCount, SinkCounter, SinkMetrics, SourceCount};
-use crate::plugin::{
-    Epoch, EpochOutcome, PartitionObserver, Replay, Sink, SinkContext, SinkFactory, Source,
-};
+use crate::metrics::{Metrics, SinkMetrics};
+use crate::plugin::{Epoch, PartitionObserver, Replay, Sink, SinkContext, SinkFactory, Source};
 use crate::progress::{Progress, ProgressCounters};
 use crate::registry::Registry;
 use crate::replay::PipelineReplay;
@@ -529,6 +528,16 @@ impl Drop for PartitionRunner {
     }
 }
 
+/// One epoch as read (and processed) into the partition's batches.
+struct ReadEpoch {
+    /// The source's position after it; the committed one when nothing was read.
+    position: Option<Vec<u8>>,
+    exhausted: bool,
+    messages: usize,
+    /// When its reading began (ms since the Unix epoch).
+    started_ms: u64,
+}
+
 struct SinkSlot {
     name: String,
     sink: Box<dyn Sink>,
@@ -739,6 +748,10 @@ impl PartitionRunner {
         let mut committed = self.committed_position().await?;
         let mut source = self.open_source(committed.as_deref())?;
         let mut source_dead: Vec<DeadLetter> = Vec::new();
+        // The next epoch, read while a sink's write of this one was still going on, and the
+        // dead letters of its source.
+        let mut ahead: Option<Result<ReadEpoch, RuntimeError>> = None;
+        let mut ahead_dead: Vec<DeadLetter> = Vec::new();
         let mut epoch_number = 0u64;
 
         loop {
@@ -748,26 +761,18 @@ impl PartitionRunner {
             }
             self.apply_dynamic(sinks)?;
 
-            graph.clear();
-            source_dead.clear();
-            let started_ms = crate::delivery::now_ms();
-            let end = graph
-                .read_slice(
-                    source.as_mut(),
-                    &mut source_dead,
-                    &pipeline.epoch,
-                    Some(&self.shutdown),
-                    None,
-                )
-                .await
-                .map_err(|source| RuntimeError::Source { partition, source })?;
-            self.lags.report(partition, end.lag);
-            let position = end.position.or_else(|| committed.clone());
-            let exhausted = end.exhausted;
-
-            let messages = graph.source_len();
-            if messages == 0 && source_dead.is_empty() && position == committed {
-                if exhausted {
+            let read = match ahead.take() {
+                Some(read) => {
+                    std::mem::swap(&mut source_dead, &mut ahead_dead);
+                    read?
+                }
+                None => {
+                    self.read_epoch(graph, source.as_mut(), &mut source_dead, &committed)
+                        .await?
+                }
+            };
+            if read.messages == 0 && source_dead.is_empty() && read.position == committed {
+                if read.exhausted {
                     source.close().await;
                     report.end = PartitionEnd::Drained;
                     return Ok(report);
@@ -775,6 +780,122 @@ impl PartitionRunner {
                 continue;
             }
 
+            let counters = EpochAnswers::source_counters(read.messages, source_dead.len());
+            let mut answers =
+                EpochAnswers::new(counters, committed.clone(), pipeline.stores_bounds());
+            let mut veto = None;
+            for slot in sinks.iter_mut() {
+                let inputs = graph.inputs(&slot.inputs);
+                let epoch = Epoch {
+                    number: epoch_number,
+                    started_ms: read.started_ms,
+                    inputs: &inputs,
+                };
+                let outcome = slot
+                    .sink
+                    .write_epoch(&epoch)
+                    .await
+                    .map_err(|err| self.sink_error(&slot.name, err))?;
+                if let Err(vetoed) = answers.record(&slot.name, outcome) {
+                    veto = Some(vetoed);
+                    break;
+                }
+            }
+            epoch_number += 1;
+            let written = match veto {
+                Some(vetoed) => Err(vetoed),
+                // Every sink is done with the epoch's messages: the next epoch is read into the
+                // same batches while the pending writes go on.
+                None if answers.has_pending() && !read.exhausted => {
+                    let (written, next) = tokio::join!(
+                        answers.finish(),
+                        self.read_epoch(graph, source.as_mut(), &mut ahead_dead, &read.position)
+                    );
+                    ahead = Some(next);
+                    written.map_err(|(sink, err)| self.sink_error(&sink, err))?
+                }
+                None => answers
+                    .finish()
+                    .await
+                    .map_err(|(sink, err)| self.sink_error(&sink, err))?,
+            };
+
+            let commits = match written {
+                Ok(commits) => commits,
+                Err(vetoed) => {
+                    ahead = None;
+                    report.vetoes += 1;
+                    self.log_veto(&vetoed);
+                    source.close().await;
+                    let mut shutdown = self.shutdown.clone();
+                    tokio::select! {
+                        _ = tokio::time::sleep(vetoed.retry_after) => {}
+                        _ = shutdown.wait_for(|stop| *stop) => {}
+                    }
+                    source = self.open_source(committed.as_deref())?;
+                    continue;
+                }
+            };
+
+            let dead_count = source_dead.len()
+                + commits
+                    .sinks
+                    .iter()
+                    .map(|c| c.dead_letters.len())
+                    .sum::<usize>();
+            let position = read.position.clone();
+            self.commit_epoch(
+                sinks,
+                commits,
+                position.clone(),
+                &mut source_dead,
+                read.messages,
+            )
+            .await?;
+            committed = position;
+            report.epochs_committed += 1;
+            report.messages += read.messages as u64;
+            report.dead_letters += dead_count as u64;
+
+            if read.exhausted {
+                source.close().await;
+                report.end = PartitionEnd::Drained;
+                return Ok(report);
+            }
+        }
+    }
+
+    /// Reads one epoch into `graph` from where `from` left the source, and runs the processors
+    /// over it.
+    async fn read_epoch(
+        &self,
+        graph: &mut StreamGraph,
+        source: &mut dyn Source,
+        source_dead: &mut Vec<DeadLetter>,
+        from: &Option<Vec<u8>>,
+    ) -> Result<ReadEpoch, RuntimeError> {
+        let partition = self.partition;
+        graph.clear();
+        source_dead.clear();
+        let started_ms = crate::delivery::now_ms();
+        let end = graph
+            .read_slice(
+                source,
+                source_dead,
+                &self.pipeline.epoch,
+                Some(&self.shutdown),
+                None,
+            )
+            .await
+            .map_err(|source| RuntimeError::Source { partition, source })?;
+        self.lags.report(partition, end.lag);
+        let read = ReadEpoch {
+            position: end.position.or_else(|| from.clone()),
+            exhausted: end.exhausted,
+            messages: graph.source_len(),
+            started_ms,
+        };
+        if read.messages > 0 || !source_dead.is_empty() {
             graph
                 .process()
                 .await
@@ -783,156 +904,109 @@ impl PartitionRunner {
                     processor,
                     source,
                 })?;
-
-            let mut sink_commits = Vec::with_capacity(sinks.len());
-            let mut counters = vec![
-                SourceCount::Messages.addition(messages as u64),
-                SourceCount::EpochsCommitted.addition(1),
-                SourceCount::DeadLetters.addition(source_dead.len() as u64),
-            ];
-            let mut veto = None;
-            for slot in sinks.iter_mut() {
-                let inputs = graph.inputs(&slot.inputs);
-                let epoch = Epoch {
-                    number: epoch_number,
-                    started_ms,
-                    inputs: &inputs,
-                };
-                match slot.sink.write_epoch(&epoch).await {
-                    Ok(EpochOutcome::Commit(mut write)) => {
-                        counters.push(sink_dead_letters(&slot.name, write.dead_letters.len()));
-                        counters.append(&mut write.counters);
-                        sink_commits.push(SinkEpochCommit {
-                            sink: slot.name.clone(),
-                            storage: if write.rebuildable && pipeline.stores_bounds() {
-                                BatchStorage::Bounds {
-                                    epoch_start: committed.clone(),
-                                }
-                            } else {
-                                BatchStorage::Payload
-                            },
-                            batches: write.batches,
-                            dead_letters: write.dead_letters,
-                        })
-                    }
-                    Ok(EpochOutcome::Veto {
-                        reason,
-                        retry_after,
-                    }) => {
-                        veto = Some((slot.name.clone(), reason, retry_after));
-                        break;
-                    }
-                    Err(err) => return Err(self.sink_error(&slot.name, err)),
-                }
-            }
-            epoch_number += 1;
-
-            if let Some((sink, reason, retry_after)) = veto {
-                report.vetoes += 1;
-                if *self.shutdown.borrow() {
-                    // Nothing to act on: a stop leaves the epoch uncommitted, the next run reads it.
-                    info!(
-                        pipeline = %pipeline.name,
-                        partition,
-                        sink = %sink,
-                        reason = %reason,
-                        "epoch not committed: the pipeline is stopping"
-                    );
-                } else {
-                    warn!(
-                        pipeline = %pipeline.name,
-                        partition,
-                        sink = %sink,
-                        reason = %reason,
-                        retry_after_ms = retry_after.as_millis() as u64,
-                        "epoch vetoed; replaying it from the committed position"
-                    );
-                }
-                source.close().await;
-                let mut shutdown = self.shutdown.clone();
-                tokio::select! {
-                    _ = tokio::time::sleep(retry_after) => {}
-                    _ = shutdown.wait_for(|stop| *stop) => {}
-                }
-                source = self.open_source(committed.as_deref())?;
-                continue;
-            }
-
-            let kept: Vec<Vec<flow_state::SealedBatch>> =
-                sink_commits.iter().map(|c| c.batches.clone()).collect();
-            let dead_count = source_dead.len()
-                + sink_commits
-                    .iter()
-                    .map(|c| c.dead_letters.len())
-                    .sum::<usize>();
-            let new_position = position.clone().unwrap_or_default();
-            let observed_position = self.observed.as_ref().map(|_| new_position.clone());
-            let commit_started = std::time::Instant::now();
-            let receipt = self
-                .store
-                .commit(EpochCommit {
-                    pipeline: pipeline.name.clone(),
-                    partition,
-                    position: new_position,
-                    source_dead_letters: std::mem::take(&mut source_dead),
-                    sinks: sink_commits,
-                    counters: counters.clone(),
-                })
-                .await
-                .map_err(|source| RuntimeError::State { partition, source })?;
-            self.metrics.observe_commit(
-                &pipeline.name,
-                partition,
-                commit_started.elapsed().as_secs_f64(),
-            );
-            self.metrics.applied(&pipeline.name, partition, &counters);
-            committed = position;
-            if let (Some((observer, tracker)), Some(position)) = (&self.observed, observed_position)
-            {
-                observer.committed(&position);
-                tracker.committed(&position, &receipt.batch_seqs);
-            }
-            let rows_sealed = kept.iter().flatten().map(|b| b.rows).sum();
-            self.progress.committed(messages as u64, rows_sealed);
-            report.epochs_committed += 1;
-            report.messages += messages as u64;
-            report.dead_letters += dead_count as u64;
-
-            for (slot, batches_of_sink) in sinks.iter_mut().zip(kept) {
-                let seqs = receipt
-                    .batch_seqs
-                    .iter()
-                    .find(|(sink, _)| sink == &slot.name)
-                    .map(|(_, seqs)| seqs.clone())
-                    .unwrap_or_default();
-                if seqs.len() != batches_of_sink.len() {
-                    return Err(self.sink_error(
-                        &slot.name,
-                        SinkError::Delivery {
-                            reason: format!(
-                                "the outbox stored {} batch(es) but the sink sealed {}",
-                                seqs.len(),
-                                batches_of_sink.len()
-                            ),
-                        },
-                    ));
-                }
-                slot.sink
-                    .committed(seqs.into_iter().zip(batches_of_sink).collect())
-                    .await
-                    .map_err(|err| RuntimeError::Sink {
-                        partition,
-                        sink: slot.name.clone(),
-                        source: err,
-                    })?;
-            }
-
-            if exhausted {
-                source.close().await;
-                report.end = PartitionEnd::Drained;
-                return Ok(report);
-            }
         }
+        Ok(read)
+    }
+
+    fn log_veto(&self, vetoed: &Vetoed) {
+        let pipeline = &self.pipeline.name;
+        let partition = self.partition;
+        if *self.shutdown.borrow() {
+            // Nothing to act on: a stop leaves the epoch uncommitted, the next run reads it.
+            info!(
+                pipeline = %pipeline,
+                partition,
+                sink = %vetoed.sink,
+                reason = %vetoed.reason,
+                "epoch not committed: the pipeline is stopping"
+            );
+        } else {
+            warn!(
+                pipeline = %pipeline,
+                partition,
+                sink = %vetoed.sink,
+                reason = %vetoed.reason,
+                retry_after_ms = vetoed.retry_after.as_millis() as u64,
+                "epoch vetoed; replaying it from the committed position"
+            );
+        }
+    }
+
+    /// Commits the epoch (position, sinks' batches and dead letters, counters), then tells the
+    /// sinks, the observer and the progress counters.
+    async fn commit_epoch(
+        &self,
+        sinks: &mut [SinkSlot],
+        commits: EpochCommits,
+        position: Option<Vec<u8>>,
+        source_dead: &mut Vec<DeadLetter>,
+        messages: usize,
+    ) -> Result<(), RuntimeError> {
+        let partition = self.partition;
+        let pipeline = Arc::clone(&self.pipeline);
+        let EpochCommits {
+            sinks: sink_commits,
+            counters,
+        } = commits;
+        let kept: Vec<Vec<flow_state::SealedBatch>> =
+            sink_commits.iter().map(|c| c.batches.clone()).collect();
+        let new_position = position.unwrap_or_default();
+        let observed_position = self.observed.as_ref().map(|_| new_position.clone());
+        let commit_started = std::time::Instant::now();
+        let receipt = self
+            .store
+            .commit(EpochCommit {
+                pipeline: pipeline.name.clone(),
+                partition,
+                position: new_position,
+                source_dead_letters: std::mem::take(source_dead),
+                sinks: sink_commits,
+                counters: counters.clone(),
+            })
+            .await
+            .map_err(|source| RuntimeError::State { partition, source })?;
+        self.metrics.observe_commit(
+            &pipeline.name,
+            partition,
+            commit_started.elapsed().as_secs_f64(),
+        );
+        self.metrics.applied(&pipeline.name, partition, &counters);
+        if let (Some((observer, tracker)), Some(position)) = (&self.observed, observed_position) {
+            observer.committed(&position);
+            tracker.committed(&position, &receipt.batch_seqs);
+        }
+        let rows_sealed = kept.iter().flatten().map(|b| b.rows).sum();
+        self.progress.committed(messages as u64, rows_sealed);
+
+        for (slot, batches_of_sink) in sinks.iter_mut().zip(kept) {
+            let seqs = receipt
+                .batch_seqs
+                .iter()
+                .find(|(sink, _)| sink == &slot.name)
+                .map(|(_, seqs)| seqs.clone())
+                .unwrap_or_default();
+            if seqs.len() != batches_of_sink.len() {
+                return Err(self.sink_error(
+                    &slot.name,
+                    SinkError::Delivery {
+                        reason: format!(
+                            "the outbox stored {} batch(es) but the sink sealed {}",
+                            seqs.len(),
+                            batches_of_sink.len()
+                        ),
+                    },
+                ));
+            }
+            slot.sink
+                .committed(seqs.into_iter().zip(batches_of_sink).collect())
+                .await
+                .map_err(|err| RuntimeError::Sink {
+                    partition,
+                    sink: slot.name.clone(),
+                    source: err,
+                })?;
+        }
+        Ok(())
     }
 
     fn apply_dynamic(&mut self, sinks: &mut [SinkSlot]) -> Result<(), RuntimeError> {
@@ -956,15 +1030,6 @@ impl PartitionRunner {
 
 /// A graceful stop lets the sinks deliver what is pending for at most `limit`; `close` then
 /// stops what is still in flight and the rest stays in the outbox.
-/// The dead letters a sink set aside while sealing an epoch, as a counter addition.
-fn sink_dead_letters(sink: &str, rows: usize) -> flow_state::CounterAdd {
-    flow_state::CounterAdd {
-        owner: sink.to_owned(),
-        name: SinkCounter::new(SinkCount::DeadLetterRows, None).name(),
-        by: rows as u64,
-    }
-}
-
 async fn drain_for(sinks: &mut [SinkSlot], limit: Duration, partition: u32) {
     if limit.is_zero() {
         return;

@@ -16,8 +16,8 @@ use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::sources::generator::{fill_payload, TS_BASE};
 use flow_core::ReloadOutcome;
 use flow_core::{
-    Epoch, EpochOutcome, EpochWrite, PartitionEnd, Pipeline, PipelineSpec, Registry, RunReport,
-    RuntimeError, Sink, SinkContext, SinkError, SinkFactory, SourceError, Violation,
+    Epoch, EpochOutcome, EpochWrite, PartitionEnd, PendingWrite, Pipeline, PipelineSpec, Registry,
+    RunReport, RuntimeError, Sink, SinkContext, SinkError, SinkFactory, SourceError, Violation,
 };
 use flow_state::{SealedBatch, SinkPartition, StateStore, SOURCE_OWNER};
 use tokio::sync::Notify;
@@ -1314,4 +1314,120 @@ async fn drain_delivers_every_pending_batch_without_reading_the_source() {
     }
     let again = drain(&store).await.unwrap();
     assert!(again.before.is_empty() && again.after.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pending writes: the next epoch is read while a sink's write of this one goes on.
+
+/// What the `PendingRecorder` sink saw: per epoch attempt its number, when its reading began and
+/// when its pending write finished (ms since the Unix epoch); and the offsets of committed writes.
+#[derive(Default)]
+struct PendingLog {
+    attempts: Mutex<Vec<(u64, u64, u64)>>,
+    written: Mutex<Vec<u64>>,
+}
+
+fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A sink class `PendingRecorder` whose writes outlive `write_epoch`: each takes `write_ms`, then
+/// vetoes the epoch attempts listed in `vetoes` and commits the others, recording their offsets.
+fn register_pending_sink(registry: &mut Registry, log: Arc<PendingLog>, vetoes: Vec<u64>) {
+    struct Factory(Arc<PendingLog>, Vec<u64>);
+    impl SinkFactory for Factory {
+        fn create(&self, _ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+            Ok(Box::new(PendingRecorder {
+                log: Arc::clone(&self.0),
+                vetoes: self.1.clone(),
+            }))
+        }
+    }
+    struct PendingRecorder {
+        log: Arc<PendingLog>,
+        vetoes: Vec<u64>,
+    }
+    #[async_trait]
+    impl Sink for PendingRecorder {
+        async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+            let offsets: Vec<u64> = epoch.inputs[0].rows().map(|r| r.id().offset).collect();
+            let (number, started_ms) = (epoch.number, epoch.started_ms);
+            let veto = self.vetoes.contains(&number);
+            let log = Arc::clone(&self.log);
+            Ok(EpochOutcome::Pending(PendingWrite::new(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let finished = now_ms();
+                log.attempts
+                    .lock()
+                    .unwrap()
+                    .push((number, started_ms, finished));
+                if veto {
+                    return Ok(EpochOutcome::Veto {
+                        reason: format!("attempt {number} refused"),
+                        retry_after: Duration::from_millis(1),
+                    });
+                }
+                log.written.lock().unwrap().extend(offsets);
+                Ok(EpochOutcome::Commit(EpochWrite::default()))
+            })))
+        }
+    }
+    registry.register_sink(
+        "PendingRecorder",
+        Arc::new(
+            move |_ctx: &SinkBuildContext<'_>,
+                  _parameters: &serde_yaml::Value,
+                  _dynamic: &serde_yaml::Value|
+                  -> BuildResult<Arc<dyn SinkFactory>> {
+                Ok(Arc::new(Factory(Arc::clone(&log), vetoes.clone())))
+            },
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_next_epoch_is_read_while_a_pending_write_goes_on_and_commits_after_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = Arc::new(PendingLog::default());
+    let mut registry = Registry::with_builtins();
+    register_pending_sink(&mut registry, Arc::clone(&log), Vec::new());
+    let store = open_store(&tmp.path().join("state"));
+    let yaml = generator_yaml(1, 300, 100, "PendingRecorder", &tmp.path().join("unused"));
+
+    let report = run_yaml(&registry, &yaml, &store).await.unwrap();
+
+    let part = &report.partitions[0];
+    assert_eq!((part.epochs_committed, part.messages), (3, 300));
+    assert_eq!(position(&store, 0), Some(300));
+    assert_eq!(*log.written.lock().unwrap(), (0..300).collect::<Vec<_>>());
+    let attempts = log.attempts.lock().unwrap().clone();
+    assert_eq!(attempts.len(), 3, "{attempts:?}");
+    // Epochs 1 and 2 began reading before the write of the epoch before them finished.
+    for pair in attempts.windows(2) {
+        let ((_, _, finished), (number, started, _)) = (pair[0], pair[1]);
+        assert!(started < finished, "epoch {number}: {attempts:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_vetoed_pending_write_drops_the_epoch_read_ahead_and_replays_from_the_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = Arc::new(PendingLog::default());
+    let mut registry = Registry::with_builtins();
+    // Attempts 0 and 2 are refused: the epochs of offsets 0-99 and 100-199 are each read twice.
+    register_pending_sink(&mut registry, Arc::clone(&log), vec![0, 2]);
+    let store = open_store(&tmp.path().join("state"));
+    let yaml = generator_yaml(1, 300, 100, "PendingRecorder", &tmp.path().join("unused"));
+
+    let report = run_yaml(&registry, &yaml, &store).await.unwrap();
+
+    let part = &report.partitions[0];
+    assert_eq!(
+        (part.epochs_committed, part.vetoes, part.messages),
+        (3, 2, 300)
+    );
+    assert_eq!(position(&store, 0), Some(300));
+    assert_eq!(*log.written.lock().unwrap(), (0..300).collect::<Vec<_>>());
+    assert_eq!(log.attempts.lock().unwrap().len(), 5);
 }
