@@ -163,8 +163,22 @@ impl StreamGraph {
 
     /// The batches at `indices` (a sink's inputs).
     pub(crate) fn inputs(&self, indices: &[usize]) -> Vec<&MessageBatch> {
-        indices.iter().map(|&i| &self.batches[i]).collect()
+        inputs_of(&self.batches, indices)
     }
+
+    /// Every stream's batch, in stream order (what [`inputs_of`] indexes).
+    pub(crate) fn batches(&self) -> &[MessageBatch] {
+        &self.batches
+    }
+}
+
+/// The batches at `indices` of `batches` (a sink's inputs). A free function so that a caller
+/// holding the batches across an await needs no borrow of the (not `Sync`) processors.
+pub(crate) fn inputs_of<'a>(
+    batches: &'a [MessageBatch],
+    indices: &[usize],
+) -> Vec<&'a MessageBatch> {
+    indices.iter().map(|&i| &batches[i]).collect()
 }
 
 /// Borrows batch `input` shared and batch `output` mutably; processors never read their output.

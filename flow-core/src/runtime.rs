@@ -21,8 +21,9 @@ use crate::answers::{EpochAnswers, EpochCommits, Vetoed};
 use crate::delivered::DeliveryTracker;
 use crate::drain::{DrainReport, OutboxBacklog};
 use crate::error::{RuntimeError, SinkError, SpecError};
-use crate::graph::StreamGraph;
+use crate::graph::{inputs_of, StreamGraph};
 use crate::lag::SourceLags;
+use crate::message::MessageBatch;
 use crate::metrics::{Metrics, SinkMetrics};
 use crate::plugin::{Epoch, PartitionObserver, Replay, Sink, SinkContext, SinkFactory, Source};
 use crate::progress::{Progress, ProgressCounters};
@@ -534,8 +535,18 @@ struct ReadEpoch {
     position: Option<Vec<u8>>,
     exhausted: bool,
     messages: usize,
+    /// Dead letters of the source in it.
+    dead_letters: usize,
     /// When its reading began (ms since the Unix epoch).
     started_ms: u64,
+}
+
+/// How an epoch's writes ended.
+enum Settled {
+    /// Committed, with this many dead letters.
+    Committed { dead_letters: usize },
+    /// A sink refused the commit; the epoch is replayed.
+    Vetoed(Vetoed),
 }
 
 struct SinkSlot {
@@ -736,7 +747,6 @@ impl PartitionRunner {
         sinks: &mut [SinkSlot],
     ) -> Result<PartitionReport, RuntimeError> {
         let partition = self.partition;
-        let pipeline = Arc::clone(&self.pipeline);
         let mut report = PartitionReport {
             partition,
             end: PartitionEnd::Stopped,
@@ -771,7 +781,7 @@ impl PartitionRunner {
                         .await?
                 }
             };
-            if read.messages == 0 && source_dead.is_empty() && read.position == committed {
+            if read.messages == 0 && read.dead_letters == 0 && read.position == committed {
                 if read.exhausted {
                     source.close().await;
                     report.end = PartitionEnd::Drained;
@@ -780,82 +790,43 @@ impl PartitionRunner {
                 continue;
             }
 
-            let counters = EpochAnswers::source_counters(read.messages, source_dead.len());
-            let mut answers =
-                EpochAnswers::new(counters, committed.clone(), pipeline.stores_bounds());
-            let mut veto = None;
-            for slot in sinks.iter_mut() {
-                let inputs = graph.inputs(&slot.inputs);
-                let epoch = Epoch {
-                    number: epoch_number,
-                    started_ms: read.started_ms,
-                    inputs: &inputs,
-                };
-                let outcome = slot
-                    .sink
-                    .write_epoch(&epoch)
-                    .await
-                    .map_err(|err| self.sink_error(&slot.name, err))?;
-                if let Err(vetoed) = answers.record(&slot.name, outcome) {
-                    veto = Some(vetoed);
-                    break;
-                }
-            }
+            let asked = self
+                .ask_sinks(sinks, graph.batches(), &read, epoch_number, &committed)
+                .await?;
             epoch_number += 1;
-            let written = match veto {
-                Some(vetoed) => Err(vetoed),
+            let settled = match asked {
+                Err(vetoed) => Settled::Vetoed(vetoed),
                 // Every sink is done with the epoch's messages: the next epoch is read into the
-                // same batches while the pending writes go on.
-                None if answers.has_pending() && !read.exhausted => {
-                    let (written, next) = tokio::join!(
-                        answers.finish(),
+                // same batches while the pending writes go on, and this one commits as soon as
+                // they end.
+                Ok(answers) if answers.has_pending() && !read.exhausted => {
+                    let (settled, next) = tokio::join!(
+                        self.settle_epoch(sinks, answers, &read, &mut source_dead),
                         self.read_epoch(graph, source.as_mut(), &mut ahead_dead, &read.position)
                     );
                     ahead = Some(next);
-                    written.map_err(|(sink, err)| self.sink_error(&sink, err))?
+                    settled?
                 }
-                None => answers
-                    .finish()
-                    .await
-                    .map_err(|(sink, err)| self.sink_error(&sink, err))?,
+                Ok(answers) => {
+                    self.settle_epoch(sinks, answers, &read, &mut source_dead)
+                        .await?
+                }
             };
-
-            let commits = match written {
-                Ok(commits) => commits,
-                Err(vetoed) => {
+            match settled {
+                Settled::Committed { dead_letters } => {
+                    committed = read.position.clone();
+                    report.epochs_committed += 1;
+                    report.messages += read.messages as u64;
+                    report.dead_letters += dead_letters as u64;
+                }
+                Settled::Vetoed(vetoed) => {
                     ahead = None;
                     report.vetoes += 1;
                     self.log_veto(&vetoed);
-                    source.close().await;
-                    let mut shutdown = self.shutdown.clone();
-                    tokio::select! {
-                        _ = tokio::time::sleep(vetoed.retry_after) => {}
-                        _ = shutdown.wait_for(|stop| *stop) => {}
-                    }
-                    source = self.open_source(committed.as_deref())?;
+                    source = self.replay_after(source, &vetoed, &committed).await?;
                     continue;
                 }
-            };
-
-            let dead_count = source_dead.len()
-                + commits
-                    .sinks
-                    .iter()
-                    .map(|c| c.dead_letters.len())
-                    .sum::<usize>();
-            let position = read.position.clone();
-            self.commit_epoch(
-                sinks,
-                commits,
-                position.clone(),
-                &mut source_dead,
-                read.messages,
-            )
-            .await?;
-            committed = position;
-            report.epochs_committed += 1;
-            report.messages += read.messages as u64;
-            report.dead_letters += dead_count as u64;
+            }
 
             if read.exhausted {
                 source.close().await;
@@ -893,9 +864,10 @@ impl PartitionRunner {
             position: end.position.or_else(|| from.clone()),
             exhausted: end.exhausted,
             messages: graph.source_len(),
+            dead_letters: source_dead.len(),
             started_ms,
         };
-        if read.messages > 0 || !source_dead.is_empty() {
+        if read.messages > 0 || read.dead_letters > 0 {
             graph
                 .process()
                 .await
@@ -906,6 +878,78 @@ impl PartitionRunner {
                 })?;
         }
         Ok(read)
+    }
+
+    /// Hands the epoch in `graph` to every sink; a veto stops at its sink.
+    async fn ask_sinks(
+        &self,
+        sinks: &mut [SinkSlot],
+        batches: &[MessageBatch],
+        read: &ReadEpoch,
+        number: u64,
+        committed: &Option<Vec<u8>>,
+    ) -> Result<Result<EpochAnswers, Vetoed>, RuntimeError> {
+        let counters = EpochAnswers::source_counters(read.messages, read.dead_letters);
+        let stores_bounds = self.pipeline.stores_bounds();
+        let mut answers = EpochAnswers::new(counters, committed.clone(), stores_bounds);
+        for slot in sinks.iter_mut() {
+            let inputs = inputs_of(batches, &slot.inputs);
+            let epoch = Epoch {
+                number,
+                started_ms: read.started_ms,
+                inputs: &inputs,
+            };
+            let outcome = slot
+                .sink
+                .write_epoch(&epoch)
+                .await
+                .map_err(|err| self.sink_error(&slot.name, err))?;
+            if let Err(vetoed) = answers.record(&slot.name, outcome) {
+                return Ok(Err(vetoed));
+            }
+        }
+        Ok(Ok(answers))
+    }
+
+    /// Waits for the sinks' pending writes, then commits the epoch, unless one vetoed it.
+    async fn settle_epoch(
+        &self,
+        sinks: &mut [SinkSlot],
+        answers: EpochAnswers,
+        read: &ReadEpoch,
+        source_dead: &mut Vec<DeadLetter>,
+    ) -> Result<Settled, RuntimeError> {
+        let written = answers
+            .finish()
+            .await
+            .map_err(|(sink, err)| self.sink_error(&sink, err))?;
+        let commits = match written {
+            Ok(commits) => commits,
+            Err(vetoed) => return Ok(Settled::Vetoed(vetoed)),
+        };
+        let sink_dead: usize = commits.sinks.iter().map(|c| c.dead_letters.len()).sum();
+        let dead_letters = source_dead.len() + sink_dead;
+        let position = read.position.clone();
+        self.commit_epoch(sinks, commits, position, source_dead, read.messages)
+            .await?;
+        Ok(Settled::Committed { dead_letters })
+    }
+
+    /// After a veto: closes `source`, waits `retry_after` (or for a stop), and opens it again at
+    /// the committed position.
+    async fn replay_after(
+        &self,
+        mut source: Box<dyn Source>,
+        vetoed: &Vetoed,
+        committed: &Option<Vec<u8>>,
+    ) -> Result<Box<dyn Source>, RuntimeError> {
+        source.close().await;
+        let mut shutdown = self.shutdown.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(vetoed.retry_after) => {}
+            _ = shutdown.wait_for(|stop| *stop) => {}
+        }
+        self.open_source(committed.as_deref())
     }
 
     fn log_veto(&self, vetoed: &Vetoed) {
