@@ -4,8 +4,11 @@
 //! freed page stays resident for about ten seconds (`dirty_decay_ms`), and only an allocation
 //! call ages it, so one slow insert that makes batches wait lifts resident memory by the whole
 //! burst for tens of seconds: in a 3-minute endless run resident memory stepped from 110 to
-//! 203 MiB and back. Pages freed here go back within about a second, purged by jemalloc's own
-//! background thread rather than by whichever tokio task allocates next.
+//! 203 MiB and back. Pages freed here go back within a fifth of a second, purged by jemalloc's
+//! own background thread rather than by whichever tokio task allocates next. At full speed the
+//! payloads freed in the last second are tens of MiB: with a one-second decay the sharded class
+//! peaked at 259-263 MiB over 8 M rows, with 200 ms at 217-245 MiB, and with an immediate purge
+//! (0, done by the freeing thread) at 237-242 MiB for more CPU (docs/performance.md).
 
 use std::time::Duration;
 
@@ -13,7 +16,7 @@ use tikv_jemalloc_ctl::{background_thread, epoch, stats, Access, AsName};
 use tracing::{info, warn};
 
 /// How long freed (dirty) pages stay resident before they are purged.
-const DIRTY_DECAY_MS: isize = 1_000;
+const DIRTY_DECAY_MS: isize = 200;
 /// How often the allocator's figures are logged.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 
