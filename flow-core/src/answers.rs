@@ -24,6 +24,15 @@ enum Answer {
     Pending { sink: String, write: PendingWrite },
 }
 
+/// A sink's answer once its write (if pending) ended.
+enum Finished {
+    Done(SinkEpochCommit),
+    Written {
+        sink: String,
+        outcome: Result<EpochOutcome, SinkError>,
+    },
+}
+
 /// The answers of the sinks so far, with the counters the epoch commits.
 pub(crate) struct EpochAnswers {
     answers: Vec<Answer>,
@@ -100,53 +109,43 @@ impl EpochAnswers {
     pub(crate) async fn finish(
         mut self,
     ) -> Result<Result<EpochCommits, Vetoed>, (String, SinkError)> {
-        let mut done = Vec::with_capacity(self.answers.len());
-        let mut names = Vec::new();
-        let mut pending = Vec::new();
-        for answer in std::mem::take(&mut self.answers) {
+        let answers = std::mem::take(&mut self.answers);
+        let finished = join_all(answers.into_iter().map(|answer| async move {
             match answer {
-                Answer::Done(commit) => done.push(Some(commit)),
-                Answer::Pending { sink, write } => {
-                    done.push(None);
-                    names.push(sink);
-                    pending.push(write.finish());
+                Answer::Done(commit) => Finished::Done(commit),
+                Answer::Pending { sink, write } => Finished::Written {
+                    sink,
+                    outcome: write.finish().await,
+                },
+            }
+        }))
+        .await;
+        let mut sinks = Vec::with_capacity(finished.len());
+        for finished in finished {
+            let (sink, outcome) = match finished {
+                Finished::Done(commit) => {
+                    sinks.push(commit);
+                    continue;
+                }
+                Finished::Written { sink, outcome } => (sink, outcome),
+            };
+            match outcome.map_err(|err| (sink.clone(), err))? {
+                EpochOutcome::Commit(write) => sinks.push(self.commit_of(&sink, write)),
+                EpochOutcome::Veto {
+                    reason,
+                    retry_after,
+                } => {
+                    return Ok(Err(Vetoed {
+                        sink,
+                        reason,
+                        retry_after,
+                    }))
+                }
+                EpochOutcome::Pending(_) => {
+                    let reason = "a pending write resolved to another pending write".to_owned();
+                    return Err((sink, SinkError::Delivery { reason }));
                 }
             }
-        }
-        let mut finished = names.into_iter().zip(join_all(pending).await);
-        let mut sinks = Vec::with_capacity(done.len());
-        for slot in done {
-            let commit = match slot {
-                Some(commit) => commit,
-                None => {
-                    let Some((sink, outcome)) = finished.next() else {
-                        unreachable!("one finished write per pending answer");
-                    };
-                    match outcome.map_err(|err| (sink.clone(), err))? {
-                        EpochOutcome::Commit(write) => self.commit_of(&sink, write),
-                        EpochOutcome::Veto {
-                            reason,
-                            retry_after,
-                        } => {
-                            return Ok(Err(Vetoed {
-                                sink,
-                                reason,
-                                retry_after,
-                            }))
-                        }
-                        EpochOutcome::Pending(_) => {
-                            let reason = "a pending write resolved to another pending write";
-                            return Err((
-                                sink,
-                                SinkError::Delivery {
-                                    reason: reason.into(),
-                                },
-                            ));
-                        }
-                    }
-                }
-            };
-            sinks.push(commit);
         }
         Ok(Ok(EpochCommits {
             sinks,
@@ -179,5 +178,81 @@ fn sink_dead_letters(sink: &str, rows: usize) -> CounterAdd {
         owner: sink.to_owned(),
         name: SinkCounter::new(SinkCount::DeadLetterRows, None).name(),
         by: rows as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(outcome: Result<EpochOutcome, SinkError>, delay_ms: u64) -> EpochOutcome {
+        EpochOutcome::Pending(PendingWrite::new(async move {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            outcome
+        }))
+    }
+
+    fn veto(reason: &str) -> Result<EpochOutcome, SinkError> {
+        Ok(EpochOutcome::Veto {
+            reason: reason.to_owned(),
+            retry_after: Duration::ZERO,
+        })
+    }
+
+    fn answers() -> EpochAnswers {
+        EpochAnswers::new(EpochAnswers::source_counters(10, 0), None, true)
+    }
+
+    #[tokio::test]
+    async fn pending_writes_resolve_in_sink_order_and_the_first_veto_in_that_order_wins() {
+        let mut answers = answers();
+        let commit = Ok(EpochOutcome::Commit(EpochWrite::default()));
+        assert!(answers.record("a", pending(commit, 0)).is_ok());
+        assert!(answers.record("b", pending(veto("b refused"), 20)).is_ok());
+        assert!(answers.record("c", pending(veto("c refused"), 0)).is_ok());
+        assert!(answers.has_pending());
+        let Ok(Err(vetoed)) = answers.finish().await else {
+            panic!("expected a veto");
+        };
+        assert_eq!(
+            (vetoed.sink.as_str(), vetoed.reason.as_str()),
+            ("b", "b refused")
+        );
+    }
+
+    #[tokio::test]
+    async fn commits_keep_sink_order_with_each_sinks_dead_letter_counter() {
+        let mut answers = answers();
+        let commit = || Ok(EpochOutcome::Commit(EpochWrite::default()));
+        assert!(answers.record("a", pending(commit(), 20)).is_ok());
+        assert!(answers
+            .record("b", commit().unwrap_or_else(|_| unreachable!()))
+            .is_ok());
+        let Ok(Ok(commits)) = answers.finish().await else {
+            panic!("expected commits");
+        };
+        let names: Vec<&str> = commits.sinks.iter().map(|c| c.sink.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        // Three source counters, then one dead-letter counter per sink, in the order written.
+        let owners: Vec<&str> = commits.counters[3..]
+            .iter()
+            .map(|c| c.owner.as_str())
+            .collect();
+        assert_eq!(owners, ["b", "a"]);
+    }
+
+    #[tokio::test]
+    async fn a_pending_write_that_answers_pending_again_fails_naming_its_sink() {
+        let mut answers = answers();
+        let again = pending(Ok(EpochOutcome::Commit(EpochWrite::default())), 0);
+        assert!(answers.record("ch", pending(Ok(again), 0)).is_ok());
+        match answers.finish().await {
+            Err((sink, SinkError::Delivery { reason })) => {
+                assert_eq!(sink, "ch");
+                assert!(reason.contains("another pending write"), "{reason}");
+            }
+            Err((sink, other)) => panic!("unexpected error from {sink}: {other:?}"),
+            Ok(_) => panic!("expected an error"),
+        }
     }
 }
