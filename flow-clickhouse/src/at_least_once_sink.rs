@@ -86,16 +86,7 @@ impl EpochInserts {
         let parts = std::mem::take(&mut self.parts);
         let mut delivered = Vec::with_capacity(parts.len() * 2);
         for part in &parts {
-            let request = InsertRequest {
-                shard: &part.shard,
-                token: None,
-                payload: &part.payload,
-                compressed: part.compressed(),
-                sealed_at_ms: None,
-                answered_code: None,
-                attempts: None,
-                metrics: &self.metrics,
-            };
+            let request = InsertRequest::unrecorded(part, &self.metrics);
             let result = insert_part(&self.shared, &self.session, request, &mut self.stop).await;
             let retry_after = self.shared.dynamic().retry_backoff;
             match result {

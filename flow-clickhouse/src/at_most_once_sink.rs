@@ -375,16 +375,7 @@ async fn deliver_once(
             return;
         }
     };
-    let request = InsertRequest {
-        shard: &part.shard,
-        token: None,
-        payload: &part.payload,
-        compressed: part.compressed(),
-        sealed_at_ms: None,
-        answered_code: None,
-        attempts: None,
-        metrics,
-    };
+    let request = InsertRequest::unrecorded(part, metrics);
     match insert_part(shared, &session, request, stop).await {
         Ok(_) => {
             counters.delivered(part.rows);

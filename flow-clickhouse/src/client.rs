@@ -142,6 +142,11 @@ pub fn quote_ident(name: &str) -> String {
     format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
 }
 
+/// `database.table`, both quoted as identifiers.
+pub fn quote_table(database: &str, table: &str) -> String {
+    format!("{}.{}", quote_ident(database), quote_ident(table))
+}
+
 impl EndpointClient {
     /// Runs a query and returns its rows as JSON objects.
     pub async fn query_json(
@@ -279,6 +284,7 @@ mod tests {
         assert_eq!(quote_literal("it's"), "'it\\'s'");
         assert_eq!(quote_literal("a\\b"), "'a\\\\b'");
         assert_eq!(quote_ident("we`ird"), "`we\\`ird`");
+        assert_eq!(quote_table("db", "we`ird"), "`db`.`we\\`ird`");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::time::Duration;
 use flow_core::delivery::now_ms;
 
 use crate::classify::{ClassifiedError, ErrorClass};
-use crate::client::{json_text, quote_ident, EndpointClient};
+use crate::client::{json_text, quote_table, EndpointClient};
 use crate::session::ColumnMeta;
 
 /// How long a verification of a host's columns covers the next INSERT there.
@@ -37,11 +37,7 @@ pub struct ColumnsGuard {
 impl ColumnsGuard {
     /// The query reading `database.table`'s columns in table order.
     pub fn query(database: &str, table: &str) -> String {
-        format!(
-            "DESCRIBE TABLE {}.{}",
-            quote_ident(database),
-            quote_ident(table)
-        )
+        format!("DESCRIBE TABLE {}", quote_table(database, table))
     }
 
     pub fn new(sql: String, expected: Vec<ColumnMeta>) -> ColumnsGuard {

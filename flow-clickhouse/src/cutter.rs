@@ -72,8 +72,8 @@ impl BatchCutter {
         let dynamic = shared.dynamic();
         let max_rows = usize::try_from(dynamic.max_rows_per_batch).unwrap_or(usize::MAX);
         let max_bytes = usize::try_from(dynamic.max_bytes_per_batch).unwrap_or(usize::MAX);
-        // Encode buffers keep room for what an epoch at its bound would put in a batch.
         let epoch = Headroom::for_load(batch.len(), batch.bound());
+        let headroom = |rows, bytes| batch_room(epoch, (rows, max_rows), (bytes, max_bytes));
         let mut batch_rows = 0usize;
         let mut batch_bytes = 0usize;
         let mut first_offset = None;
@@ -94,18 +94,16 @@ impl BatchCutter {
                 }
             }
             if batch_rows >= max_rows || batch_bytes >= max_bytes {
-                let headroom = epoch.min(Headroom::for_load(batch_rows, Some(max_rows)));
-                self.seal(shared, first, row.id().offset, parts, headroom);
+                let room = headroom(batch_rows, batch_bytes);
+                self.seal(shared, first, row.id().offset, parts, room);
                 batch_rows = 0;
                 batch_bytes = 0;
                 first_offset = None;
             }
         }
         if let (Some(first), Some(last)) = (first_offset, batch.ids().last()) {
-            let headroom = epoch
-                .min(Headroom::for_load(batch_rows, Some(max_rows)))
-                .min(Headroom::for_load(batch_bytes, Some(max_bytes)));
-            self.seal(shared, first, last.offset, parts, headroom);
+            let room = headroom(batch_rows, batch_bytes);
+            self.seal(shared, first, last.offset, parts, room);
         }
         Ok(())
     }
@@ -168,6 +166,14 @@ impl BatchCutter {
             faulted.settle(buffer, 0, headroom);
         }
     }
+}
+
+/// The room encode buffers keep after a batch of `rows` and `bytes` (each with its limit): what an
+/// epoch at its bound would put in a batch, which neither batch limit lets grow further.
+fn batch_room(epoch: Headroom, rows: (usize, usize), bytes: (usize, usize)) -> Headroom {
+    epoch
+        .min(Headroom::for_load(rows.0, Some(rows.1)))
+        .min(Headroom::for_load(bytes.0, Some(bytes.1)))
 }
 
 /// A row that failed the checks before sealing, with the shard it was routed to.
@@ -248,4 +254,32 @@ pub fn encode_routed(
         return Err(RowRejected { shard, error });
     }
     Ok((shard, buffer.len() - before))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_cut_by_either_limit_keeps_only_an_eighth_of_room() {
+        let half_epoch = Headroom::for_load(50, Some(100));
+        // Below both limits in a half-full epoch: room for the full epoch.
+        let room = batch_room(half_epoch, (500, 1000), (5_000, 10_000));
+        assert_eq!(room.target(8000), 16_000);
+        // Cut by bytes at half its rows, or by rows at half its bytes: no room to grow.
+        assert_eq!(
+            batch_room(half_epoch, (500, 1000), (10_000, 10_000)).target(8000),
+            9000
+        );
+        assert_eq!(
+            batch_room(half_epoch, (1000, 1000), (5_000, 10_000)).target(8000),
+            9000
+        );
+        // A full epoch: an eighth whatever the batch.
+        let full_epoch = Headroom::for_load(100, Some(100));
+        assert_eq!(
+            batch_room(full_epoch, (500, 1000), (5_000, 10_000)).target(8000),
+            9000
+        );
+    }
 }

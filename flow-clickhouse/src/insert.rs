@@ -16,6 +16,7 @@ use tracing::warn;
 use crate::backlog_age::Expired;
 use crate::classify::{log_unknown, ClassifiedError, ErrorClass};
 use crate::client::{InsertError, ShardClients};
+use crate::cutter::Part;
 use crate::guarantee::{GiveUp, OnFailure};
 use crate::session::WriterSession;
 use crate::sink_state::SinkShared;
@@ -145,6 +146,23 @@ pub struct InsertRequest<'a> {
     pub attempts: Option<&'a dyn AttemptLog>,
     /// The sink partition's metrics: failed attempts are counted durably, INSERTs timed.
     pub metrics: &'a SinkMetrics,
+}
+
+impl<'a> InsertRequest<'a> {
+    /// A part sent without token, seal time or attempt log: the classes without an outbox
+    /// (at-least-once, at-most-once).
+    pub fn unrecorded(part: &'a Part, metrics: &'a SinkMetrics) -> InsertRequest<'a> {
+        InsertRequest {
+            shard: &part.shard,
+            token: None,
+            payload: &part.payload,
+            compressed: part.compressed(),
+            sealed_at_ms: None,
+            answered_code: None,
+            attempts: None,
+            metrics,
+        }
+    }
 }
 
 /// How often a part for a shard without an admitted host looks again.

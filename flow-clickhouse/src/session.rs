@@ -14,7 +14,8 @@ use tracing::{debug, info, warn};
 use crate::chtype::{check_mapping_on, ChType, ServerTypes};
 use crate::classify::{ClassifiedError, ErrorClass};
 use crate::client::{
-    build_shards, json_text, json_u64, quote_ident, quote_literal, EndpointClient, ShardClients,
+    build_shards, json_text, json_u64, quote_ident, quote_literal, quote_table, EndpointClient,
+    ShardClients,
 };
 use crate::columns_guard::{read_columns, ColumnsGuard};
 use crate::dedup_window::{engine_clause, DedupWindows, DEDUP_WINDOW_SETTINGS};
@@ -408,9 +409,8 @@ impl WriterSession {
         }
         let columns: Vec<String> = encoder.column_names();
         let insert_sql = format!(
-            "INSERT INTO {}.{} ({}) FORMAT RowBinary",
-            quote_ident(&params.database),
-            quote_ident(&params.table),
+            "INSERT INTO {} ({}) FORMAT RowBinary",
+            quote_table(&params.database, &params.table),
             columns
                 .iter()
                 .map(|c| quote_ident(c))
@@ -660,9 +660,8 @@ async fn probe(
     let create = endpoint
         .query_json(
             &format!(
-                "SHOW CREATE TABLE {}.{}",
-                quote_ident(&params.database),
-                quote_ident(&params.table)
+                "SHOW CREATE TABLE {}",
+                quote_table(&params.database, &params.table)
             ),
             timeout,
         )

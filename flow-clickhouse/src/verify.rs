@@ -20,7 +20,7 @@ use thiserror::Error;
 
 use crate::classify::ClassifiedError;
 use crate::client::{
-    build_shards, json_text, json_u64, quote_ident, quote_literal, EndpointClient,
+    build_shards, json_text, json_u64, quote_literal, quote_table, EndpointClient,
 };
 use crate::params::{self, SinkClass, SinkParams};
 use flow_core::Violation;
@@ -291,9 +291,8 @@ async fn replica_state(
     let count = endpoint
         .query_json(
             &format!(
-                "SELECT count() AS rows FROM {}.{}",
-                quote_ident(&spec.database),
-                quote_ident(&spec.table)
+                "SELECT count() AS rows FROM {}",
+                quote_table(&spec.database, &spec.table)
             ),
             timeout,
         )

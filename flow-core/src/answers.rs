@@ -50,26 +50,24 @@ pub(crate) struct EpochCommits {
 }
 
 impl EpochAnswers {
+    /// No answer yet, for an epoch of `messages` read from the source, which set
+    /// `dead_letters` aside.
     pub(crate) fn new(
-        source_counters: [CounterAdd; 3],
+        messages: usize,
+        dead_letters: usize,
         epoch_start: Option<Vec<u8>>,
         stores_bounds: bool,
     ) -> EpochAnswers {
         EpochAnswers {
             answers: Vec::new(),
-            counters: source_counters.into(),
+            counters: vec![
+                SourceCount::Messages.addition(messages as u64),
+                SourceCount::EpochsCommitted.addition(1),
+                SourceCount::DeadLetters.addition(dead_letters as u64),
+            ],
             epoch_start,
             stores_bounds,
         }
-    }
-
-    /// The source counters of an epoch of `messages` messages and `dead_letters` dead ones.
-    pub(crate) fn source_counters(messages: usize, dead_letters: usize) -> [CounterAdd; 3] {
-        [
-            SourceCount::Messages.addition(messages as u64),
-            SourceCount::EpochsCommitted.addition(1),
-            SourceCount::DeadLetters.addition(dead_letters as u64),
-        ]
     }
 
     /// Records `sink`'s outcome; a veto is handed back.
@@ -200,7 +198,7 @@ mod tests {
     }
 
     fn answers() -> EpochAnswers {
-        EpochAnswers::new(EpochAnswers::source_counters(10, 0), None, true)
+        EpochAnswers::new(10, 0, None, true)
     }
 
     #[tokio::test]

@@ -138,7 +138,7 @@ impl MessageBatch {
 
     /// The batch, holding at most `messages` messages per epoch: its buffers keep room for that
     /// many ([`Headroom`]).
-    pub fn bounded(mut self, messages: usize) -> Self {
+    pub(crate) fn bounded(mut self, messages: usize) -> Self {
         self.bound = Some(messages);
         self
     }

@@ -535,8 +535,8 @@ struct ReadEpoch {
     position: Option<Vec<u8>>,
     exhausted: bool,
     messages: usize,
-    /// Dead letters of the source in it.
-    dead_letters: usize,
+    /// What the source set aside while reading it.
+    source_dead: Vec<DeadLetter>,
     /// When its reading began (ms since the Unix epoch).
     started_ms: u64,
 }
@@ -757,11 +757,8 @@ impl PartitionRunner {
         };
         let mut committed = self.committed_position().await?;
         let mut source = self.open_source(committed.as_deref())?;
-        let mut source_dead: Vec<DeadLetter> = Vec::new();
-        // The next epoch, read while a sink's write of this one was still going on, and the
-        // dead letters of its source.
+        // The next epoch, read while a sink's write of this one was still going on.
         let mut ahead: Option<Result<ReadEpoch, RuntimeError>> = None;
-        let mut ahead_dead: Vec<DeadLetter> = Vec::new();
         let mut epoch_number = 0u64;
 
         loop {
@@ -771,17 +768,11 @@ impl PartitionRunner {
             }
             self.apply_dynamic(sinks)?;
 
-            let read = match ahead.take() {
-                Some(read) => {
-                    std::mem::swap(&mut source_dead, &mut ahead_dead);
-                    read?
-                }
-                None => {
-                    self.read_epoch(graph, source.as_mut(), &mut source_dead, &committed)
-                        .await?
-                }
+            let mut read = match ahead.take() {
+                Some(read) => read?,
+                None => self.read_epoch(graph, source.as_mut(), &committed).await?,
             };
-            if read.messages == 0 && read.dead_letters == 0 && read.position == committed {
+            if read.messages == 0 && read.source_dead.is_empty() && read.position == committed {
                 if read.exhausted {
                     source.close().await;
                     report.end = PartitionEnd::Drained;
@@ -794,6 +785,7 @@ impl PartitionRunner {
                 .ask_sinks(sinks, graph.batches(), &read, epoch_number, &committed)
                 .await?;
             epoch_number += 1;
+            let source_dead = std::mem::take(&mut read.source_dead);
             let settled = match asked {
                 Err(vetoed) => Settled::Vetoed(vetoed),
                 // Every sink is done with the epoch's messages: the next epoch is read into the
@@ -801,14 +793,14 @@ impl PartitionRunner {
                 // they end.
                 Ok(answers) if answers.has_pending() && !read.exhausted => {
                     let (settled, next) = tokio::join!(
-                        self.settle_epoch(sinks, answers, &read, &mut source_dead),
-                        self.read_epoch(graph, source.as_mut(), &mut ahead_dead, &read.position)
+                        self.settle_epoch(sinks, answers, &read, source_dead),
+                        self.read_epoch(graph, source.as_mut(), &read.position)
                     );
                     ahead = Some(next);
                     settled?
                 }
                 Ok(answers) => {
-                    self.settle_epoch(sinks, answers, &read, &mut source_dead)
+                    self.settle_epoch(sinks, answers, &read, source_dead)
                         .await?
                 }
             };
@@ -842,17 +834,16 @@ impl PartitionRunner {
         &self,
         graph: &mut StreamGraph,
         source: &mut dyn Source,
-        source_dead: &mut Vec<DeadLetter>,
         from: &Option<Vec<u8>>,
     ) -> Result<ReadEpoch, RuntimeError> {
         let partition = self.partition;
         graph.clear();
-        source_dead.clear();
+        let mut source_dead = Vec::new();
         let started_ms = crate::delivery::now_ms();
         let end = graph
             .read_slice(
                 source,
-                source_dead,
+                &mut source_dead,
                 &self.pipeline.epoch,
                 Some(&self.shutdown),
                 None,
@@ -864,10 +855,10 @@ impl PartitionRunner {
             position: end.position.or_else(|| from.clone()),
             exhausted: end.exhausted,
             messages: graph.source_len(),
-            dead_letters: source_dead.len(),
+            source_dead,
             started_ms,
         };
-        if read.messages > 0 || read.dead_letters > 0 {
+        if read.messages > 0 || !read.source_dead.is_empty() {
             graph
                 .process()
                 .await
@@ -889,9 +880,14 @@ impl PartitionRunner {
         number: u64,
         committed: &Option<Vec<u8>>,
     ) -> Result<Result<EpochAnswers, Vetoed>, RuntimeError> {
-        let counters = EpochAnswers::source_counters(read.messages, read.dead_letters);
         let stores_bounds = self.pipeline.stores_bounds();
-        let mut answers = EpochAnswers::new(counters, committed.clone(), stores_bounds);
+        let dead_letters = read.source_dead.len();
+        let mut answers = EpochAnswers::new(
+            read.messages,
+            dead_letters,
+            committed.clone(),
+            stores_bounds,
+        );
         for slot in sinks.iter_mut() {
             let inputs = inputs_of(batches, &slot.inputs);
             let epoch = Epoch {
@@ -917,7 +913,7 @@ impl PartitionRunner {
         sinks: &mut [SinkSlot],
         answers: EpochAnswers,
         read: &ReadEpoch,
-        source_dead: &mut Vec<DeadLetter>,
+        source_dead: Vec<DeadLetter>,
     ) -> Result<Settled, RuntimeError> {
         let written = answers
             .finish()
@@ -983,7 +979,7 @@ impl PartitionRunner {
         sinks: &mut [SinkSlot],
         commits: EpochCommits,
         position: Option<Vec<u8>>,
-        source_dead: &mut Vec<DeadLetter>,
+        source_dead: Vec<DeadLetter>,
         messages: usize,
     ) -> Result<(), RuntimeError> {
         let partition = self.partition;
@@ -1003,7 +999,7 @@ impl PartitionRunner {
                 pipeline: pipeline.name.clone(),
                 partition,
                 position: new_position,
-                source_dead_letters: std::mem::take(source_dead),
+                source_dead_letters: source_dead,
                 sinks: sink_commits,
                 counters: counters.clone(),
             })
