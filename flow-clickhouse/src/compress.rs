@@ -38,58 +38,65 @@ thread_local! {
 }
 
 /// Frames encoded RowBinary rows for the outbox: returns the stored format and the bytes to send.
-/// The frame is built in a reused per-thread buffer (so its worst-case size is allocated and
-/// zeroed once) and copied out at its exact size: a payload waiting for delivery holds only its
-/// own bytes.
+/// The frame is built in a reused per-thread buffer, which only grows (its worst-case size is
+/// allocated and zeroed once, not per batch), and copied out at its exact size: a payload
+/// waiting for delivery holds only its own bytes.
 pub fn seal(codec: Codec, rows: &[u8]) -> (String, Bytes) {
     SCRATCH.with_borrow_mut(|scratch| seal_into(codec, rows, scratch))
 }
 
 fn seal_into(codec: Codec, rows: &[u8], scratch: &mut Vec<u8>) -> (String, Bytes) {
-    scratch.clear();
-    let format = match codec {
-        Codec::Lz4 => {
-            frame_lz4(rows, scratch);
-            format!("RowBinary{LZ4_FORMAT_SUFFIX}")
-        }
-        Codec::None => {
-            frame_none(rows, scratch);
-            format!("RowBinary{NONE_FORMAT_SUFFIX}")
-        }
+    let (format, len) = match codec {
+        Codec::Lz4 => (
+            format!("RowBinary{LZ4_FORMAT_SUFFIX}"),
+            frame_lz4(rows, scratch),
+        ),
+        Codec::None => (
+            format!("RowBinary{NONE_FORMAT_SUFFIX}"),
+            frame_none(rows, scratch),
+        ),
     };
-    (format, Bytes::copy_from_slice(scratch))
+    (format, Bytes::copy_from_slice(&scratch[..len]))
 }
 
-/// Appends `data` as one LZ4 frame to `out`.
-pub fn frame_lz4(data: &[u8], out: &mut Vec<u8>) {
-    let start = out.len();
-    let body = start + CHECKSUM_SIZE + HEADER_SIZE;
-    out.resize(
+/// Writes `data` as one LZ4 frame at the start of `scratch` and returns the frame's length.
+/// Bytes past the frame are left as they were.
+fn frame_lz4(data: &[u8], scratch: &mut Vec<u8>) -> usize {
+    let body = CHECKSUM_SIZE + HEADER_SIZE;
+    grow_to(
+        scratch,
         body + lz4_flex::block::get_maximum_output_size(data.len()),
-        0,
     );
-    // The buffer holds the maximum output size, so compression cannot run out of room.
-    let written = lz4_flex::block::compress_into(data, &mut out[body..]).unwrap_or(0);
-    out.truncate(body + written);
-    finish_frame(out, start, METHOD_LZ4, data.len());
+    // The scratch holds the maximum output size, so compression cannot run out of room.
+    let written = lz4_flex::block::compress_into(data, &mut scratch[body..]).unwrap_or(0);
+    finish_frame(&mut scratch[..body + written], METHOD_LZ4, data.len());
+    body + written
 }
 
-/// Appends `data` as one uncompressed frame to `out`.
-pub fn frame_none(data: &[u8], out: &mut Vec<u8>) {
-    let start = out.len();
-    out.resize(start + CHECKSUM_SIZE + HEADER_SIZE, 0);
-    out.extend_from_slice(data);
-    finish_frame(out, start, METHOD_NONE, data.len());
+/// Writes `data` as one uncompressed frame at the start of `scratch`; see [`frame_lz4`].
+fn frame_none(data: &[u8], scratch: &mut Vec<u8>) -> usize {
+    let body = CHECKSUM_SIZE + HEADER_SIZE;
+    grow_to(scratch, body + data.len());
+    scratch[body..body + data.len()].copy_from_slice(data);
+    finish_frame(&mut scratch[..body + data.len()], METHOD_NONE, data.len());
+    body + data.len()
 }
 
-fn finish_frame(out: &mut [u8], start: usize, method: u8, data_len: usize) {
-    let header = start + CHECKSUM_SIZE;
-    let frame_len = (out.len() - header) as u32;
-    out[header] = method;
-    out[header + 1..header + 5].copy_from_slice(&frame_len.to_le_bytes());
-    out[header + 5..header + 9].copy_from_slice(&(data_len as u32).to_le_bytes());
-    let checksum = cityhash_rs::cityhash_102_128(&out[header..]).rotate_right(64);
-    out[start..header].copy_from_slice(&checksum.to_le_bytes());
+fn grow_to(scratch: &mut Vec<u8>, len: usize) {
+    if scratch.len() < len {
+        scratch.resize(len, 0);
+    }
+}
+
+/// Fills in the checksum and header of the frame that is all of `frame`.
+fn finish_frame(frame: &mut [u8], method: u8, data_len: usize) {
+    let header = CHECKSUM_SIZE;
+    let frame_len = (frame.len() - header) as u32;
+    frame[header] = method;
+    frame[header + 1..header + 5].copy_from_slice(&frame_len.to_le_bytes());
+    frame[header + 5..header + 9].copy_from_slice(&(data_len as u32).to_le_bytes());
+    let checksum = cityhash_rs::cityhash_102_128(&frame[header..]).rotate_right(64);
+    frame[..header].copy_from_slice(&checksum.to_le_bytes());
 }
 
 /// The encoded rows inside a stored payload of `format`: the payload itself when it is not
@@ -152,7 +159,8 @@ mod tests {
     fn a_batch_is_one_lz4_frame_that_round_trips() {
         let data: Vec<u8> = (0..(3 << 20) + 123).map(|i| (i % 251) as u8).collect();
         let mut framed = Vec::new();
-        frame_lz4(&data, &mut framed);
+        let len = frame_lz4(&data, &mut framed);
+        framed.truncate(len);
         assert!(framed.len() < data.len() / 4);
         assert_eq!(framed[16], METHOD_LZ4);
         assert_eq!(unframe_checked(&framed), data);
@@ -177,19 +185,24 @@ mod tests {
     fn uncompressed_frame_carries_the_bytes_verbatim() {
         let data = b"rowbinary bytes".to_vec();
         let mut framed = Vec::new();
-        frame_none(&data, &mut framed);
-        assert_eq!(framed.len(), 25 + data.len());
+        assert_eq!(frame_none(&data, &mut framed), 25 + data.len());
         assert_eq!(framed[16], METHOD_NONE);
         assert_eq!(&framed[25..], &data[..]);
         assert_eq!(unframe_checked(&framed), data);
     }
 
     #[test]
-    fn framing_is_deterministic() {
+    fn framing_is_deterministic_and_ignores_what_a_reused_scratch_held() {
         let data = b"the same bytes give the same frames".repeat(1000);
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        frame_lz4(&data, &mut a);
-        frame_lz4(&data, &mut b);
-        assert_eq!(a, b);
+        let (mut a, mut b) = (Vec::new(), vec![0xAB; 1 << 20]);
+        let a_len = frame_lz4(&data, &mut a);
+        let b_len = frame_lz4(&data, &mut b);
+        assert_eq!(a[..a_len], b[..b_len]);
+        // A larger frame first, then a smaller one in the same scratch: the same payload as alone.
+        let alone = seal(Codec::None, b"small").1;
+        let mut scratch = Vec::new();
+        seal_into(Codec::Lz4, &data, &mut scratch);
+        assert_eq!(seal_into(Codec::None, b"small", &mut scratch).1, alone);
+        assert_eq!(unframe_checked(&alone), b"small");
     }
 }

@@ -19,6 +19,9 @@ use crate::sink_state::SinkShared;
 /// while the partitions encoded and generated).
 const YIELD_EVERY_ROWS: usize = 8192;
 
+/// Rows a batch encodes before its buffers reserve room for the whole batch from their bytes.
+const PROJECT_AFTER_ROWS: usize = 1024;
+
 /// One encoded part of a batch for one shard.
 #[derive(Debug)]
 pub struct Part {
@@ -93,6 +96,11 @@ impl BatchCutter {
                     continue;
                 }
             }
+            if batch_rows == PROJECT_AFTER_ROWS {
+                // Rows of the epoch from this batch's first on, at most a batch's worth.
+                let remaining = batch.len() - index - 1 + batch_rows;
+                self.reserve_projected(batch_rows, remaining.min(max_rows), max_bytes);
+            }
             if batch_rows >= max_rows || batch_bytes >= max_bytes {
                 let room = headroom(batch_rows, batch_bytes);
                 self.seal(shared, first, row.id().offset, parts, room);
@@ -106,6 +114,19 @@ impl BatchCutter {
             self.seal(shared, first, last.offset, parts, room);
         }
         Ok(())
+    }
+
+    /// Gives each encode buffer room for `expected_rows` rows of the batch (at most `max_bytes`),
+    /// projected from its bytes after `rows_so_far`: grown by doubling, a buffer's first batch
+    /// copied it over and over. A buffer that already has the room is left alone.
+    fn reserve_projected(&mut self, rows_so_far: usize, expected_rows: usize, max_bytes: usize) {
+        for buffer in &mut self.buffers {
+            let projected = (buffer.len() / rows_so_far).saturating_mul(expected_rows);
+            let room = Headroom::NONE.target(projected.min(max_bytes));
+            if room > buffer.capacity() {
+                buffer.reserve_exact(room - buffer.len());
+            }
+        }
     }
 
     /// Encodes one row into its shard's buffer (rebuilding a batch row by row).
@@ -259,6 +280,28 @@ pub fn encode_routed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn encode_buffers_reserve_the_projected_batch_once_within_the_byte_limit() {
+        let mut cutter = BatchCutter {
+            buffers: vec![vec![1; 100 * 1024], vec![2; 50 * 1024]],
+            ..BatchCutter::default()
+        };
+        // 1024 rows so far: 100 and 50 bytes a row of them, 100k rows expected.
+        cutter.reserve_projected(1024, 100_000, usize::MAX);
+        let capacities: Vec<usize> = cutter.buffers.iter().map(Vec::capacity).collect();
+        assert_eq!(capacities, vec![11_250_000, 5_625_000]);
+        let at = cutter.buffers[0].as_ptr();
+        cutter.reserve_projected(1024, 100_000, usize::MAX);
+        assert_eq!(cutter.buffers[0].as_ptr(), at, "room already there");
+        // The byte limit caps the projection.
+        let mut capped = BatchCutter {
+            buffers: vec![vec![1; 100 * 1024]],
+            ..BatchCutter::default()
+        };
+        capped.reserve_projected(1024, 100_000, 1 << 20);
+        assert_eq!(capped.buffers[0].capacity(), (1 << 20) + (1 << 17));
+    }
 
     #[test]
     fn a_batch_cut_by_either_limit_keeps_only_an_eighth_of_room() {

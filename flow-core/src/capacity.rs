@@ -56,6 +56,18 @@ impl Headroom {
         }
     }
 
+    /// Empties `buffer` and gives it the capacity its length needed with this room. Growing takes
+    /// a fresh allocation: a reallocation would copy contents about to be dropped.
+    pub fn fit_cleared<T>(self, buffer: &mut Vec<T>) {
+        let target = self.target(buffer.len());
+        buffer.clear();
+        if target > buffer.capacity() {
+            *buffer = Vec::with_capacity(target);
+        } else {
+            buffer.shrink_to(target);
+        }
+    }
+
     /// The capacity a buffer that held `len` elements should keep.
     pub fn target(self, len: usize) -> usize {
         let scaled = (len as f64 * self.scale) as usize;
@@ -111,8 +123,7 @@ impl FaultedIn {
             buffer.clear();
             return;
         }
-        headroom.fit(buffer);
-        buffer.clear();
+        headroom.fit_cleared(buffer);
         buffer.resize(buffer.capacity(), fill);
         buffer.clear();
         self.capacity = buffer.capacity();

@@ -476,6 +476,8 @@ fn dir_bytes(path: &Path) -> u64 {
 struct Sample {
     rows_per_s: f64,
     cpu_s: f64,
+    /// CPU the ClickHouse servers and ZooKeeper used while the child ran.
+    server_cpu_s: f64,
     rss_mib: f64,
     state_bytes: Option<u64>,
     table_rows: u64,
@@ -522,10 +524,12 @@ fn run_case(ch: &ClickHouse, case: Case, rows: u64, work: &Path, tag: &str) -> R
         let spec_path = work.join(format!("{tag}.yaml"));
         jetstream::StopWhenLanded::start(table.clone(), rows, spec_path)
     });
+    let servers_before = server_cpu_s();
     let output = command
         .stderr(std::fs::File::create(&log)?)
         .output()
         .context("running the runner")?;
+    let server_cpu_s = server_cpu_s() - servers_before;
     if let Some(stopper) = stopper {
         stopper.join();
     }
@@ -575,15 +579,17 @@ fn run_case(ch: &ClickHouse, case: Case, rows: u64, work: &Path, tag: &str) -> R
     let sample = Sample {
         rows_per_s: rows as f64 / measured.wall_s,
         cpu_s: measured.cpu_s,
+        server_cpu_s,
         rss_mib: measured.max_rss_kib as f64 / 1024.0,
         state_bytes,
         table_rows,
     };
     println!(
-        "  {tag:<28} {:>6.2} s {:>10.0} rows/s  cpu {:>6.2} s  rss {:>6.1} MiB  state {:>12}  table rows {table_rows}",
+        "  {tag:<28} {:>6.2} s {:>10.0} rows/s  cpu {:>6.2} s  servers {:>6.2} s  rss {:>6.1} MiB  state {:>12}  table rows {table_rows}",
         measured.wall_s,
         sample.rows_per_s,
         sample.cpu_s,
+        sample.server_cpu_s,
         sample.rss_mib,
         state_bytes.map_or("-".to_owned(), |b| b.to_string()),
     );
@@ -592,6 +598,37 @@ fn run_case(ch: &ClickHouse, case: Case, rows: u64, work: &Path, tag: &str) -> R
         let _ = std::fs::remove_file(&log);
     }
     Ok(sample)
+}
+
+/// User + system CPU seconds so far of the local cluster's servers (`clickhouse-server`s and
+/// ZooKeeper's JVM): on a machine that runs client and servers on the same cores, what the
+/// client makes the servers do costs the client throughput too.
+fn server_cpu_s() -> f64 {
+    let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    let ticks: u64 = entries
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
+        .filter_map(|stat| {
+            // `pid (comm) state ppid ...`: utime and stime are fields 14 and 15.
+            let (head, tail) = stat.rsplit_once(") ")?;
+            let comm = head.split_once(" (")?.1;
+            if comm != "clickhouse-serv" && comm != "java" {
+                return None;
+            }
+            let fields: Vec<&str> = tail.split_whitespace().collect();
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            Some(utime + stime)
+        })
+        .sum();
+    ticks as f64 / ticks_per_s
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -677,8 +714,8 @@ fn orchestrate() -> Result<()> {
 
 fn print_table(samples: &BTreeMap<(u64, Case), Vec<Sample>>) {
     println!();
-    println!("| case | rows | rows/s | ratio to loop (target) | CPU s (user+sys) | CPU vs loop (target <= 1.5) | peak RSS MiB (target <= 256) | state dir bytes at end | rows in table |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| case | rows | rows/s | ratio to loop (target) | CPU s (user+sys) | CPU vs loop (target <= 1.5) | server CPU s | peak RSS MiB (target <= 256) | state dir bytes at end | rows in table |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for (&(rows, case), runs) in samples {
         let pick = |f: fn(&Sample) -> f64| median(runs.iter().map(f).collect());
         let rate = pick(|s| s.rows_per_s);
@@ -705,8 +742,9 @@ fn print_table(samples: &BTreeMap<(u64, Case), Vec<Sample>>) {
             format!("{:.0}", pick(|s| s.state_bytes.unwrap_or_default() as f64))
         };
         println!(
-            "| {} | {rows} | {rate:.0} | {ratio} | {cpu:.2} | {cpu_ratio} | {:.1} | {state} | {:.0} |",
+            "| {} | {rows} | {rate:.0} | {ratio} | {cpu:.2} | {cpu_ratio} | {:.2} | {:.1} | {state} | {:.0} |",
             case.class(),
+            pick(|s| s.server_cpu_s),
             pick(|s| s.rss_mib),
             pick(|s| s.table_rows as f64),
         );
