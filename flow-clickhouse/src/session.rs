@@ -513,7 +513,80 @@ pub(crate) async fn probe_speaking_its_protocol(
     }
 }
 
-/// Reads everything the session checks from one endpoint.
+type Answer = Result<Vec<serde_json::Map<String, serde_json::Value>>, ClassifiedError>;
+
+/// An endpoint's answers to the queries of a probe that depend on no other answer.
+struct Answers {
+    /// `engine` of the target in `system.tables`.
+    tables: Answer,
+    columns: Result<Vec<ColumnMeta>, ClassifiedError>,
+    /// Which of the settings the sink may use the server knows.
+    settings: Answer,
+    /// Whether `system.replicas` has a `zookeeper_name` column.
+    zookeeper_name_column: Answer,
+    /// The server's defaults of the deduplication window settings.
+    merge_tree_defaults: Answer,
+    /// `SHOW CREATE TABLE` of the target.
+    create: Answer,
+    /// The server's version and type families.
+    types: Answer,
+}
+
+/// Sends every query of [`Answers`] at once: a start costs two round trips per endpoint (these,
+/// then the replication identity), not eight.
+async fn ask(endpoint: &EndpointClient, params: &ClickHouseParams, timeout: Duration) -> Answers {
+    let (db, table) = (
+        quote_literal(&params.database),
+        quote_literal(&params.table),
+    );
+    let windows: Vec<String> = DEDUP_WINDOW_SETTINGS
+        .iter()
+        .map(|n| quote_literal(n))
+        .collect();
+    // Only `engine`: the columns that read table metadata (`engine_full`) read every table's,
+    // and old servers fail the query when another table of the database is dropped meanwhile.
+    let tables =
+        format!("SELECT engine FROM system.tables WHERE database = {db} AND name = {table}");
+    let defaults = format!(
+        "SELECT name, value FROM system.merge_tree_settings WHERE name IN ({})",
+        windows.join(", ")
+    );
+    let create = format!(
+        "SHOW CREATE TABLE {}",
+        quote_table(&params.database, &params.table)
+    );
+    let columns_sql = ColumnsGuard::query(&params.database, &params.table);
+    let (tables, columns, settings, zookeeper_name_column, merge_tree_defaults, create, types) = tokio::join!(
+        endpoint.query_json(&tables, timeout),
+        read_columns(endpoint, &columns_sql, timeout),
+        endpoint.query_json(
+            "SELECT name FROM system.settings WHERE name IN ('insert_deduplication_token', 'async_insert', 'async_insert_deduplicate', 'insert_deduplicate')",
+            timeout,
+        ),
+        endpoint.query_json(
+            "SELECT name FROM system.columns WHERE database = 'system' AND table = 'replicas' AND name = 'zookeeper_name'",
+            timeout,
+        ),
+        endpoint.query_json(&defaults, timeout),
+        endpoint.query_json(&create, timeout),
+        endpoint.query_json(
+            "SELECT version() AS version, groupArray(name) AS families FROM system.data_type_families",
+            timeout,
+        ),
+    );
+    Answers {
+        tables,
+        columns,
+        settings,
+        zookeeper_name_column,
+        merge_tree_defaults,
+        create,
+        types,
+    }
+}
+
+/// Reads everything the session checks from one endpoint. The answers are checked in a fixed
+/// order, so a missing table is reported as such whatever the other queries said about it.
 async fn probe(
     endpoint: &EndpointClient,
     params: &ClickHouseParams,
@@ -533,23 +606,13 @@ async fn probe(
             }
         }
     };
-    let db = quote_literal(&params.database);
-    let table = quote_literal(&params.table);
     let refused = |reason: String| SessionError::Refused {
         database: params.database.clone(),
         table: params.table.clone(),
         reason,
     };
-
-    // Only `engine`: the columns that read table metadata (`engine_full`) read every table's, and
-    // old servers fail the query when another table of the database is dropped meanwhile.
-    let tables = endpoint
-        .query_json(
-            &format!("SELECT engine FROM system.tables WHERE database = {db} AND name = {table}"),
-            timeout,
-        )
-        .await
-        .map_err(fail)?;
+    let answers = ask(endpoint, params, timeout).await;
+    let tables = answers.tables.map_err(fail)?;
     let Some(row) = tables.first() else {
         return Err(refused(format!(
             "the table does not exist on {}. Create `{}`.`{}` on every host of every shard",
@@ -557,137 +620,60 @@ async fn probe(
         )));
     };
     let engine = json_text(row, "engine");
-    let kind = if engine == "Distributed" {
-        return Err(refused(format!(
-            "{} is a Distributed table on {}. The sink routes rows to shards itself and needs each shard's local table; a Distributed target would forward blocks on its own and break the link between deduplication token and shard. Set `table` to the local table and list the shards in `shard_hosts`",
-            params.table, endpoint.endpoint
-        )));
-    } else if engine.starts_with("Replicated") && engine.ends_with("MergeTree") {
-        EngineKind::Replicated
-    } else if engine.starts_with("Shared") && engine.ends_with("MergeTree") {
-        EngineKind::Shared
-    } else if engine.ends_with("MergeTree") {
-        EngineKind::Plain
-    } else {
-        return Err(refused(format!(
-            "{} has engine {engine} on {}; only the MergeTree family is supported (ReplicatedMergeTree recommended), since exactly-once needs its block deduplication",
-            params.table, endpoint.endpoint
-        )));
-    };
-
-    let columns = read_columns(
-        endpoint,
-        &ColumnsGuard::query(&params.database, &params.table),
-        timeout,
-    )
-    .await
-    .map_err(fail)?;
-
-    let settings: Vec<String> = endpoint
-        .query_json(
-            "SELECT name FROM system.settings WHERE name IN ('insert_deduplication_token', 'async_insert', 'async_insert_deduplicate', 'insert_deduplicate')",
-            timeout,
-        )
-        .await
+    let kind = engine_kind(&engine, endpoint, params).map_err(refused)?;
+    let columns = answers.columns.map_err(fail)?;
+    let settings: Vec<String> = answers
+        .settings
         .map_err(fail)?
         .iter()
         .map(|row| json_text(row, "name"))
         .collect();
     let has = |name: &str| settings.iter().any(|s| s == name);
-    let replicas_zookeeper_name = !endpoint
-        .query_json(
-            "SELECT name FROM system.columns WHERE database = 'system' AND table = 'replicas' AND name = 'zookeeper_name'",
-            timeout,
-        )
-        .await
-        .map_err(fail)?
-        .is_empty();
     let capabilities = Capabilities {
         insert_deduplication_token: has("insert_deduplication_token"),
         async_insert: has("async_insert"),
         async_insert_deduplicate: has("async_insert_deduplicate"),
         insert_deduplicate: has("insert_deduplicate"),
-        replicas_zookeeper_name,
+        replicas_zookeeper_name: !answers.zookeeper_name_column.map_err(fail)?.is_empty(),
     };
-
-    let (mut zookeeper_name, mut zookeeper_path) = (None, None);
-    if kind == EngineKind::Replicated {
-        let name_column = if replicas_zookeeper_name {
-            ", zookeeper_name"
-        } else {
-            ""
-        };
-        let replicas = endpoint
-            .query_json(
-                &format!(
-                    "SELECT zookeeper_path, replica_name{name_column} FROM system.replicas WHERE database = {db} AND table = {table}"
-                ),
-                timeout,
-            )
+    let (zookeeper_name, zookeeper_path) = if kind == EngineKind::Replicated {
+        let replica = replication_identity(endpoint, params, &capabilities, timeout)
             .await
-            .map_err(fail)?;
-        let Some(replica) = replicas.first() else {
-            return Err(refused(format!(
-                "{} is {engine} on {} but system.replicas has no entry for it",
-                params.table, endpoint.endpoint
-            )));
-        };
-        zookeeper_path = Some(json_text(replica, "zookeeper_path"));
-        zookeeper_name = Some(if replicas_zookeeper_name {
-            json_text(replica, "zookeeper_name")
-        } else {
-            "default".to_owned()
-        });
-    }
-
-    let names: Vec<String> = DEDUP_WINDOW_SETTINGS
-        .iter()
-        .map(|n| quote_literal(n))
-        .collect();
-    let server_defaults = endpoint
-        .query_json(
-            &format!(
-                "SELECT name, value FROM system.merge_tree_settings WHERE name IN ({})",
-                names.join(", ")
-            ),
-            timeout,
-        )
-        .await
+            .map_err(fail)?
+            .ok_or_else(|| {
+                refused(format!(
+                    "{} is {engine} on {} but system.replicas has no entry for it",
+                    params.table, endpoint.endpoint
+                ))
+            })?;
+        (Some(replica.0), Some(replica.1))
+    } else {
+        (None, None)
+    };
+    let server_defaults = answers
+        .merge_tree_defaults
         .map_err(fail)?
         .iter()
         .filter_map(|row| Some((json_text(row, "name"), json_u64(row, "value")?)))
         .collect();
-    let create = endpoint
-        .query_json(
-            &format!(
-                "SHOW CREATE TABLE {}",
-                quote_table(&params.database, &params.table)
-            ),
-            timeout,
-        )
-        .await
-        .map_err(fail)?;
-    let statement = create.first().map(|row| json_text(row, "statement"));
+    let statement = answers
+        .create
+        .map_err(fail)?
+        .first()
+        .map(|row| json_text(row, "statement"));
     let dedup_windows = DedupWindows::new(
         server_defaults,
         engine_clause(statement.as_deref().unwrap_or("")),
     );
     // What the server knows of types, so that a refused column can say which type it lacks. Only
     // messages use it, so a server (or a user) that cannot answer leaves it unknown.
-    let server_types = match endpoint
-        .query_json(
-            "SELECT version() AS version, groupArray(name) AS families FROM system.data_type_families",
-            timeout,
-        )
-        .await
-    {
+    let server_types = match answers.types {
         Ok(rows) => rows.first().map(server_types_of).unwrap_or_default(),
         Err(err) => {
             debug!(endpoint = %endpoint.endpoint, error = %err, "server type families unknown");
             ServerTypes::default()
         }
     };
-
     Ok(EndpointMetadata {
         engine,
         kind,
@@ -700,7 +686,64 @@ async fn probe(
     })
 }
 
-/// The first difference between two schemas, if any.
+/// The ZooKeeper name and path a replicated target replicates through, if `system.replicas`
+/// lists it (servers without `zookeeper_name` have only the default ZooKeeper).
+async fn replication_identity(
+    endpoint: &EndpointClient,
+    params: &ClickHouseParams,
+    capabilities: &Capabilities,
+    timeout: Duration,
+) -> Result<Option<(String, String)>, ClassifiedError> {
+    let name_column = if capabilities.replicas_zookeeper_name {
+        ", zookeeper_name"
+    } else {
+        ""
+    };
+    let replicas = endpoint
+        .query_json(
+            &format!(
+                "SELECT zookeeper_path, replica_name{name_column} FROM system.replicas WHERE database = {} AND table = {}",
+                quote_literal(&params.database),
+                quote_literal(&params.table)
+            ),
+            timeout,
+        )
+        .await?;
+    Ok(replicas.first().map(|replica| {
+        let name = if capabilities.replicas_zookeeper_name {
+            json_text(replica, "zookeeper_name")
+        } else {
+            "default".to_owned()
+        };
+        (name, json_text(replica, "zookeeper_path"))
+    }))
+}
+
+/// The engine family a target table of `engine` belongs to, or why the sink refuses it.
+fn engine_kind(
+    engine: &str,
+    endpoint: &EndpointClient,
+    params: &ClickHouseParams,
+) -> Result<EngineKind, String> {
+    if engine == "Distributed" {
+        Err(format!(
+            "{} is a Distributed table on {}. The sink routes rows to shards itself and needs each shard's local table; a Distributed target would forward blocks on its own and break the link between deduplication token and shard. Set `table` to the local table and list the shards in `shard_hosts`",
+            params.table, endpoint.endpoint
+        ))
+    } else if engine.starts_with("Replicated") && engine.ends_with("MergeTree") {
+        Ok(EngineKind::Replicated)
+    } else if engine.starts_with("Shared") && engine.ends_with("MergeTree") {
+        Ok(EngineKind::Shared)
+    } else if engine.ends_with("MergeTree") {
+        Ok(EngineKind::Plain)
+    } else {
+        Err(format!(
+            "{} has engine {engine} on {}; only the MergeTree family is supported (ReplicatedMergeTree recommended), since exactly-once needs its block deduplication",
+            params.table, endpoint.endpoint
+        ))
+    }
+}
+
 pub(crate) fn schema_difference(a: &[ColumnMeta], b: &[ColumnMeta]) -> Option<String> {
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         if x != y {
