@@ -124,7 +124,8 @@ impl BatchCutter {
             let projected = (buffer.len() / rows_so_far).saturating_mul(expected_rows);
             let room = Headroom::NONE.target(projected.min(max_bytes));
             if room > buffer.capacity() {
-                buffer.reserve_exact(room - buffer.len());
+                // Only an optimisation: a refused reservation leaves the buffer to grow as it goes.
+                let _ = buffer.try_reserve_exact(room - buffer.len());
             }
         }
     }

@@ -252,16 +252,24 @@ impl MessageBatch {
         let messages = if len < PROJECT_AFTER_MESSAGES {
             PROJECT_AFTER_MESSAGES.min(bound)
         } else {
-            let projected = self.arena.len() / len * bound;
+            let projected = self.arena.len().saturating_mul(bound) / len;
             let room = Headroom::NONE.target(projected);
-            self.arena
-                .reserve_exact(room.saturating_sub(self.arena.len()));
+            // Reserving is an optimisation: where an epoch could never fill its bound (a huge
+            // `max_messages` cut by time), a refused reservation leaves the buffers to grow
+            // one step at a time.
+            let _ = self
+                .arena
+                .try_reserve_exact(room.saturating_sub(self.arena.len()));
             // What clearing a full batch keeps (its Headroom), so it does not reallocate them.
             Headroom::NONE.target(bound)
         };
-        self.ids.reserve_exact(messages - len);
-        self.cells
-            .reserve_exact((messages * columns).saturating_sub(self.cells.len()));
+        if self.ids.try_reserve_exact(messages - len).is_err() {
+            self.ids.reserve(1);
+        }
+        let cells = messages.saturating_mul(columns);
+        let _ = self
+            .cells
+            .try_reserve_exact(cells.saturating_sub(self.cells.len()));
     }
 
     /// Copies one row of another batch with the same schema.

@@ -388,6 +388,7 @@ impl ClickHouse {
                 busy += self.fetch_u64(node, "SELECT count() FROM system.replication_queue")?;
             }
             if busy == 0 {
+                wait_for_idle_servers();
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -600,6 +601,22 @@ fn run_case(ch: &ClickHouse, case: Case, rows: u64, work: &Path, tag: &str) -> R
     Ok(sample)
 }
 
+/// Waits (at most 30 s) until the servers used under a tenth of a core for a whole second:
+/// with merges and replication queues empty they still clean up after the run before (old parts,
+/// ZooKeeper nodes of dropped tables), and a run that starts meanwhile shares the two cores with
+/// that work, which always followed the same case when the order was fixed.
+fn wait_for_idle_servers() {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let before = server_cpu_s();
+        std::thread::sleep(Duration::from_secs(1));
+        if server_cpu_s() - before < 0.1 {
+            return;
+        }
+    }
+    eprintln!("warning: the servers were still busy after 30 s; running anyway");
+}
+
 /// User + system CPU seconds so far of the local cluster's servers (`clickhouse-server`s and
 /// ZooKeeper's JVM): on a machine that runs client and servers on the same cores, what the
 /// client makes the servers do costs the client throughput too.
@@ -691,8 +708,11 @@ fn orchestrate() -> Result<()> {
         for repetition in 1..=repetitions {
             println!("rows {rows}, repetition {repetition}/{repetitions}");
             // Alternate the cases within a repetition, so that drift on a shared machine hits
-            // every case alike.
-            for &case in &cases {
+            // every case alike, and rotate their order from one repetition to the next, so that
+            // no case always follows the same one.
+            let mut order = cases.clone();
+            order.rotate_left((repetition - 1) % cases.len());
+            for &case in &order {
                 let tag = format!("{}-{rows}-{repetition}", case.name());
                 let sample = run_case(&ch, case, rows, &work, &tag)?;
                 samples.entry((rows, case)).or_default().push(sample);
