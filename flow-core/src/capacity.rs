@@ -218,4 +218,18 @@ mod tests {
             assert!(!decay.should_shrink(0, MIN_RETAINED_BYTES));
         }
     }
+
+    #[test]
+    fn fitting_a_cleared_buffer_grows_into_a_fresh_allocation_and_shrinks_in_place() {
+        // 1000 used in a 1000-capacity buffer: it needs 1125, so it gets a new allocation of
+        // exactly that and is left empty.
+        let mut buffer: Vec<u8> = Vec::with_capacity(1000);
+        buffer.resize(1000, 1);
+        Headroom::NONE.fit_cleared(&mut buffer);
+        assert_eq!((buffer.len(), buffer.capacity()), (0, 1125));
+        // 100 used out of 1125: shrunk to 112, and empty.
+        buffer.resize(100, 1);
+        Headroom::NONE.fit_cleared(&mut buffer);
+        assert_eq!((buffer.len(), buffer.capacity()), (0, 112));
+    }
 }
