@@ -116,11 +116,14 @@ impl BatchCutter {
         Ok(())
     }
 
-    /// Gives each encode buffer room for `expected_rows` rows of the batch (at most `max_bytes`),
-    /// projected from its bytes after `rows_so_far`: grown by doubling, a buffer's first batch
-    /// copied it over and over. A buffer that already has the room is left alone.
+    /// Gives each encode buffer that was never sealed room for `expected_rows` rows of the batch
+    /// (at most `max_bytes`), projected from its bytes after `rows_so_far`: grown by doubling, a
+    /// buffer's first batch copied it over and over. A sealed buffer keeps the room its seal gave
+    /// it: a shard's share of the first rows varies from batch to batch, and following it would
+    /// reallocate and rewrite the buffer every few batches.
     fn reserve_projected(&mut self, rows_so_far: usize, expected_rows: usize, max_bytes: usize) {
-        for buffer in &mut self.buffers {
+        let sealed = self.faulted.len();
+        for buffer in self.buffers.iter_mut().skip(sealed) {
             let projected = (buffer.len() / rows_so_far).saturating_mul(expected_rows);
             let room = Headroom::NONE.target(projected.min(max_bytes));
             if room > buffer.capacity() {
@@ -295,6 +298,11 @@ mod tests {
         let at = cutter.buffers[0].as_ptr();
         cutter.reserve_projected(1024, 100_000, usize::MAX);
         assert_eq!(cutter.buffers[0].as_ptr(), at, "room already there");
+        // Sealed buffers keep their room, even where a projection would ask for more.
+        cutter.faulted.resize(2, FaultedIn::default());
+        cutter.buffers[1].resize(100 * 1024, 3);
+        cutter.reserve_projected(1024, 100_000, usize::MAX);
+        assert_eq!(cutter.buffers[1].capacity(), 5_625_000);
         // The byte limit caps the projection.
         let mut capped = BatchCutter {
             buffers: vec![vec![1; 100 * 1024]],
