@@ -3,7 +3,10 @@
 //! batch limits.
 
 use bytes::Bytes;
-use flow_core::{CapacityDecay, DeadRow, FaultedIn, Headroom, MessageBatch, Row, SinkError};
+use flow_core::{
+    reserve_projected, CapacityDecay, DeadRow, FaultedIn, Headroom, MessageBatch, Row, SinkError,
+    PROJECT_AFTER,
+};
 use flow_state::DeadLetter;
 
 use crate::compress::{is_framed, seal};
@@ -18,9 +21,6 @@ use crate::sink_state::SinkShared;
 /// exchanges (a worker measured its first connections taking 100 ms to complete on loopback
 /// while the partitions encoded and generated).
 const YIELD_EVERY_ROWS: usize = 8192;
-
-/// Rows a batch encodes before its buffers reserve room for the whole batch from their bytes.
-const PROJECT_AFTER_ROWS: usize = 1024;
 
 /// One encoded part of a batch for one shard.
 #[derive(Debug)]
@@ -96,7 +96,7 @@ impl BatchCutter {
                     continue;
                 }
             }
-            if batch_rows == PROJECT_AFTER_ROWS {
+            if batch_rows == PROJECT_AFTER {
                 // Rows of the epoch from this batch's first on, at most a batch's worth.
                 let remaining = batch.len() - index - 1 + batch_rows;
                 self.reserve_projected(batch_rows, remaining.min(max_rows), max_bytes);
@@ -117,19 +117,14 @@ impl BatchCutter {
     }
 
     /// Gives each encode buffer that was never sealed room for `expected_rows` rows of the batch
-    /// (at most `max_bytes`), projected from its bytes after `rows_so_far`: grown by doubling, a
-    /// buffer's first batch copied it over and over. A sealed buffer keeps the room its seal gave
-    /// it: a shard's share of the first rows varies from batch to batch, and following it would
-    /// reallocate and rewrite the buffer every few batches.
+    /// (at most `max_bytes`), projected from its bytes after `rows_so_far` ([`reserve_projected`]).
+    /// A sealed buffer keeps the room its seal gave it: a shard's share of the first rows varies
+    /// from batch to batch, and following it would reallocate and rewrite the buffer every few
+    /// batches.
     fn reserve_projected(&mut self, rows_so_far: usize, expected_rows: usize, max_bytes: usize) {
         let sealed = self.faulted.len();
         for buffer in self.buffers.iter_mut().skip(sealed) {
-            let projected = (buffer.len() / rows_so_far).saturating_mul(expected_rows);
-            let room = Headroom::NONE.target(projected.min(max_bytes));
-            if room > buffer.capacity() {
-                // Only an optimisation: a refused reservation leaves the buffer to grow as it goes.
-                let _ = buffer.try_reserve_exact(room - buffer.len());
-            }
+            reserve_projected(buffer, rows_so_far, expected_rows, max_bytes);
         }
     }
 

@@ -75,6 +75,26 @@ impl Headroom {
     }
 }
 
+/// Units (messages, rows) a growing buffer takes before its room for the rest is projected from
+/// their size ([`reserve_projected`]).
+pub const PROJECT_AFTER: usize = 1024;
+
+/// Gives `buffer`, which holds what `so_far` units put in it, room for `expected` units (at most
+/// `cap` elements) and an eighth more, unless it has that room. Grown by doubling instead, a
+/// buffer's first epoch copied it over and over (9 % of a worker's CPU in a 2 M-row run). The
+/// room is only reserved, so pages nobody writes stay out of resident memory, and a refused
+/// reservation (an `expected` that could never be filled) leaves the buffer to grow step by step.
+pub fn reserve_projected<T>(buffer: &mut Vec<T>, so_far: usize, expected: usize, cap: usize) {
+    if so_far == 0 {
+        return;
+    }
+    let projected = buffer.len().saturating_mul(expected) / so_far;
+    let room = Headroom::NONE.target(projected.min(cap));
+    if room > buffer.capacity() {
+        let _ = buffer.try_reserve_exact(room - buffer.len());
+    }
+}
+
 /// Tracks how long a reused buffer has been oversized.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CapacityDecay {
@@ -231,5 +251,22 @@ mod tests {
         buffer.resize(100, 1);
         Headroom::NONE.fit_cleared(&mut buffer);
         assert_eq!((buffer.len(), buffer.capacity()), (0, 112));
+    }
+
+    #[test]
+    fn a_projection_reserves_once_within_its_cap_and_nothing_without_units() {
+        // 100 bytes for 4 units, 40 expected: 1000, and an eighth more.
+        let mut buffer: Vec<u8> = vec![1; 100];
+        reserve_projected(&mut buffer, 4, 40, usize::MAX);
+        assert_eq!(buffer.capacity(), 1125);
+        let at = buffer.as_ptr();
+        reserve_projected(&mut buffer, 4, 40, usize::MAX);
+        assert_eq!(buffer.as_ptr(), at, "the room is there already");
+        let mut capped: Vec<u8> = vec![1; 100];
+        reserve_projected(&mut capped, 4, 40, 800);
+        assert_eq!(capped.capacity(), 900);
+        let mut empty: Vec<u8> = Vec::new();
+        reserve_projected(&mut empty, 0, 40, usize::MAX);
+        assert_eq!(empty.capacity(), 0);
     }
 }

@@ -61,7 +61,7 @@ mod spec_text;
 mod types;
 mod wide_int;
 
-pub use capacity::{CapacityDecay, FaultedIn, Headroom};
+pub use capacity::{reserve_projected, CapacityDecay, FaultedIn, Headroom, PROJECT_AFTER};
 pub use dead_row::{DeadRow, ResendRow};
 pub use drain::{DrainReport, OutboxBacklog, PendingOutbox};
 pub use error::{

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::capacity::{CapacityDecay, FaultedIn, Headroom};
+use crate::capacity::{reserve_projected, CapacityDecay, FaultedIn, Headroom, PROJECT_AFTER};
 use crate::error::ValueError;
 use crate::types::{Column, StreamSchema, StreamType};
 
@@ -103,9 +103,6 @@ enum Cell {
 }
 
 const _: () = assert!(std::mem::size_of::<Cell>() == 16);
-
-/// Messages a bounded batch takes before it reserves room for its bound from their bytes.
-const PROJECT_AFTER_MESSAGES: usize = 1024;
 
 /// The messages of one stream in one epoch, stored row-major: a flat cell vector and one byte arena.
 /// Clearing keeps the capacity, sized for an epoch at the batch's bound ([`Headroom`]), so a
@@ -236,37 +233,27 @@ impl MessageBatch {
         }
     }
 
-    /// Makes room before the ids fill up. Grown by doubling, a batch's first epoch copied its
-    /// buffers over and over (9 % of a worker's CPU in a 2 M-row run), so a bounded batch takes
-    /// the room of an epoch at its bound once its first [`PROJECT_AFTER_MESSAGES`] messages
-    /// show their bytes per message. The room is only reserved: pages nobody writes stay out of
-    /// resident memory.
+    /// Makes room before the ids fill up: a bounded batch takes the room of an epoch at its
+    /// bound once its first [`PROJECT_AFTER`] messages show their bytes per message
+    /// ([`reserve_projected`]); ids and cells get exactly what clearing a full batch keeps (its
+    /// [`Headroom`]), so that clearing does not reallocate them.
     #[cold]
     fn grow_for_bound(&mut self) {
         let len = self.ids.len();
-        let columns = self.schema.len();
         let Some(bound) = self.bound.filter(|&bound| bound > len) else {
             self.ids.reserve(1);
             return;
         };
-        let messages = if len < PROJECT_AFTER_MESSAGES {
-            PROJECT_AFTER_MESSAGES.min(bound)
+        let messages = if len < PROJECT_AFTER {
+            PROJECT_AFTER.min(bound)
         } else {
-            let projected = self.arena.len().saturating_mul(bound) / len;
-            let room = Headroom::NONE.target(projected);
-            // Reserving is an optimisation: where an epoch could never fill its bound (a huge
-            // `max_messages` cut by time), a refused reservation leaves the buffers to grow
-            // one step at a time.
-            let _ = self
-                .arena
-                .try_reserve_exact(room.saturating_sub(self.arena.len()));
-            // What clearing a full batch keeps (its Headroom), so it does not reallocate them.
+            reserve_projected(&mut self.arena, len, bound, usize::MAX);
             Headroom::NONE.target(bound)
         };
         if self.ids.try_reserve_exact(messages - len).is_err() {
             self.ids.reserve(1);
         }
-        let cells = messages.saturating_mul(columns);
+        let cells = messages.saturating_mul(self.schema.len());
         let _ = self
             .cells
             .try_reserve_exact(cells.saturating_sub(self.cells.len()));
