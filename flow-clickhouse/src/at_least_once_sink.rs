@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use crate::classify::{is_row_rejection, ClassifiedError};
-use crate::cutter::{BatchCutter, Part};
+use crate::cutter::{BatchCutter, EpochCut, Part};
 use crate::guarantee::GiveUp;
 use crate::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
 use crate::params::{OnBadRows, SinkClass};
@@ -200,12 +200,10 @@ impl Sink for AtLeastOnceSink {
                 retry_after: Duration::ZERO,
             });
         };
-        let (mut parts, mut dead_letters) = (Vec::new(), Vec::new());
-        for batch in epoch.inputs {
-            self.cutter
-                .cut(&self.shared, &session, batch, &mut parts, &mut dead_letters)
-                .await?;
-        }
+        let EpochCut {
+            parts,
+            dead_letters,
+        } = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
         let inserts = EpochInserts {
             shared: Arc::clone(&self.shared),
             session,

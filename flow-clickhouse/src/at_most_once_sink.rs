@@ -163,6 +163,7 @@ impl SinkFactory for AtMostOnceFactory {
             ctx,
             cutter: BatchCutter::default(),
             pending: Vec::new(),
+            unsliced: None,
             ordered: None,
             key: Vec::new(),
         }))
@@ -184,6 +185,9 @@ struct AtMostOnceSink {
     cutter: BatchCutter,
     /// Parts of the epoch being committed (ordered mode).
     pending: Vec<Part>,
+    /// The epoch of a slice that came while the pipeline was stopping before the writer
+    /// session started: its rows were not cut, so the epoch is vetoed.
+    unsliced: Option<u64>,
     ordered: Option<OrderedDelivery>,
     key: Vec<u8>,
 }
@@ -199,10 +203,7 @@ struct OrderedDelivery {
 impl Sink for AtMostOnceSink {
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
-            return Ok(EpochOutcome::Veto {
-                reason: "the pipeline is stopping before the writer session started".to_owned(),
-                retry_after: Duration::ZERO,
-            });
+            return Ok(stopping());
         };
         let mut dead_letters = Vec::new();
         match &self.queue {
@@ -227,18 +228,12 @@ impl Sink for AtMostOnceSink {
                 }
             }
             None => {
-                self.pending.clear();
-                for batch in epoch.inputs {
-                    self.cutter
-                        .cut(
-                            &self.shared,
-                            &session,
-                            batch,
-                            &mut self.pending,
-                            &mut dead_letters,
-                        )
-                        .await?;
+                if self.unsliced == Some(epoch.number) {
+                    return Ok(stopping());
                 }
+                let cut = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
+                self.pending = cut.parts;
+                dead_letters = cut.dead_letters;
             }
         }
         Ok(EpochOutcome::Commit(EpochWrite {
@@ -246,6 +241,21 @@ impl Sink for AtMostOnceSink {
             counters: self.counters.take(&self.ctx.metrics),
             ..EpochWrite::default()
         }))
+    }
+
+    /// The ordered mode takes slices; the queue mode takes whole epochs, since it enqueues
+    /// rows as they are encoded and could not take back a slice of a vetoed epoch.
+    fn takes_slices(&self) -> bool {
+        self.queue.is_none()
+    }
+
+    async fn write_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
+        let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
+            // The slice's rows are not cut: the epoch must not commit.
+            self.unsliced = Some(slice.number);
+            return Ok(());
+        };
+        self.cutter.cut_slice(&self.shared, &session, slice).await
     }
 
     async fn committed(&mut self, _batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
@@ -311,6 +321,14 @@ impl Sink for AtMostOnceSink {
         self.shared.reconfigure(dynamic)?;
         self.budget.resize(self.shared.in_flight_budget());
         Ok(())
+    }
+}
+
+/// The answer for an epoch while the pipeline stops before the writer session started.
+fn stopping() -> EpochOutcome {
+    EpochOutcome::Veto {
+        reason: "the pipeline is stopping before the writer session started".to_owned(),
+        retry_after: Duration::ZERO,
     }
 }
 

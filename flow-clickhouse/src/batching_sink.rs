@@ -22,7 +22,7 @@ use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
 use flow_state::SealedBatch;
 
-use crate::cutter::BatchCutter;
+use crate::cutter::{BatchCutter, EpochCut};
 use crate::deliverer::{ClickHouseDeliverer, PartitionMarks};
 use crate::exactly_once::ExactlyOnce;
 use crate::fingerprint::{check_topology, TopologyDecision};
@@ -62,6 +62,7 @@ impl SinkFactory for BatchingSinkFactory {
             ctx,
             fingerprints_checked: false,
             cutter: BatchCutter::default(),
+            unsliced: None,
         })))
     }
 
@@ -80,6 +81,9 @@ struct BatchingSink {
     /// Whether the persisted fingerprints were compared with (or replaced by) the current ones.
     fingerprints_checked: bool,
     cutter: BatchCutter,
+    /// The epoch of a slice that came while the pipeline was stopping before the writer
+    /// session started: its rows were not cut, so the epoch is vetoed.
+    unsliced: Option<u64>,
 }
 
 /// Runs a state-store call off the runtime threads.
@@ -183,12 +187,13 @@ impl Sealer for BatchingSink {
         if !self.fingerprints_checked && !self.check_fingerprints(0, None).await? {
             return Ok(stopping());
         }
-        let (mut parts, mut dead_letters) = (Vec::new(), Vec::new());
-        for batch in epoch.inputs {
-            self.cutter
-                .cut(&self.shared, &session, batch, &mut parts, &mut dead_letters)
-                .await?;
+        if self.unsliced == Some(epoch.number) {
+            return Ok(stopping());
         }
+        let EpochCut {
+            parts,
+            dead_letters,
+        } = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
         let target = format!(
             "{}.{}",
             self.shared.params.spec.database, self.shared.params.spec.table
@@ -225,6 +230,20 @@ impl Sealer for BatchingSink {
             rebuildable: true,
             counters: Vec::new(),
         }))
+    }
+
+    fn takes_slices(&self) -> bool {
+        true
+    }
+
+    async fn seal_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
+        self.exactly_once.check_gave_up(self.ctx.partition, None)?;
+        let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
+            // The slice's rows are not cut: the epoch must not commit.
+            self.unsliced = Some(slice.number);
+            return Ok(());
+        };
+        self.cutter.cut_slice(&self.shared, &session, slice).await
     }
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {

@@ -4,8 +4,8 @@
 
 use bytes::Bytes;
 use flow_core::{
-    reserve_projected, CapacityDecay, DeadRow, FaultedIn, Headroom, MessageBatch, Row, SinkError,
-    PROJECT_AFTER,
+    reserve_projected, CapacityDecay, DeadRow, Epoch, FaultedIn, Headroom, MessageBatch, Row,
+    SinkError, PROJECT_AFTER,
 };
 use flow_state::DeadLetter;
 
@@ -45,8 +45,11 @@ impl Part {
 }
 
 /// Cuts an epoch's rows into batches (`max_rows_per_batch`, `max_bytes_per_batch`, in message
-/// order), routes each row to its shard and encodes it once. Buffers are reused across epochs
-/// and give back a burst's capacity after a run of smaller batches.
+/// order), routes each row to its shard and encodes it once. An epoch may come in slices
+/// ([`flow_core::Sink::write_slice`]): the batch being cut spans them, and only
+/// [`BatchCutter::seal_open`] at the epoch's end seals what is left, so the batches are the same
+/// however the epoch was sliced. Buffers are reused across epochs and give back a burst's
+/// capacity after a run of smaller batches.
 #[derive(Default)]
 pub struct BatchCutter {
     buffers: Vec<Vec<u8>>,
@@ -54,20 +57,79 @@ pub struct BatchCutter {
     faulted: Vec<FaultedIn>,
     rows: Vec<u64>,
     key: Vec<u8>,
+    open: OpenBatch,
+    cut: EpochCut,
+}
+
+/// What the cutting of one epoch produced so far.
+#[derive(Debug, Default)]
+pub struct EpochCut {
+    /// Sealed parts, batch by batch, shards in name order.
+    pub parts: Vec<Part>,
+    /// Rows set aside under `on_bad_rows: dead_letter`.
+    pub dead_letters: Vec<DeadLetter>,
+}
+
+/// The batch being cut, and where its epoch stands.
+#[derive(Debug, Default)]
+struct OpenBatch {
+    /// The epoch's number ([`flow_core::Epoch::number`]); `None` between epochs.
+    epoch: Option<u64>,
+    /// The most messages of the epoch (`epoch.max_messages`).
+    epoch_bound: usize,
+    /// Rows of the epoch taken so far, in this batch and the ones sealed before it.
+    epoch_rows: usize,
+    rows: usize,
+    bytes: usize,
+    /// Bounds of the batch, rejected rows included.
+    first_offset: Option<u64>,
+    last_offset: u64,
 }
 
 impl BatchCutter {
-    /// Appends the parts of `batch` to `parts`, batch by batch, shards in name order; rows that
-    /// fail the checks go to `dead` or fail the epoch, as `on_bad_rows` says ([`reject_row`]).
-    /// A batch's bounds cover its rejected rows too, so a rebuild cuts it at the same places.
-    pub async fn cut(
+    /// Cuts one slice of an epoch ([`flow_core::Sink::write_slice`]): its batches stay open.
+    pub async fn cut_slice(
         &mut self,
         shared: &SinkShared,
         session: &WriterSession,
-        batch: &MessageBatch,
-        parts: &mut Vec<Part>,
-        dead: &mut Vec<DeadLetter>,
+        slice: &Epoch<'_>,
     ) -> Result<(), SinkError> {
+        for batch in slice.inputs {
+            let at = (slice.number, slice.max_messages);
+            self.cut(shared, session, at, batch).await?;
+        }
+        Ok(())
+    }
+
+    /// Cuts the epoch's last slice (or the whole epoch), sealing what each input stream left
+    /// open, and returns everything the epoch's cutting produced.
+    pub async fn cut_epoch(
+        &mut self,
+        shared: &SinkShared,
+        session: &WriterSession,
+        epoch: &Epoch<'_>,
+    ) -> Result<EpochCut, SinkError> {
+        for batch in epoch.inputs {
+            let at = (epoch.number, epoch.max_messages);
+            self.cut(shared, session, at, batch).await?;
+            self.seal_open(shared);
+        }
+        Ok(self.take_epoch())
+    }
+
+    /// Encodes the rows of `batch`, a slice (or all) of epoch `number` holding at most
+    /// `epoch_bound` messages, sealing a batch whenever one reaches a limit; rows that fail the
+    /// checks become dead letters or fail the epoch, as `on_bad_rows` says ([`reject_row`]). A
+    /// batch's bounds cover its rejected rows too, so a rebuild cuts it at the same places.
+    /// Rows of another epoch left open (that epoch was vetoed before its end) are dropped.
+    async fn cut(
+        &mut self,
+        shared: &SinkShared,
+        session: &WriterSession,
+        (number, epoch_bound): (u64, usize),
+        batch: &MessageBatch,
+    ) -> Result<(), SinkError> {
+        self.join_epoch(number, epoch_bound);
         let shards = shared.router.shards().len().max(1);
         self.buffers.resize_with(shards, Vec::new);
         self.decay.resize(shards, CapacityDecay::default());
@@ -75,45 +137,91 @@ impl BatchCutter {
         let dynamic = shared.dynamic();
         let max_rows = usize::try_from(dynamic.max_rows_per_batch).unwrap_or(usize::MAX);
         let max_bytes = usize::try_from(dynamic.max_bytes_per_batch).unwrap_or(usize::MAX);
-        let epoch = Headroom::for_load(batch.len(), batch.bound());
-        let headroom = |rows, bytes| batch_room(epoch, (rows, max_rows), (bytes, max_bytes));
-        let mut batch_rows = 0usize;
-        let mut batch_bytes = 0usize;
-        let mut first_offset = None;
         for (index, row) in batch.rows().enumerate() {
             if index % YIELD_EVERY_ROWS == YIELD_EVERY_ROWS - 1 {
                 tokio::task::yield_now().await;
             }
-            let first = *first_offset.get_or_insert(row.id().offset);
+            self.open.first_offset.get_or_insert(row.id().offset);
+            self.open.last_offset = row.id().offset;
+            self.open.epoch_rows += 1;
             match encode_routed(shared, session, &row, &mut self.buffers, &mut self.key) {
                 Ok((shard, size)) => {
-                    batch_bytes += size;
+                    self.open.bytes += size;
+                    self.open.rows += 1;
                     self.rows[shard] += 1;
-                    batch_rows += 1;
                 }
                 Err(rejected) => {
-                    reject_row(shared, &row, rejected, BadRows::Record(dead))?;
+                    reject_row(
+                        shared,
+                        &row,
+                        rejected,
+                        BadRows::Record(&mut self.cut.dead_letters),
+                    )?;
                     continue;
                 }
             }
-            if batch_rows == PROJECT_AFTER {
-                // Rows of the epoch from this batch's first on, at most a batch's worth.
-                let remaining = batch.len() - index - 1 + batch_rows;
-                self.reserve_projected(batch_rows, remaining.min(max_rows), max_bytes);
+            if self.open.rows == PROJECT_AFTER {
+                // The rest of the epoch from this batch's first row on, at most a batch's worth.
+                let before = self.open.epoch_rows - self.open.rows;
+                let remaining = self.open.epoch_bound.saturating_sub(before);
+                self.reserve_projected(self.open.rows, remaining.min(max_rows), max_bytes);
             }
-            if batch_rows >= max_rows || batch_bytes >= max_bytes {
-                let room = headroom(batch_rows, batch_bytes);
-                self.seal(shared, first, row.id().offset, parts, room);
-                batch_rows = 0;
-                batch_bytes = 0;
-                first_offset = None;
+            if self.open.rows >= max_rows || self.open.bytes >= max_bytes {
+                self.seal_open_with((max_rows, max_bytes), shared);
             }
-        }
-        if let (Some(first), Some(last)) = (first_offset, batch.ids().last()) {
-            let room = headroom(batch_rows, batch_bytes);
-            self.seal(shared, first, last.offset, parts, room);
         }
         Ok(())
+    }
+
+    /// Seals what the open batch holds (the end of an epoch, or of one of its input streams).
+    fn seal_open(&mut self, shared: &SinkShared) {
+        let dynamic = shared.dynamic();
+        let max_rows = usize::try_from(dynamic.max_rows_per_batch).unwrap_or(usize::MAX);
+        let max_bytes = usize::try_from(dynamic.max_bytes_per_batch).unwrap_or(usize::MAX);
+        self.seal_open_with((max_rows, max_bytes), shared);
+    }
+
+    /// Everything the epoch's cutting produced; the next `cut` starts a new epoch.
+    fn take_epoch(&mut self) -> EpochCut {
+        self.abandon();
+        std::mem::take(&mut self.cut)
+    }
+
+    /// Starts epoch `number` unless it is the one being cut: what another epoch left (its
+    /// batch, parts and dead letters) is dropped, since that epoch was never committed.
+    fn join_epoch(&mut self, number: u64, epoch_bound: usize) {
+        if self.open.epoch == Some(number) {
+            return;
+        }
+        self.abandon();
+        self.cut = EpochCut::default();
+        self.open.epoch = Some(number);
+        self.open.epoch_bound = epoch_bound;
+    }
+
+    /// Drops the open batch's rows, keeping the buffers' room.
+    fn abandon(&mut self) {
+        for buffer in &mut self.buffers {
+            buffer.clear();
+        }
+        self.rows.iter_mut().for_each(|rows| *rows = 0);
+        self.open = OpenBatch::default();
+    }
+
+    fn seal_open_with(&mut self, (max_rows, max_bytes): (usize, usize), shared: &SinkShared) {
+        let open = &self.open;
+        let Some(first) = open.first_offset else {
+            return;
+        };
+        let epoch = Headroom::for_load(open.epoch_rows, Some(open.epoch_bound));
+        let room = batch_room(epoch, (open.rows, max_rows), (open.bytes, max_bytes));
+        let last = open.last_offset;
+        let mut parts = std::mem::take(&mut self.cut.parts);
+        self.seal(shared, first, last, &mut parts, room);
+        self.cut.parts = parts;
+        self.open.rows = 0;
+        self.open.bytes = 0;
+        self.open.first_offset = None;
     }
 
     /// Gives each encode buffer that was never sealed room for `expected_rows` rows of the batch

@@ -762,6 +762,19 @@ pub trait Sealer: Send {
     /// Seals what the epoch will deliver, or vetoes it.
     async fn seal(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError>;
 
+    /// Whether the sealer takes epochs in slices ([`Sink::takes_slices`]).
+    fn takes_slices(&self) -> bool {
+        false
+    }
+
+    /// Takes one slice of the epoch that a later [`Sealer::seal`] ends ([`Sink::write_slice`]).
+    async fn seal_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
+        let _ = slice;
+        Err(SinkError::Delivery {
+            reason: "the sink was handed a slice of an epoch but does not take slices".to_owned(),
+        })
+    }
+
     /// New dynamic parameters.
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError>;
 }
@@ -794,6 +807,14 @@ impl<S: Sealer> Sink for OutboxSink<S> {
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         self.epoch_started_ms = epoch.started_ms;
         self.sealer.seal(epoch).await
+    }
+
+    fn takes_slices(&self) -> bool {
+        self.sealer.takes_slices()
+    }
+
+    async fn write_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
+        self.sealer.seal_slice(slice).await
     }
 
     async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {

@@ -139,8 +139,13 @@ impl MessageBatch {
     /// The batch, holding at most `messages` messages per epoch: its buffers keep room for that
     /// many ([`Headroom`]).
     pub(crate) fn bounded(mut self, messages: usize) -> Self {
-        self.bound = Some(messages);
+        self.set_bound(messages);
         self
+    }
+
+    /// Bounds the batch to `messages` messages per use from now on ([`MessageBatch::bounded`]).
+    pub(crate) fn set_bound(&mut self, messages: usize) {
+        self.bound = Some(messages);
     }
 
     /// The most messages an epoch puts in the batch, if known.

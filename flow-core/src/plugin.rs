@@ -198,13 +198,17 @@ pub trait SinkFactory: Send + Sync {
 }
 
 /// The input of one epoch for one sink: a batch per input stream, in `input_stream_ids` order.
+/// For a sink that takes epochs in slices ([`Sink::takes_slices`]), the input of one slice.
 pub struct Epoch<'a> {
     /// Counts epochs within this run of the partition, from 0; not persisted.
     pub number: u64,
     /// When the epoch began reading (ms since the Unix epoch): no message of it was read
     /// earlier.
     pub started_ms: u64,
-    /// The epoch's messages, a batch per input stream.
+    /// The most source messages an epoch holds (`epoch.max_messages`): what buffers sized for
+    /// a whole epoch plan for, even when the batches hold only a slice of it.
+    pub max_messages: usize,
+    /// The epoch's messages (or the slice's), a batch per input stream.
     pub inputs: &'a [&'a MessageBatch],
 }
 
@@ -270,7 +274,30 @@ impl std::fmt::Debug for PendingWrite {
 #[async_trait]
 pub trait Sink: Send {
     /// Prepares for the epoch's commit: seals what must be delivered, or vetoes the commit.
+    /// A sink that takes slices gets here the epoch's last slice (possibly empty), after
+    /// [`Sink::write_slice`] got the others.
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError>;
+
+    /// Whether the sink takes an epoch in slices: [`Sink::write_slice`] for every slice but the
+    /// last, then [`Sink::write_epoch`] for the last. The partition then holds a slice of
+    /// messages at a time instead of a whole epoch, and the sink encodes each slice while it is
+    /// still in the cache. The runtime slices an epoch only when every sink of the partition
+    /// takes slices and reads one input stream; otherwise the sink gets whole epochs.
+    fn takes_slices(&self) -> bool {
+        false
+    }
+
+    /// Takes one slice of the epoch that a later [`Sink::write_epoch`] with the same
+    /// [`Epoch::number`] ends; only called when [`Sink::takes_slices`]. The sink must not seal
+    /// across that end, whatever it answers. A slice or epoch with another number means that
+    /// the sink's earlier slices will never be ended (a sink asked before it vetoed the epoch,
+    /// and the epoch is read again under a new number): the sink drops what they left.
+    async fn write_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
+        let _ = slice;
+        Err(SinkError::Delivery {
+            reason: "the sink was handed a slice of an epoch but does not take slices".to_owned(),
+        })
+    }
 
     /// Called once before the first epoch: load persisted state, check guards, start delivery.
     async fn open(&mut self) -> Result<(), SinkError> {

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use flow_state::{DeadLetter, StateStore};
 
 use crate::error::{ReplayError, SourceError};
-use crate::graph::StreamGraph;
+use crate::graph::{SliceLimits, StreamGraph};
 use crate::message::MessageBatch;
 use crate::plugin::{Replay, ReplayReader, Source};
 use crate::spec::ValidatedPipeline;
@@ -88,7 +88,7 @@ impl ReplayReader for PipelineReplayReader {
             .read_slice(
                 self.source.as_mut(),
                 &mut self.dead_letters,
-                &self.pipeline.epoch,
+                SliceLimits::epoch(&self.pipeline.epoch),
                 None,
                 self.committed.as_deref(),
             )

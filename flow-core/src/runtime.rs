@@ -21,7 +21,7 @@ use crate::answers::{EpochAnswers, EpochCommits, Vetoed};
 use crate::delivered::DeliveryTracker;
 use crate::drain::{DrainReport, OutboxBacklog};
 use crate::error::{RuntimeError, SinkError, SpecError};
-use crate::graph::{inputs_of, StreamGraph};
+use crate::graph::{inputs_of, SliceLimits, StreamGraph, SLICE_MESSAGES};
 use crate::lag::SourceLags;
 use crate::message::MessageBatch;
 use crate::metrics::{Metrics, SinkMetrics};
@@ -755,6 +755,10 @@ impl PartitionRunner {
             dead_letters: 0,
             vetoes: 0,
         };
+        let sliced = takes_slices(sinks);
+        if sliced {
+            graph.bound_batches(SLICE_MESSAGES.min(self.pipeline.epoch.max_messages));
+        }
         let mut committed = self.committed_position().await?;
         let mut source = self.open_source(committed.as_deref())?;
         // The next epoch, read while a sink's write of this one was still going on.
@@ -770,6 +774,10 @@ impl PartitionRunner {
 
             let mut read = match ahead.take() {
                 Some(read) => read?,
+                None if sliced => {
+                    let at = (&committed, epoch_number);
+                    self.read_sliced(graph, source.as_mut(), sinks, at).await?
+                }
                 None => self.read_epoch(graph, source.as_mut(), &committed).await?,
             };
             if read.messages == 0 && read.source_dead.is_empty() && read.position == committed {
@@ -840,14 +848,9 @@ impl PartitionRunner {
         graph.clear();
         let mut source_dead = Vec::new();
         let started_ms = crate::delivery::now_ms();
+        let limits = SliceLimits::epoch(&self.pipeline.epoch);
         let end = graph
-            .read_slice(
-                source,
-                &mut source_dead,
-                &self.pipeline.epoch,
-                Some(&self.shutdown),
-                None,
-            )
+            .read_slice(source, &mut source_dead, limits, Some(&self.shutdown), None)
             .await
             .map_err(|source| RuntimeError::Source { partition, source })?;
         self.lags.report(partition, end.lag);
@@ -859,16 +862,104 @@ impl PartitionRunner {
             started_ms,
         };
         if read.messages > 0 || !read.source_dead.is_empty() {
-            graph
-                .process()
-                .await
-                .map_err(|(processor, source)| RuntimeError::Processor {
-                    partition,
-                    processor,
-                    source,
-                })?;
+            self.process(graph).await?;
         }
         Ok(read)
+    }
+
+    /// Reads one epoch slice by slice ([`SLICE_MESSAGES`]), handing every slice but the last to
+    /// the sinks ([`Sink::write_slice`]) as soon as it is processed; the last stays in `graph`
+    /// for [`PartitionRunner::ask_sinks`]. `at`: the committed position and the epoch's number.
+    async fn read_sliced(
+        &self,
+        graph: &mut StreamGraph,
+        source: &mut dyn Source,
+        sinks: &mut [SinkSlot],
+        at: (&Option<Vec<u8>>, u64),
+    ) -> Result<ReadEpoch, RuntimeError> {
+        let (from, number) = at;
+        let partition = self.partition;
+        let epoch = &self.pipeline.epoch;
+        let mut read = ReadEpoch {
+            position: from.clone(),
+            exhausted: false,
+            messages: 0,
+            source_dead: Vec::new(),
+            started_ms: crate::delivery::now_ms(),
+        };
+        let deadline = tokio::time::Instant::now() + epoch.max_duration;
+        loop {
+            graph.clear();
+            let limits = SliceLimits {
+                max_messages: SLICE_MESSAGES.min(epoch.max_messages - read.messages),
+                deadline,
+            };
+            let end = graph
+                .read_slice(
+                    source,
+                    &mut read.source_dead,
+                    limits,
+                    Some(&self.shutdown),
+                    None,
+                )
+                .await
+                .map_err(|source| RuntimeError::Source { partition, source })?;
+            self.lags.report(partition, end.lag);
+            read.position = end.position.or(read.position);
+            read.exhausted = end.exhausted;
+            let messages = graph.source_len();
+            read.messages += messages;
+            if messages > 0 || !read.source_dead.is_empty() {
+                self.process(graph).await?;
+            }
+            let last = read.exhausted
+                || read.messages >= epoch.max_messages
+                || tokio::time::Instant::now() >= deadline
+                || *self.shutdown.borrow();
+            if last {
+                return Ok(read);
+            }
+            if messages > 0 {
+                self.hand_slice(sinks, graph.batches(), &read, number)
+                    .await?;
+            }
+        }
+    }
+
+    /// Hands one slice of epoch `number` to every sink ([`Sink::write_slice`]).
+    async fn hand_slice(
+        &self,
+        sinks: &mut [SinkSlot],
+        batches: &[MessageBatch],
+        read: &ReadEpoch,
+        number: u64,
+    ) -> Result<(), RuntimeError> {
+        for slot in sinks.iter_mut() {
+            let inputs = inputs_of(batches, &slot.inputs);
+            let slice = Epoch {
+                number,
+                started_ms: read.started_ms,
+                max_messages: self.pipeline.epoch.max_messages,
+                inputs: &inputs,
+            };
+            slot.sink
+                .write_slice(&slice)
+                .await
+                .map_err(|err| self.sink_error(&slot.name, err))?;
+        }
+        Ok(())
+    }
+
+    /// Runs the processors over what `graph` holds.
+    async fn process(&self, graph: &mut StreamGraph) -> Result<(), RuntimeError> {
+        graph
+            .process()
+            .await
+            .map_err(|(processor, source)| RuntimeError::Processor {
+                partition: self.partition,
+                processor,
+                source,
+            })
     }
 
     /// Hands the epoch in `graph` to every sink; a veto stops at its sink.
@@ -893,6 +984,7 @@ impl PartitionRunner {
             let epoch = Epoch {
                 number,
                 started_ms: read.started_ms,
+                max_messages: self.pipeline.epoch.max_messages,
                 inputs: &inputs,
             };
             let outcome = slot
@@ -1070,6 +1162,15 @@ impl PartitionRunner {
 
 /// A graceful stop lets the sinks deliver what is pending for at most `limit`; `close` then
 /// stops what is still in flight and the rest stays in the outbox.
+/// Whether the partition reads its epochs in slices: every sink takes slices and reads one
+/// input stream (a sink's slices of two streams would interleave its batches).
+fn takes_slices(sinks: &[SinkSlot]) -> bool {
+    !sinks.is_empty()
+        && sinks
+            .iter()
+            .all(|slot| slot.sink.takes_slices() && slot.inputs.len() == 1)
+}
+
 async fn drain_for(sinks: &mut [SinkSlot], limit: Duration, partition: u32) {
     if limit.is_zero() {
         return;

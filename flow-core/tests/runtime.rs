@@ -1431,3 +1431,215 @@ async fn a_vetoed_pending_write_drops_the_epoch_read_ahead_and_replays_from_the_
     assert_eq!(*log.written.lock().unwrap(), (0..300).collect::<Vec<_>>());
     assert_eq!(log.attempts.lock().unwrap().len(), 5);
 }
+
+/// What a [`SliceLog`] sink was handed: `(epoch number, "slice" | "epoch", first offset, messages)`.
+type Handed = Arc<Mutex<Vec<(u64, &'static str, Option<u64>, usize)>>>;
+
+/// A sink class that records every slice and epoch it is handed. Parameters: `slices` (whether
+/// it takes slices) and `veto_first` (vetoes epoch 0 of each partition at its end).
+fn register_slice_log(registry: &mut Registry, class: &str, handed: Handed) {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Params {
+        slices: bool,
+        #[serde(default)]
+        veto_first: bool,
+    }
+    struct Factory(Handed, bool, bool);
+    impl SinkFactory for Factory {
+        fn create(&self, _ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+            Ok(Box::new(SliceLog {
+                handed: Arc::clone(&self.0),
+                slices: self.1,
+                veto_first: self.2,
+            }))
+        }
+    }
+    struct SliceLog {
+        handed: Handed,
+        slices: bool,
+        veto_first: bool,
+    }
+    impl SliceLog {
+        fn record(&self, epoch: &Epoch<'_>, kind: &'static str) {
+            let batch = epoch.inputs[0];
+            let first = batch.ids().first().map(|id| id.offset);
+            let entry = (epoch.number, kind, first, batch.len());
+            self.handed.lock().unwrap().push(entry);
+        }
+    }
+    #[async_trait]
+    impl Sink for SliceLog {
+        async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+            self.record(epoch, "epoch");
+            if self.veto_first && epoch.number == 0 {
+                return Ok(EpochOutcome::Veto {
+                    reason: "first epoch".to_owned(),
+                    retry_after: Duration::ZERO,
+                });
+            }
+            Ok(EpochOutcome::Commit(EpochWrite::default()))
+        }
+        fn takes_slices(&self) -> bool {
+            self.slices
+        }
+        async fn write_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
+            self.record(slice, "slice");
+            Ok(())
+        }
+    }
+    registry.register_sink(
+        class,
+        Arc::new(
+            move |_ctx: &SinkBuildContext<'_>,
+                  parameters: &serde_yaml::Value,
+                  _dynamic: &serde_yaml::Value|
+                  -> BuildResult<Arc<dyn SinkFactory>> {
+                let p: Params = flow_core::registry::parse_parameters(parameters, "parameters")
+                    .map_err(|v| vec![v])?;
+                Ok(Arc::new(Factory(
+                    Arc::clone(&handed),
+                    p.slices,
+                    p.veto_first,
+                )))
+            },
+        ),
+    );
+}
+
+/// A one-partition generator of `count` rows, epochs of 40k, into the given sinks (YAML flow
+/// entries of `sinks:`).
+fn sliced_yaml(count: u64, sinks: &[&str]) -> String {
+    let sinks: String = sinks.iter().map(|s| format!("  - {s}\n")).collect();
+    format!(
+        "pipeline: {PIPELINE}\nepoch: {{max_messages: 40000, max_duration_ms: 60000}}\n\
+         source: {{class: generator, parameters: {{count: {count}}}}}\nsinks:\n{sinks}"
+    )
+}
+
+/// Per epoch number: the offsets handed (slices then the epoch's end, in order), and whether
+/// the epoch was ended by `write_epoch`.
+fn epochs_handed(handed: &Handed) -> BTreeMap<u64, (Vec<(u64, usize)>, bool)> {
+    let mut epochs: BTreeMap<u64, (Vec<(u64, usize)>, bool)> = BTreeMap::new();
+    for &(number, kind, first, len) in handed.lock().unwrap().iter() {
+        let entry = epochs.entry(number).or_default();
+        assert!(
+            !entry.1,
+            "epoch {number} was handed something after its end"
+        );
+        if let Some(first) = first {
+            entry.0.push((first, len));
+        }
+        entry.1 = kind == "epoch";
+    }
+    epochs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_that_takes_slices_gets_each_epoch_in_order_in_slices_of_at_most_16384() {
+    let tmp = tempfile::tempdir().unwrap();
+    let handed: Handed = Arc::default();
+    let mut registry = Registry::with_builtins();
+    register_slice_log(&mut registry, "SliceLog", Arc::clone(&handed));
+    let store = open_store(&tmp.path().join("state"));
+    let yaml = sliced_yaml(
+        100_000,
+        &["{name: s, sink_class_name: SliceLog, input_stream_ids: [rows], parameters: {slices: true}}"],
+    );
+    let report = run_yaml(&registry, &yaml, &store).await.unwrap();
+    assert_eq!(report.messages(), 100_000);
+
+    let log = handed.lock().unwrap().clone();
+    // Epoch 0, far from the end of the source: two full slices, then its last 7232 messages.
+    assert_eq!(
+        log[..3],
+        [
+            (0, "slice", Some(0), 16_384),
+            (0, "slice", Some(16_384), 16_384),
+            (0, "epoch", Some(32_768), 7_232)
+        ]
+    );
+    let epochs = epochs_handed(&handed);
+    let mut next = 0;
+    for (number, (pieces, ended)) in &epochs {
+        assert!(ended, "epoch {number} never ended");
+        let before = next;
+        for &(first, len) in pieces {
+            assert_eq!(first, next, "epoch {number}: a gap or a repeat");
+            assert!(
+                (1..=16_384).contains(&len),
+                "epoch {number}: a slice of {len}"
+            );
+            next += len as u64;
+        }
+        assert!(
+            next - before <= 40_000,
+            "epoch {number} holds {}",
+            next - before
+        );
+    }
+    assert_eq!(next, 100_000);
+    assert_eq!(epochs.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sink_that_takes_whole_epochs_makes_every_sink_of_the_partition_take_whole_epochs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let handed: Handed = Arc::default();
+    let whole: Handed = Arc::default();
+    let mut registry = Registry::with_builtins();
+    register_slice_log(&mut registry, "SliceLog", Arc::clone(&handed));
+    register_slice_log(&mut registry, "WholeLog", Arc::clone(&whole));
+    let store = open_store(&tmp.path().join("state"));
+    let yaml = sliced_yaml(
+        100_000,
+        &[
+            "{name: s, sink_class_name: SliceLog, input_stream_ids: [rows], parameters: {slices: true}}",
+            "{name: w, sink_class_name: WholeLog, input_stream_ids: [rows], parameters: {slices: false}}",
+        ],
+    );
+    run_yaml(&registry, &yaml, &store).await.unwrap();
+    for log in [&handed, &whole] {
+        let got: Vec<_> = log.lock().unwrap().clone();
+        assert_eq!(
+            got,
+            vec![
+                (0, "epoch", Some(0), 40_000),
+                (1, "epoch", Some(40_000), 40_000),
+                (2, "epoch", Some(80_000), 20_000)
+            ]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_of_an_epoch_vetoed_before_a_sink_ended_it_are_never_ended_and_read_again_under_a_new_number(
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let vetoer: Handed = Arc::default();
+    let handed: Handed = Arc::default();
+    let mut registry = Registry::with_builtins();
+    register_slice_log(&mut registry, "Vetoer", Arc::clone(&vetoer));
+    register_slice_log(&mut registry, "SliceLog", Arc::clone(&handed));
+    let store = open_store(&tmp.path().join("state"));
+    let yaml = sliced_yaml(
+        50_000,
+        &[
+            "{name: v, sink_class_name: Vetoer, input_stream_ids: [rows], parameters: {slices: true, veto_first: true}}",
+            "{name: s, sink_class_name: SliceLog, input_stream_ids: [rows], parameters: {slices: true}}",
+        ],
+    );
+    let report = run_yaml(&registry, &yaml, &store).await.unwrap();
+    assert_eq!(report.partitions[0].vetoes, 1);
+    assert_eq!(report.messages(), 50_000);
+
+    let epochs = epochs_handed(&handed);
+    // Epoch 0's slices reached the second sink, but the first sink vetoed before it was asked.
+    assert_eq!(epochs[&0], (vec![(0, 16_384), (16_384, 16_384)], false));
+    // The same messages again as epoch 1, this time ended.
+    let (pieces, ended) = &epochs[&1];
+    assert!(ended);
+    assert_eq!(pieces.first(), Some(&(0, 16_384)));
+    assert_eq!(pieces.iter().map(|p| p.1).sum::<usize>(), 40_000);
+    assert_eq!(position(&store, 0), Some(50_000));
+}

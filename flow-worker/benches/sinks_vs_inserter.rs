@@ -42,6 +42,10 @@ const WORKER: &str = env!("CARGO_BIN_EXE_flow-worker");
 const PARTITIONS: u32 = 4;
 const BATCH_ROWS: u64 = 100_000;
 const PAYLOAD_BYTES: usize = 64;
+/// Per shard: an epoch of a partition holds `EPOCH_MAX_MESSAGES` rows for each shard it is cut
+/// for, and a batch `BATCH_ROWS` ([`Case::per_shard`]), so that each shard's part of a batch is
+/// a 100k-row insert, as each of the loop's, and not a share of one (docs/clickhouse.md,
+/// "Sizing batches for several shards").
 const EPOCH_MAX_MESSAGES: u64 = 100_000;
 /// Long enough that an unthrottled epoch ends on `max_messages` (100k rows per partition), so
 /// flow's batches are the loop's 100k-row inserts; short enough to bound an epoch's memory.
@@ -167,6 +171,11 @@ impl Case {
             Case::Sharded | Case::InserterSharded => vec![[A1, A2], [B1, B2]],
             _ => vec![[A1, A2]],
         }
+    }
+
+    /// `rows` for each shard the case writes: what its epochs and batches hold.
+    fn per_shard(self, rows: u64) -> u64 {
+        rows * self.shards().len() as u64
     }
 
     fn is_loop(self) -> bool {
@@ -451,8 +460,10 @@ fn spec(case: Case, table: &str, count: u64, rate_per_second: u64) -> String {
         format!("  class: generator\n  parameters: {{count: {count}, rate_per_second: {rate_per_second}, payload_bytes: {PAYLOAD_BYTES}}}\n")
     };
     format!(
-        "pipeline: bench_{name}\npartitions: {PARTITIONS}\nepoch: {{max_messages: {EPOCH_MAX_MESSAGES}, max_duration_ms: {EPOCH_MAX_DURATION_MS}}}\nsource:\n{source}sinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {parameters}\n    dynamic_parameters: {{max_rows_per_batch: {BATCH_ROWS}, max_bytes_per_batch: {MAX_BYTES_PER_BATCH}}}\n",
+        "pipeline: bench_{name}\npartitions: {PARTITIONS}\nepoch: {{max_messages: {epoch}, max_duration_ms: {EPOCH_MAX_DURATION_MS}}}\nsource:\n{source}sinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {parameters}\n    dynamic_parameters: {{max_rows_per_batch: {batch_rows}, max_bytes_per_batch: {MAX_BYTES_PER_BATCH}}}\n",
         name = case.name(),
+        epoch = case.per_shard(EPOCH_MAX_MESSAGES),
+        batch_rows = case.per_shard(BATCH_ROWS),
         class = case.sink_class(),
         parameters = case.sink_parameters(table),
     )
@@ -697,8 +708,8 @@ fn orchestrate() -> Result<()> {
     println!("# sinks_vs_inserter");
     println!(
         "rows {rows_list:?}, repetitions {repetitions} (medians), partitions {PARTITIONS}, payload {PAYLOAD_BYTES} B, \
-         batches/inserts of {BATCH_ROWS} rows (max_bytes_per_batch {MAX_BYTES_PER_BATCH}), \
-         epoch {{max_messages: {EPOCH_MAX_MESSAGES}, max_duration_ms: {EPOCH_MAX_DURATION_MS}}}, flow-worker {WORKER}"
+         batches/inserts of {BATCH_ROWS} rows per shard (max_bytes_per_batch {MAX_BYTES_PER_BATCH}), \
+         epoch {{max_messages: {EPOCH_MAX_MESSAGES} per shard, max_duration_ms: {EPOCH_MAX_DURATION_MS}}}, flow-worker {WORKER}"
     );
     let mut samples: BTreeMap<(u64, Case), Vec<Sample>> = BTreeMap::new();
     for &rows in &rows_list {
