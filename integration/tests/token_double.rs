@@ -470,6 +470,59 @@ async fn modern_server_gets_one_token_per_batch_named_by_its_last_message() {
     }
 }
 
+/// Two epochs of 50k messages into `ClickHouseBatchingSink` with batches of 7000 rows; with
+/// `beside_debug_sink` a `DebugSink` reads the same stream, and since it takes whole epochs the
+/// batching sink does too. Returns each insert's token and ids.
+async fn tokens_of_two_epochs(double: &Double, beside_debug_sink: bool) -> Vec<(String, Vec<u64>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let debug = if beside_debug_sink {
+        format!(
+            "  - {{name: dbg, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: '{}'}}}}\n",
+            dir.path().join("debug.jsonl").display()
+        )
+    } else {
+        String::new()
+    };
+    let yaml = format!(
+        "pipeline: {PIPELINE}\npartitions: 1\nepoch: {{max_messages: 50000, max_duration_ms: 60000}}\n\
+         source: {{class: generator, parameters: {{count: 100000, payload_bytes: 4}}}}\nsinks:\n\
+         \x20 - {{name: {SINK}, sink_class_name: ClickHouseBatchingSink, input_stream_ids: [rows], \
+         parameters: {params}, dynamic_parameters: {{max_rows_per_batch: 7000}}}}\n{debug}",
+        params = unsharded_params(double, ""),
+    );
+    let report = run(&yaml).await.unwrap();
+    assert_eq!(report.messages(), 100_000);
+    double
+        .inserts()
+        .iter()
+        .map(|insert| (insert.token().to_owned(), decode_ids(&insert.body)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_span_the_slices_of_an_epoch_and_match_those_of_a_whole_epoch() {
+    // Independently of the cutter: 7000-row batches from each epoch's start, and the epoch's
+    // remainder (50000 = 7 x 7000 + 1000) as its last batch.
+    let mut expected = Vec::new();
+    for epoch in 0..2u64 {
+        let start = epoch * 50_000;
+        let ends = (1..=7).map(|k| start + 7000 * k).chain([start + 50_000]);
+        let mut first = start;
+        for end in ends {
+            let token = format!("{PIPELINE}.{SINK}/0-{}", end - 1);
+            expected.push((token, (first..end).collect::<Vec<u64>>()));
+            first = end;
+        }
+    }
+    // The sink alone takes the epochs in slices of 16384 messages, which 7000-row batches
+    // straddle; beside a DebugSink it takes them whole.
+    let sliced = tokens_of_two_epochs(&Double::start(Flavor::Modern, 1), false).await;
+    assert_eq!(sliced.len(), 16);
+    assert!(sliced == expected, "sliced epochs cut other batches");
+    let whole = tokens_of_two_epochs(&Double::start(Flavor::Modern, 1), true).await;
+    assert!(whole == expected, "whole epochs cut other batches");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_tokens_carry_the_shard_and_go_to_that_shard() {
     // Two "shards", each a port of the same double.
