@@ -30,11 +30,20 @@ impl SliceLimits {
             deadline: Instant::now() + epoch.max_duration,
         }
     }
+
+    /// The same limits, reading at most `messages`.
+    pub(crate) fn at_most(self, messages: usize) -> SliceLimits {
+        SliceLimits {
+            max_messages: self.max_messages.min(messages),
+            ..self
+        }
+    }
 }
 
 /// The most messages of one slice of an epoch handed to sinks that take slices
-/// ([`crate::Sink::takes_slices`]): what the partition's batches then hold at a time, in place
-/// of a whole epoch (an epoch of 200k rows of the benchmark's six columns held 40 MB).
+/// ([`crate::Sink::takes_slices`]), and of one slice re-read to rebuild batches: what the
+/// partition's batches then hold at a time, in place of a whole epoch (an epoch of 200k rows of
+/// the benchmark's six columns held 40 MB).
 pub(crate) const SLICE_MESSAGES: usize = 2 * READ_CHUNK_MESSAGES;
 
 /// Where one slice of reading ended.

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use flow_state::{DeadLetter, StateStore};
 
 use crate::error::{ReplayError, SourceError};
-use crate::graph::{SliceLimits, StreamGraph};
+use crate::graph::{SliceLimits, StreamGraph, SLICE_MESSAGES};
 use crate::message::MessageBatch;
 use crate::plugin::{Replay, ReplayReader, Source};
 use crate::spec::ValidatedPipeline;
@@ -48,8 +48,9 @@ impl Replay for PipelineReplay {
                 ))
             })?
             .map_err(|err| ReplayError::Source(SourceError::Plugin(Box::new(err))))?;
-        let graph = StreamGraph::new(&self.pipeline, partition)
+        let mut graph = StreamGraph::new(&self.pipeline, partition)
             .map_err(|reason| ReplayError::Source(SourceError::Plugin(reason.into())))?;
+        graph.bound_batches(self.pipeline.epoch.max_messages.min(SLICE_MESSAGES));
         let inputs = self
             .inputs
             .iter()
@@ -88,7 +89,7 @@ impl ReplayReader for PipelineReplayReader {
             .read_slice(
                 self.source.as_mut(),
                 &mut self.dead_letters,
-                SliceLimits::epoch(&self.pipeline.epoch),
+                SliceLimits::epoch(&self.pipeline.epoch).at_most(SLICE_MESSAGES),
                 None,
                 self.committed.as_deref(),
             )
