@@ -936,18 +936,27 @@ impl PartitionRunner {
     ) -> Result<(), RuntimeError> {
         for slot in sinks.iter_mut() {
             let inputs = inputs_of(batches, &slot.inputs);
-            let slice = Epoch {
-                number,
-                started_ms: read.started_ms,
-                max_messages: self.pipeline.epoch.max_messages,
-                inputs: &inputs,
-            };
             slot.sink
-                .write_slice(&slice)
+                .write_slice(&self.epoch(&inputs, read, number))
                 .await
                 .map_err(|err| self.sink_error(&slot.name, err))?;
         }
         Ok(())
+    }
+
+    /// What a sink is handed of epoch `number` (or of one of its slices).
+    fn epoch<'a>(
+        &self,
+        inputs: &'a [&'a MessageBatch],
+        read: &ReadEpoch,
+        number: u64,
+    ) -> Epoch<'a> {
+        Epoch {
+            number,
+            started_ms: read.started_ms,
+            max_messages: self.pipeline.epoch.max_messages,
+            inputs,
+        }
     }
 
     /// Runs the processors over what `graph` holds.
@@ -981,15 +990,9 @@ impl PartitionRunner {
         );
         for slot in sinks.iter_mut() {
             let inputs = inputs_of(batches, &slot.inputs);
-            let epoch = Epoch {
-                number,
-                started_ms: read.started_ms,
-                max_messages: self.pipeline.epoch.max_messages,
-                inputs: &inputs,
-            };
             let outcome = slot
                 .sink
-                .write_epoch(&epoch)
+                .write_epoch(&self.epoch(&inputs, read, number))
                 .await
                 .map_err(|err| self.sink_error(&slot.name, err))?;
             if let Err(vetoed) = answers.record(&slot.name, outcome) {
