@@ -195,10 +195,7 @@ fn stopping(retry_after: Duration) -> EpochOutcome {
 impl Sink for AtLeastOnceSink {
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
-            return Ok(EpochOutcome::Veto {
-                reason: "the pipeline is stopping before the writer session started".to_owned(),
-                retry_after: Duration::ZERO,
-            });
+            return Ok(SinkShared::not_started());
         };
         let EpochCut {
             parts,

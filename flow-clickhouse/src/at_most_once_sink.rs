@@ -163,7 +163,6 @@ impl SinkFactory for AtMostOnceFactory {
             ctx,
             cutter: BatchCutter::default(),
             pending: Vec::new(),
-            unsliced: None,
             ordered: None,
             key: Vec::new(),
         }))
@@ -185,9 +184,6 @@ struct AtMostOnceSink {
     cutter: BatchCutter,
     /// Parts of the epoch being committed (ordered mode).
     pending: Vec<Part>,
-    /// The epoch of a slice that came while the pipeline was stopping before the writer
-    /// session started: its rows were not cut, so the epoch is vetoed.
-    unsliced: Option<u64>,
     ordered: Option<OrderedDelivery>,
     key: Vec<u8>,
 }
@@ -203,7 +199,7 @@ struct OrderedDelivery {
 impl Sink for AtMostOnceSink {
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
-            return Ok(stopping());
+            return Ok(SinkShared::not_started());
         };
         let mut dead_letters = Vec::new();
         match &self.queue {
@@ -228,8 +224,8 @@ impl Sink for AtMostOnceSink {
                 }
             }
             None => {
-                if self.unsliced == Some(epoch.number) {
-                    return Ok(stopping());
+                if self.cutter.incomplete(epoch.number) {
+                    return Ok(SinkShared::not_started());
                 }
                 let cut = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
                 self.pending = cut.parts;
@@ -250,12 +246,9 @@ impl Sink for AtMostOnceSink {
     }
 
     async fn write_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
-        let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
-            // The slice's rows are not cut: the epoch must not commit.
-            self.unsliced = Some(slice.number);
-            return Ok(());
-        };
-        self.cutter.cut_slice(&self.shared, &session, slice).await
+        self.cutter
+            .cut_slice(&self.shared, &self.ctx.shutdown, slice)
+            .await
     }
 
     async fn committed(&mut self, _batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
@@ -321,14 +314,6 @@ impl Sink for AtMostOnceSink {
         self.shared.reconfigure(dynamic)?;
         self.budget.resize(self.shared.in_flight_budget());
         Ok(())
-    }
-}
-
-/// The answer for an epoch while the pipeline stops before the writer session started.
-fn stopping() -> EpochOutcome {
-    EpochOutcome::Veto {
-        reason: "the pipeline is stopping before the writer session started".to_owned(),
-        retry_after: Duration::ZERO,
     }
 }
 

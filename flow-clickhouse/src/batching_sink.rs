@@ -12,7 +12,6 @@
 //! [`ClickHouseDeliverer`].
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use flow_core::delivery::{
@@ -62,7 +61,6 @@ impl SinkFactory for BatchingSinkFactory {
             ctx,
             fingerprints_checked: false,
             cutter: BatchCutter::default(),
-            unsliced: None,
         })))
     }
 
@@ -81,9 +79,6 @@ struct BatchingSink {
     /// Whether the persisted fingerprints were compared with (or replaced by) the current ones.
     fingerprints_checked: bool,
     cutter: BatchCutter,
-    /// The epoch of a slice that came while the pipeline was stopping before the writer
-    /// session started: its rows were not cut, so the epoch is vetoed.
-    unsliced: Option<u64>,
 }
 
 /// Runs a state-store call off the runtime threads.
@@ -177,18 +172,14 @@ impl Sealer for BatchingSink {
 
     async fn seal(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         self.exactly_once.check_gave_up(self.ctx.partition, None)?;
-        let stopping = || EpochOutcome::Veto {
-            reason: "the pipeline is stopping before the writer session started".to_owned(),
-            retry_after: Duration::ZERO,
-        };
         let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
-            return Ok(stopping());
+            return Ok(SinkShared::not_started());
         };
         if !self.fingerprints_checked && !self.check_fingerprints(0, None).await? {
-            return Ok(stopping());
+            return Ok(SinkShared::not_started());
         }
-        if self.unsliced == Some(epoch.number) {
-            return Ok(stopping());
+        if self.cutter.incomplete(epoch.number) {
+            return Ok(SinkShared::not_started());
         }
         let EpochCut {
             parts,
@@ -238,12 +229,9 @@ impl Sealer for BatchingSink {
 
     async fn seal_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
         self.exactly_once.check_gave_up(self.ctx.partition, None)?;
-        let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
-            // The slice's rows are not cut: the epoch must not commit.
-            self.unsliced = Some(slice.number);
-            return Ok(());
-        };
-        self.cutter.cut_slice(&self.shared, &session, slice).await
+        self.cutter
+            .cut_slice(&self.shared, &self.ctx.shutdown, slice)
+            .await
     }
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {

@@ -8,6 +8,7 @@ use flow_core::{
     SinkError, PROJECT_AFTER,
 };
 use flow_state::DeadLetter;
+use tokio::sync::watch;
 
 use crate::compress::{is_framed, seal};
 use crate::params::OnBadRows;
@@ -84,21 +85,36 @@ struct OpenBatch {
     /// Bounds of the batch, rejected rows included.
     first_offset: Option<u64>,
     last_offset: u64,
+    /// A slice of the epoch went uncut ([`BatchCutter::cut_slice`]).
+    incomplete: bool,
 }
 
 impl BatchCutter {
-    /// Cuts one slice of an epoch ([`flow_core::Sink::write_slice`]): its batches stay open.
+    /// Cuts one slice of an epoch ([`flow_core::Sink::write_slice`]): its batches stay open. If
+    /// the pipeline began stopping before the writer session started, the slice is not cut and
+    /// its epoch is [`BatchCutter::incomplete`].
     pub async fn cut_slice(
         &mut self,
         shared: &SinkShared,
-        session: &WriterSession,
+        stop: &watch::Receiver<bool>,
         slice: &Epoch<'_>,
     ) -> Result<(), SinkError> {
+        let at = (slice.number, slice.max_messages);
+        let Some(session) = shared.session(stop).await? else {
+            self.join_epoch(at);
+            self.open.incomplete = true;
+            return Ok(());
+        };
         for batch in slice.inputs {
-            let at = (slice.number, slice.max_messages);
-            self.cut(shared, session, at, batch).await?;
+            self.cut(shared, &session, at, batch).await?;
         }
         Ok(())
+    }
+
+    /// Whether a slice of epoch `number` went uncut ([`BatchCutter::cut_slice`]): the epoch must
+    /// not commit.
+    pub fn incomplete(&self, number: u64) -> bool {
+        self.open.incomplete && self.open.epoch == Some(number)
     }
 
     /// Cuts the epoch's last slice (or the whole epoch), sealing what each input stream left
@@ -109,10 +125,10 @@ impl BatchCutter {
         session: &WriterSession,
         epoch: &Epoch<'_>,
     ) -> Result<EpochCut, SinkError> {
+        let at = (epoch.number, epoch.max_messages);
         for batch in epoch.inputs {
-            let at = (epoch.number, epoch.max_messages);
             self.cut(shared, session, at, batch).await?;
-            self.seal_open(shared);
+            self.seal_open(shared, batch_limits(shared));
         }
         Ok(self.take_epoch())
     }
@@ -129,14 +145,12 @@ impl BatchCutter {
         (number, epoch_bound): (u64, usize),
         batch: &MessageBatch,
     ) -> Result<(), SinkError> {
-        self.join_epoch(number, epoch_bound);
+        self.join_epoch((number, epoch_bound));
         let shards = shared.router.shards().len().max(1);
         self.buffers.resize_with(shards, Vec::new);
         self.decay.resize(shards, CapacityDecay::default());
         self.rows.resize(shards, 0);
-        let dynamic = shared.dynamic();
-        let max_rows = usize::try_from(dynamic.max_rows_per_batch).unwrap_or(usize::MAX);
-        let max_bytes = usize::try_from(dynamic.max_bytes_per_batch).unwrap_or(usize::MAX);
+        let (max_rows, max_bytes) = batch_limits(shared);
         for (index, row) in batch.rows().enumerate() {
             if index % YIELD_EVERY_ROWS == YIELD_EVERY_ROWS - 1 {
                 tokio::task::yield_now().await;
@@ -167,18 +181,10 @@ impl BatchCutter {
                 self.reserve_projected(self.open.rows, remaining.min(max_rows), max_bytes);
             }
             if self.open.rows >= max_rows || self.open.bytes >= max_bytes {
-                self.seal_open_with((max_rows, max_bytes), shared);
+                self.seal_open(shared, (max_rows, max_bytes));
             }
         }
         Ok(())
-    }
-
-    /// Seals what the open batch holds (the end of an epoch, or of one of its input streams).
-    fn seal_open(&mut self, shared: &SinkShared) {
-        let dynamic = shared.dynamic();
-        let max_rows = usize::try_from(dynamic.max_rows_per_batch).unwrap_or(usize::MAX);
-        let max_bytes = usize::try_from(dynamic.max_bytes_per_batch).unwrap_or(usize::MAX);
-        self.seal_open_with((max_rows, max_bytes), shared);
     }
 
     /// Everything the epoch's cutting produced; the next `cut` starts a new epoch.
@@ -189,7 +195,7 @@ impl BatchCutter {
 
     /// Starts epoch `number` unless it is the one being cut: what another epoch left (its
     /// batch, parts and dead letters) is dropped, since that epoch was never committed.
-    fn join_epoch(&mut self, number: u64, epoch_bound: usize) {
+    fn join_epoch(&mut self, (number, epoch_bound): (u64, usize)) {
         if self.open.epoch == Some(number) {
             return;
         }
@@ -208,7 +214,9 @@ impl BatchCutter {
         self.open = OpenBatch::default();
     }
 
-    fn seal_open_with(&mut self, (max_rows, max_bytes): (usize, usize), shared: &SinkShared) {
+    /// Seals what the open batch holds (at a batch limit, or at the end of an epoch or of one of
+    /// its input streams); `limits`: rows and bytes per batch ([`batch_limits`]).
+    fn seal_open(&mut self, shared: &SinkShared, (max_rows, max_bytes): (usize, usize)) {
         let open = &self.open;
         let Some(first) = open.first_offset else {
             return;
@@ -294,6 +302,15 @@ impl BatchCutter {
             faulted.settle(buffer, 0, headroom);
         }
     }
+}
+
+/// `max_rows_per_batch` and `max_bytes_per_batch` in force.
+fn batch_limits(shared: &SinkShared) -> (usize, usize) {
+    let dynamic = shared.dynamic();
+    (
+        usize::try_from(dynamic.max_rows_per_batch).unwrap_or(usize::MAX),
+        usize::try_from(dynamic.max_bytes_per_batch).unwrap_or(usize::MAX),
+    )
 }
 
 /// The room encode buffers keep after a batch of `rows` and `bytes` (each with its limit): what an
@@ -413,6 +430,56 @@ mod tests {
         };
         capped.reserve_projected(1024, 100_000, 1 << 20);
         assert_eq!(capped.buffers[0].capacity(), (1 << 20) + (1 << 17));
+    }
+
+    /// A sink of an unreachable host (nothing listens on port 1).
+    fn unreachable_sink() -> std::sync::Arc<SinkShared> {
+        let inputs = [("rows".to_owned(), flow_core::sources::generator::schema())];
+        let ctx = flow_core::registry::SinkBuildContext {
+            pipeline: "p",
+            sink: "s",
+            class: crate::params::SinkClass::Batching.class_name(),
+            partitions: 1,
+            inputs: &inputs,
+        };
+        let parameters: serde_yaml::Value =
+            serde_yaml::from_str("{host: '127.0.0.1:1', table: t}").expect("parameters parse");
+        crate::sink_state::build_shared(
+            crate::params::SinkClass::Batching,
+            &ctx,
+            &parameters,
+            &serde_yaml::Value::Null,
+        )
+        .expect("parameters validate")
+    }
+
+    #[tokio::test]
+    async fn a_slice_left_uncut_by_a_stop_marks_its_epoch_incomplete_until_another_epoch_begins() {
+        let shared = unreachable_sink();
+        let (_stop, stopped) = watch::channel(true);
+        let batch = MessageBatch::new(flow_core::sources::generator::schema());
+        let inputs = [&batch];
+        let slice = |number| Epoch {
+            number,
+            started_ms: 0,
+            max_messages: 10,
+            inputs: &inputs,
+        };
+        let mut cutter = BatchCutter::default();
+        assert!(!cutter.incomplete(3));
+        cutter
+            .cut_slice(&shared, &stopped, &slice(3))
+            .await
+            .unwrap();
+        assert!(cutter.incomplete(3));
+        assert!(!cutter.incomplete(4));
+        // A later epoch starts clean, and only its own uncut slice marks it.
+        cutter
+            .cut_slice(&shared, &stopped, &slice(4))
+            .await
+            .unwrap();
+        assert!(cutter.incomplete(4));
+        assert!(!cutter.incomplete(3));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use flow_core::registry::{BuildResult, SinkBuildContext};
-use flow_core::{SinkError, StreamSchema, Violation};
+use flow_core::{EpochOutcome, SinkError, StreamSchema, Violation};
 use tokio::sync::{watch, OnceCell};
 use tracing::warn;
 
@@ -148,6 +148,15 @@ impl SinkShared {
             Ok(session) => Ok(Some(Arc::clone(session))),
             Err(SessionWait::Stopped) => Ok(None),
             Err(SessionWait::Refused(err)) => Err(err),
+        }
+    }
+
+    /// The answer for an epoch when [`SinkShared::session`] found the pipeline stopping before
+    /// the session started: not committed, and read again by the next run.
+    pub fn not_started() -> EpochOutcome {
+        EpochOutcome::Veto {
+            reason: "the pipeline is stopping before the writer session started".to_owned(),
+            retry_after: std::time::Duration::ZERO,
         }
     }
 

@@ -770,9 +770,7 @@ pub trait Sealer: Send {
     /// Takes one slice of the epoch that a later [`Sealer::seal`] ends ([`Sink::write_slice`]).
     async fn seal_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
         let _ = slice;
-        Err(SinkError::Delivery {
-            reason: "the sink was handed a slice of an epoch but does not take slices".to_owned(),
-        })
+        Err(crate::plugin::slices_not_taken())
     }
 
     /// New dynamic parameters.

@@ -44,7 +44,13 @@ impl SliceLimits {
 /// ([`crate::Sink::takes_slices`]), and of one slice re-read to rebuild batches: what the
 /// partition's batches then hold at a time, in place of a whole epoch (an epoch of 200k rows of
 /// the benchmark's six columns held 40 MB).
-pub(crate) const SLICE_MESSAGES: usize = 2 * READ_CHUNK_MESSAGES;
+const SLICE_MESSAGES: usize = 2 * READ_CHUNK_MESSAGES;
+
+/// The messages of one slice of an epoch under `epoch` ([`SLICE_MESSAGES`], or a whole smaller
+/// epoch).
+pub(crate) fn slice_messages(epoch: &EpochSettings) -> usize {
+    SLICE_MESSAGES.min(epoch.max_messages)
+}
 
 /// Where one slice of reading ended.
 pub(crate) struct SliceEnd {

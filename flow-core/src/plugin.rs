@@ -294,9 +294,7 @@ pub trait Sink: Send {
     /// and the epoch is read again under a new number): the sink drops what they left.
     async fn write_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
         let _ = slice;
-        Err(SinkError::Delivery {
-            reason: "the sink was handed a slice of an epoch but does not take slices".to_owned(),
-        })
+        Err(slices_not_taken())
     }
 
     /// Called once before the first epoch: load persisted state, check guards, start delivery.
@@ -325,5 +323,13 @@ pub trait Sink: Send {
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
         let _ = dynamic;
         Ok(())
+    }
+}
+
+/// What a sink that does not take slices answers a slice: the runtime handed it one against
+/// [`Sink::takes_slices`].
+pub(crate) fn slices_not_taken() -> SinkError {
+    SinkError::Delivery {
+        reason: "the sink was handed a slice of an epoch but does not take slices".to_owned(),
     }
 }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use flow_state::{DeadLetter, StateStore};
 
 use crate::error::{ReplayError, SourceError};
-use crate::graph::{SliceLimits, StreamGraph, SLICE_MESSAGES};
+use crate::graph::{slice_messages, SliceLimits, StreamGraph};
 use crate::message::MessageBatch;
 use crate::plugin::{Replay, ReplayReader, Source};
 use crate::spec::ValidatedPipeline;
@@ -50,7 +50,7 @@ impl Replay for PipelineReplay {
             .map_err(|err| ReplayError::Source(SourceError::Plugin(Box::new(err))))?;
         let mut graph = StreamGraph::new(&self.pipeline, partition)
             .map_err(|reason| ReplayError::Source(SourceError::Plugin(reason.into())))?;
-        graph.bound_batches(self.pipeline.epoch.max_messages.min(SLICE_MESSAGES));
+        graph.bound_batches(slice_messages(&self.pipeline.epoch));
         let inputs = self
             .inputs
             .iter()
@@ -89,7 +89,8 @@ impl ReplayReader for PipelineReplayReader {
             .read_slice(
                 self.source.as_mut(),
                 &mut self.dead_letters,
-                SliceLimits::epoch(&self.pipeline.epoch).at_most(SLICE_MESSAGES),
+                SliceLimits::epoch(&self.pipeline.epoch)
+                    .at_most(slice_messages(&self.pipeline.epoch)),
                 None,
                 self.committed.as_deref(),
             )

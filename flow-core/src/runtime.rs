@@ -21,7 +21,7 @@ use crate::answers::{EpochAnswers, EpochCommits, Vetoed};
 use crate::delivered::DeliveryTracker;
 use crate::drain::{DrainReport, OutboxBacklog};
 use crate::error::{RuntimeError, SinkError, SpecError};
-use crate::graph::{inputs_of, SliceLimits, StreamGraph, SLICE_MESSAGES};
+use crate::graph::{inputs_of, slice_messages, SliceLimits, StreamGraph};
 use crate::lag::SourceLags;
 use crate::message::MessageBatch;
 use crate::metrics::{Metrics, SinkMetrics};
@@ -757,7 +757,7 @@ impl PartitionRunner {
         };
         let sliced = takes_slices(sinks);
         if sliced {
-            graph.bound_batches(SLICE_MESSAGES.min(self.pipeline.epoch.max_messages));
+            graph.bound_batches(slice_messages(&self.pipeline.epoch));
         }
         let mut committed = self.committed_position().await?;
         let mut source = self.open_source(committed.as_deref())?;
@@ -774,11 +774,11 @@ impl PartitionRunner {
 
             let mut read = match ahead.take() {
                 Some(read) => read?,
-                None if sliced => {
-                    let at = (&committed, epoch_number);
-                    self.read_sliced(graph, source.as_mut(), sinks, at).await?
+                None => {
+                    let slices = sliced.then_some((&mut *sinks, epoch_number));
+                    self.read_epoch(graph, source.as_mut(), &committed, slices)
+                        .await?
                 }
-                None => self.read_epoch(graph, source.as_mut(), &committed).await?,
             };
             if read.messages == 0 && read.source_dead.is_empty() && read.position == committed {
                 if read.exhausted {
@@ -802,7 +802,7 @@ impl PartitionRunner {
                 Ok(answers) if answers.has_pending() && !read.exhausted => {
                     let (settled, next) = tokio::join!(
                         self.settle_epoch(sinks, answers, &read, source_dead),
-                        self.read_epoch(graph, source.as_mut(), &read.position)
+                        self.read_epoch(graph, source.as_mut(), &read.position, None)
                     );
                     ahead = Some(next);
                     settled?
@@ -836,50 +836,24 @@ impl PartitionRunner {
         }
     }
 
-    /// Reads one epoch into `graph` from where `from` left the source, and runs the processors
-    /// over it.
+    /// Reads one epoch into `graph` from where `from` left the source and runs the processors
+    /// over it. With `slices` (the sinks and the epoch's number) it reads [`slice_messages`] at a
+    /// time and hands every slice but the last to the sinks ([`Sink::write_slice`]) as soon as it
+    /// is processed; the last (or, without `slices`, the whole epoch) stays in `graph` for
+    /// [`PartitionRunner::ask_sinks`].
     async fn read_epoch(
         &self,
         graph: &mut StreamGraph,
         source: &mut dyn Source,
         from: &Option<Vec<u8>>,
+        mut slices: Option<(&mut [SinkSlot], u64)>,
     ) -> Result<ReadEpoch, RuntimeError> {
-        let partition = self.partition;
-        graph.clear();
-        let mut source_dead = Vec::new();
-        let started_ms = crate::delivery::now_ms();
-        let limits = SliceLimits::epoch(&self.pipeline.epoch);
-        let end = graph
-            .read_slice(source, &mut source_dead, limits, Some(&self.shutdown), None)
-            .await
-            .map_err(|source| RuntimeError::Source { partition, source })?;
-        self.lags.report(partition, end.lag);
-        let read = ReadEpoch {
-            position: end.position.or_else(|| from.clone()),
-            exhausted: end.exhausted,
-            messages: graph.source_len(),
-            source_dead,
-            started_ms,
-        };
-        if read.messages > 0 || !read.source_dead.is_empty() {
-            self.process(graph).await?;
-        }
-        Ok(read)
-    }
-
-    /// Reads one epoch slice by slice ([`SLICE_MESSAGES`]), handing every slice but the last to
-    /// the sinks ([`Sink::write_slice`]) as soon as it is processed; the last stays in `graph`
-    /// for [`PartitionRunner::ask_sinks`]. `at`: the committed position and the epoch's number.
-    async fn read_sliced(
-        &self,
-        graph: &mut StreamGraph,
-        source: &mut dyn Source,
-        sinks: &mut [SinkSlot],
-        at: (&Option<Vec<u8>>, u64),
-    ) -> Result<ReadEpoch, RuntimeError> {
-        let (from, number) = at;
         let partition = self.partition;
         let epoch = &self.pipeline.epoch;
+        let slice = match slices {
+            Some(_) => slice_messages(epoch),
+            None => epoch.max_messages,
+        };
         let mut read = ReadEpoch {
             position: from.clone(),
             exhausted: false,
@@ -887,21 +861,13 @@ impl PartitionRunner {
             source_dead: Vec::new(),
             started_ms: crate::delivery::now_ms(),
         };
-        let deadline = tokio::time::Instant::now() + epoch.max_duration;
+        let whole = SliceLimits::epoch(epoch);
         loop {
             graph.clear();
-            let limits = SliceLimits {
-                max_messages: SLICE_MESSAGES.min(epoch.max_messages - read.messages),
-                deadline,
-            };
+            let limits = whole.at_most((epoch.max_messages - read.messages).min(slice));
+            let stop = Some(&self.shutdown);
             let end = graph
-                .read_slice(
-                    source,
-                    &mut read.source_dead,
-                    limits,
-                    Some(&self.shutdown),
-                    None,
-                )
+                .read_slice(source, &mut read.source_dead, limits, stop, None)
                 .await
                 .map_err(|source| RuntimeError::Source { partition, source })?;
             self.lags.report(partition, end.lag);
@@ -912,15 +878,18 @@ impl PartitionRunner {
             if messages > 0 || !read.source_dead.is_empty() {
                 self.process(graph).await?;
             }
-            let last = read.exhausted
+            // Without slices, one read goes to the epoch's end (its count, time, the source's
+            // end or a stop): what it read must stay in `graph`.
+            let last = slices.is_none()
+                || read.exhausted
                 || read.messages >= epoch.max_messages
-                || tokio::time::Instant::now() >= deadline
+                || tokio::time::Instant::now() >= whole.deadline
                 || *self.shutdown.borrow();
             if last {
                 return Ok(read);
             }
-            if messages > 0 {
-                self.hand_slice(sinks, graph.batches(), &read, number)
+            if let Some((sinks, number)) = slices.as_mut().filter(|_| messages > 0) {
+                self.hand_slice(sinks, graph.batches(), &read, *number)
                     .await?;
             }
         }
@@ -1163,8 +1132,6 @@ impl PartitionRunner {
     }
 }
 
-/// A graceful stop lets the sinks deliver what is pending for at most `limit`; `close` then
-/// stops what is still in flight and the rest stays in the outbox.
 /// Whether the partition reads its epochs in slices: every sink takes slices and reads one
 /// input stream (a sink's slices of two streams would interleave its batches).
 fn takes_slices(sinks: &[SinkSlot]) -> bool {
@@ -1174,6 +1141,8 @@ fn takes_slices(sinks: &[SinkSlot]) -> bool {
             .all(|slot| slot.sink.takes_slices() && slot.inputs.len() == 1)
 }
 
+/// A graceful stop lets the sinks deliver what is pending for at most `limit`; `close` then
+/// stops what is still in flight and the rest stays in the outbox.
 async fn drain_for(sinks: &mut [SinkSlot], limit: Duration, partition: u32) {
     if limit.is_zero() {
         return;

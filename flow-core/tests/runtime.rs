@@ -1507,14 +1507,42 @@ fn register_slice_log(registry: &mut Registry, class: &str, handed: Handed) {
     );
 }
 
-/// A one-partition generator of `count` rows, epochs of 40k, into the given sinks (YAML flow
-/// entries of `sinks:`).
-fn sliced_yaml(count: u64, sinks: &[&str]) -> String {
-    let sinks: String = sinks.iter().map(|s| format!("  - {s}\n")).collect();
-    format!(
+/// A finished run of [`run_slice_logs`].
+struct SliceLogRun {
+    report: RunReport,
+    /// What each sink was handed, in the order the sinks were given.
+    handed: Vec<Handed>,
+    store: StateStore,
+    _dir: tempfile::TempDir,
+}
+
+/// Runs a one-partition generator of `count` rows, epochs of 40k, into one [`register_slice_log`]
+/// sink per `(name, parameters)`, each of its own class.
+async fn run_slice_logs(count: u64, sinks: &[(&str, &str)]) -> SliceLogRun {
+    let dir = tempfile::tempdir().unwrap();
+    let mut registry = Registry::with_builtins();
+    let mut handed = Vec::new();
+    let mut entries = String::new();
+    for (name, parameters) in sinks {
+        let log: Handed = Arc::default();
+        register_slice_log(&mut registry, &format!("Log_{name}"), Arc::clone(&log));
+        handed.push(log);
+        entries.push_str(&format!(
+            "  - {{name: {name}, sink_class_name: Log_{name}, input_stream_ids: [rows], parameters: {parameters}}}\n"
+        ));
+    }
+    let yaml = format!(
         "pipeline: {PIPELINE}\nepoch: {{max_messages: 40000, max_duration_ms: 60000}}\n\
-         source: {{class: generator, parameters: {{count: {count}}}}}\nsinks:\n{sinks}"
-    )
+         source: {{class: generator, parameters: {{count: {count}}}}}\nsinks:\n{entries}"
+    );
+    let store = open_store(&dir.path().join("state"));
+    let report = run_yaml(&registry, &yaml, &store).await.unwrap();
+    SliceLogRun {
+        report,
+        handed,
+        store,
+        _dir: dir,
+    }
 }
 
 /// Per epoch number: the offsets handed (slices then the epoch's end, in order), and whether
@@ -1537,17 +1565,9 @@ fn epochs_handed(handed: &Handed) -> BTreeMap<u64, (Vec<(u64, usize)>, bool)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sink_that_takes_slices_gets_each_epoch_in_order_in_slices_of_at_most_16384() {
-    let tmp = tempfile::tempdir().unwrap();
-    let handed: Handed = Arc::default();
-    let mut registry = Registry::with_builtins();
-    register_slice_log(&mut registry, "SliceLog", Arc::clone(&handed));
-    let store = open_store(&tmp.path().join("state"));
-    let yaml = sliced_yaml(
-        100_000,
-        &["{name: s, sink_class_name: SliceLog, input_stream_ids: [rows], parameters: {slices: true}}"],
-    );
-    let report = run_yaml(&registry, &yaml, &store).await.unwrap();
-    assert_eq!(report.messages(), 100_000);
+    let run = run_slice_logs(100_000, &[("s", "{slices: true}")]).await;
+    assert_eq!(run.report.messages(), 100_000);
+    let handed = &run.handed[0];
 
     let log = handed.lock().unwrap().clone();
     // Epoch 0, far from the end of the source: two full slices, then its last 7232 messages.
@@ -1559,7 +1579,7 @@ async fn a_sink_that_takes_slices_gets_each_epoch_in_order_in_slices_of_at_most_
             (0, "epoch", Some(32_768), 7_232)
         ]
     );
-    let epochs = epochs_handed(&handed);
+    let epochs = epochs_handed(handed);
     let mut next = 0;
     for (number, (pieces, ended)) in &epochs {
         assert!(ended, "epoch {number} never ended");
@@ -1584,22 +1604,12 @@ async fn a_sink_that_takes_slices_gets_each_epoch_in_order_in_slices_of_at_most_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_sink_that_takes_whole_epochs_makes_every_sink_of_the_partition_take_whole_epochs() {
-    let tmp = tempfile::tempdir().unwrap();
-    let handed: Handed = Arc::default();
-    let whole: Handed = Arc::default();
-    let mut registry = Registry::with_builtins();
-    register_slice_log(&mut registry, "SliceLog", Arc::clone(&handed));
-    register_slice_log(&mut registry, "WholeLog", Arc::clone(&whole));
-    let store = open_store(&tmp.path().join("state"));
-    let yaml = sliced_yaml(
+    let run = run_slice_logs(
         100_000,
-        &[
-            "{name: s, sink_class_name: SliceLog, input_stream_ids: [rows], parameters: {slices: true}}",
-            "{name: w, sink_class_name: WholeLog, input_stream_ids: [rows], parameters: {slices: false}}",
-        ],
-    );
-    run_yaml(&registry, &yaml, &store).await.unwrap();
-    for log in [&handed, &whole] {
+        &[("s", "{slices: true}"), ("w", "{slices: false}")],
+    )
+    .await;
+    for log in &run.handed {
         let got: Vec<_> = log.lock().unwrap().clone();
         assert_eq!(
             got,
@@ -1615,25 +1625,18 @@ async fn one_sink_that_takes_whole_epochs_makes_every_sink_of_the_partition_take
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slices_of_an_epoch_vetoed_before_a_sink_ended_it_are_never_ended_and_read_again_under_a_new_number(
 ) {
-    let tmp = tempfile::tempdir().unwrap();
-    let vetoer: Handed = Arc::default();
-    let handed: Handed = Arc::default();
-    let mut registry = Registry::with_builtins();
-    register_slice_log(&mut registry, "Vetoer", Arc::clone(&vetoer));
-    register_slice_log(&mut registry, "SliceLog", Arc::clone(&handed));
-    let store = open_store(&tmp.path().join("state"));
-    let yaml = sliced_yaml(
+    let run = run_slice_logs(
         50_000,
         &[
-            "{name: v, sink_class_name: Vetoer, input_stream_ids: [rows], parameters: {slices: true, veto_first: true}}",
-            "{name: s, sink_class_name: SliceLog, input_stream_ids: [rows], parameters: {slices: true}}",
+            ("v", "{slices: true, veto_first: true}"),
+            ("s", "{slices: true}"),
         ],
-    );
-    let report = run_yaml(&registry, &yaml, &store).await.unwrap();
-    assert_eq!(report.partitions[0].vetoes, 1);
-    assert_eq!(report.messages(), 50_000);
+    )
+    .await;
+    assert_eq!(run.report.partitions[0].vetoes, 1);
+    assert_eq!(run.report.messages(), 50_000);
 
-    let epochs = epochs_handed(&handed);
+    let epochs = epochs_handed(&run.handed[1]);
     // Epoch 0's slices reached the second sink, but the first sink vetoed before it was asked.
     assert_eq!(epochs[&0], (vec![(0, 16_384), (16_384, 16_384)], false));
     // The same messages again as epoch 1, this time ended.
@@ -1641,5 +1644,5 @@ async fn slices_of_an_epoch_vetoed_before_a_sink_ended_it_are_never_ended_and_re
     assert!(ended);
     assert_eq!(pieces.first(), Some(&(0, 16_384)));
     assert_eq!(pieces.iter().map(|p| p.1).sum::<usize>(), 40_000);
-    assert_eq!(position(&store, 0), Some(50_000));
+    assert_eq!(position(&run.store, 0), Some(50_000));
 }
