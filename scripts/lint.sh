@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The lints every commit keeps clean: `cargo fmt --check` and clippy on every target with
-# warnings as errors. Needs no cluster.
+# The lints every commit keeps clean: no import cycle between the modules of any crate
+# (scripts/import_cycles.py), `cargo fmt --check` and clippy on every target with warnings as
+# errors. Needs no cluster.
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$FLOW_REPO_ROOT"
+
+flow_log "import cycles (scripts/import_cycles.py)"
+python3 scripts/import_cycles.py
 
 flow_ensure_build_packages
 if ! cargo clippy --version >/dev/null 2>&1; then
