@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::json_form::{write_json_string, write_row_object};
 use crate::message::Row;
-use crate::row_json::{write_json_string, write_row_object};
 
 /// A sink's dead row as stored (the dead letter's `reason` holds the why).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use flow_state::{SealedBatch, SinkPartition, StateStore, StoredBatch, StoredBody};
@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, info, warn};
 
+pub use crate::clock::now_ms;
 use crate::error::SinkError;
 use crate::plugin::{Epoch, EpochOutcome, Sink};
 
@@ -38,13 +39,6 @@ pub const LANE_STALL: Duration = Duration::from_secs(10);
 
 /// Batches a stalled lane may keep waiting in memory before the next one is set aside.
 const STALLED_LANE_DEPTH: usize = 2;
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 /// Sends one sealed batch to its target and removes it from the outbox
 /// (`StateStore::acknowledge`) once the target holds it.

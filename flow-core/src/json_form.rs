@@ -1,5 +1,6 @@
 //! The JSON forms of stream values, read by `jsonl_file` and the broker sources
-//! ([`push_json`]) and written for dead letters and the debug sink ([`write_json_value`]).
+//! ([`push_json`]) and written for dead letters and the debug sink ([`write_json_value`]; a
+//! whole row as a JSON object by column name: [`write_row_object`]).
 //!
 //! Numbers are read from their text (a [`RawValue`]), so decimals and 128/256-bit integers
 //! arrive without a trip through `f64`: `decimal(P,S)` and `int128` .. `uint256` take a JSON
@@ -14,7 +15,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use serde_json::value::RawValue;
 
-use crate::message::{check_item, RowWriter, Value};
+use crate::message::{check_item, Row, RowWriter, Value};
 use crate::packed::{self, check_date32, write_leb128, PackedReader};
 use crate::types::StreamType;
 use crate::wide_int::WideInt;
@@ -318,6 +319,49 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 }
 
 /// The date of a day number (the inverse of [`days_from_civil`]), to check it.
+/// Appends `{"<column>":<value>,...}` for `row`, with `columns` naming its values in order.
+/// Non-finite floats are written as strings (JSON has none); bytes that are not UTF-8 are
+/// replaced with U+FFFD.
+pub fn write_row_object(out: &mut Vec<u8>, columns: &[String], row: &Row<'_>) {
+    out.push(b'{');
+    for (i, (name, value)) in columns.iter().zip(row.values()).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_json_string(out, name.as_bytes());
+        out.push(b':');
+        write_json_value(out, row.column_type(i), value);
+    }
+    out.push(b'}');
+}
+
+/// Writes a JSON string; bytes that are not UTF-8 are replaced with U+FFFD.
+pub fn write_json_string(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.push(b'"');
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '"' => out.extend_from_slice(b"\\\""),
+                '\\' => out.extend_from_slice(b"\\\\"),
+                '\n' => out.extend_from_slice(b"\\n"),
+                '\r' => out.extend_from_slice(b"\\r"),
+                '\t' => out.extend_from_slice(b"\\t"),
+                c if (c as u32) < 0x20 => {
+                    let _ = write!(out, "\\u{:04x}", c as u32);
+                }
+                c => {
+                    let mut buf = [0u8; 4];
+                    out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                }
+            }
+        }
+        if !chunk.invalid().is_empty() {
+            out.extend_from_slice("\u{fffd}".as_bytes());
+        }
+    }
+    out.push(b'"');
+}
+
 #[cfg(test)]
 fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
@@ -466,7 +510,7 @@ pub fn write_json_value(out: &mut Vec<u8>, ty: &StreamType, value: Value<'_>) {
         }
         Value::Float(v) => write_float(out, v),
         Value::Bool(v) => out.extend_from_slice(if v { b"true" } else { b"false" }),
-        Value::Bytes(bytes) => crate::row_json::write_json_string(out, bytes),
+        Value::Bytes(bytes) => write_json_string(out, bytes),
         Value::Packed(bytes) => {
             let mut reader = PackedReader::new(bytes);
             if write_packed(out, ty.inner(), &mut reader).is_err() {
@@ -482,7 +526,7 @@ fn write_float(out: &mut Vec<u8>, v: f64) {
         let _ = write!(out, "{v}");
     } else {
         // JSON has no NaN or infinity.
-        crate::row_json::write_json_string(out, v.to_string().as_bytes());
+        write_json_string(out, v.to_string().as_bytes());
     }
 }
 
@@ -548,7 +592,7 @@ fn write_packed(
             Ok(())
         }
         StreamType::String | StreamType::Utf8 => {
-            crate::row_json::write_json_string(out, reader.string()?);
+            write_json_string(out, reader.string()?);
             Ok(())
         }
         StreamType::Int128 | StreamType::Uint128 | StreamType::Int256 | StreamType::Uint256 => {
@@ -701,7 +745,7 @@ mod tests {
         push_json_text(&mut row, json)?;
         row.finish().map_err(|err| err.to_string())?;
         let mut out = Vec::new();
-        crate::row_json::write_row_object(&mut out, &["c".to_owned()], &batch.row(0));
+        write_row_object(&mut out, &["c".to_owned()], &batch.row(0));
         Ok(String::from_utf8(out).unwrap())
     }
 

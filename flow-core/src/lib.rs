@@ -39,6 +39,7 @@ mod answers;
 mod builtin_config;
 mod builtins;
 mod capacity;
+mod clock;
 mod dead_row;
 mod delivered;
 mod drain;
@@ -53,7 +54,6 @@ mod plugin;
 mod plugin_config;
 mod progress;
 mod replay;
-mod row_json;
 mod runtime;
 mod spec;
 mod spec_builder;
@@ -68,7 +68,7 @@ pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,
 };
-pub use json_form::{push_json_text, write_json_value};
+pub use json_form::{push_json_text, write_json_string, write_json_value, write_row_object};
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
 pub use metrics::{Metrics, SinkCount, SinkCounter, SinkMetrics, SourceCount};
 pub use packed::{
@@ -76,17 +76,14 @@ pub use packed::{
     PackedError, PackedReader, DATE32_RANGE,
 };
 pub use plugin::{
-    Epoch, EpochOutcome, EpochWrite, PartitionObserver, PendingWrite, Processor, ProcessorFactory,
-    ReadLimits, Replay, ReplayReader, Sink, SinkContext, SinkFactory, Source, SourceFactory,
-    SourceOutput, SourceRead,
+    Epoch, EpochOutcome, EpochWrite, PartitionEnd, PartitionObserver, PendingWrite, Processor,
+    ProcessorFactory, ReadLimits, Replay, ReplayReader, Sink, SinkContext, SinkFactory, Source,
+    SourceFactory, SourceOutput, SourceRead,
 };
 pub use plugin_config::{to_section, ConfigError, ProcessorConfig, SinkConfig, SourceConfig};
 pub use progress::Progress;
 pub use registry::Registry;
-pub use row_json::{write_json_string, write_row_object};
-pub use runtime::{
-    PartitionEnd, PartitionReport, Pipeline, PipelineControl, ReloadOutcome, RunReport,
-};
+pub use runtime::{PartitionReport, Pipeline, PipelineControl, ReloadOutcome, RunReport};
 pub use sources::push::{PushError, PushHandle, PushOptions, PushSource, Receipt, Route};
 pub use spec::{
     is_valid_name, EpochSettings, EpochSpec, MetricsSettings, MetricsSpec, OutboxSpec,

@@ -257,7 +257,7 @@ impl Metrics {
             sink,
             backlog_labels: Mutex::new(BTreeSet::new()),
             runs: Mutex::new(BTreeMap::new()),
-            started_ms: crate::delivery::now_ms(),
+            started_ms: crate::clock::now_ms(),
         })
     }
 

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use flow_state::{DeadLetter, SealedBatch, SinkPartition, StateStore};
 use tokio::time::Instant;
 
-use crate::error::{ProcessorError, ReplayError, SinkError, SourceError};
+use crate::error::{ProcessorError, ReplayError, RuntimeError, SinkError, SourceError};
 use crate::message::MessageBatch;
 use crate::types::StreamSchema;
 
@@ -44,6 +44,15 @@ pub trait SourceFactory: Send + Sync {
     }
 }
 
+/// How a partition ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartitionEnd {
+    /// The source is exhausted and every sink delivered everything.
+    Drained,
+    /// A shutdown was requested; undelivered batches stay in the outbox.
+    Stopped,
+}
+
 /// Told by the partition runner what became of the messages of one source partition, in order:
 /// `committed` and `delivered` positions only move forward, and `delivered` never passes
 /// `committed`. The calls come from runtime tasks: keep them short and never block.
@@ -60,7 +69,7 @@ pub trait PartitionObserver: Send + Sync {
 
     /// The partition stopped for this run (`Drained`, `Stopped` or its failure); no further call
     /// follows. What was committed and not delivered stays in the outbox for the next run.
-    fn ended(&self, end: Result<crate::runtime::PartitionEnd, &crate::error::RuntimeError>);
+    fn ended(&self, end: Result<PartitionEnd, &RuntimeError>);
 }
 
 /// How much one `read` may return and until when it may wait for data.

@@ -25,20 +25,13 @@ use crate::graph::{inputs_of, slice_messages, SliceLimits, StreamGraph};
 use crate::lag::SourceLags;
 use crate::message::MessageBatch;
 use crate::metrics::{Metrics, SinkMetrics};
-use crate::plugin::{Epoch, PartitionObserver, Replay, Sink, SinkContext, SinkFactory, Source};
+use crate::plugin::{
+    Epoch, PartitionEnd, PartitionObserver, Replay, Sink, SinkContext, SinkFactory, Source,
+};
 use crate::progress::{Progress, ProgressCounters};
 use crate::registry::Registry;
 use crate::replay::PipelineReplay;
 use crate::spec::{PipelineSpec, ValidatedPipeline};
-
-/// How a partition ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PartitionEnd {
-    /// The source is exhausted and every sink delivered everything.
-    Drained,
-    /// A shutdown was requested; undelivered batches stay in the outbox.
-    Stopped,
-}
 
 /// What one partition did in a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -859,7 +852,7 @@ impl PartitionRunner {
             exhausted: false,
             messages: 0,
             source_dead: Vec::new(),
-            started_ms: crate::delivery::now_ms(),
+            started_ms: crate::clock::now_ms(),
         };
         let whole = SliceLimits::epoch(epoch);
         loop {

@@ -18,14 +18,15 @@ use flow_state::{AckExtras, SealedBatch, SinkPartition, StateStore};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Mutex};
 
+use crate::clock::now_ms;
 use crate::delivery::{
-    load_backlog, now_ms, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer, SinkDelivery,
+    load_backlog, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer, SinkDelivery,
 };
 use crate::error::{SinkError, Violation};
+use crate::json_form::{write_json_string, write_row_object};
 use crate::message::MessageBatch;
 use crate::metrics::{SinkCount, SinkMetrics};
 use crate::plugin::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkFactory};
-use crate::row_json::{write_json_string, write_row_object};
 
 /// Payload bytes the debug sink holds in memory for delivery.
 const IN_FLIGHT_BYTES: u64 = 64 << 20;

@@ -185,7 +185,7 @@ pub fn encode_broker_position(position: u64) -> Vec<u8> {
 
 /// The position committed by [`encode_broker_position`].
 pub fn decode_broker_position(bytes: &[u8]) -> Result<u64, SourceError> {
-    super::decode_words::<1>(bytes)
+    super::position::decode_words::<1>(bytes)
         .map(|[word]| word)
         .ok_or_else(|| SourceError::BadPosition {
             position: bytes.to_vec(),

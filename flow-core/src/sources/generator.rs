@@ -137,12 +137,12 @@ impl SourceFactory for GeneratorFactory {
     ) -> Result<Box<dyn Source>, SourceError> {
         let next = match position {
             None => 0,
-            Some(bytes) => {
-                super::decode_words::<1>(bytes).ok_or_else(|| SourceError::BadPosition {
+            Some(bytes) => super::position::decode_words::<1>(bytes).ok_or_else(|| {
+                SourceError::BadPosition {
                     position: bytes.to_vec(),
                     what: "a generator position is one big-endian u64".to_owned(),
-                })?[0]
-            }
+                }
+            })?[0],
         };
         Ok(Box::new(GeneratorSource {
             params: self.params.clone(),
@@ -236,7 +236,7 @@ impl Source for GeneratorSource {
         let n = budget.min(allowed);
         self.generate(out, n)?;
         Ok(SourceRead {
-            position: super::encode_words(&[self.next]),
+            position: super::position::encode_words(&[self.next]),
             exhausted: self.exhausted(),
             lag: None,
         })

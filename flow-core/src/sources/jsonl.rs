@@ -186,7 +186,7 @@ impl SourceFactory for JsonlFileFactory {
 /// `(byte offset, line)` and, unless the position predates file identities (two words), what it
 /// recorded about the file.
 fn decode_position(bytes: &[u8]) -> Result<(u64, u64, Option<Recorded>), SourceError> {
-    if let Some([offset, line, device, inode, hash]) = super::decode_words::<5>(bytes) {
+    if let Some([offset, line, device, inode, hash]) = super::position::decode_words::<5>(bytes) {
         let recorded = Recorded {
             offset,
             device,
@@ -196,7 +196,7 @@ fn decode_position(bytes: &[u8]) -> Result<(u64, u64, Option<Recorded>), SourceE
         return Ok((offset, line, Some(recorded)));
     }
     // Written before positions carried the file's identity: nothing to check against.
-    super::decode_words::<2>(bytes)
+    super::position::decode_words::<2>(bytes)
         .map(|[offset, line]| (offset, line, None))
         .ok_or_else(|| SourceError::BadPosition {
             position: bytes.to_vec(),
@@ -236,7 +236,13 @@ impl JsonlFileSource {
 
     fn position(&self) -> Vec<u8> {
         let (device, inode) = self.identity;
-        super::encode_words(&[self.byte_offset, self.line, device, inode, self.tail.hash()])
+        super::position::encode_words(&[
+            self.byte_offset,
+            self.line,
+            device,
+            inode,
+            self.tail.hash(),
+        ])
     }
 
     /// Opens the file at `byte_offset`, checking that it is still the file the position was
@@ -590,7 +596,7 @@ mod tests {
             .map(|c| c.name.clone())
             .collect();
         let mut out = Vec::new();
-        crate::row_json::write_row_object(&mut out, &names, &batch.row(0));
+        crate::json_form::write_row_object(&mut out, &names, &batch.row(0));
         assert_eq!(
             String::from_utf8(out).unwrap(),
             r#"{"i128":"-170141183460469231731687303715884105728","u128":"340282366920938463463374607431768211455","i256":"-5","u256":"115792089237316195423570985008687907853269984665640564039457584007913129639935","price":"1234567.89","id":"01234567-89ab-cdef-0123-456789abcdef","v4":"10.0.0.1","v6":"2001:db8::1","born":-25567,"at":1700000000500000,"tags":[-128,0,127],"counts":{"a":1,"b":255},"pair":[7,null]}"#
@@ -758,7 +764,7 @@ mod tests {
         assert_eq!(batch.ids(), &[MessageId::new(0, 1)]);
         assert!(end.exhausted);
         // Two-word positions (written before file identities) are still accepted.
-        let legacy = super::super::encode_words(&[17, 1]);
+        let legacy = super::super::position::encode_words(&[17, 1]);
         let (batch, _, _) = read_all(&factory, Some(&legacy)).await.unwrap();
         assert_eq!(batch.ids(), &[MessageId::new(0, 1)]);
     }

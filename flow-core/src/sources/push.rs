@@ -27,10 +27,9 @@ use crate::error::{RuntimeError, SourceError, ValueError, Violation};
 use crate::json_form::push_json;
 use crate::message::{MessageBatch, MessageId, Row, RowWriter, Value};
 use crate::plugin::{
-    PartitionObserver, ReadLimits, Source, SourceFactory, SourceOutput, SourceRead,
+    PartitionEnd, PartitionObserver, ReadLimits, Source, SourceFactory, SourceOutput, SourceRead,
 };
 use crate::registry::{parse_parameters, BuildResult, Registry, SourceBuildContext, SourceBuilder};
-use crate::runtime::PartitionEnd;
 use crate::spec::is_valid_name;
 use crate::types::{StreamSchema, StreamType};
 
@@ -742,7 +741,7 @@ impl Inbox {
 
     /// The ticket of a committed position (the next seq).
     fn ticket_of(&self, position: &[u8]) -> Option<u64> {
-        let seq = super::decode_words::<1>(position)?[0];
+        let seq = super::position::decode_words::<1>(position)?[0];
         let first_seq = self.lock().first_seq?;
         seq.checked_sub(first_seq)
     }
@@ -875,12 +874,12 @@ impl SourceFactory for PushFactory {
         })?;
         let seq = match position {
             None => 0,
-            Some(bytes) => {
-                super::decode_words::<1>(bytes).ok_or_else(|| SourceError::BadPosition {
+            Some(bytes) => super::position::decode_words::<1>(bytes).ok_or_else(|| {
+                SourceError::BadPosition {
                     position: bytes.to_vec(),
                     what: "a push source position is one big-endian u64".to_owned(),
-                })?[0]
-            }
+                }
+            })?[0],
         };
         let mut state = inbox.lock();
         if let Phase::Ended(reason) = &state.phase {
@@ -942,7 +941,7 @@ impl Source for PushReader {
             let waited_enough = tokio::time::Instant::now() >= limits.deadline;
             if end.taken > 0 || end.exhausted || waited_enough {
                 return Ok(SourceRead {
-                    position: super::encode_words(&[end.position]),
+                    position: super::position::encode_words(&[end.position]),
                     exhausted: end.exhausted,
                     lag: None,
                 });
@@ -998,7 +997,7 @@ mod tests {
         };
         let end = source.read(&mut out, limits).await.unwrap();
         let ids = batch.ids().iter().map(ToString::to_string).collect();
-        let position = super::super::decode_words::<1>(&end.position).unwrap()[0];
+        let position = super::super::position::decode_words::<1>(&end.position).unwrap()[0];
         (ids, position)
     }
 
