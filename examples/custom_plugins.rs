@@ -60,7 +60,7 @@ fn lines_builder(
     lines: Arc<Vec<String>>,
 ) -> impl Fn(&SourceBuildContext<'_>, &serde_yaml::Value) -> BuildResult<Arc<dyn SourceFactory>> {
     move |ctx, parameters| {
-        let LinesParams {} = parse_parameters(parameters, "parameters").map_err(|v| vec![v])?;
+        let LinesParams {} = parse_parameters(parameters, "parameters")?;
         let schema = StreamSchema::new(vec![
             Column::new("id", StreamType::Uint64),
             Column::new("line", StreamType::String),
@@ -198,8 +198,7 @@ fn word_totals_builder(
     &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SinkFactory>> {
     move |ctx, parameters, _dynamic| {
-        let WordTotalsParams {} =
-            parse_parameters(parameters, "parameters").map_err(|v| vec![v])?;
+        let WordTotalsParams {} = parse_parameters(parameters, "parameters")?;
         let [(_, schema)] = ctx.inputs else {
             return Err(vec![Violation::new(
                 "input_stream_ids",

@@ -169,7 +169,7 @@ pub(crate) fn build(
     ctx: &SourceBuildContext<'_>,
     parameters: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SourceFactory>> {
-    let params: KafkaParams = parse_parameters(parameters, "parameters").map_err(|v| vec![v])?;
+    let params: KafkaParams = parse_parameters(parameters, "parameters")?;
     let mut violations = Vec::new();
     if params.brokers.is_empty() || params.brokers.iter().any(|b| b.trim().is_empty()) {
         violations.push(Violation::new(

@@ -93,8 +93,7 @@ pub(crate) fn build(
     ctx: &SourceBuildContext<'_>,
     parameters: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SourceFactory>> {
-    let params: NatsJetStreamParams =
-        parse_parameters(parameters, "parameters").map_err(|v| vec![v])?;
+    let params: NatsJetStreamParams = parse_parameters(parameters, "parameters")?;
     let mut violations = Vec::new();
     if params.servers.is_empty() {
         violations.push(Violation::new(

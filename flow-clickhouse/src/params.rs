@@ -958,8 +958,8 @@ pub fn parse(
     let dynamic: Result<ClickHouseDynamicParams, _> =
         parse_parameters(dynamic, "dynamic_parameters");
     let mut violations = Vec::new();
-    violations.extend(params.as_ref().err().cloned());
-    violations.extend(dynamic.as_ref().err().cloned());
+    violations.extend(params.as_ref().err().into_iter().flatten().cloned());
+    violations.extend(dynamic.as_ref().err().into_iter().flatten().cloned());
     let params = params.ok().map(|params| params.into_sink_params(class));
     if let Some(Err(v)) = &params {
         violations.extend(v.iter().cloned());
@@ -978,8 +978,7 @@ pub fn parse_dynamic(
     class: SinkClass,
     dynamic: &serde_yaml::Value,
 ) -> Result<ClickHouseDynamicParams, Vec<Violation>> {
-    let params: ClickHouseDynamicParams =
-        parse_parameters(dynamic, "dynamic_parameters").map_err(|v| vec![v])?;
+    let params: ClickHouseDynamicParams = parse_parameters(dynamic, "dynamic_parameters")?;
     let violations = params.validate(class);
     if violations.is_empty() {
         Ok(params)

@@ -11,12 +11,12 @@
 use std::path::PathBuf;
 
 use crate::error::Violation;
-use crate::plugin_config::{to_section, ProcessorConfig, SinkConfig, SourceConfig};
 use crate::processors::project::{self, ProjectParams};
 use crate::registry::{BuildResult, SinkBuildContext, SourceBuildContext};
 use crate::sinks::debug::{self, DebugSinkDynamicParams, DebugSinkParams};
 use crate::sources::generator::{self, GeneratorParams};
 use crate::sources::jsonl::{self, JsonlFileParams, OnBadRecord};
+use crate::spec::{to_section, ProcessorConfig, SinkConfig, SourceConfig};
 use crate::types::{Column, SchemaError};
 
 /// The violations of a builder's result (none when it built).

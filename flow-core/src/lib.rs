@@ -35,35 +35,25 @@ pub mod registry;
 pub mod sinks;
 pub mod sources;
 
-mod answers;
 mod builtin_config;
 mod builtins;
 mod capacity;
 mod clock;
 mod dead_row;
-mod delivered;
-mod drain;
 mod error;
-mod graph;
 mod json_form;
-mod lag;
 mod message;
 mod metrics;
 mod packed;
 mod plugin;
-mod plugin_config;
-mod progress;
-mod replay;
 mod runtime;
 mod spec;
-mod spec_builder;
-mod spec_text;
+mod structural;
 mod types;
 mod wide_int;
 
 pub use capacity::{reserve_projected, CapacityDecay, FaultedIn, Headroom, PROJECT_AFTER};
 pub use dead_row::{DeadRow, ResendRow};
-pub use drain::{DrainReport, OutboxBacklog, PendingOutbox};
 pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,
@@ -80,18 +70,18 @@ pub use plugin::{
     ProcessorFactory, ReadLimits, Replay, ReplayReader, Sink, SinkContext, SinkFactory, Source,
     SourceFactory, SourceOutput, SourceRead,
 };
-pub use plugin_config::{to_section, ConfigError, ProcessorConfig, SinkConfig, SourceConfig};
-pub use progress::Progress;
 pub use registry::Registry;
-pub use runtime::{PartitionReport, Pipeline, PipelineControl, ReloadOutcome, RunReport};
+pub use runtime::{
+    DrainReport, OutboxBacklog, PartitionReport, PendingOutbox, Pipeline, PipelineControl,
+    Progress, ReloadOutcome, RunReport,
+};
 pub use sources::push::{PushError, PushHandle, PushOptions, PushSource, Receipt, Route};
 pub use spec::{
-    is_valid_name, EpochSettings, EpochSpec, MetricsSettings, MetricsSpec, OutboxSpec,
-    PayloadPolicy, PipelineSpec, ProcessorSpec, ShutdownSpec, SinkSpec, SourceSpec,
-    ValidatedPipeline, ValidatedProcessor, ValidatedSink, MAX_EPOCH_DURATION_MS,
-    MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
+    is_valid_name, to_section, ConfigError, EpochSettings, EpochSpec, MetricsSettings, MetricsSpec,
+    NoSource, OutboxSpec, PayloadPolicy, PipelineSpec, PipelineSpecBuilder, ProcessorConfig,
+    ProcessorSpec, ShutdownSpec, SinkConfig, SinkSpec, SourceConfig, SourceSpec, ValidatedPipeline,
+    ValidatedProcessor, ValidatedSink, MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
+    MAX_SPEC_NESTING,
 };
-pub use spec_builder::{NoSource, PipelineSpecBuilder};
-pub use spec_text::MAX_SPEC_NESTING;
 pub use types::{Column, SchemaError, StreamSchema, StreamType, MAX_DECIMAL_PRECISION};
 pub use wide_int::WideInt;

@@ -272,8 +272,7 @@ fn register_failing_sink(registry: &mut Registry) {
              _dynamic: &serde_yaml::Value|
              -> BuildResult<Arc<dyn SinkFactory>> {
                 let params: Params =
-                    flow_core::registry::parse_parameters(parameters, "parameters")
-                        .map_err(|v| vec![v])?;
+                    flow_core::registry::parse_parameters(parameters, "parameters")?;
                 Ok(Arc::new(Factory {
                     partition: params.partition,
                     at_epoch: params.at_epoch,
@@ -717,21 +716,21 @@ fn register_recording_sink(registry: &mut Registry, recorder: Arc<Recorder>) {
     struct Dynamic {
         tag: String,
     }
-    fn parse(value: &serde_yaml::Value) -> Result<String, Violation> {
+    fn parse(value: &serde_yaml::Value) -> Result<String, Vec<Violation>> {
         let d: Dynamic = flow_core::registry::parse_parameters(value, "dynamic_parameters")?;
         if d.tag.is_empty() {
-            return Err(Violation::new(
+            return Err(vec![Violation::new(
                 "dynamic_parameters.tag",
                 "must not be empty",
-            ));
+            )]);
         }
         Ok(d.tag)
     }
     struct Factory(Arc<Recorder>);
     impl SinkFactory for Factory {
         fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
-            let tag =
-                parse(&ctx.dynamic_parameters).map_err(|v| SinkError::Refused(v.to_string()))?;
+            let tag = parse(&ctx.dynamic_parameters)
+                .map_err(|v| SinkError::Refused(Violation::list(&v)))?;
             Ok(Box::new(Recording {
                 recorder: Arc::clone(&self.0),
                 tag,
@@ -757,7 +756,7 @@ fn register_recording_sink(registry: &mut Registry, recorder: Arc<Recorder>) {
             Ok(EpochOutcome::Commit(EpochWrite::default()))
         }
         fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
-            self.tag = parse(dynamic).map_err(|v| SinkError::Refused(v.to_string()))?;
+            self.tag = parse(dynamic).map_err(|v| SinkError::Refused(Violation::list(&v)))?;
             Ok(())
         }
     }
@@ -768,7 +767,7 @@ fn register_recording_sink(registry: &mut Registry, recorder: Arc<Recorder>) {
                   _parameters: &serde_yaml::Value,
                   dynamic: &serde_yaml::Value|
                   -> BuildResult<Arc<dyn SinkFactory>> {
-                parse(dynamic).map_err(|v| vec![v])?;
+                parse(dynamic)?;
                 Ok(Arc::new(Factory(Arc::clone(&recorder))))
             },
         ),
@@ -1495,8 +1494,7 @@ fn register_slice_log(registry: &mut Registry, class: &str, handed: Handed) {
                   parameters: &serde_yaml::Value,
                   _dynamic: &serde_yaml::Value|
                   -> BuildResult<Arc<dyn SinkFactory>> {
-                let p: Params = flow_core::registry::parse_parameters(parameters, "parameters")
-                    .map_err(|v| vec![v])?;
+                let p: Params = flow_core::registry::parse_parameters(parameters, "parameters")?;
                 Ok(Arc::new(Factory(
                     Arc::clone(&handed),
                     p.slices,

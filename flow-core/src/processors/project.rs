@@ -26,7 +26,7 @@ pub(crate) fn build(
     ctx: &ProcessorBuildContext<'_>,
     parameters: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn ProcessorFactory>> {
-    let params: ProjectParams = parse_parameters(parameters, "parameters").map_err(|v| vec![v])?;
+    let params: ProjectParams = parse_parameters(parameters, "parameters")?;
     let mut violations = Vec::new();
     let mut indexes = Vec::new();
     let mut columns = Vec::new();

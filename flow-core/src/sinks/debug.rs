@@ -58,8 +58,7 @@ pub(crate) fn default_max_rows_per_batch() -> u64 {
 
 impl DebugSinkDynamicParams {
     fn parse(value: &serde_yaml::Value) -> Result<Self, Vec<Violation>> {
-        let params: DebugSinkDynamicParams =
-            parse_parameters(value, "dynamic_parameters").map_err(|v| vec![v])?;
+        let params: DebugSinkDynamicParams = parse_parameters(value, "dynamic_parameters")?;
         if params.max_rows_per_batch == 0 || params.max_rows_per_batch > MAX_ROWS_PER_BATCH {
             return Err(vec![Violation::new(
                 "dynamic_parameters.max_rows_per_batch",
@@ -83,7 +82,7 @@ pub(crate) fn build(
     let (params, dynamic) = match (params, dynamic) {
         (Ok(params), Ok(dynamic)) => (params, dynamic),
         (params, dynamic) => {
-            let mut violations: Vec<Violation> = params.err().into_iter().collect();
+            let mut violations: Vec<Violation> = params.err().unwrap_or_default();
             violations.extend(dynamic.err().unwrap_or_default());
             return Err(violations);
         }

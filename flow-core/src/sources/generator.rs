@@ -97,8 +97,7 @@ pub(crate) fn build(
     ctx: &SourceBuildContext<'_>,
     parameters: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SourceFactory>> {
-    let params: GeneratorParams =
-        parse_parameters(parameters, "parameters").map_err(|v| vec![v])?;
+    let params: GeneratorParams = parse_parameters(parameters, "parameters")?;
     let violations = params.validate();
     if !violations.is_empty() {
         return Err(violations);

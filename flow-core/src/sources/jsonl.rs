@@ -79,8 +79,7 @@ pub(crate) fn build(
     ctx: &SourceBuildContext<'_>,
     parameters: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SourceFactory>> {
-    let params: JsonlFileParams =
-        parse_parameters(parameters, "parameters").map_err(|v| vec![v])?;
+    let params: JsonlFileParams = parse_parameters(parameters, "parameters")?;
     let mut violations = Vec::new();
     if params.files.len() != ctx.partitions as usize {
         violations.push(Violation::new(

@@ -259,7 +259,7 @@ impl PushSource {
         let shared = self.shared;
         Arc::new(
             move |ctx: &SourceBuildContext<'_>, parameters: &serde_yaml::Value| {
-                parse_parameters::<PushParams>(parameters, "parameters").map_err(|v| vec![v])?;
+                parse_parameters::<PushParams>(parameters, "parameters")?;
                 shared.bind(ctx.partitions)?;
                 let factory: Arc<dyn SourceFactory> = Arc::new(PushFactory {
                     shared: Arc::clone(&shared),

@@ -1,10 +1,7 @@
-//! The plugin registry: builds sources, processors and sinks by class name from spec parameters.
-//! Third-party crates add their classes with `register_*` before the spec is built.
+//! The class table of the registry: a builder per class name, and what a builder is handed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-use serde::de::DeserializeOwned;
 
 use crate::error::Violation;
 use crate::plugin::{ProcessorFactory, SinkFactory, SourceFactory};
@@ -156,25 +153,4 @@ impl Registry {
     pub fn sink_classes(&self) -> Vec<&str> {
         self.sinks.keys().map(String::as_str).collect()
     }
-}
-
-/// Deserializes plugin parameters (a missing section is an empty mapping), reporting the error's
-/// path under `section` (`parameters.payload_bytes: invalid type ...`).
-pub fn parse_parameters<T: DeserializeOwned>(
-    value: &serde_yaml::Value,
-    section: &str,
-) -> Result<T, Violation> {
-    let value = match value {
-        serde_yaml::Value::Null => serde_yaml::Value::Mapping(serde_yaml::Mapping::new()),
-        other => other.clone(),
-    };
-    serde_path_to_error::deserialize(value).map_err(|err| {
-        let inner = err.path().to_string();
-        let path = if inner == "." || inner.is_empty() {
-            section.to_owned()
-        } else {
-            format!("{section}.{inner}")
-        };
-        Violation::new(path, err.into_inner().to_string())
-    })
 }

@@ -6,11 +6,11 @@
 
 use std::path::PathBuf;
 
-use crate::plugin_config::{ProcessorConfig, SinkConfig, SourceConfig};
-use crate::spec::{
+use super::pipeline_spec::{
     EpochSpec, MetricsSpec, OutboxSpec, PipelineSpec, ProcessorSpec, ShutdownSpec, SinkSpec,
     SourceSpec,
 };
+use super::plugin_config::{ProcessorConfig, SinkConfig, SourceConfig};
 
 /// The state of a [`PipelineSpecBuilder`] whose source is not set yet.
 #[derive(Clone, Debug, Default, PartialEq)]

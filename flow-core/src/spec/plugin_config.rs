@@ -10,8 +10,8 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::pipeline_spec::{ProcessorSpec, SinkSpec, SourceSpec};
 use crate::error::Violation;
-use crate::spec::{ProcessorSpec, SinkSpec, SourceSpec};
 
 /// A source's typed configuration: its class and the `parameters` the class reads.
 pub trait SourceConfig {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use flow_state::{DeadLetter, StateStore};
 
+use super::graph::{slice_messages, SliceLimits, StreamGraph};
 use crate::error::{ReplayError, SourceError};
-use crate::graph::{slice_messages, SliceLimits, StreamGraph};
 use crate::message::MessageBatch;
 use crate::plugin::{Replay, ReplayReader, Source};
 use crate::spec::ValidatedPipeline;

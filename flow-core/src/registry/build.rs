@@ -1,0 +1,487 @@
+//! [`Registry::build`]: a parsed spec validated and its plugins built by class name, every
+//! violation reported with its path.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::classes::{ProcessorBuildContext, Registry, SinkBuildContext, SourceBuildContext};
+use crate::error::{SpecError, Violation};
+use crate::spec::{
+    is_valid_name, EpochSettings, PipelineSpec, ValidatedPipeline, ValidatedProcessor,
+    ValidatedSink, MAX_DRAIN_TIMEOUT_MS, MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
+};
+use crate::types::StreamSchema;
+
+impl Registry {
+    /// Validates a parsed spec and builds its plugins, reporting every violation with its path.
+    pub fn build(&self, spec: &PipelineSpec) -> Result<ValidatedPipeline, SpecError> {
+        let mut violations = Vec::new();
+        if !is_valid_name(&spec.pipeline) {
+            violations.push(Violation::new(
+                "pipeline",
+                format!(
+                    "`{}` is not a valid pipeline name: use letters, digits, `_` and `-`",
+                    spec.pipeline
+                ),
+            ));
+        }
+        if spec.partitions == 0 || spec.partitions > MAX_PARTITIONS {
+            violations.push(Violation::new(
+                "partitions",
+                format!("{} is out of range 1..={MAX_PARTITIONS}", spec.partitions),
+            ));
+        }
+        if spec.epoch.max_messages == 0 || spec.epoch.max_messages > MAX_EPOCH_MESSAGES {
+            violations.push(Violation::new(
+                "epoch.max_messages",
+                format!(
+                    "{} is out of range 1..={MAX_EPOCH_MESSAGES}",
+                    spec.epoch.max_messages
+                ),
+            ));
+        }
+        if spec.epoch.max_duration_ms == 0 || spec.epoch.max_duration_ms > MAX_EPOCH_DURATION_MS {
+            violations.push(Violation::new(
+                "epoch.max_duration_ms",
+                format!(
+                    "{} is out of range 1..={MAX_EPOCH_DURATION_MS}",
+                    spec.epoch.max_duration_ms
+                ),
+            ));
+        }
+        if spec
+            .state_dir
+            .as_ref()
+            .is_some_and(|dir| dir.as_os_str().is_empty())
+        {
+            violations.push(Violation::new(
+                "state_dir",
+                "an empty path; name a directory (for example `./flow-state`), or remove the key and pass --state-dir",
+            ));
+        }
+        if spec.shutdown.drain_timeout_ms > MAX_DRAIN_TIMEOUT_MS {
+            violations.push(Violation::new(
+                "shutdown.drain_timeout_ms",
+                format!(
+                    "{} is out of range 0..={MAX_DRAIN_TIMEOUT_MS}",
+                    spec.shutdown.drain_timeout_ms
+                ),
+            ));
+        }
+        let metrics = spec
+            .metrics
+            .as_ref()
+            .and_then(|m| m.validate(&mut violations));
+        let partitions = spec.partitions.clamp(1, MAX_PARTITIONS);
+
+        let mut streams: BTreeMap<String, Arc<StreamSchema>> = BTreeMap::new();
+        let source = match self.source(&spec.source.class) {
+            None => {
+                violations.push(Violation::new(
+                    "source.class",
+                    format!(
+                        "unknown source class `{}`; known classes: {}",
+                        spec.source.class,
+                        self.source_classes().join(", ")
+                    ),
+                ));
+                None
+            }
+            Some(builder) => {
+                let ctx = SourceBuildContext {
+                    pipeline: &spec.pipeline,
+                    partitions,
+                };
+                match builder(&ctx, &spec.source.parameters) {
+                    Ok(factory) => {
+                        streams.insert(factory.stream_id().to_owned(), factory.schema());
+                        Some(factory)
+                    }
+                    Err(errs) => {
+                        violations.extend(errs.into_iter().map(|v| v.under("source")));
+                        None
+                    }
+                }
+            }
+        };
+
+        let mut processors = Vec::new();
+        let mut processor_names = HashSet::new();
+        for (i, p) in spec.processors.iter().enumerate() {
+            let path = format!("processors[{i}]");
+            if !is_valid_name(&p.name) {
+                violations.push(Violation::new(
+                    format!("{path}.name"),
+                    format!(
+                        "`{}` is not a valid name: use letters, digits, `_` and `-`",
+                        p.name
+                    ),
+                ));
+            } else if !processor_names.insert(p.name.as_str()) {
+                violations.push(Violation::new(
+                    format!("{path}.name"),
+                    format!("processor name `{}` is used twice", p.name),
+                ));
+            }
+            let Some(input_schema) = streams.get(&p.input_stream_id).cloned() else {
+                violations.push(Violation::new(
+                    format!("{path}.input_stream_id"),
+                    format!(
+                        "unknown stream `{}`; streams defined before this processor: {}",
+                        p.input_stream_id,
+                        known(&streams)
+                    ),
+                ));
+                continue;
+            };
+            if streams.contains_key(&p.output_stream_id) {
+                violations.push(Violation::new(
+                    format!("{path}.output_stream_id"),
+                    format!("stream `{}` is already defined", p.output_stream_id),
+                ));
+                continue;
+            }
+            let Some(builder) = self.processor(&p.class) else {
+                violations.push(Violation::new(
+                    format!("{path}.class"),
+                    format!(
+                        "unknown processor class `{}`; known classes: {}",
+                        p.class,
+                        self.processor_classes().join(", ")
+                    ),
+                ));
+                continue;
+            };
+            let ctx = ProcessorBuildContext {
+                pipeline: &spec.pipeline,
+                name: &p.name,
+                input_schema: &input_schema,
+            };
+            match builder(&ctx, &p.parameters) {
+                Ok(factory) => {
+                    streams.insert(p.output_stream_id.clone(), factory.output_schema());
+                    processors.push(ValidatedProcessor {
+                        name: p.name.clone(),
+                        factory,
+                        input_stream_id: p.input_stream_id.clone(),
+                        output_stream_id: p.output_stream_id.clone(),
+                    });
+                }
+                Err(errs) => violations.extend(errs.into_iter().map(|v| v.under(&path))),
+            }
+        }
+
+        if spec.sinks.is_empty() {
+            violations.push(Violation::new(
+                "sinks",
+                "a pipeline needs at least one sink",
+            ));
+        }
+        let mut sinks = Vec::new();
+        let mut sink_names = HashSet::new();
+        for (i, s) in spec.sinks.iter().enumerate() {
+            let path = format!("sinks[{i}]");
+            if !is_valid_name(&s.name) {
+                violations.push(Violation::new(
+                    format!("{path}.name"),
+                    format!(
+                        "`{}` is not a valid sink name: use letters, digits, `_` and `-`",
+                        s.name
+                    ),
+                ));
+            } else if !sink_names.insert(s.name.as_str()) {
+                violations.push(Violation::new(
+                    format!("{path}.name"),
+                    format!(
+                        "sink name `{}` is used twice; each sink names its own state",
+                        s.name
+                    ),
+                ));
+            }
+            let mut inputs = Vec::new();
+            if s.input_stream_ids.is_empty() {
+                violations.push(Violation::new(
+                    format!("{path}.input_stream_ids"),
+                    "a sink needs at least one input stream",
+                ));
+            }
+            let mut resolved = true;
+            for (j, id) in s.input_stream_ids.iter().enumerate() {
+                match streams.get(id) {
+                    Some(schema) => inputs.push((id.clone(), Arc::clone(schema))),
+                    None => {
+                        resolved = false;
+                        // An unknown source class already explains a missing stream.
+                        if source.is_some() {
+                            violations.push(Violation::new(
+                                format!("{path}.input_stream_ids[{j}]"),
+                                format!(
+                                    "unknown stream `{id}`; known streams: {}",
+                                    known(&streams)
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+            let Some(builder) = self.sink(&s.sink_class_name) else {
+                violations.push(Violation::new(
+                    format!("{path}.sink_class_name"),
+                    format!(
+                        "unknown sink class `{}`; known classes: {}",
+                        s.sink_class_name,
+                        self.sink_classes().join(", ")
+                    ),
+                ));
+                continue;
+            };
+            // Build even with an unresolved input, so parameter mistakes are reported too.
+            let ctx = SinkBuildContext {
+                pipeline: &spec.pipeline,
+                sink: &s.name,
+                class: &s.sink_class_name,
+                partitions,
+                inputs: &inputs,
+            };
+            match builder(&ctx, &s.parameters, &s.dynamic_parameters) {
+                Ok(_) if !resolved => {}
+                Ok(factory) => sinks.push(ValidatedSink {
+                    name: s.name.clone(),
+                    class: s.sink_class_name.clone(),
+                    factory,
+                    input_stream_ids: s.input_stream_ids.clone(),
+                    dynamic_parameters: s.dynamic_parameters.clone(),
+                }),
+                // An unresolved input is already explained (an unknown stream, or a source that
+                // failed to build); the sink's view of its empty input list would only mislead.
+                Err(errs) => violations.extend(
+                    errs.into_iter()
+                        .filter(|v| resolved || !v.path.starts_with("input_stream_ids"))
+                        .map(|v| v.under(&path)),
+                ),
+            }
+        }
+
+        match source {
+            Some(source) if violations.is_empty() => Ok(ValidatedPipeline {
+                name: spec.pipeline.clone(),
+                partitions,
+                state_dir: spec.state_dir.clone(),
+                epoch: EpochSettings {
+                    max_messages: usize::try_from(spec.epoch.max_messages).unwrap_or(usize::MAX),
+                    max_duration: Duration::from_millis(spec.epoch.max_duration_ms),
+                },
+                payloads: spec.outbox.payloads,
+                drain_timeout: Duration::from_millis(spec.shutdown.drain_timeout_ms),
+                metrics,
+                source,
+                processors,
+                sinks,
+                streams,
+                spec: spec.clone(),
+            }),
+            _ => Err(SpecError { violations }),
+        }
+    }
+
+    /// Parses and builds a spec from YAML text.
+    pub fn build_yaml(&self, text: &str) -> Result<ValidatedPipeline, SpecError> {
+        self.build(&PipelineSpec::from_yaml(text)?)
+    }
+}
+
+fn known(streams: &BTreeMap<String, Arc<StreamSchema>>) -> String {
+    if streams.is_empty() {
+        "none".to_owned()
+    } else {
+        streams.keys().cloned().collect::<Vec<_>>().join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::SinkBuildContext;
+    use crate::spec::EpochSpec;
+
+    fn paths(err: &SpecError) -> Vec<&str> {
+        err.violations.iter().map(|v| v.path.as_str()).collect()
+    }
+
+    #[test]
+    fn minimal_spec_gets_documented_defaults() {
+        let spec = PipelineSpec::from_yaml(
+            "pipeline: p\nsource: {class: generator}\nsinks:\n  - {name: out, sink_class_name: DebugSink, input_stream_ids: [rows]}\n",
+        )
+        .unwrap();
+        assert_eq!(spec.partitions, 1);
+        assert_eq!(
+            spec.epoch,
+            EpochSpec {
+                max_messages: 10_000,
+                max_duration_ms: 500
+            }
+        );
+        assert_eq!(spec.state_dir, None);
+    }
+
+    #[test]
+    fn structural_mistakes_in_separate_sections_are_all_reported() {
+        let err = PipelineSpec::from_yaml(
+            "pipeline: p\npartitions: many\nbogus: 1\nsource: {class: generator, params: {}}\nsinks:\n  - {name: a, sink_class_name: DebugSink, input_stream_ids: rows}\n  - {name: b, sink_class_name: DebugSink, input_stream_ids: [rows], extra: 1}\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            paths(&err),
+            vec![
+                "bogus",
+                "partitions",
+                "source.params",
+                "sinks[0].input_stream_ids",
+                "sinks[1].extra"
+            ]
+        );
+        assert!(
+            err.violations[2].message.contains("unknown field `params`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn semantic_mistakes_are_all_reported_with_paths() {
+        let registry = Registry::with_builtins();
+        let spec = PipelineSpec::from_yaml(
+            "pipeline: 'bad name'\npartitions: 0\nepoch: {max_messages: 0}\nsource: {class: generator, parameters: {count: 5}}\nsinks:\n  - {name: a, sink_class_name: Nope, input_stream_ids: [rows]}\n  - {name: a, sink_class_name: DebugSink, input_stream_ids: [nope]}\n",
+        )
+        .unwrap();
+        let err = registry.build(&spec).err().unwrap();
+        assert_eq!(
+            paths(&err),
+            vec![
+                "pipeline",
+                "partitions",
+                "epoch.max_messages",
+                "sinks[0].sink_class_name",
+                "sinks[1].name",
+                "sinks[1].input_stream_ids[0]",
+                // Built despite the unknown input, so its missing `path` is reported too.
+                "sinks[1].parameters"
+            ]
+        );
+    }
+
+    const DEBUG_SINK: &str = "sinks:\n  - {name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {path: x}}\n";
+
+    #[test]
+    fn a_utf8_byte_order_mark_before_the_spec_is_accepted() {
+        let text = format!("\u{feff}pipeline: p\nsource: {{class: generator}}\n{DEBUG_SINK}");
+        let spec = PipelineSpec::from_yaml(&text).unwrap();
+        assert_eq!(spec.pipeline, "p");
+    }
+
+    #[test]
+    fn a_deeply_nested_spec_is_refused_before_parsing_and_fast() {
+        let text = format!(
+            "pipeline: p\nsource: {{class: generator, parameters: {}}}\n{DEBUG_SINK}",
+            "[".repeat(200_000)
+        );
+        let started = std::time::Instant::now();
+        let err = PipelineSpec::from_yaml(&text).unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            err.violations,
+            vec![Violation::new(
+                "",
+                "the spec is nested more than 64 levels deep (line 2); a pipeline spec never needs that many"
+            )]
+        );
+    }
+
+    #[test]
+    fn partitions_beyond_64_bits_are_out_of_range_not_invalid_yaml() {
+        let text = format!(
+            "pipeline: p\npartitions: 1000000000000000000000000000000\nsource: {{class: generator}}\n{DEBUG_SINK}"
+        );
+        let err = PipelineSpec::from_yaml(&text).unwrap_err();
+        assert_eq!(
+            err.violations,
+            vec![Violation::new(
+                "partitions",
+                "1000000000000000000000000000000 is out of range 1..=1024"
+            )]
+        );
+        let nested = format!(
+            "pipeline: p\nsource:\n  class: generator\n  parameters:\n    count: 99999999999999999999999\n{DEBUG_SINK}"
+        );
+        let err = PipelineSpec::from_yaml(&nested).unwrap_err();
+        assert_eq!(
+            err.violations[0].message,
+            "`count` at line 5 column 12: 99999999999999999999999 is out of range of any parameter (it does not fit in 64 bits)"
+        );
+    }
+
+    #[test]
+    fn an_empty_state_dir_is_a_violation() {
+        let text =
+            format!("pipeline: p\nstate_dir: \"\"\nsource: {{class: generator, parameters: {{count: 1}}}}\n{DEBUG_SINK}");
+        let spec = PipelineSpec::from_yaml(&text).unwrap();
+        let err = Registry::with_builtins().build(&spec).err().unwrap();
+        assert_eq!(paths(&err), vec!["state_dir"]);
+        assert!(
+            err.violations[0].message.starts_with("an empty path"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_failed_source_does_not_also_make_the_sinks_input_list_wrong() {
+        let mut registry = Registry::with_builtins();
+        // Like the ClickHouse sinks: exactly one input stream.
+        registry.register_sink(
+            "OneInput",
+            Arc::new(
+                |ctx: &SinkBuildContext<'_>, _: &serde_yaml::Value, _: &serde_yaml::Value| {
+                    Err(vec![Violation::new(
+                        "input_stream_ids",
+                        format!("exactly one stream; {} are listed", ctx.inputs.len()),
+                    )])
+                },
+            ),
+        );
+        let spec = PipelineSpec::from_yaml(
+            "pipeline: p\nsource: {class: generator, parameters: {count: -1}}\nsinks:\n  - {name: out, sink_class_name: OneInput, input_stream_ids: [rows]}\n",
+        )
+        .unwrap();
+        let err = registry.build(&spec).err().unwrap();
+        assert_eq!(paths(&err), vec!["source.parameters.count"]);
+    }
+
+    #[test]
+    fn the_metrics_listen_address_is_validated_and_its_mistakes_name_their_path() {
+        let spec = |metrics: &str| {
+            format!("pipeline: p\nmetrics: {metrics}\nsource: {{class: generator, parameters: {{count: 1}}}}\n{DEBUG_SINK}")
+        };
+        let registry = Registry::with_builtins();
+        let built = registry
+            .build_yaml(&spec("{listen: '127.0.0.1:9464'}"))
+            .unwrap();
+        assert_eq!(
+            built.metrics.map(|m| m.listen.to_string()).as_deref(),
+            Some("127.0.0.1:9464")
+        );
+        let err = registry
+            .build_yaml(&spec("{listen: 'localhost'}"))
+            .err()
+            .unwrap();
+        assert_eq!(paths(&err), vec!["metrics.listen"]);
+        let err = PipelineSpec::from_yaml(&spec("{listen: '127.0.0.1:1', port: 2}")).unwrap_err();
+        assert_eq!(paths(&err), vec!["metrics.port"]);
+        let none = registry.build_yaml(&spec("null")).unwrap();
+        assert_eq!(none.metrics, None);
+    }
+}
