@@ -1,37 +1,24 @@
-//! Asynchronous delivery of a sink partition's sealed batches, in order per shard.
-//!
-//! A [`DeliveryQueue`] owns one task per sink partition. Batches enter in outbox order (first the
-//! undelivered ones found at open, then each newly committed epoch's) through a bounded channel;
-//! the task keeps one lane per shard, each sending one batch at a time in that order, so the parts
-//! of a logical batch go to their shards side by side.
-//! Memory is bounded twice: the channel holds at most [`DELIVERY_QUEUE_CAPACITY`] batches, and
-//! every batch holds a permit of its sink's [`ByteBudget`] from the moment it is queued until its
-//! target holds it, so a sink's payloads in memory never exceed the budget whatever the run's
-//! length. The [`BatchDeliverer`] sends one batch and acknowledges it in the outbox; the queue
-//! never skips a batch: the first error stops the task and is reported by the next `push` or
-//! `drain`. [`OutboxSink`] wraps a [`Sealer`] into a [`Sink`] that owns this lifecycle.
+//! The delivery task of a sink partition ([`DeliveryQueue`]): committed batches in outbox
+//! order through a bounded channel into one lane per shard, each delivering one batch at a
+//! time, lanes side by side.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use flow_state::{SealedBatch, SinkPartition, StateStore, StoredBatch, StoredBody};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use flow_state::{SealedBatch, SinkPartition};
+use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, info, warn};
 
-pub use crate::clock::now_ms;
+use super::batch_deliverer::BatchDeliverer;
+use super::budget::{BudgetPermit, ByteBudget};
+use super::latency::DeliveryLatency;
 use crate::error::SinkError;
-use crate::plugin::{Epoch, EpochOutcome, Sink};
 
 /// Batches that may wait in memory for delivery, per sink partition, twice: in the channel to
 /// the delivery task and in its lanes (besides one in flight per lane).
 pub const DELIVERY_QUEUE_CAPACITY: usize = 8;
-
-/// How often a sink logs its delivery latency.
-pub const LATENCY_REPORT_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How long a lane's delivery may run while its later batches fill the queue before they are
 /// set aside (left in the outbox, dropped from memory) so that the other lanes go on.
@@ -39,203 +26,6 @@ pub const LANE_STALL: Duration = Duration::from_secs(10);
 
 /// Batches a stalled lane may keep waiting in memory before the next one is set aside.
 const STALLED_LANE_DEPTH: usize = 2;
-
-/// Sends one sealed batch to its target and removes it from the outbox
-/// (`StateStore::acknowledge`) once the target holds it.
-#[async_trait]
-pub trait BatchDeliverer: Send + Sync + 'static {
-    /// Sends batch `seq` of queue `key` to its target and acknowledges it in the outbox; returns
-    /// once both are done. An error stops the partition's delivery (no batch is skipped). `stop`
-    /// turns `true` when the pipeline stops: a deliverer waiting on its target should then return.
-    async fn deliver(
-        &self,
-        key: &SinkPartition,
-        seq: u64,
-        batch: &SealedBatch,
-        stop: &watch::Receiver<bool>,
-    ) -> Result<(), SinkError>;
-
-    /// Whether [`BatchDeliverer::reload`] works, so that a stalled lane's batches may be set
-    /// aside: left in the outbox and read back when the lane moves again, instead of holding
-    /// every other lane of the partition up once the queue is full.
-    fn reloads(&self) -> bool {
-        false
-    }
-
-    /// The first undelivered batch for `shard` whose seq is above `after`, read back from the
-    /// outbox with its payload (rebuilt, for a batch stored as bounds); `None` when the outbox
-    /// holds no more for that shard.
-    async fn reload(
-        &self,
-        _key: &SinkPartition,
-        _shard: &str,
-        _after: Option<u64>,
-    ) -> Result<Option<(u64, SealedBatch)>, SinkError> {
-        Ok(None)
-    }
-}
-
-/// Bytes of payload a sink may hold in memory for delivery, across its partitions.
-pub struct ByteBudget {
-    semaphore: Arc<Semaphore>,
-    limit: AtomicU64,
-    /// Permits still to take out of circulation after the limit shrank while they were in use.
-    debt: AtomicU64,
-}
-
-/// A share of a [`ByteBudget`], returned when dropped.
-pub struct BudgetPermit {
-    permit: Option<OwnedSemaphorePermit>,
-    budget: Arc<ByteBudget>,
-}
-
-/// The largest budget (tokio counts a single acquisition in `u32` permits).
-pub const MAX_BYTE_BUDGET: u64 = u32::MAX as u64;
-
-impl ByteBudget {
-    /// A budget of `limit` bytes, clamped to 1..=[`MAX_BYTE_BUDGET`].
-    pub fn new(limit: u64) -> Arc<ByteBudget> {
-        let limit = limit.clamp(1, MAX_BYTE_BUDGET);
-        Arc::new(ByteBudget {
-            semaphore: Arc::new(Semaphore::new(limit as usize)),
-            limit: AtomicU64::new(limit),
-            debt: AtomicU64::new(0),
-        })
-    }
-
-    /// The budget in bytes.
-    pub fn limit(&self) -> u64 {
-        self.limit.load(Ordering::Relaxed)
-    }
-
-    /// Changes the limit (a reload); a smaller limit takes effect as batches in flight finish.
-    pub fn resize(&self, limit: u64) {
-        let limit = limit.clamp(1, MAX_BYTE_BUDGET);
-        let old = self.limit.swap(limit, Ordering::Relaxed);
-        if limit > old {
-            let mut grow = limit - old;
-            let paid = self.take_debt(grow);
-            grow -= paid;
-            self.semaphore.add_permits(grow as usize);
-        } else if limit < old {
-            let shrink = (old - limit) as usize;
-            let forgotten = self.semaphore.forget_permits(shrink);
-            self.debt
-                .fetch_add((shrink - forgotten) as u64, Ordering::Relaxed);
-        }
-    }
-
-    fn take_debt(&self, at_most: u64) -> u64 {
-        let mut taken = 0;
-        let _ = self
-            .debt
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |debt| {
-                taken = debt.min(at_most);
-                Some(debt - taken)
-            });
-        taken
-    }
-
-    /// Waits for room for `bytes` (at most the whole budget, so a batch larger than the limit
-    /// still goes, alone).
-    pub async fn acquire(self: &Arc<Self>, bytes: usize) -> BudgetPermit {
-        let wanted = (bytes as u64).clamp(1, self.limit()) as u32;
-        let permit = Arc::clone(&self.semaphore)
-            .acquire_many_owned(wanted)
-            .await
-            .ok();
-        BudgetPermit {
-            permit,
-            budget: Arc::clone(self),
-        }
-    }
-}
-
-impl Drop for BudgetPermit {
-    fn drop(&mut self) {
-        let Some(mut permit) = self.permit.take() else {
-            return;
-        };
-        let owed = self.budget.take_debt(permit.num_permits() as u64);
-        if owed > 0 {
-            if let Some(part) = permit.split(owed as usize) {
-                part.forget();
-            }
-        }
-    }
-}
-
-/// Time from the start of reading an epoch to the acknowledgement of its batches, per sink,
-/// logged every [`LATENCY_REPORT_INTERVAL`] as `delivery latency` (`p50_ms`, `p99_ms`).
-pub struct DeliveryLatency {
-    sink: String,
-    window: Mutex<LatencyWindow>,
-}
-
-struct LatencyWindow {
-    started: std::time::Instant,
-    samples: Vec<u64>,
-}
-
-/// Samples kept per window; more batches than this in one window are not sampled.
-const MAX_LATENCY_SAMPLES: usize = 100_000;
-
-impl DeliveryLatency {
-    /// The latency record of `sink`.
-    pub fn new(sink: &str) -> Arc<DeliveryLatency> {
-        Arc::new(DeliveryLatency {
-            sink: sink.to_owned(),
-            window: Mutex::new(LatencyWindow {
-                started: std::time::Instant::now(),
-                samples: Vec::new(),
-            }),
-        })
-    }
-
-    fn record(&self, origin_ms: u64) {
-        let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
-        if window.samples.len() < MAX_LATENCY_SAMPLES {
-            window.samples.push(now_ms().saturating_sub(origin_ms));
-        }
-        if window.started.elapsed() >= LATENCY_REPORT_INTERVAL {
-            self.report(&mut window);
-        }
-    }
-
-    /// Logs what the current window holds (at the end of a run, when the sink's last partition
-    /// lets go of it).
-    pub fn flush(&self) {
-        let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
-        self.report(&mut window);
-    }
-
-    fn report(&self, window: &mut LatencyWindow) {
-        let window_s = window.started.elapsed().as_secs();
-        window.started = std::time::Instant::now();
-        let samples = &mut window.samples;
-        if samples.is_empty() {
-            return;
-        }
-        samples.sort_unstable();
-        let at = |q: usize| samples[(samples.len() - 1) * q / 100];
-        info!(
-            sink = %self.sink,
-            batches = samples.len(),
-            p50_ms = at(50),
-            p99_ms = at(99),
-            max_ms = at(100),
-            window_s,
-            "delivery latency"
-        );
-        samples.clear();
-    }
-}
-
-impl Drop for DeliveryLatency {
-    fn drop(&mut self) {
-        self.flush();
-    }
-}
 
 /// What the delivery of one sink shares across its partitions.
 pub struct SinkDelivery {
@@ -256,12 +46,12 @@ impl SinkDelivery {
 }
 
 /// A batch on its way to the delivery task.
-struct Queued {
-    seq: u64,
-    batch: SealedBatch,
+pub(super) struct Queued {
+    pub(super) seq: u64,
+    pub(super) batch: SealedBatch,
     /// When its messages started to be read (ms since the Unix epoch).
-    origin_ms: u64,
-    _permit: BudgetPermit,
+    pub(super) origin_ms: u64,
+    pub(super) _permit: BudgetPermit,
 }
 
 /// The delivery task of one sink partition and the bounded channel into it.
@@ -301,7 +91,7 @@ impl DeliveryQueue {
     }
 
     /// Queues a committed batch; waits while the queue is full.
-    async fn push(&mut self, queued: Queued) -> Result<(), SinkError> {
+    pub(super) async fn push(&mut self, queued: Queued) -> Result<(), SinkError> {
         let Some(tx) = &self.tx else {
             return Err(SinkError::Delivery {
                 reason: "the delivery queue is closed".to_owned(),
@@ -591,246 +381,14 @@ async fn read_back(
     done
 }
 
-/// The delivery side of an outbox sink partition: the [`DeliveryQueue`] once opened, with the
-/// `Sink` lifecycle calls every outbox sink makes.
-#[derive(Default)]
-pub struct OutboxDelivery {
-    queue: Option<DeliveryQueue>,
-    shared: Option<Arc<SinkDelivery>>,
-    shutdown: Option<watch::Receiver<bool>>,
-}
-
-impl OutboxDelivery {
-    /// Starts delivering. While the pipeline's `shutdown` is set, [`OutboxDelivery::push`]
-    /// stops waiting for room: the batches are durable in the outbox and the next run delivers
-    /// them.
-    pub fn open(
-        &mut self,
-        key: SinkPartition,
-        deliverer: Arc<dyn BatchDeliverer>,
-        shared: Arc<SinkDelivery>,
-        shutdown: watch::Receiver<bool>,
-    ) {
-        self.queue = Some(DeliveryQueue::start(key, deliverer, &shared));
-        self.shared = Some(shared);
-        self.shutdown = Some(shutdown);
-    }
-
-    /// Whether the delivery was started (a sink stopping before it could check its target
-    /// never starts it).
-    pub fn is_open(&self) -> bool {
-        self.queue.is_some()
-    }
-
-    /// Queues a durable batch, waiting for room in the sink's byte budget and in the queue.
-    /// Returns `false` (without queueing) once the pipeline is stopping.
-    pub async fn push(
-        &mut self,
-        seq: u64,
-        batch: SealedBatch,
-        origin_ms: u64,
-    ) -> Result<bool, SinkError> {
-        let (Some(queue), Some(shared)) = (self.queue.as_mut(), self.shared.as_ref()) else {
-            return Err(SinkError::Delivery {
-                reason: "the sink was not opened".to_owned(),
-            });
-        };
-        let mut shutdown = self.shutdown.clone();
-        let stopping = async {
-            match shutdown.as_mut() {
-                Some(shutdown) => {
-                    let _ = shutdown.wait_for(|stop| *stop).await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        let budget = Arc::clone(&shared.budget);
-        let enqueue = async {
-            let permit = budget.acquire(batch.payload.len()).await;
-            queue
-                .push(Queued {
-                    seq,
-                    batch,
-                    origin_ms,
-                    _permit: permit,
-                })
-                .await
-        };
-        // Biased: a batch with room is queued even while stopping, so a stop's drain delivers
-        // it; only waiting for room ends with the stop.
-        tokio::select! {
-            biased;
-            pushed = enqueue => pushed.map(|()| true),
-            () = stopping => Ok(false),
-        }
-    }
-
-    /// Queues an undelivered batch found in the outbox whose payload is stored, read back (and
-    /// checked) off the runtime threads; `false` (nothing queued) once the pipeline is stopping.
-    /// A batch stored as bounds must be rebuilt by its sink: it is refused here.
-    pub async fn push_stored(
-        &mut self,
-        store: &StateStore,
-        key: &SinkPartition,
-        stored: StoredBatch,
-    ) -> Result<bool, SinkError> {
-        let StoredBody::Payload(location) = stored.body else {
-            return Err(SinkError::Refused(format!(
-                "{key}: batch {} was stored without its payload, and this sink cannot rebuild it from the source; start with a new state directory",
-                stored.seq
-            )));
-        };
-        let (store, task_key) = (store.clone(), key.clone());
-        let payload = blocking(move || store.load_payload(&task_key, &location)).await?;
-        let sealed_at_ms = stored.batch.sealed_at_ms;
-        let batch = SealedBatch {
-            payload,
-            ..stored.batch
-        };
-        self.push(stored.seq, batch, sealed_at_ms).await
-    }
-
-    /// Queues the batches of a durable commit (`Sink::committed`).
-    pub async fn committed(
-        &mut self,
-        batches: Vec<(u64, SealedBatch)>,
-        origin_ms: u64,
-    ) -> Result<(), SinkError> {
-        for (seq, batch) in batches {
-            if !self.push(seq, batch, origin_ms).await? {
-                return Ok(());
-            }
-        }
-        Ok(())
-    }
-
-    /// Delivers everything queued (`Sink::drain`).
-    pub async fn drain(&mut self) -> Result<(), SinkError> {
-        match self.queue.as_mut() {
-            Some(queue) => queue.drain().await,
-            None => Err(SinkError::Delivery {
-                reason: "the sink was not opened".to_owned(),
-            }),
-        }
-    }
-
-    /// Stops after the batch in flight (`Sink::close`).
-    pub async fn close(&mut self) -> Result<(), SinkError> {
-        match self.queue.as_mut() {
-            Some(queue) => queue.close().await,
-            None => Ok(()),
-        }
-    }
-}
-
-/// The undelivered batches of a sink partition (metadata only), read off the runtime threads.
-pub async fn load_backlog(
-    store: &StateStore,
-    key: &SinkPartition,
-) -> Result<Vec<StoredBatch>, SinkError> {
-    let store = store.clone();
-    let key = key.clone();
-    blocking(move || store.undelivered(&key)).await
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, flow_state::StateError> + Send + 'static,
-) -> Result<T, SinkError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|err| SinkError::Delivery {
-            reason: format!("state task failed: {err}"),
-        })?
-        .map_err(SinkError::from)
-}
-
-/// The sealing half of an outbox sink: what differs between sinks. [`OutboxSink`] adds the
-/// delivery half.
-#[async_trait]
-pub trait Sealer: Send {
-    /// Checks guards and starts `delivery` (with [`OutboxDelivery::open`]), then queues the
-    /// undelivered batches found in the outbox. Leaving `delivery` closed means the pipeline
-    /// began stopping first.
-    async fn open(&mut self, delivery: &mut OutboxDelivery) -> Result<(), SinkError>;
-
-    /// Seals what the epoch will deliver, or vetoes it.
-    async fn seal(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError>;
-
-    /// Whether the sealer takes epochs in slices ([`Sink::takes_slices`]).
-    fn takes_slices(&self) -> bool {
-        false
-    }
-
-    /// Takes one slice of the epoch that a later [`Sealer::seal`] ends ([`Sink::write_slice`]).
-    async fn seal_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
-        let _ = slice;
-        Err(crate::plugin::slices_not_taken())
-    }
-
-    /// New dynamic parameters.
-    fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError>;
-}
-
-/// A [`Sink`] made of a [`Sealer`] and an [`OutboxDelivery`].
-pub struct OutboxSink<S> {
-    sealer: S,
-    delivery: OutboxDelivery,
-    /// Start of the epoch being committed (ms since the Unix epoch), for latency.
-    epoch_started_ms: u64,
-}
-
-impl<S: Sealer> OutboxSink<S> {
-    /// A sink made of `sealer`; its delivery opens in [`Sealer::open`].
-    pub fn new(sealer: S) -> OutboxSink<S> {
-        OutboxSink {
-            sealer,
-            delivery: OutboxDelivery::default(),
-            epoch_started_ms: 0,
-        }
-    }
-}
-
-#[async_trait]
-impl<S: Sealer> Sink for OutboxSink<S> {
-    async fn open(&mut self) -> Result<(), SinkError> {
-        self.sealer.open(&mut self.delivery).await
-    }
-
-    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
-        self.epoch_started_ms = epoch.started_ms;
-        self.sealer.seal(epoch).await
-    }
-
-    fn takes_slices(&self) -> bool {
-        self.sealer.takes_slices()
-    }
-
-    async fn write_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
-        self.sealer.seal_slice(slice).await
-    }
-
-    async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
-        self.delivery
-            .committed(batches, self.epoch_started_ms)
-            .await
-    }
-
-    async fn drain(&mut self) -> Result<(), SinkError> {
-        self.delivery.drain().await
-    }
-
-    async fn close(&mut self) -> Result<(), SinkError> {
-        self.delivery.close().await
-    }
-
-    fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
-        self.sealer.reconfigure(dynamic)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
+    use crate::delivery::OutboxDelivery;
     use std::time::Duration;
 
     /// A target that never answers.
@@ -1103,10 +661,10 @@ mod tests {
             blocked.is_err(),
             "the fourth batch must wait for budget: {blocked:?}"
         );
-        assert_eq!(shared.budget.semaphore.available_permits(), 100);
+        assert_eq!(shared.budget.available_permits(), 100);
         // A batch larger than the whole budget still goes once everything else is done.
         shared.budget.resize(2000);
-        assert_eq!(shared.budget.semaphore.available_permits(), 1100);
+        assert_eq!(shared.budget.available_permits(), 1100);
         let fits = tokio::time::timeout(
             Duration::from_millis(500),
             delivery.committed(vec![(4, batch(300))], 0),
@@ -1114,7 +672,7 @@ mod tests {
         .await;
         assert!(matches!(fits, Ok(Ok(()))), "a larger budget must admit it");
         delivery.close().await.unwrap();
-        assert_eq!(shared.budget.semaphore.available_permits(), 2000);
+        assert_eq!(shared.budget.available_permits(), 2000);
     }
 
     #[tokio::test]
@@ -1123,12 +681,12 @@ mod tests {
         let held = budget.acquire(800).await;
         budget.resize(300);
         // 200 were free and are forgotten at once; 500 more are owed by the holder.
-        assert_eq!(budget.semaphore.available_permits(), 0);
+        assert_eq!(budget.available_permits(), 0);
         drop(held);
-        assert_eq!(budget.semaphore.available_permits(), 300);
+        assert_eq!(budget.available_permits(), 300);
         let oversized = budget.acquire(5000).await;
-        assert_eq!(budget.semaphore.available_permits(), 0);
+        assert_eq!(budget.available_permits(), 0);
         drop(oversized);
-        assert_eq!(budget.semaphore.available_permits(), 300);
+        assert_eq!(budget.available_permits(), 300);
     }
 }
