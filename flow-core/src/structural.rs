@@ -1,6 +1,8 @@
 //! A YAML value deserialized into a typed section with every structural mistake reported: serde
-//! stops at the first error, so each unknown field it reports is taken out of a copy of the
-//! value and the value deserialized again, until it parses or fails for another reason.
+//! stops at the first error, so the entry it names is taken out of a copy of the value and the
+//! value deserialized again, until it parses or the error names no entry. Every unknown field is
+//! reported, and the first other mistake (a wrong type, a value out of range); what follows from
+//! taking an entry out (the field it leaves missing) is not.
 
 use serde::de::DeserializeOwned;
 use serde_path_to_error::Segment;
@@ -11,12 +13,13 @@ use crate::error::Violation;
 const UNKNOWN_FIELD: &str = "unknown field `";
 
 /// Deserializes `value` into `T`, naming each violation's path under `path` (`parameters.table`):
-/// every unknown field, then the first other mistake if there is one.
+/// every unknown field and the first other mistake, in the order serde meets them.
 pub(crate) fn deserialize_all<T: DeserializeOwned>(
     value: &serde_yaml::Value,
     path: &str,
 ) -> Result<T, Vec<Violation>> {
     let mut violations = Vec::new();
+    let mut other_seen = false;
     // A copy to take unknown fields out of, made at the first one.
     let mut trimmed: Option<serde_yaml::Value> = None;
     loop {
@@ -35,9 +38,12 @@ pub(crate) fn deserialize_all<T: DeserializeOwned>(
         let segments: Vec<Segment> = err.path().iter().cloned().collect();
         let message = err.into_inner().to_string();
         let unknown = message.starts_with(UNKNOWN_FIELD);
-        violations.push(Violation::new(full, message));
-        // Taking the key out always shrinks the value, so the loop ends.
-        if !(unknown && remove_at(trimmed.get_or_insert_with(|| value.clone()), &segments)) {
+        if unknown || !other_seen {
+            violations.push(Violation::new(full, message));
+        }
+        other_seen |= !unknown;
+        // Taking the entry out always shrinks the value, so the loop ends.
+        if !remove_at(trimmed.get_or_insert_with(|| value.clone()), &segments) {
             return Err(violations);
         }
     }

@@ -349,6 +349,40 @@ mod tests {
     }
 
     #[test]
+    fn every_unknown_parameter_of_a_plugin_is_reported_at_its_path() {
+        let spec = PipelineSpec::from_yaml(
+            "pipeline: p\nsource: {class: generator, parameters: {count: 1, cuont: 2}}\nsinks:\n  - {name: a, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {path: x, pth: y, tabel: z}, dynamic_parameters: {max_rows: 1, max_rows_per_btch: 2}}\n",
+        )
+        .unwrap();
+        let err = Registry::with_builtins().build(&spec).err().unwrap();
+        assert_eq!(
+            paths(&err),
+            vec![
+                "source.parameters.cuont",
+                "sinks[0].parameters.pth",
+                "sinks[0].parameters.tabel",
+                "sinks[0].dynamic_parameters.max_rows",
+                "sinks[0].dynamic_parameters.max_rows_per_btch"
+            ]
+        );
+        assert!(
+            err.violations[2]
+                .message
+                .starts_with("unknown field `tabel`, expected `path`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_unknown_key_of_a_spec_entry_is_reported() {
+        let err = PipelineSpec::from_yaml(
+            "pipeline: p\nsource: {class: generator}\nsinks:\n  - {name: a, sink_class_name: DebugSink, input_stream_ids: [rows], parameter: {}, extra: 1}\n",
+        )
+        .unwrap_err();
+        assert_eq!(paths(&err), vec!["sinks[0].parameter", "sinks[0].extra"]);
+    }
+
+    #[test]
     fn semantic_mistakes_are_all_reported_with_paths() {
         let registry = Registry::with_builtins();
         let spec = PipelineSpec::from_yaml(
