@@ -12,6 +12,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why a value, row or message id does not fit what it is checked against.
 #[derive(Error, Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ValueError {
     /// A text meant as a message id is not `<partition>-<offset>`.
     #[error("`{text}` is not a message id (expected `<partition>-<offset>`)")]
@@ -120,6 +121,7 @@ impl fmt::Display for SpecError {
 
 /// Why a source could not read.
 #[derive(Error, Debug)]
+#[non_exhaustive]
 pub enum SourceError {
     /// A file operation failed.
     #[error("{what} `{path}`: {source}")]
@@ -164,6 +166,7 @@ pub enum SourceError {
 
 /// Why re-reading the source for pending batches failed.
 #[derive(Error, Debug)]
+#[non_exhaustive]
 pub enum ReplayError {
     /// The source could not re-read the range.
     #[error("source: {0}")]
@@ -240,6 +243,7 @@ impl From<ReplayError> for SinkError {
 
 /// Why a processor failed on a message.
 #[derive(Error, Debug)]
+#[non_exhaustive]
 pub enum ProcessorError {
     /// A value of the message does not fit the processor's output schema.
     #[error("message {message_id}: {source}")]
@@ -257,6 +261,7 @@ pub enum ProcessorError {
 
 /// Why a partition or the whole pipeline stopped.
 #[derive(Error, Debug)]
+#[non_exhaustive]
 pub enum RuntimeError {
     /// The state store failed for a partition.
     #[error("partition {partition}: state store: {source}")]

@@ -12,6 +12,7 @@ use thiserror::Error;
 
 /// A stream type or schema that cannot be used.
 #[derive(Error, Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SchemaError {
     /// A type name this crate does not know.
     #[error("unknown stream type `{text}`")]

@@ -8,6 +8,7 @@ use crate::types::{StreamSchema, StreamType};
 
 /// Why a send was refused, or what a receipt resolved to instead of success.
 #[derive(Error, Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PushError {
     /// The row lacks a value for `column` and those after it.
     #[error("the row has {got} values but the schema has {expected} columns: column `{column}` has no value")]
