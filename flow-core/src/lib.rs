@@ -21,19 +21,41 @@
 //! decoding into objects. Sources read values from their JSON forms (`json_form`).
 //!
 //! A spec can also be assembled in code ([`PipelineSpec::builder`]) from typed plugin configs
-//! ([`SourceConfig`], [`ProcessorConfig`], [`SinkConfig`]; `plugin_config`), which turn into the
-//! same spec entries the YAML path reads; the built-in classes' parameter types implement them
-//! (`builtin_config`) and check themselves with the registry's own validation.
+//! ([`SourceConfig`], [`ProcessorConfig`], [`SinkConfig`]), which turn into the same spec entries
+//! the YAML path reads; the built-in classes' parameter types implement them (`builtin_config`)
+//! and check themselves with the registry's own validation.
+//!
+//! # Layout
+//!
+//! Public modules (API):
+//! - [`registry`]: the classes by name, [`Registry::build`] and [`registry::parse_parameters`];
+//! - [`delivery`]: the toolkit of a sink with an outbox (sealer, lanes, byte budget, `blocking`);
+//! - [`sources`], [`processors`], [`sinks`]: the built-in plugins and their parameter types
+//!   (`sources/push/`: the push source an application feeds from its own code).
+//!
+//! Private modules, their API re-exported at the crate root:
+//! - `runtime/`: [`Pipeline`] and [`PipelineControl`]; the partition epoch loop and its parts;
+//! - `spec/`: the [`PipelineSpec`] (YAML or built in code) and the [`ValidatedPipeline`];
+//! - `plugin`: the plugin traits ([`SourceFactory`], [`Sink`], [`PartitionObserver`], ...);
+//! - `message`, `packed`, `wide_int`, `types`, `json_form`: values, their packed and JSON forms,
+//!   stream types and schemas;
+//! - `error`, `metrics`, `capacity`, `dead_row`, `clock`: errors, Prometheus metrics, batch
+//!   capacity planning, rows a sink sets aside, wall-clock time;
+//! - `builtins`, `builtin_config`: the built-in classes' registration and typed configs;
+//! - `structural`: spec sections deserialized with every structural mistake reported.
+//!
+//! The `testing` feature adds a hidden `testing` module of internals for this crate's own tests.
 
 #![warn(missing_docs)]
 
-// API modules: what plugin authors build on (`delivery` for outbox sinks, `registry` for
-// builders) and the built-in plugins' parameter types. The rest is re-exported below.
 pub mod delivery;
 pub mod processors;
 pub mod registry;
 pub mod sinks;
 pub mod sources;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing;
 
 mod builtin_config;
 mod builtins;
@@ -58,12 +80,11 @@ pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,
 };
-pub use json_form::{push_json_text, write_json_string, write_json_value, write_row_object};
+pub use json_form::push_json_text;
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
 pub use metrics::{Metrics, SinkCount, SinkCounter, SinkMetrics, SourceCount};
 pub use packed::{
-    check_date32, decimal_width, parse_uuid, validate as validate_packed, write_leb128, write_uuid,
-    PackedError, PackedReader, DATE32_RANGE,
+    check_date32, decimal_width, parse_uuid, write_leb128, write_uuid, PackedError, PackedReader,
 };
 pub use plugin::{
     Epoch, EpochOutcome, EpochWrite, PartitionEnd, PartitionObserver, PendingWrite, Processor,
@@ -75,7 +96,7 @@ pub use runtime::{
     DrainReport, OutboxBacklog, PartitionReport, PendingOutbox, Pipeline, PipelineControl,
     Progress, ReloadOutcome, RunReport,
 };
-pub use sources::push::{PushError, PushHandle, PushOptions, PushSource, Receipt, Route};
+pub use sources::{PushError, PushHandle, PushOptions, PushSource, Receipt, Route};
 pub use spec::{
     is_valid_name, to_section, ConfigError, EpochSettings, EpochSpec, MetricsSettings, MetricsSpec,
     NoSource, OutboxSpec, PayloadPolicy, PipelineSpec, PipelineSpecBuilder, ProcessorConfig,

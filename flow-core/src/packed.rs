@@ -221,7 +221,8 @@ fn check(ty: &StreamType, reader: &mut PackedReader<'_>) -> Result<(), PackedErr
 /// The range ClickHouse's `Date32` holds: 1900-01-01 ..= 2299-12-31.
 pub const DATE32_RANGE: (i64, i64) = (-25_567, 120_529);
 
-/// Checks that `days` since 1970-01-01 is within [`DATE32_RANGE`]; the error says why not.
+/// Checks that `days` since 1970-01-01 is within the range ClickHouse's `Date32` holds
+/// (1900-01-01 ..= 2299-12-31); the error says why not.
 pub fn check_date32(days: i64) -> Result<(), String> {
     if (DATE32_RANGE.0..=DATE32_RANGE.1).contains(&days) {
         Ok(())

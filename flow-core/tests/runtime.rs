@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flow_core::registry::{BuildResult, SinkBuildContext};
-use flow_core::sources::generator::{fill_payload, TS_BASE};
+use flow_core::sources::generator::fill_payload;
+use flow_core::testing::TS_BASE;
 use flow_core::ReloadOutcome;
 use flow_core::{
     Epoch, EpochOutcome, EpochWrite, PartitionEnd, PendingWrite, Pipeline, PipelineSpec, Registry,

@@ -365,7 +365,7 @@ impl Pipeline {
     /// Runs every partition to its end. Fails if any partition failed, after the others ended.
     ///
     /// A partition ends when its source is exhausted and its sinks delivered everything
-    /// ([`PartitionEnd::Drained`]), or after a shutdown ([`PartitionEnd::Stopped`]). A store
+    /// ([`PartitionEnd::Drained`](crate::PartitionEnd::Drained)), or after a shutdown ([`PartitionEnd::Stopped`](crate::PartitionEnd::Stopped)). A store
     /// claimed by another pipeline or partition count fails with [`RuntimeError::OtherPipeline`].
     ///
     /// ```

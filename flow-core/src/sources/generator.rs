@@ -17,7 +17,7 @@ use crate::types::{Column, StreamSchema, StreamType};
 /// Largest `payload_bytes`: a generated row must stay far below any batch limit.
 pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 /// `ts` of message id 0; it advances one second every 1000 ids.
-pub const TS_BASE: u64 = 1_700_000_000;
+pub(crate) const TS_BASE: u64 = 1_700_000_000;
 
 /// Parameters of the `generator` source, as a spec's `parameters:` map gives them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

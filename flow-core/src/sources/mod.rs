@@ -1,11 +1,16 @@
-//! Built-in sources.
+//! Built-in sources and what broker sources share.
+//!
+//! Layout: `generator` (public: its rows' recipe, which tests and benchmarks predict), `jsonl`
+//! (`jsonl_file`), `broker` (the decoding and positions broker sources share), `push/` (the
+//! source an application feeds from its own code), `line_reader` and `position` (what the
+//! sources above read files and positions with).
 
-pub mod broker;
+mod broker;
 pub mod generator;
-pub mod jsonl;
+pub(crate) mod jsonl;
 mod line_reader;
 mod position;
-pub mod push;
+mod push;
 
 pub use broker::{
     decode_broker_position, encode_broker_position, BrokerDecoder, BrokerFormat, BrokerRecord,

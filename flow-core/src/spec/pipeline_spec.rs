@@ -21,7 +21,7 @@ pub const MAX_EPOCH_DURATION_MS: u64 = 3_600_000;
 pub const MAX_DRAIN_TIMEOUT_MS: u64 = 3_600_000;
 
 /// A pipeline spec as written (YAML), before validation: [`PipelineSpec::from_yaml`] parses it,
-/// [`Registry::build`] validates it into a [`ValidatedPipeline`].
+/// [`Registry::build`](crate::Registry::build) validates it into a [`ValidatedPipeline`](crate::ValidatedPipeline).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSpec {
@@ -239,7 +239,7 @@ impl PipelineSpec {
     /// Parses YAML, reporting every structural mistake (unknown field, wrong type, missing
     /// field) of each section with its path, not just the first one.
     ///
-    /// Only the structure is checked here; [`Registry::build`] checks the values and each
+    /// Only the structure is checked here; [`Registry::build`](crate::Registry::build) checks the values and each
     /// plugin's parameters.
     ///
     /// ```

@@ -51,7 +51,7 @@ pub enum PushError {
         /// The JSON parser's error.
         reason: String,
     },
-    /// [`Route::Partition`] names a partition the pipeline does not have.
+    /// [`Route::Partition`](super::Route::Partition) names a partition the pipeline does not have.
     #[error("partition {partition} does not exist: the pipeline has {partitions}")]
     NoSuchPartition {
         /// The partition asked for.
@@ -59,7 +59,7 @@ pub enum PushError {
         /// The pipeline's partition count.
         partitions: u32,
     },
-    /// [`PushHandle::finish`] was called: the source takes no more messages.
+    /// [`PushHandle::finish`](super::PushHandle::finish) was called: the source takes no more messages.
     #[error("the push source was finished: it takes no more messages")]
     Finished,
     /// The pipeline's partition stopped or failed: nothing was enqueued.
