@@ -303,14 +303,23 @@ pub enum RuntimeError {
         #[source]
         source: SinkError,
     },
-    /// A task of the runtime panicked or was cancelled, or a partition's stream graph could not
-    /// be built.
+    /// A task of the runtime ended without a report, or a partition's stream graph could not be
+    /// built.
     #[error("partition {partition}: task failed: {reason}")]
     Task {
         /// The partition (0 for pipeline-wide tasks, `u32::MAX` when unknown).
         partition: u32,
         /// What went wrong.
         reason: String,
+    },
+    /// A task of the runtime panicked or was cancelled.
+    #[error("partition {partition}: task failed: {source}")]
+    Join {
+        /// The partition (0 for pipeline-wide tasks, `u32::MAX` when unknown).
+        partition: u32,
+        /// How the task ended.
+        #[source]
+        source: tokio::task::JoinError,
     },
     /// The state store could not be opened.
     #[error("opening the state store in `{dir}`: {source}")]

@@ -299,9 +299,9 @@ impl Pipeline {
         let store = self.store.clone();
         let stored = tokio::task::spawn_blocking(move || store.counters())
             .await
-            .map_err(|err| RuntimeError::Task {
+            .map_err(|source| RuntimeError::Join {
                 partition: 0,
-                reason: err.to_string(),
+                source,
             })?
             .map_err(|source| RuntimeError::State {
                 partition: 0,
@@ -319,9 +319,9 @@ impl Pipeline {
         let partitions = self.validated.partitions;
         tokio::task::spawn_blocking(move || store.claim(&name, partitions))
             .await
-            .map_err(|err| RuntimeError::Task {
+            .map_err(|source| RuntimeError::Join {
                 partition: 0,
-                reason: err.to_string(),
+                source,
             })?
             .map_err(|err| match err {
                 err @ flow_state::StateError::OtherPipeline { .. } => {
@@ -439,9 +439,9 @@ impl Pipeline {
         let pipeline = Arc::clone(&self.validated);
         tokio::task::spawn_blocking(move || OutboxBacklog::read(&store, &pipeline))
             .await
-            .map_err(|err| RuntimeError::Task {
+            .map_err(|source| RuntimeError::Join {
                 partition: 0,
-                reason: err.to_string(),
+                source,
             })?
     }
 }
@@ -481,9 +481,9 @@ where
                     .copied()
                     .unwrap_or(u32::MAX);
                 error!(pipeline = %pipeline, partition, error = %err, "partition task panicked");
-                failures.push(RuntimeError::Task {
+                failures.push(RuntimeError::Join {
                     partition,
-                    reason: err.to_string(),
+                    source: err,
                 });
             }
         }

@@ -100,10 +100,7 @@ impl PartitionRunner {
         let partition = self.partition;
         tokio::task::spawn_blocking(move || store.position(&pipeline, partition))
             .await
-            .map_err(|err| RuntimeError::Task {
-                partition,
-                reason: err.to_string(),
-            })?
+            .map_err(|source| RuntimeError::Join { partition, source })?
             .map_err(|source| RuntimeError::State { partition, source })
     }
 
