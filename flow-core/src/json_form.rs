@@ -14,6 +14,7 @@ use std::io::Write;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use serde_json::value::RawValue;
+use thiserror::Error;
 
 use crate::message::{check_item, Row, RowWriter, Value};
 use crate::packed::{self, check_date32, write_leb128, PackedReader};
@@ -52,16 +53,41 @@ pub(crate) fn push_json(
     .map_err(|err| err.to_string())
 }
 
+/// Why [`push_json_text`] refused a value.
+#[derive(Error, Debug)]
+#[non_exhaustive]
+pub enum JsonValueError {
+    /// Every column of the row has its value already.
+    #[error("the row has all its values")]
+    RowComplete,
+    /// The text is not JSON.
+    #[error("not JSON ({source}): {json}")]
+    NotJson {
+        /// The text.
+        json: String,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The JSON value is not a form of the column's type; the message names the column and its
+    /// type.
+    #[error("{0}")]
+    Column(String),
+}
+
 /// Pushes the next column's value from its JSON text, as `jsonl_file` reads the column's key
 /// (for sources that hold one value at a time).
-pub fn push_json_text(row: &mut RowWriter<'_>, json: &str) -> Result<(), String> {
+pub fn push_json_text(row: &mut RowWriter<'_>, json: &str) -> Result<(), JsonValueError> {
     let Some(column) = row.next_column().cloned() else {
-        return Err("the row has all its values".to_owned());
+        return Err(JsonValueError::RowComplete);
     };
-    let raw: &RawValue =
-        serde_json::from_str(json).map_err(|err| format!("not JSON ({err}): {json}"))?;
+    let raw: &RawValue = serde_json::from_str(json).map_err(|source| JsonValueError::NotJson {
+        json: json.to_owned(),
+        source,
+    })?;
     let mut scratch = Vec::new();
     push_json(row, &column.name, &column.ty, Some(raw), &mut scratch)
+        .map_err(JsonValueError::Column)
 }
 
 /// A value of a type that fits a cell, from its JSON form (ranges are checked by the caller).
@@ -742,7 +768,7 @@ mod tests {
         .unwrap();
         let mut batch = crate::message::MessageBatch::new(schema);
         let mut row = batch.start_row(crate::message::MessageId::new(0, 0));
-        push_json_text(&mut row, json)?;
+        push_json_text(&mut row, json).map_err(|err| err.to_string())?;
         row.finish().map_err(|err| err.to_string())?;
         let mut out = Vec::new();
         write_row_object(&mut out, &["c".to_owned()], &batch.row(0));

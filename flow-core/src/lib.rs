@@ -80,7 +80,7 @@ pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,
 };
-pub use json_form::push_json_text;
+pub use json_form::{push_json_text, JsonValueError};
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
 pub use metrics::{Metrics, SinkCount, SinkCounter, SinkMetrics, SourceCount};
 pub use packed::{
