@@ -55,7 +55,7 @@ pub(super) struct Queued {
 }
 
 /// The delivery task of one sink partition and the bounded channel into it.
-pub struct DeliveryQueue {
+pub(crate) struct DeliveryQueue {
     key: SinkPartition,
     tx: Option<mpsc::Sender<Queued>>,
     task: Option<JoinHandle<Result<(), SinkError>>>,

@@ -1,7 +1,7 @@
 //! Asynchronous delivery of a sink partition's sealed batches, in order per shard: the toolkit of
 //! a sink with an outbox.
 //!
-//! A [`DeliveryQueue`] owns one task per sink partition. Batches enter in outbox order (first the
+//! An [`OutboxDelivery`] owns one delivery task per sink partition. Batches enter in outbox order (first the
 //! undelivered ones found at open, then each newly committed epoch's) through a bounded channel;
 //! the task keeps one lane per shard, each sending one batch at a time in that order, so the parts
 //! of a logical batch go to their shards side by side.
@@ -17,7 +17,7 @@
 //! - `batch_deliverer`: [`BatchDeliverer`], what a sink supplies to send one batch;
 //! - `budget`: [`ByteBudget`], the payload bytes a sink may hold for delivery;
 //! - `latency`: [`DeliveryLatency`], epoch-to-acknowledgement latency logged per sink;
-//! - `lanes`: [`DeliveryQueue`], the delivery task of a sink partition and its lanes per shard;
+//! - `lanes`: `DeliveryQueue`, the delivery task of a sink partition and its lanes per shard;
 //! - `outbox_sink`: [`Sealer`] + [`OutboxSink`] + [`OutboxDelivery`], the two-phase sink, and
 //!   [`blocking`] for state-store calls.
 
@@ -32,6 +32,6 @@ mod outbox_sink;
 pub use crate::clock::now_ms;
 pub use batch_deliverer::BatchDeliverer;
 pub use budget::{BudgetPermit, ByteBudget, MAX_BYTE_BUDGET};
-pub use lanes::{DeliveryQueue, SinkDelivery, DELIVERY_QUEUE_CAPACITY, LANE_STALL};
+pub use lanes::{SinkDelivery, DELIVERY_QUEUE_CAPACITY, LANE_STALL};
 pub use latency::{DeliveryLatency, LATENCY_REPORT_INTERVAL};
 pub use outbox_sink::{blocking, load_backlog, OutboxDelivery, OutboxSink, Sealer};

@@ -14,7 +14,7 @@ use super::lanes::{DeliveryQueue, Queued, SinkDelivery};
 use crate::error::SinkError;
 use crate::plugin::{Epoch, EpochOutcome, Sink};
 
-/// The delivery side of an outbox sink partition: the [`DeliveryQueue`] once opened, with the
+/// The delivery side of an outbox sink partition: its delivery task once opened, with the
 /// `Sink` lifecycle calls every outbox sink makes.
 #[derive(Default)]
 pub struct OutboxDelivery {
