@@ -2,11 +2,12 @@
 
 use std::path::PathBuf;
 
-use crate::types::SinkPartition;
+use crate::types::{PipelineIdentity, SinkPartition};
 
 /// Everything that can go wrong in the state store. Every variant names the operation and the
 /// input (directory, key, sequence number) it failed on.
 #[derive(thiserror::Error, Debug)]
+#[non_exhaustive]
 pub enum StateError {
     /// sled could not open (or create) the database directory.
     #[error("cannot open state store in {dir}: {source}")]
@@ -31,9 +32,9 @@ pub enum StateError {
         /// The store's directory.
         dir: PathBuf,
         /// The pipeline the directory was claimed by.
-        found: Box<crate::identity::PipelineIdentity>,
+        found: Box<PipelineIdentity>,
         /// The pipeline the spec asks for.
-        wanted: Box<crate::identity::PipelineIdentity>,
+        wanted: Box<PipelineIdentity>,
     },
     /// A sled operation (read, transaction, flush, open tree) failed.
     #[error("sled {op} failed for {target}: {source}")]
