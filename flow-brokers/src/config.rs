@@ -10,8 +10,9 @@ use std::path::PathBuf;
 
 use flow_core::registry::SourceBuildContext;
 use flow_core::sources::{BrokerFormat, OnBadRecord};
-use flow_core::{to_section, Column, SourceConfig, Violation};
+use flow_core::{to_section, SourceConfig, Violation};
 
+use crate::broker_source::sealed::{Common, Sealed};
 use crate::kafka::{self, KafkaParams};
 use crate::nats_auth::NatsAuth;
 use crate::nats_jetstream::{self, NatsJetStreamParams};
@@ -68,30 +69,6 @@ impl NatsJetStreamParams {
         self
     }
 
-    /// How a message's payload becomes a row.
-    pub fn format(mut self, format: BrokerFormat) -> Self {
-        self.format = format;
-        self
-    }
-
-    /// The declared columns, with `format: json`.
-    pub fn schema(mut self, schema: Vec<Column>) -> Self {
-        self.schema = Some(schema);
-        self
-    }
-
-    /// What a message that does not fit the schema does.
-    pub fn on_bad_record(mut self, on_bad_record: OnBadRecord) -> Self {
-        self.on_bad_record = on_bad_record;
-        self
-    }
-
-    /// The id of the stream the source defines.
-    pub fn stream_id(mut self, stream_id: impl Into<String>) -> Self {
-        self.stream_id = stream_id.into();
-        self
-    }
-
     /// How to authenticate.
     pub fn auth(mut self, auth: NatsAuth) -> Self {
         self.auth = Some(auth);
@@ -124,6 +101,17 @@ impl NatsJetStreamParams {
                 .err()
                 .unwrap_or_default()
         })
+    }
+}
+
+impl Sealed for NatsJetStreamParams {
+    fn common(&mut self) -> Common<'_> {
+        Common {
+            format: &mut self.format,
+            schema: &mut self.schema,
+            on_bad_record: &mut self.on_bad_record,
+            stream_id: &mut self.stream_id,
+        }
     }
 }
 
@@ -165,30 +153,6 @@ impl KafkaParams {
         self
     }
 
-    /// How a message's payload becomes a row.
-    pub fn format(mut self, format: BrokerFormat) -> Self {
-        self.format = format;
-        self
-    }
-
-    /// The declared columns, with `format: json`.
-    pub fn schema(mut self, schema: Vec<Column>) -> Self {
-        self.schema = Some(schema);
-        self
-    }
-
-    /// What a message that does not fit the schema does.
-    pub fn on_bad_record(mut self, on_bad_record: OnBadRecord) -> Self {
-        self.on_bad_record = on_bad_record;
-        self
-    }
-
-    /// The id of the stream the source defines.
-    pub fn stream_id(mut self, stream_id: impl Into<String>) -> Self {
-        self.stream_id = stream_id.into();
-        self
-    }
-
     /// A consumer group that receives the read positions, for monitoring only.
     pub fn group_id(mut self, group_id: impl Into<String>) -> Self {
         self.group_id = Some(group_id.into());
@@ -212,6 +176,17 @@ impl KafkaParams {
     }
 }
 
+impl Sealed for KafkaParams {
+    fn common(&mut self) -> Common<'_> {
+        Common {
+            format: &mut self.format,
+            schema: &mut self.schema,
+            on_bad_record: &mut self.on_bad_record,
+            stream_id: &mut self.stream_id,
+        }
+    }
+}
+
 impl SourceConfig for KafkaParams {
     fn class_name(&self) -> &str {
         "kafka"
@@ -228,9 +203,10 @@ mod tests {
 
     use flow_core::registry::parse_parameters;
     use flow_core::sinks::DebugSinkConfig;
-    use flow_core::{PipelineSpec, Registry, StreamType};
+    use flow_core::{Column, PipelineSpec, Registry, StreamType};
 
     use super::*;
+    use crate::BrokerSourceParams;
 
     fn registry() -> Registry {
         let mut registry = Registry::with_builtins();

@@ -21,7 +21,7 @@ use flow_core::sources::{
 };
 use flow_core::{
     is_valid_name, Column, ReadLimits, Source, SourceError, SourceFactory, SourceOutput,
-    SourceRead, StreamSchema, Violation,
+    SourceRead, Violation,
 };
 use futures_util::FutureExt;
 use rdkafka::config::ClientConfig;
@@ -33,12 +33,12 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tracing::warn;
 
+use crate::broker_source::{Broker, BrokerFactory, TroubleWait};
+
 /// How long a watermark query may take.
 const WATERMARK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Between two watermark queries of one partition (they give the lag).
 const WATERMARK_EVERY: Duration = Duration::from_secs(1);
-/// Between two warnings about the same partition's broker trouble.
-const WARN_EVERY: Duration = Duration::from_secs(30);
 /// Between two monitoring commits to `group_id`.
 const COMMIT_EVERY: Duration = Duration::from_secs(5);
 
@@ -104,6 +104,7 @@ pub(crate) fn default_stream_id() -> String {
 
 /// Why the Kafka source could not read.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KafkaSourceError {
     /// The Kafka consumer could not be created (bad brokers list or librdkafka property).
     #[error("cannot create the Kafka consumer for {brokers}: {source}")]
@@ -201,15 +202,28 @@ pub(crate) fn build(
         ));
     }
     violations.extend(property_violations(&params));
-    let schema = BrokerDecoder::schema_of(params.format, params.schema.as_deref(), "topic", true)
-        .map_err(|v| violations.push(v));
+    let schema = BrokerDecoder::schema_of(
+        params.format,
+        params.schema.as_deref(),
+        "topic",
+        KafkaTopic::WITH_KEY,
+    )
+    .map_err(|v| violations.push(v));
     match (topic_partitions, schema) {
-        (Ok(topic_partitions), Ok(schema)) if violations.is_empty() => Ok(Arc::new(KafkaFactory {
-            config: Arc::new(client_config(&params)),
-            params,
-            topic_partitions,
-            schema,
-        })),
+        (Ok(topic_partitions), Ok(schema)) if violations.is_empty() => {
+            Ok(Arc::new(BrokerFactory {
+                broker: KafkaTopic {
+                    config: Arc::new(client_config(&params)),
+                    monitoring_group: params.group_id.is_some(),
+                    topic: params.topic,
+                },
+                stream_id: params.stream_id,
+                schema,
+                format: params.format,
+                on_bad_record: params.on_bad_record,
+                targets: topic_partitions,
+            }))
+        }
         _ => Err(violations),
     }
 }
@@ -307,40 +321,30 @@ fn client_config(params: &KafkaParams) -> ClientConfig {
     config
 }
 
-struct KafkaFactory {
-    params: KafkaParams,
+/// The Kafka side of the source's factory: the consumer configuration every partition's
+/// reader uses.
+struct KafkaTopic {
     config: Arc<ClientConfig>,
-    topic_partitions: Vec<i32>,
-    schema: Arc<StreamSchema>,
+    topic: String,
+    monitoring_group: bool,
 }
 
-impl SourceFactory for KafkaFactory {
-    fn stream_id(&self) -> &str {
-        &self.params.stream_id
+impl Broker for KafkaTopic {
+    /// The Kafka partition the flow partition reads.
+    type Target = i32;
+    const WITH_KEY: bool = true;
+
+    fn no_target(partition: u32) -> String {
+        format!("no Kafka partition is configured for flow partition {partition}")
     }
 
-    fn schema(&self) -> Arc<StreamSchema> {
-        Arc::clone(&self.schema)
-    }
-
-    /// A topic keeps its messages under their offsets until retention removes them; a removed
-    /// message under a pending batch stops the partition (`auto.offset.reset: error`).
-    fn replayable(&self) -> bool {
-        true
-    }
-
-    fn open_partition(
+    fn open(
         &self,
         partition: u32,
+        kafka_partition: i32,
+        decoder: BrokerDecoder,
         position: Option<&[u8]>,
     ) -> Result<Box<dyn Source>, SourceError> {
-        let kafka_partition = *self
-            .topic_partitions
-            .get(partition as usize)
-            .ok_or_else(|| SourceError::BadPosition {
-                position: Vec::new(),
-                what: format!("no Kafka partition is configured for flow partition {partition}"),
-            })?;
         // An empty position: committed before the partition's first message.
         let next = position
             .filter(|p| !p.is_empty())
@@ -348,23 +352,17 @@ impl SourceFactory for KafkaFactory {
             .transpose()?;
         Ok(Box::new(KafkaPartition {
             config: Arc::clone(&self.config),
-            topic: self.params.topic.clone(),
+            topic: self.topic.clone(),
             kafka_partition,
             partition,
-            decoder: BrokerDecoder::new(
-                partition,
-                Arc::clone(&self.schema),
-                self.params.format,
-                self.params.on_bad_record,
-                true,
-            ),
-            monitoring_group: self.params.group_id.is_some(),
+            decoder,
+            monitoring_group: self.monitoring_group,
             next,
             consumer: None,
             high: None,
             watermarks_at: None,
             committed_at: None,
-            last_warning: None,
+            trouble: TroubleWait::default(),
         }))
     }
 }
@@ -384,7 +382,7 @@ struct KafkaPartition {
     high: Option<u64>,
     watermarks_at: Option<Instant>,
     committed_at: Option<Instant>,
-    last_warning: Option<Instant>,
+    trouble: TroubleWait,
 }
 
 #[async_trait]
@@ -650,19 +648,20 @@ impl KafkaPartition {
 
     /// A broker error that waiting can cure: warn now and then, wait a little, read on later.
     async fn broker_trouble(&mut self, err: KafkaSourceError, deadline: Instant) {
-        let now = Instant::now();
-        if self.last_warning.is_none_or(|at| now >= at + WARN_EVERY) {
-            self.last_warning = Some(now);
-            warn!(
-                partition = self.partition,
-                topic = %self.topic,
-                kafka_partition = self.kafka_partition,
-                position = ?self.next,
-                error = %err,
-                "cannot read from Kafka; retrying from the position. Check that the brokers are up and the topic exists"
-            );
-        }
-        tokio::time::sleep_until(deadline.min(now + Duration::from_secs(1))).await;
+        let (partition, topic, kafka_partition, position) =
+            (self.partition, &self.topic, self.kafka_partition, self.next);
+        self.trouble
+            .wait(deadline, || {
+                warn!(
+                    partition,
+                    topic = %topic,
+                    kafka_partition,
+                    position = ?position,
+                    error = %err,
+                    "cannot read from Kafka; retrying from the position. Check that the brokers are up and the topic exists"
+                );
+            })
+            .await;
     }
 }
 
@@ -737,7 +736,7 @@ mod tests {
             high: None,
             watermarks_at: None,
             committed_at: None,
-            last_warning: None,
+            trouble: TroubleWait::default(),
         }
     }
 

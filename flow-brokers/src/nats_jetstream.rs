@@ -20,7 +20,7 @@ use flow_core::sources::{
 };
 use flow_core::{
     is_valid_name, Column, ReadLimits, Source, SourceError, SourceFactory, SourceOutput,
-    SourceRead, StreamSchema, Violation,
+    SourceRead, Violation,
 };
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -28,8 +28,9 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tracing::warn;
 
+use crate::broker_source::{Broker, BrokerFactory, TroubleWait};
 use crate::nats_auth::NatsAuth;
-use crate::NatsSourceError;
+use crate::nats_error::NatsSourceError;
 
 /// The default of `max_messages_per_pull`.
 const DEFAULT_MAX_MESSAGES_PER_PULL: usize = 10_000;
@@ -39,8 +40,6 @@ const MIN_PULL: Duration = Duration::from_millis(20);
 const PULL_GRACE: Duration = Duration::from_secs(5);
 /// The server removes a consumer nobody pulled from for this long (a reader that crashed).
 const CONSUMER_INACTIVE: Duration = Duration::from_secs(120);
-/// Between two warnings about the same partition's broker trouble.
-const WARN_EVERY: Duration = Duration::from_secs(30);
 
 /// Parameters of the `nats_jetstream` source, as a spec's `parameters:` map gives them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -127,23 +126,32 @@ pub(crate) fn build(
             format!("`{}` is not a valid stream id", params.stream_id),
         ));
     }
-    let schema =
-        BrokerDecoder::schema_of(params.format, params.schema.as_deref(), "subject", false)
-            .map_err(|v| violations.push(v));
+    let schema = BrokerDecoder::schema_of(
+        params.format,
+        params.schema.as_deref(),
+        "subject",
+        JetStream::WITH_KEY,
+    )
+    .map_err(|v| violations.push(v));
     let connect = crate::nats_auth::connect_options(params.auth.as_ref(), &params.tls_ca_files)
         .map_err(|mut v| violations.append(&mut v));
     match (subjects, schema, connect) {
         (Ok(subjects), Ok(schema), Ok(connect)) if violations.is_empty() => {
-            Ok(Arc::new(NatsJetStreamFactory {
-                shared: Arc::new(Shared {
-                    servers: params.servers.clone(),
-                    stream: params.stream.clone(),
-                    connect,
-                    context: OnceCell::new(),
-                }),
-                params,
-                subjects,
+            Ok(Arc::new(BrokerFactory {
+                broker: JetStream {
+                    shared: Arc::new(Shared {
+                        servers: params.servers,
+                        stream: params.stream,
+                        connect,
+                        context: OnceCell::new(),
+                    }),
+                    max_per_pull: params.max_messages_per_pull,
+                },
+                stream_id: params.stream_id,
                 schema,
+                format: params.format,
+                on_bad_record: params.on_bad_record,
+                targets: subjects,
             }))
         }
         _ => Err(violations),
@@ -270,41 +278,28 @@ impl Shared {
     }
 }
 
-struct NatsJetStreamFactory {
-    params: NatsJetStreamParams,
-    subjects: Vec<String>,
-    schema: Arc<StreamSchema>,
+/// The JetStream side of the source's factory: one connection for every partition.
+struct JetStream {
     shared: Arc<Shared>,
+    max_per_pull: usize,
 }
 
-impl SourceFactory for NatsJetStreamFactory {
-    fn stream_id(&self) -> &str {
-        &self.params.stream_id
+impl Broker for JetStream {
+    /// The partition's subject.
+    type Target = String;
+    const WITH_KEY: bool = false;
+
+    fn no_target(partition: u32) -> String {
+        format!("no subject is configured for partition {partition}")
     }
 
-    fn schema(&self) -> Arc<StreamSchema> {
-        Arc::clone(&self.schema)
-    }
-
-    /// A stream keeps its messages under their sequence numbers until its retention removes them;
-    /// a removed message under a pending batch is caught by the batch's row count and hash.
-    fn replayable(&self) -> bool {
-        true
-    }
-
-    fn open_partition(
+    fn open(
         &self,
         partition: u32,
+        subject: String,
+        decoder: BrokerDecoder,
         position: Option<&[u8]>,
     ) -> Result<Box<dyn Source>, SourceError> {
-        let subject = self
-            .subjects
-            .get(partition as usize)
-            .cloned()
-            .ok_or_else(|| SourceError::BadPosition {
-                position: Vec::new(),
-                what: format!("no subject is configured for partition {partition}"),
-            })?;
         let last = position
             .map(decode_broker_position)
             .transpose()?
@@ -312,20 +307,14 @@ impl SourceFactory for NatsJetStreamFactory {
         Ok(Box::new(NatsPartition {
             shared: Arc::clone(&self.shared),
             subject,
-            decoder: BrokerDecoder::new(
-                partition,
-                Arc::clone(&self.schema),
-                self.params.format,
-                self.params.on_bad_record,
-                false,
-            ),
+            decoder,
             partition,
-            max_per_pull: self.params.max_messages_per_pull,
+            max_per_pull: self.max_per_pull,
             last,
             consumer: None,
             idle: false,
             lag: None,
-            last_warning: None,
+            trouble: TroubleWait::default(),
         }))
     }
 }
@@ -344,7 +333,7 @@ struct NatsPartition {
     /// Messages of the subject the server holds beyond `last`: the `pending` count of the last
     /// message read, or 0 after a pull that found nothing. `None` before the first pull.
     lag: Option<u64>,
-    last_warning: Option<Instant>,
+    trouble: TroubleWait,
 }
 
 /// How one pull ended.
@@ -575,17 +564,17 @@ impl NatsPartition {
 
     /// A broker error that waiting can cure: warn now and then, wait a little, read on later.
     async fn broker_trouble(&mut self, err: NatsSourceError, deadline: Instant) {
-        let now = Instant::now();
-        if self.last_warning.is_none_or(|at| now >= at + WARN_EVERY) {
-            self.last_warning = Some(now);
-            warn!(
-                partition = self.partition,
-                subject = %self.subject,
-                position = self.last,
-                error = %err,
-                "cannot read from NATS JetStream; retrying from the last message read. Check that the servers are up and the stream exists"
-            );
-        }
-        tokio::time::sleep_until(deadline.min(now + Duration::from_secs(1))).await;
+        let (partition, subject, position) = (self.partition, &self.subject, self.last);
+        self.trouble
+            .wait(deadline, || {
+                warn!(
+                    partition,
+                    subject = %subject,
+                    position,
+                    error = %err,
+                    "cannot read from NATS JetStream; retrying from the last message read. Check that the servers are up and the stream exists"
+                );
+            })
+            .await;
     }
 }

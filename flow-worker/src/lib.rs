@@ -9,6 +9,12 @@
 //! to (the `flow` facade's `MetricsEndpoint`) and keeps the status snapshot current (its
 //! `LiveStatus`). The CLI lives in this library so that test harnesses can ship the same binary
 //! under their own name.
+//!
+//! Layout:
+//! - `cli`: argument parsing, logging set-up and dispatch to one module per command.
+//! - the commands: `run` (with `progress`, its live progress line), `drain`, `status` (with
+//!   `status_watch`, `--watch`), `dead_letters`, `verify`.
+//! - `memory`: the jemalloc settings and memory reports of the worker's processes.
 
 #![warn(missing_docs)]
 
