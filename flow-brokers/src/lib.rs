@@ -9,31 +9,28 @@
 //! - [`nats_jetstream`](NatsJetStreamParams): one subject of a JetStream stream per partition.
 //! - [`kafka`](KafkaParams): one partition of a Kafka topic per partition (librdkafka).
 //!
-//! Both parameter types are also their typed configuration (`config`): builder-style
+//! Both parameter types are also their typed configuration (`builder`): builder-style
 //! constructors (the setters both have come from [`BrokerSourceParams`]),
 //! [`flow_core::SourceConfig`], and `validate` with the registry's own checks.
 //!
 //! Layout:
 //! - `register`: [`register`] puts both classes into a registry.
 //! - `broker_source`: what both sources share (common setters, the generic factory, the paced
-//!   wait after broker trouble); `config`: the typed configuration of both.
-//! - NATS JetStream: `nats_jetstream` (parameters, validation, reader), `nats_auth`
-//!   (authentication and TLS), `nats_error` ([`NatsSourceError`]).
-//! - Kafka: `kafka` (parameters, validation, reader, [`KafkaSourceError`]).
+//!   wait after broker trouble); `builder`: the typed configuration of both.
+//! - `nats/`: the `nats_jetstream` source: `params` (parameters, validation), `reader`, `auth`
+//!   (authentication and TLS), `error` ([`NatsSourceError`]).
+//! - `kafka/`: the `kafka` source: `params` (parameters, validation, consumer configuration),
+//!   `reader`, `error` ([`KafkaSourceError`]).
 
 #![warn(missing_docs)]
 
 mod broker_source;
-mod config;
+mod builder;
 mod kafka;
-mod nats_auth;
-mod nats_error;
-mod nats_jetstream;
+mod nats;
 mod register;
 
 pub use broker_source::BrokerSourceParams;
 pub use kafka::{KafkaParams, KafkaSourceError};
-pub use nats_auth::NatsAuth;
-pub use nats_error::NatsSourceError;
-pub use nats_jetstream::NatsJetStreamParams;
+pub use nats::{NatsAuth, NatsJetStreamParams, NatsSourceError};
 pub use register::register;

@@ -4,10 +4,10 @@ use std::sync::Arc;
 
 use flow_core::Registry;
 
-use crate::{kafka, nats_jetstream};
+use crate::{kafka, nats};
 
 /// Registers the broker sources (`nats_jetstream`, `kafka`) into `registry`.
 pub fn register(registry: &mut Registry) {
-    registry.register_source("nats_jetstream", Arc::new(nats_jetstream::build));
+    registry.register_source("nats_jetstream", Arc::new(nats::build));
     registry.register_source("kafka", Arc::new(kafka::build));
 }

@@ -7,26 +7,31 @@
 //! are listed.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use flow_core::registry::SourceBuildContext;
+use flow_core::registry::{BuildResult, SourceBuildContext};
 use flow_core::sources::{BrokerFormat, OnBadRecord};
-use flow_core::{to_section, SourceConfig, Violation};
+use flow_core::{to_section, SourceConfig, SourceFactory, Violation};
 
 use crate::broker_source::sealed::{Common, Sealed};
 use crate::kafka::{self, KafkaParams};
-use crate::nats_auth::NatsAuth;
-use crate::nats_jetstream::{self, NatsJetStreamParams};
+use crate::nats::{self, NatsAuth, NatsJetStreamParams};
 
-/// Builds a source for `partitions` partitions, returning its violations.
+/// The registry builder of a source class.
+type Build = fn(&SourceBuildContext<'_>, &serde_yaml::Value) -> BuildResult<Arc<dyn SourceFactory>>;
+
+/// Builds a source from `parameters` for `partitions` partitions, returning its violations.
 fn violations_for(
     partitions: Option<usize>,
-    build: impl FnOnce(&SourceBuildContext<'_>) -> Vec<Violation>,
+    parameters: &serde_yaml::Value,
+    build: Build,
 ) -> Vec<Violation> {
     let partitions = u32::try_from(partitions.unwrap_or(1).max(1)).unwrap_or(u32::MAX);
-    build(&SourceBuildContext {
+    let ctx = SourceBuildContext {
         pipeline: "",
         partitions,
-    })
+    };
+    build(&ctx, parameters).err().unwrap_or_default()
 }
 
 impl NatsJetStreamParams {
@@ -46,10 +51,10 @@ impl NatsJetStreamParams {
             format: BrokerFormat::default(),
             schema: None,
             on_bad_record: OnBadRecord::default(),
-            stream_id: nats_jetstream::default_stream_id(),
+            stream_id: nats::default_stream_id(),
             auth: None,
             tls_ca_files: Vec::new(),
-            max_messages_per_pull: nats_jetstream::default_max_messages_per_pull(),
+            max_messages_per_pull: nats::default_max_messages_per_pull(),
         }
     }
 
@@ -95,12 +100,7 @@ impl NatsJetStreamParams {
     /// (`parameters.stream`), for as many partitions as `subjects` lists (one with a template).
     pub fn validate(&self) -> Vec<Violation> {
         let listed = self.subjects.as_ref().map(Vec::len);
-        let parameters = self.parameters();
-        violations_for(listed, |ctx| {
-            nats_jetstream::build(ctx, &parameters)
-                .err()
-                .unwrap_or_default()
-        })
+        violations_for(listed, &self.parameters(), nats::build)
     }
 }
 
@@ -169,10 +169,7 @@ impl KafkaParams {
     /// (`parameters.topic`), for as many partitions as `topic_partitions` lists (one without).
     pub fn validate(&self) -> Vec<Violation> {
         let listed = self.topic_partitions.as_ref().map(Vec::len);
-        let parameters = self.parameters();
-        violations_for(listed, |ctx| {
-            kafka::build(ctx, &parameters).err().unwrap_or_default()
-        })
+        violations_for(listed, &self.parameters(), kafka::build)
     }
 }
 
