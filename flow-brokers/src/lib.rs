@@ -1,5 +1,14 @@
 //! flow-brokers: sources that read a message broker from the positions flow commits.
 //!
+//! Layout:
+//! - `register`: [`register`] puts both classes into a registry.
+//! - `broker_source`: what both sources share (common setters, the generic factory, the paced
+//!   wait after broker trouble); `builder`: the typed configuration of both.
+//! - `nats/`: the `nats_jetstream` source: `params` (parameters, validation), `reader`, `auth`
+//!   (authentication and TLS), `error` ([`NatsSourceError`]).
+//! - `kafka/`: the `kafka` source: `params` (parameters, validation, consumer configuration),
+//!   `reader`, `error` ([`KafkaSourceError`]).
+//!
 //! Each source is replayable: its position is the broker's own (a JetStream stream sequence, a
 //! Kafka offset), committed in flow's outbox together with the epoch's sealed batches, and never
 //! acknowledged to the broker as the source of truth. A restart, or the rebuild of a pending batch, re-reads the
@@ -12,15 +21,6 @@
 //! Both parameter types are also their typed configuration (`builder`): builder-style
 //! constructors (the setters both have come from [`BrokerSourceParams`]),
 //! [`flow_core::SourceConfig`], and `validate` with the registry's own checks.
-//!
-//! Layout:
-//! - `register`: [`register`] puts both classes into a registry.
-//! - `broker_source`: what both sources share (common setters, the generic factory, the paced
-//!   wait after broker trouble); `builder`: the typed configuration of both.
-//! - `nats/`: the `nats_jetstream` source: `params` (parameters, validation), `reader`, `auth`
-//!   (authentication and TLS), `error` ([`NatsSourceError`]).
-//! - `kafka/`: the `kafka` source: `params` (parameters, validation, consumer configuration),
-//!   `reader`, `error` ([`KafkaSourceError`]).
 
 #![warn(missing_docs)]
 

@@ -1,5 +1,16 @@
 //! `flow-state`: a persisted transactional outbox for flow pipelines, stored in sled 0.34.
 //!
+//! **Layout.**
+//! - `store`: the [`StateStore`] handle (open, requests, reads); `prepare`: requests encoded on
+//!   the caller's thread.
+//! - `committer`: the committer thread; `transactions`: the sled transaction of each request;
+//!   `durability`: flush and fsync of a commit group; `stats`: its counters; `trees`: the sled
+//!   trees.
+//! - `codec`: keys and values; `segments`: payload segment files; `counters`: persisted counters;
+//!   `identity`: which pipeline a directory belongs to.
+//! - `types`: the data exchanged with the store; `summary`: what `flow-worker status` shows;
+//!   `error`: [`StateError`].
+//!
 //! **Key layout.** One sled tree per kind of data; names are joined with a NUL byte and integers
 //! are big-endian so iteration order is numeric order:
 //! `positions` (`pipeline\0 partition` -> opaque source position),
@@ -28,17 +39,6 @@
 //! file `db` through our own file handle, and an fsync of the store directory if its entries
 //! changed. Only then is every request of the group answered. Reads (`position`, `undelivered`,
 //! ...) read sled directly and may observe a commit that is still being made durable.
-
-//! **Layout.**
-//! - `store`: the [`StateStore`] handle (open, requests, reads); `prepare`: requests encoded on
-//!   the caller's thread.
-//! - `committer`: the committer thread; `transactions`: the sled transaction of each request;
-//!   `durability`: flush and fsync of a commit group; `stats`: its counters; `trees`: the sled
-//!   trees.
-//! - `codec`: keys and values; `segments`: payload segment files; `counters`: persisted counters;
-//!   `identity`: which pipeline a directory belongs to.
-//! - `types`: the data exchanged with the store; `summary`: what `flow-worker status` shows;
-//!   `error`: [`StateError`].
 
 #![warn(missing_docs)]
 

@@ -414,7 +414,7 @@ impl StateStore {
         }
     }
 
-    /// Dead letters of an owner (a sink name, or [`SOURCE_OWNER`]) for a partition, oldest first.
+    /// Dead letters of an owner (a sink name, or [`SOURCE_OWNER`](crate::SOURCE_OWNER)) for a partition, oldest first.
     pub fn dead_letters(
         &self,
         pipeline: &str,

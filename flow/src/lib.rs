@@ -1,5 +1,13 @@
 //! flow: the entry point for Rust programs that run flow pipelines in-process.
 //!
+//! Layout:
+//! - `config`: typed configuration of every built-in plugin (public module); `registry`: the
+//!   registry of every built-in class.
+//! - `handle`: [`PipelineHandle`] and [`StartOptions`]; `store_lifecycle`: opening and closing
+//!   its state store; `error`: [`HandleError`].
+//! - `live_status`: the status snapshot of a running pipeline; `metrics_snapshot`: metrics read
+//!   back; `metrics_endpoint`: the Prometheus `/metrics` server.
+//!
 //! Architecture: flow is four crates behind this one. `flow-core` ([`core`]) is the runtime
 //! (messages, plugins, specs, the partition runner, metrics); `flow-state` ([`state`]) is the
 //! transactional outbox a pipeline commits into; `flow-clickhouse` ([`clickhouse`]) holds the
@@ -11,14 +19,6 @@
 //! reloads its dynamic parameters and reads the same status (`live_status`) and metrics
 //! (`metrics_snapshot`, `metrics_endpoint`) as the `flow-worker` binary, which is built on this
 //! crate too.
-//!
-//! Layout:
-//! - `config`: typed configuration of every built-in plugin (public module); `registry`: the
-//!   registry of every built-in class.
-//! - `handle`: [`PipelineHandle`] and [`StartOptions`]; `store_lifecycle`: opening and closing
-//!   its state store; `error`: [`HandleError`].
-//! - `live_status`: the status snapshot of a running pipeline; `metrics_snapshot`: metrics read
-//!   back; `metrics_endpoint`: the Prometheus `/metrics` server.
 //!
 //! ```no_run
 //! use flow::config::{DebugSinkConfig, GeneratorParams};
