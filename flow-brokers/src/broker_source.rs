@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flow_core::sources::{BrokerDecoder, BrokerFormat, OnBadRecord};
-use flow_core::{Column, Source, SourceError, SourceFactory, StreamSchema};
+use flow_core::{
+    is_valid_name, Column, Source, SourceError, SourceFactory, StreamSchema, Violation,
+};
 use tokio::time::Instant;
 
 /// Between two warnings about the same partition's broker trouble.
@@ -61,6 +63,21 @@ pub(crate) mod sealed {
     pub trait Sealed {
         fn common(&mut self) -> Common<'_>;
     }
+}
+
+/// The `stream_id` of a broker source that does not name one.
+pub(crate) fn default_stream_id() -> String {
+    "rows".to_owned()
+}
+
+/// The violation of a `stream_id` that cannot name a stream.
+pub(crate) fn stream_id_violation(stream_id: &str) -> Option<Violation> {
+    (!is_valid_name(stream_id)).then(|| {
+        Violation::new(
+            "parameters.stream_id",
+            format!("`{stream_id}` is not a valid stream id"),
+        )
+    })
 }
 
 /// One broker's side of a broker source: what a flow partition reads there and how its reader

@@ -13,6 +13,7 @@ use flow_core::registry::{BuildResult, SourceBuildContext};
 use flow_core::sources::{BrokerFormat, OnBadRecord};
 use flow_core::{to_section, SourceConfig, SourceFactory, Violation};
 
+use crate::broker_source::default_stream_id;
 use crate::broker_source::sealed::{Common, Sealed};
 use crate::kafka::{self, KafkaParams};
 use crate::nats::{self, NatsAuth, NatsJetStreamParams};
@@ -34,6 +35,36 @@ fn violations_for(
     build(&ctx, parameters).err().unwrap_or_default()
 }
 
+/// What makes a broker parameter type a typed source configuration: its class name and where
+/// its common fields are (the same for both, field by field).
+macro_rules! broker_source_config {
+    ($params:ty, $class:literal) => {
+        impl Sealed for $params {
+            fn common(&mut self) -> Common<'_> {
+                Common {
+                    format: &mut self.format,
+                    schema: &mut self.schema,
+                    on_bad_record: &mut self.on_bad_record,
+                    stream_id: &mut self.stream_id,
+                }
+            }
+        }
+
+        impl SourceConfig for $params {
+            fn class_name(&self) -> &str {
+                $class
+            }
+
+            fn parameters(&self) -> serde_yaml::Value {
+                to_section(self)
+            }
+        }
+    };
+}
+
+broker_source_config!(NatsJetStreamParams, "nats_jetstream");
+broker_source_config!(KafkaParams, "kafka");
+
 impl NatsJetStreamParams {
     /// Reads JetStream stream `stream` from `servers` (`nats://host:port`), JSON messages into
     /// stream `rows`; name each partition's subject with [`subjects`](Self::subjects) or
@@ -51,7 +82,7 @@ impl NatsJetStreamParams {
             format: BrokerFormat::default(),
             schema: None,
             on_bad_record: OnBadRecord::default(),
-            stream_id: nats::default_stream_id(),
+            stream_id: default_stream_id(),
             auth: None,
             tls_ca_files: Vec::new(),
             max_messages_per_pull: nats::default_max_messages_per_pull(),
@@ -104,27 +135,6 @@ impl NatsJetStreamParams {
     }
 }
 
-impl Sealed for NatsJetStreamParams {
-    fn common(&mut self) -> Common<'_> {
-        Common {
-            format: &mut self.format,
-            schema: &mut self.schema,
-            on_bad_record: &mut self.on_bad_record,
-            stream_id: &mut self.stream_id,
-        }
-    }
-}
-
-impl SourceConfig for NatsJetStreamParams {
-    fn class_name(&self) -> &str {
-        "nats_jetstream"
-    }
-
-    fn parameters(&self) -> serde_yaml::Value {
-        to_section(self)
-    }
-}
-
 impl KafkaParams {
     /// Reads `topic` from the bootstrap `brokers` (`host:port`), JSON messages into stream
     /// `rows`; flow partition `i` reads Kafka partition `i` unless
@@ -141,7 +151,7 @@ impl KafkaParams {
             format: BrokerFormat::default(),
             schema: None,
             on_bad_record: OnBadRecord::default(),
-            stream_id: kafka::default_stream_id(),
+            stream_id: default_stream_id(),
             group_id: None,
             properties: Default::default(),
         }
@@ -173,27 +183,6 @@ impl KafkaParams {
     }
 }
 
-impl Sealed for KafkaParams {
-    fn common(&mut self) -> Common<'_> {
-        Common {
-            format: &mut self.format,
-            schema: &mut self.schema,
-            on_bad_record: &mut self.on_bad_record,
-            stream_id: &mut self.stream_id,
-        }
-    }
-}
-
-impl SourceConfig for KafkaParams {
-    fn class_name(&self) -> &str {
-        "kafka"
-    }
-
-    fn parameters(&self) -> serde_yaml::Value {
-        to_section(self)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -201,6 +190,7 @@ mod tests {
     use flow_core::registry::parse_parameters;
     use flow_core::sinks::DebugSinkConfig;
     use flow_core::{Column, PipelineSpec, Registry, StreamType};
+    use serde::de::DeserializeOwned;
 
     use super::*;
     use crate::BrokerSourceParams;
@@ -238,6 +228,21 @@ mod tests {
             .build()
     }
 
+    /// The spec built in code from `config` names the YAML spec's class and builds; both give back
+    /// `config` as their parameters.
+    fn assert_same_parameters<P>(yaml: &PipelineSpec, config: P)
+    where
+        P: SourceConfig + DeserializeOwned + PartialEq + std::fmt::Debug + Clone + 'static,
+    {
+        let code = code_spec(2, config.clone());
+        assert_eq!(code.source.class, yaml.source.class);
+        let from_yaml: P = parse_parameters(&yaml.source.parameters, "parameters").unwrap();
+        let from_code: P = parse_parameters(&code.source.parameters, "parameters").unwrap();
+        assert_eq!(from_yaml, config);
+        assert_eq!(from_code, config);
+        assert!(registry().build(&code).is_ok());
+    }
+
     fn columns() -> Vec<Column> {
         vec![
             Column::new("user_id", StreamType::Uint64),
@@ -266,16 +271,8 @@ mod tests {
             .on_bad_record(OnBadRecord::DeadLetter)
             .auth(NatsAuth::CredentialsFile(creds))
             .max_messages_per_pull(500);
-        let code = code_spec(2, config.clone());
-        assert_eq!(code.source.class, yaml.source.class);
-        let from_yaml: NatsJetStreamParams =
-            parse_parameters(&yaml.source.parameters, "parameters").unwrap();
-        let from_code: NatsJetStreamParams =
-            parse_parameters(&code.source.parameters, "parameters").unwrap();
-        assert_eq!(from_yaml, config);
-        assert_eq!(from_code, config);
         assert_eq!(config.validate(), Vec::new());
-        assert!(registry().build(&code).is_ok());
+        assert_same_parameters(&yaml, config);
     }
 
     #[test]
@@ -317,16 +314,8 @@ mod tests {
             .format(BrokerFormat::Raw)
             .group_id("flow-monitor")
             .property("fetch.min.bytes", "1024");
-        let code = code_spec(2, config.clone());
-        assert_eq!(code.source.class, yaml.source.class);
-        let from_yaml: KafkaParams =
-            parse_parameters(&yaml.source.parameters, "parameters").unwrap();
-        let from_code: KafkaParams =
-            parse_parameters(&code.source.parameters, "parameters").unwrap();
-        assert_eq!(from_yaml, config);
-        assert_eq!(from_code, config);
         assert_eq!(config.validate(), Vec::new());
-        assert!(registry().build(&code).is_ok());
+        assert_same_parameters(&yaml, config);
     }
 
     #[test]

@@ -17,5 +17,5 @@ mod params;
 mod reader;
 
 pub use error::KafkaSourceError;
+pub(crate) use params::build;
 pub use params::KafkaParams;
-pub(crate) use params::{build, default_stream_id};

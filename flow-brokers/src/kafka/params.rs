@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use flow_core::registry::{parse_parameters, BuildResult, SourceBuildContext};
 use flow_core::sources::{BrokerDecoder, BrokerFormat, OnBadRecord};
-use flow_core::{is_valid_name, Column, SourceFactory, Violation};
+use flow_core::{Column, SourceFactory, Violation};
 use rdkafka::config::ClientConfig;
 use serde::{Deserialize, Serialize};
 
 use super::reader::KafkaTopic;
-use crate::broker_source::{Broker, BrokerFactory};
+use crate::broker_source::{default_stream_id, stream_id_violation, Broker, BrokerFactory};
 
 /// The librdkafka properties flow sets itself, and why a spec may not.
 const OWNED_PROPERTIES: &[(&str, &str)] = &[
@@ -69,10 +69,6 @@ pub struct KafkaParams {
     pub properties: BTreeMap<String, String>,
 }
 
-pub(crate) fn default_stream_id() -> String {
-    "rows".to_owned()
-}
-
 pub(crate) fn build(
     ctx: &SourceBuildContext<'_>,
     parameters: &serde_yaml::Value,
@@ -96,12 +92,7 @@ pub(crate) fn build(
     }
     let topic_partitions =
         topic_partitions(&params, ctx.partitions).map_err(|v| violations.push(v));
-    if !is_valid_name(&params.stream_id) {
-        violations.push(Violation::new(
-            "parameters.stream_id",
-            format!("`{}` is not a valid stream id", params.stream_id),
-        ));
-    }
+    violations.extend(stream_id_violation(&params.stream_id));
     if params.group_id.as_deref().is_some_and(str::is_empty) {
         violations.push(Violation::new(
             "parameters.group_id",

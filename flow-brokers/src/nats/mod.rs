@@ -17,4 +17,4 @@ mod reader;
 pub use auth::NatsAuth;
 pub use error::NatsSourceError;
 pub use params::NatsJetStreamParams;
-pub(crate) use params::{build, default_max_messages_per_pull, default_stream_id};
+pub(crate) use params::{build, default_max_messages_per_pull};

@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use flow_core::registry::{parse_parameters, BuildResult, SourceBuildContext};
 use flow_core::sources::{BrokerDecoder, BrokerFormat, OnBadRecord};
-use flow_core::{is_valid_name, Column, SourceFactory, Violation};
+use flow_core::{Column, SourceFactory, Violation};
 use serde::{Deserialize, Serialize};
 
 use super::auth::{connect_options, NatsAuth};
 use super::reader::JetStream;
-use crate::broker_source::{Broker, BrokerFactory};
+use crate::broker_source::{default_stream_id, stream_id_violation, Broker, BrokerFactory};
 
 /// The default of `max_messages_per_pull`.
 const DEFAULT_MAX_MESSAGES_PER_PULL: usize = 10_000;
@@ -53,10 +53,6 @@ pub struct NatsJetStreamParams {
     pub max_messages_per_pull: usize,
 }
 
-pub(crate) fn default_stream_id() -> String {
-    "rows".to_owned()
-}
-
 pub(crate) fn default_max_messages_per_pull() -> usize {
     DEFAULT_MAX_MESSAGES_PER_PULL
 }
@@ -93,12 +89,7 @@ pub(crate) fn build(
             ),
         ));
     }
-    if !is_valid_name(&params.stream_id) {
-        violations.push(Violation::new(
-            "parameters.stream_id",
-            format!("`{}` is not a valid stream id", params.stream_id),
-        ));
-    }
+    violations.extend(stream_id_violation(&params.stream_id));
     let schema = BrokerDecoder::schema_of(
         params.format,
         params.schema.as_deref(),
