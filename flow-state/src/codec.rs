@@ -4,6 +4,7 @@
 //! sled's lexicographic order is numeric order.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -294,6 +295,31 @@ fn encode_error(what: &'static str, context: &str, detail: String) -> StateError
     }
 }
 
+fn serialize_error<'c>(
+    what: &'static str,
+    context: &'c str,
+) -> impl FnOnce(bincode::Error) -> StateError + 'c {
+    move |source| StateError::Serialize {
+        what,
+        context: context.to_owned(),
+        source: Arc::from(source),
+    }
+}
+
+fn deserialize_error(
+    what: &'static str,
+    key: &[u8],
+    part: &'static str,
+) -> impl FnOnce(bincode::Error) -> StateError {
+    let key = show_key(key);
+    move |source| StateError::Deserialize {
+        what,
+        key,
+        part,
+        source: Arc::from(source),
+    }
+}
+
 /// The metadata part of a stored batch, encoded on the caller's thread.
 pub(crate) fn encode_batch_header(
     batch: &SealedBatch,
@@ -314,7 +340,7 @@ pub(crate) fn encode_batch_header(
         content_hash: batch.content_hash,
         payload_len: batch.payload.len() as u64,
     };
-    bincode::serialize(&header).map_err(|e| encode_error("batch header", context, e.to_string()))
+    bincode::serialize(&header).map_err(serialize_error("batch header", context))
 }
 
 /// Stored batch: `[version=2][header_len: be32][bincode header][bincode body record]`.
@@ -330,8 +356,7 @@ pub(crate) fn encode_batch(
             format!("header of {} bytes is too large", header.len()),
         )
     })?;
-    let body =
-        bincode::serialize(body).map_err(|e| encode_error("batch body", context, e.to_string()))?;
+    let body = bincode::serialize(body).map_err(serialize_error("batch body", context))?;
     let mut out = Vec::with_capacity(5 + header.len() + body.len());
     out.push(BATCH_FORMAT_V2);
     out.extend_from_slice(&header_len.to_be_bytes());
@@ -368,10 +393,10 @@ pub(crate) fn decode_batch_parts(
             value.len()
         )));
     }
-    let header: BatchHeader =
-        bincode::deserialize(&value[5..header_end]).map_err(|e| bad(format!("bad header: {e}")))?;
+    let header: BatchHeader = bincode::deserialize(&value[5..header_end])
+        .map_err(deserialize_error("batch", key, "bad header: "))?;
     let body: BodyRecord = bincode::deserialize(&value[header_end..])
-        .map_err(|e| bad(format!("bad body record: {e}")))?;
+        .map_err(deserialize_error("batch", key, "bad body record: "))?;
     Ok((header, body))
 }
 
@@ -400,41 +425,25 @@ pub(crate) fn decode_batch(
 }
 
 pub(crate) fn encode_dead_letter(dl: &DeadLetter, context: &str) -> Result<Vec<u8>, StateError> {
-    bincode::serialize(dl).map_err(|e| StateError::Encode {
-        what: "dead letter",
-        context: context.to_owned(),
-        detail: e.to_string(),
-    })
+    bincode::serialize(dl).map_err(serialize_error("dead letter", context))
 }
 
 pub(crate) fn decode_dead_letter(key: &[u8], value: &[u8]) -> Result<DeadLetter, StateError> {
-    bincode::deserialize(value).map_err(|e| StateError::Decode {
-        what: "dead letter",
-        key: show_key(key),
-        detail: e.to_string(),
-    })
+    bincode::deserialize(value).map_err(deserialize_error("dead letter", key, ""))
 }
 
 pub(crate) fn encode_fingerprints(
     fingerprints: &BTreeMap<String, String>,
     context: &str,
 ) -> Result<Vec<u8>, StateError> {
-    bincode::serialize(fingerprints).map_err(|e| StateError::Encode {
-        what: "fingerprints",
-        context: context.to_owned(),
-        detail: e.to_string(),
-    })
+    bincode::serialize(fingerprints).map_err(serialize_error("fingerprints", context))
 }
 
 pub(crate) fn decode_fingerprints(
     key: &[u8],
     value: &[u8],
 ) -> Result<BTreeMap<String, String>, StateError> {
-    bincode::deserialize(value).map_err(|e| StateError::Decode {
-        what: "fingerprints",
-        key: show_key(key),
-        detail: e.to_string(),
-    })
+    bincode::deserialize(value).map_err(deserialize_error("fingerprints", key, ""))
 }
 
 #[cfg(test)]
@@ -490,7 +499,11 @@ mod tests {
             encode_batch(&header, &BodyRecord::Rebuild { epoch_start: None }, "t").unwrap();
         let err = decode_batch(b"k", &encoded[..encoded.len() - 1]).unwrap_err();
         assert!(
-            matches!(err, StateError::Decode { what: "batch", .. }),
+            matches!(
+                err,
+                StateError::Decode { what: "batch", .. }
+                    | StateError::Deserialize { what: "batch", .. }
+            ),
             "{err}"
         );
         let mut old = encoded.clone();

@@ -5,8 +5,8 @@
 use sled::transaction::{abort, TransactionalTree};
 
 use crate::codec::{self, check_name, decode_counter};
-use crate::committer::{Trees, TxResult};
 use crate::error::StateError;
+use crate::trees::{Trees, TxResult};
 use crate::types::{CounterAdd, StoredCounter};
 
 /// A [`CounterAdd`] with its key encoded.

@@ -1,12 +1,14 @@
 //! Typed errors of the state store.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use crate::types::SinkPartition;
+use crate::types::{PipelineIdentity, SinkPartition};
 
 /// Everything that can go wrong in the state store. Every variant names the operation and the
 /// input (directory, key, sequence number) it failed on.
 #[derive(thiserror::Error, Debug)]
+#[non_exhaustive]
 pub enum StateError {
     /// sled could not open (or create) the database directory.
     #[error("cannot open state store in {dir}: {source}")]
@@ -31,9 +33,9 @@ pub enum StateError {
         /// The store's directory.
         dir: PathBuf,
         /// The pipeline the directory was claimed by.
-        found: Box<crate::identity::PipelineIdentity>,
+        found: Box<PipelineIdentity>,
         /// The pipeline the spec asks for.
-        wanted: Box<crate::identity::PipelineIdentity>,
+        wanted: Box<PipelineIdentity>,
     },
     /// A sled operation (read, transaction, flush, open tree) failed.
     #[error("sled {op} failed for {target}: {source}")]
@@ -57,7 +59,8 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
-    /// A stored value could not be decoded (corruption or incompatible format).
+    /// A stored value fails a check of its own layout (length, format version, checksum):
+    /// corruption or an incompatible format. What bincode refuses is [`StateError::Deserialize`].
     #[error("cannot decode {what} stored at key {key}: {detail}")]
     Decode {
         /// What kind of value was stored (batch header, dead letter, counter, ...).
@@ -67,7 +70,22 @@ pub enum StateError {
         /// Why decoding failed.
         detail: String,
     },
-    /// A value could not be encoded before the transaction.
+    /// bincode could not decode a stored value (corruption or incompatible format).
+    #[error("cannot decode {what} stored at key {key}: {part}{source}")]
+    Deserialize {
+        /// What kind of value was stored (batch, dead letter, fingerprints).
+        what: &'static str,
+        /// The key it is stored at, printable.
+        key: String,
+        /// Which part of the value failed, as the start of the reason (`bad header: `), or
+        /// empty for the whole value.
+        part: &'static str,
+        /// bincode's reason (shared: a commit group's failure is handed to every request).
+        #[source]
+        source: Arc<bincode::ErrorKind>,
+    },
+    /// A value does not fit the stored layout (a header too large). What bincode refuses is
+    /// [`StateError::Serialize`].
     #[error("cannot encode {what} for {context}: {detail}")]
     Encode {
         /// What kind of value was being encoded.
@@ -76,6 +94,17 @@ pub enum StateError {
         context: String,
         /// Why encoding failed.
         detail: String,
+    },
+    /// bincode could not encode a value before the transaction.
+    #[error("cannot encode {what} for {context}: {source}")]
+    Serialize {
+        /// What kind of value was being encoded.
+        what: &'static str,
+        /// The queue or key it was meant for.
+        context: String,
+        /// bincode's reason.
+        #[source]
+        source: Arc<bincode::ErrorKind>,
     },
     /// `acknowledge` was called for a batch that is not pending in its queue (never committed,
     /// or already acknowledged).
@@ -140,6 +169,26 @@ impl StateError {
                 what,
                 key: key.clone(),
                 detail: detail.clone(),
+            },
+            StateError::Deserialize {
+                what,
+                key,
+                part,
+                source,
+            } => StateError::Deserialize {
+                what,
+                key: key.clone(),
+                part,
+                source: Arc::clone(source),
+            },
+            StateError::Serialize {
+                what,
+                context,
+                source,
+            } => StateError::Serialize {
+                what,
+                context: context.clone(),
+                source: Arc::clone(source),
             },
             StateError::Encode {
                 what,

@@ -6,30 +6,12 @@
 use std::collections::BTreeSet;
 
 use crate::codec;
-use crate::committer::Trees;
 use crate::error::StateError;
+use crate::trees::Trees;
+use crate::types::PipelineIdentity;
 
 /// Key of the record in sled's default tree: `partitions (be32) ++ pipeline name`.
 const IDENTITY_KEY: &[u8] = b"flow/pipeline-identity";
-
-/// The pipeline a state directory belongs to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PipelineIdentity {
-    /// The pipeline's name (`name` in the spec).
-    pub pipeline: String,
-    /// The pipeline's partition count.
-    pub partitions: u32,
-}
-
-impl std::fmt::Display for PipelineIdentity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "pipeline `{}` with {} partition(s)",
-            self.pipeline, self.partitions
-        )
-    }
-}
 
 /// The recorded identity, if any.
 pub(crate) fn recorded(trees: &Trees) -> Result<Option<PipelineIdentity>, StateError> {

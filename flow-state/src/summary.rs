@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{self, Bounds, SOURCE_OWNER};
-use crate::committer::Trees;
 use crate::error::StateError;
+use crate::trees::Trees;
 
 /// How many of the newest dead letters are shown per owner and partition.
 pub const RECENT_DEAD_LETTERS: usize = 5;

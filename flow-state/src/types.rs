@@ -297,3 +297,22 @@ pub struct StoreStats {
     /// Requests answered with an error.
     pub failed_requests: u64,
 }
+
+/// The pipeline a state directory belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PipelineIdentity {
+    /// The pipeline's name (`name` in the spec).
+    pub pipeline: String,
+    /// The pipeline's partition count.
+    pub partitions: u32,
+}
+
+impl std::fmt::Display for PipelineIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pipeline `{}` with {} partition(s)",
+            self.pipeline, self.partitions
+        )
+    }
+}

@@ -119,7 +119,7 @@ pub fn main() -> ExitCode {
         _ => "warn",
     };
     init_logging(cli.log_format, default_level);
-    let registry = crate::registry();
+    let registry = flow::registry();
     let result = match cli.command {
         Command::Run {
             spec,

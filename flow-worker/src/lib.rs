@@ -1,5 +1,11 @@
 //! `flow-worker`: runs, validates and inspects flow pipelines described by a YAML spec.
 //!
+//! Layout:
+//! - `cli`: argument parsing, logging set-up and dispatch to one module per command.
+//! - the commands: `run` (with `progress`, its live progress line), `drain`, `status` (with
+//!   `status_watch`, `--watch`), `dead_letters`, `verify`.
+//! - `memory`: the jemalloc settings and memory reports of the worker's processes.
+//!
 //! `run` executes the pipeline until its finite sources are drained (or a signal stops it),
 //! `validate` reports every violation of a spec without connecting anywhere, `drain` delivers
 //! what the outbox holds without reading the source, `status` reads a state directory and shows

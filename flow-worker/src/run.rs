@@ -66,7 +66,7 @@ pub fn run(
         memory.abort();
         drop(endpoint);
         // Once the worker is gone, `status` reads the store itself.
-        let _ = std::fs::remove_file(crate::status::snapshot_path(&state_dir));
+        let _ = std::fs::remove_file(flow::snapshot_path(&state_dir));
         let closed = flow::close_state_store(store).await;
         match result {
             Ok(report) => {

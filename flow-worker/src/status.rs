@@ -7,11 +7,9 @@ use std::process::ExitCode;
 use std::collections::BTreeMap;
 
 use anyhow::Context;
+use flow::snapshot_path;
 use flow_core::{SinkCount, SinkCounter};
 use flow_state::{SinkPartitionSummary, StateError, StateStore, StateSummary};
-
-/// The file a running worker refreshes with its state summary (see `run`).
-pub use flow::snapshot_path;
 
 pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let summary = summary(state_dir)?;

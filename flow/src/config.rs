@@ -10,7 +10,7 @@
 //! | class | config |
 //! | --- | --- |
 //! | `generator`, `jsonl_file` | [`GeneratorParams`], [`JsonlFileParams`] |
-//! | `nats_jetstream`, `kafka` | [`NatsJetStreamParams`], [`KafkaParams`] |
+//! | `nats_jetstream`, `kafka` | [`NatsJetStreamParams`], [`KafkaParams`] (their common setters: [`BrokerSourceParams`]) |
 //! | `project` | [`ProjectParams`] |
 //! | `DebugSink` | [`DebugSinkConfig`] |
 //! | the four ClickHouse sinks | [`ClickHouseSink`] builds a checked [`ClickHouseSinkConfig`] |
@@ -72,7 +72,7 @@ pub use flow_clickhouse::{
     SinkClass,
 };
 
-pub use flow_brokers::{KafkaParams, NatsAuth, NatsJetStreamParams};
+pub use flow_brokers::{BrokerSourceParams, KafkaParams, NatsAuth, NatsJetStreamParams};
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,7 @@ use crate::store_lifecycle::StoreError;
 
 /// An error of a [`PipelineHandle`](crate::PipelineHandle).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandleError {
     /// The spec is invalid; `violations` names every problem with its path in the spec.
     #[error(transparent)]

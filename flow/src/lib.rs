@@ -1,5 +1,13 @@
 //! flow: the entry point for Rust programs that run flow pipelines in-process.
 //!
+//! Layout:
+//! - `config`: typed configuration of every built-in plugin (public module); `registry`: the
+//!   registry of every built-in class.
+//! - `handle`: [`PipelineHandle`] and [`StartOptions`]; `store_lifecycle`: opening and closing
+//!   its state store; `error`: [`HandleError`].
+//! - `live_status`: the status snapshot of a running pipeline; `metrics_snapshot`: metrics read
+//!   back; `metrics_endpoint`: the Prometheus `/metrics` server.
+//!
 //! Architecture: flow is four crates behind this one. `flow-core` ([`core`]) is the runtime
 //! (messages, plugins, specs, the partition runner, metrics); `flow-state` ([`state`]) is the
 //! transactional outbox a pipeline commits into; `flow-clickhouse` ([`clickhouse`]) holds the
@@ -39,6 +47,7 @@ mod handle;
 mod live_status;
 mod metrics_endpoint;
 mod metrics_snapshot;
+mod registry;
 mod store_lifecycle;
 
 pub use config::ConfigError;
@@ -47,6 +56,7 @@ pub use handle::{PipelineHandle, StartOptions};
 pub use live_status::{read_state_dir, snapshot_path, LiveStatus, StatusError};
 pub use metrics_endpoint::{MetricsEndpoint, MetricsEndpointError};
 pub use metrics_snapshot::{MetricSample, MetricsParseError, MetricsSnapshot};
+pub use registry::registry;
 pub use store_lifecycle::{close_state_store, open_state_store, StoreError, STORE_CLOSE_TIMEOUT};
 
 pub use flow_core::{
@@ -70,18 +80,6 @@ pub use flow_clickhouse as clickhouse;
 
 /// The broker sources: NATS JetStream and Kafka.
 pub use flow_brokers as brokers;
-
-/// A registry of every built-in plugin class: flow-core's (`generator`, `jsonl_file`,
-/// `project`, `DebugSink`), the broker sources (`nats_jetstream`, `kafka`) and the ClickHouse
-/// sinks (`ClickHouseBatchingSink`, `ShardedClickHouseBatchingSink`,
-/// `AtLeastOnceClickHouseSink`, `AtMostOnceClickHouseSink`). Register a program's own classes
-/// on it before building a spec.
-pub fn registry() -> Registry {
-    let mut registry = Registry::with_builtins();
-    flow_brokers::register(&mut registry);
-    flow_clickhouse::register(&mut registry);
-    registry
-}
 
 #[cfg(test)]
 mod tests {

@@ -13,6 +13,7 @@ use flow_state::{StateError, StateStore, StateSummary};
 
 /// Why a status could not be read or written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StatusError {
     /// The state store could not be read (or opened, for a stopped pipeline).
     #[error("reading the state store in `{dir}`: {source}")]

@@ -8,6 +8,7 @@ use flow_core::Metrics;
 
 /// Why a metrics text could not be read.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MetricsParseError {
     /// The metrics could not be encoded.
     #[error("encoding the metrics failed: {0}")]

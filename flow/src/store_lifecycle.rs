@@ -14,6 +14,7 @@ pub const STORE_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a state store could not be opened or closed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The store could not be opened (another process holds it, or the disk failed).
     #[error("cannot open the state directory `{dir}`: {source}")]

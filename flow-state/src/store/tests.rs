@@ -2,6 +2,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
 
 use super::*;
+use crate::segments::SEGMENT_ROLL_BYTES;
+use crate::{
+    gave_up_value_name, BatchBody, BatchStorage, ErrorRecord, SinkEpochCommit, StoredBody,
+    SOURCE_OWNER,
+};
 
 fn batch(partition: u32, n: u64, len: usize) -> SealedBatch {
     SealedBatch {

@@ -10,7 +10,7 @@ use async_nats::ConnectOptions;
 use flow_core::Violation;
 use serde::{Deserialize, Serialize};
 
-use crate::NatsSourceError;
+use super::error::NatsSourceError;
 
 /// One way to authenticate (`auth:` in the source's parameters), written as a map with exactly
 /// one of the keys below (serde_yaml 0.9 reads enums only from `!tag` values, which a spec

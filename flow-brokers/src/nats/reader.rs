@@ -1,251 +1,37 @@
-//! `nats_jetstream`: flow partition `i` reads the messages of one subject of a JetStream stream,
-//! in stream order. The position is the stream sequence of the last message read, committed in
-//! the outbox with the epoch; nothing is acknowledged to the server (the consumer is ephemeral,
-//! `AckPolicy::None`), so the outbox alone says where to resume. Each reader creates its consumer
-//! at `position + 1` filtered by its subject, pulls in requests that expire by the epoch's deadline,
-//! and after any error drops the consumer and creates it again at the last sequence read + 1:
-//! a server restart or a dropped connection costs neither a gap nor a duplicate.
+//! The reader of one partition: a pull consumer on the partition's subject, made again at the
+//! last sequence read + 1 after any error.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
 use async_nats::jetstream::{self, Context};
 use async_trait::async_trait;
-use flow_core::registry::{parse_parameters, BuildResult, SourceBuildContext};
 use flow_core::sources::{
-    decode_broker_position, encode_broker_position, BrokerDecoder, BrokerFormat, BrokerRecord,
-    OnBadRecord,
+    decode_broker_position, encode_broker_position, BrokerDecoder, BrokerRecord,
 };
-use flow_core::{
-    is_valid_name, Column, ReadLimits, Source, SourceError, SourceFactory, SourceOutput,
-    SourceRead, StreamSchema, Violation,
-};
+use flow_core::{ReadLimits, Source, SourceError, SourceOutput, SourceRead};
 use futures_util::StreamExt;
-use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::nats_auth::NatsAuth;
-use crate::NatsSourceError;
+use super::auth::ConnectSettings;
+use super::error::NatsSourceError;
+use crate::broker_source::{Broker, TroubleWait};
 
-/// The default of `max_messages_per_pull`.
-const DEFAULT_MAX_MESSAGES_PER_PULL: usize = 10_000;
 /// A pull shorter than this is not worth a round trip: the read returns what it has.
 const MIN_PULL: Duration = Duration::from_millis(20);
 /// How long past its own expiry a pull may take before the reader gives up on it.
 const PULL_GRACE: Duration = Duration::from_secs(5);
 /// The server removes a consumer nobody pulled from for this long (a reader that crashed).
 const CONSUMER_INACTIVE: Duration = Duration::from_secs(120);
-/// Between two warnings about the same partition's broker trouble.
-const WARN_EVERY: Duration = Duration::from_secs(30);
-
-/// Parameters of the `nats_jetstream` source, as a spec's `parameters:` map gives them.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NatsJetStreamParams {
-    /// `nats://host:port` URLs of the cluster's servers.
-    pub servers: Vec<String>,
-    /// The JetStream stream.
-    pub stream: String,
-    /// One subject per partition, in partition order.
-    #[serde(default)]
-    pub subjects: Option<Vec<String>>,
-    /// Or a template whose `{partition}` is replaced by the partition number.
-    #[serde(default)]
-    pub subject_template: Option<String>,
-    /// How a message's payload becomes a row.
-    #[serde(default)]
-    pub format: BrokerFormat,
-    /// The declared columns, with `format: json`.
-    #[serde(default)]
-    pub schema: Option<Vec<Column>>,
-    /// What a message that does not fit the schema does: stop the partition, or become a dead letter.
-    #[serde(default)]
-    pub on_bad_record: OnBadRecord,
-    /// The id of the stream the source emits, which processors and sinks name as their input
-    /// (default `rows`).
-    #[serde(default = "default_stream_id")]
-    pub stream_id: String,
-    /// How to authenticate; credentials come from the environment or files, never the spec.
-    #[serde(default)]
-    pub auth: Option<NatsAuth>,
-    /// PEM files of the certificate authorities that sign the servers' certificates; TLS is
-    /// required when any is given.
-    #[serde(default)]
-    pub tls_ca_files: Vec<PathBuf>,
-    /// The most messages one pull request asks for.
-    #[serde(default = "default_max_messages_per_pull")]
-    pub max_messages_per_pull: usize,
-}
-
-pub(crate) fn default_stream_id() -> String {
-    "rows".to_owned()
-}
-
-pub(crate) fn default_max_messages_per_pull() -> usize {
-    DEFAULT_MAX_MESSAGES_PER_PULL
-}
-
-pub(crate) fn build(
-    ctx: &SourceBuildContext<'_>,
-    parameters: &serde_yaml::Value,
-) -> BuildResult<Arc<dyn SourceFactory>> {
-    let params: NatsJetStreamParams = parse_parameters(parameters, "parameters")?;
-    let mut violations = Vec::new();
-    if params.servers.is_empty() {
-        violations.push(Violation::new(
-            "parameters.servers",
-            "name at least one server, for example `nats://127.0.0.1:4222`",
-        ));
-    }
-    if !is_valid_stream_name(&params.stream) {
-        violations.push(Violation::new(
-            "parameters.stream",
-            format!(
-                "`{}` is not a JetStream stream name (non-empty, no whitespace, `.`, `*`, `>`)",
-                params.stream
-            ),
-        ));
-    }
-    let subjects = partition_subjects(&params, ctx.partitions).map_err(|v| violations.push(v));
-    if params.max_messages_per_pull == 0 || params.max_messages_per_pull > 1_000_000 {
-        violations.push(Violation::new(
-            "parameters.max_messages_per_pull",
-            format!(
-                "{} is out of range 1..=1000000",
-                params.max_messages_per_pull
-            ),
-        ));
-    }
-    if !is_valid_name(&params.stream_id) {
-        violations.push(Violation::new(
-            "parameters.stream_id",
-            format!("`{}` is not a valid stream id", params.stream_id),
-        ));
-    }
-    let schema =
-        BrokerDecoder::schema_of(params.format, params.schema.as_deref(), "subject", false)
-            .map_err(|v| violations.push(v));
-    let connect = crate::nats_auth::connect_options(params.auth.as_ref(), &params.tls_ca_files)
-        .map_err(|mut v| violations.append(&mut v));
-    match (subjects, schema, connect) {
-        (Ok(subjects), Ok(schema), Ok(connect)) if violations.is_empty() => {
-            Ok(Arc::new(NatsJetStreamFactory {
-                shared: Arc::new(Shared {
-                    servers: params.servers.clone(),
-                    stream: params.stream.clone(),
-                    connect,
-                    context: OnceCell::new(),
-                }),
-                params,
-                subjects,
-                schema,
-            }))
-        }
-        _ => Err(violations),
-    }
-}
-
-fn is_valid_stream_name(name: &str) -> bool {
-    !name.is_empty()
-        && !name
-            .chars()
-            .any(|c| c.is_whitespace() || matches!(c, '.' | '*' | '>' | '/' | '\\'))
-}
-
-fn is_valid_subject(subject: &str) -> bool {
-    !subject.is_empty()
-        && !subject.chars().any(char::is_whitespace)
-        && subject.split('.').all(|token| !token.is_empty())
-}
-
-/// The subject of every partition, from `subjects` or `subject_template`.
-fn partition_subjects(
-    params: &NatsJetStreamParams,
-    partitions: u32,
-) -> Result<Vec<String>, Violation> {
-    let subjects: Vec<String> = match (&params.subjects, &params.subject_template) {
-        (Some(_), Some(_)) => {
-            return Err(Violation::new(
-                "parameters.subjects",
-                "set `subjects` or `subject_template`, not both",
-            ))
-        }
-        (None, None) => {
-            return Err(Violation::new(
-                "parameters.subjects",
-                "name each partition's subject: `subjects: [...]` or `subject_template: \"events.{partition}\"`",
-            ))
-        }
-        (Some(list), None) => {
-            if list.len() != partitions as usize {
-                return Err(Violation::new(
-                    "parameters.subjects",
-                    format!(
-                        "{} subject(s) for {partitions} partition(s): nats_jetstream reads one subject per partition, so set `partitions: {}`",
-                        list.len(),
-                        list.len().max(1)
-                    ),
-                ));
-            }
-            list.clone()
-        }
-        (None, Some(template)) => {
-            if !template.contains("{partition}") {
-                return Err(Violation::new(
-                    "parameters.subject_template",
-                    format!("`{template}` has no `{{partition}}`: every partition would read the same subject"),
-                ));
-            }
-            (0..partitions)
-                .map(|p| template.replace("{partition}", &p.to_string()))
-                .collect()
-        }
-    };
-    let path = if params.subjects.is_some() {
-        "parameters.subjects"
-    } else {
-        "parameters.subject_template"
-    };
-    if let Some(bad) = subjects.iter().find(|s| !is_valid_subject(s)) {
-        return Err(Violation::new(
-            path,
-            format!(
-                "`{bad}` is not a NATS subject (dot-separated non-empty tokens, no whitespace)"
-            ),
-        ));
-    }
-    let mut sorted = subjects.clone();
-    sorted.sort();
-    if let Some(pair) = sorted.windows(2).find(|pair| pair[0] == pair[1]) {
-        return Err(Violation::new(
-            path,
-            format!(
-                "subject `{}` is read by two partitions: each message would be delivered twice",
-                pair[0]
-            ),
-        ));
-    }
-    if let Some(wild) = subjects
-        .iter()
-        .find(|s| s.split('.').any(|t| t == "*" || t == ">"))
-    {
-        return Err(Violation::new(
-            path,
-            format!("`{wild}` has a wildcard: a partition reads exactly one subject, so that its messages have one order"),
-        ));
-    }
-    Ok(subjects)
-}
 
 /// What every partition of one source shares: one connection.
-pub(crate) struct Shared {
+struct Shared {
     servers: Vec<String>,
     stream: String,
-    connect: crate::nats_auth::ConnectSettings,
+    connect: ConnectSettings,
     context: OnceCell<Context>,
 }
 
@@ -269,41 +55,48 @@ impl Shared {
     }
 }
 
-struct NatsJetStreamFactory {
-    params: NatsJetStreamParams,
-    subjects: Vec<String>,
-    schema: Arc<StreamSchema>,
+/// The JetStream side of the source's factory: one connection for every partition.
+pub(crate) struct JetStream {
     shared: Arc<Shared>,
+    max_per_pull: usize,
 }
 
-impl SourceFactory for NatsJetStreamFactory {
-    fn stream_id(&self) -> &str {
-        &self.params.stream_id
+impl JetStream {
+    /// Reads `stream` from `servers`, connecting on the first read of any partition.
+    pub(crate) fn new(
+        servers: Vec<String>,
+        stream: String,
+        connect: ConnectSettings,
+        max_per_pull: usize,
+    ) -> Self {
+        JetStream {
+            shared: Arc::new(Shared {
+                servers,
+                stream,
+                connect,
+                context: OnceCell::new(),
+            }),
+            max_per_pull,
+        }
+    }
+}
+
+impl Broker for JetStream {
+    /// The partition's subject.
+    type Target = String;
+    const WITH_KEY: bool = false;
+
+    fn no_target(partition: u32) -> String {
+        format!("no subject is configured for partition {partition}")
     }
 
-    fn schema(&self) -> Arc<StreamSchema> {
-        Arc::clone(&self.schema)
-    }
-
-    /// A stream keeps its messages under their sequence numbers until its retention removes them;
-    /// a removed message under a pending batch is caught by the batch's row count and hash.
-    fn replayable(&self) -> bool {
-        true
-    }
-
-    fn open_partition(
+    fn open(
         &self,
         partition: u32,
+        subject: String,
+        decoder: BrokerDecoder,
         position: Option<&[u8]>,
     ) -> Result<Box<dyn Source>, SourceError> {
-        let subject = self
-            .subjects
-            .get(partition as usize)
-            .cloned()
-            .ok_or_else(|| SourceError::BadPosition {
-                position: Vec::new(),
-                what: format!("no subject is configured for partition {partition}"),
-            })?;
         let last = position
             .map(decode_broker_position)
             .transpose()?
@@ -311,20 +104,14 @@ impl SourceFactory for NatsJetStreamFactory {
         Ok(Box::new(NatsPartition {
             shared: Arc::clone(&self.shared),
             subject,
-            decoder: BrokerDecoder::new(
-                partition,
-                Arc::clone(&self.schema),
-                self.params.format,
-                self.params.on_bad_record,
-                false,
-            ),
+            decoder,
             partition,
-            max_per_pull: self.params.max_messages_per_pull,
+            max_per_pull: self.max_per_pull,
             last,
             consumer: None,
             idle: false,
             lag: None,
-            last_warning: None,
+            trouble: TroubleWait::default(),
         }))
     }
 }
@@ -343,7 +130,7 @@ struct NatsPartition {
     /// Messages of the subject the server holds beyond `last`: the `pending` count of the last
     /// message read, or 0 after a pull that found nothing. `None` before the first pull.
     lag: Option<u64>,
-    last_warning: Option<Instant>,
+    trouble: TroubleWait,
 }
 
 /// How one pull ended.
@@ -574,17 +361,17 @@ impl NatsPartition {
 
     /// A broker error that waiting can cure: warn now and then, wait a little, read on later.
     async fn broker_trouble(&mut self, err: NatsSourceError, deadline: Instant) {
-        let now = Instant::now();
-        if self.last_warning.is_none_or(|at| now >= at + WARN_EVERY) {
-            self.last_warning = Some(now);
-            warn!(
-                partition = self.partition,
-                subject = %self.subject,
-                position = self.last,
-                error = %err,
-                "cannot read from NATS JetStream; retrying from the last message read. Check that the servers are up and the stream exists"
-            );
-        }
-        tokio::time::sleep_until(deadline.min(now + Duration::from_secs(1))).await;
+        let (partition, subject, position) = (self.partition, &self.subject, self.last);
+        self.trouble
+            .wait(deadline, || {
+                warn!(
+                    partition,
+                    subject = %subject,
+                    position,
+                    error = %err,
+                    "cannot read from NATS JetStream; retrying from the last message read. Check that the servers are up and the stream exists"
+                );
+            })
+            .await;
     }
 }

@@ -7,26 +7,63 @@
 //! are listed.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use flow_core::registry::SourceBuildContext;
+use flow_core::registry::{BuildResult, SourceBuildContext};
 use flow_core::sources::{BrokerFormat, OnBadRecord};
-use flow_core::{to_section, Column, SourceConfig, Violation};
+use flow_core::{to_section, SourceConfig, SourceFactory, Violation};
 
+use crate::broker_source::default_stream_id;
+use crate::broker_source::sealed::{Common, Sealed};
 use crate::kafka::{self, KafkaParams};
-use crate::nats_auth::NatsAuth;
-use crate::nats_jetstream::{self, NatsJetStreamParams};
+use crate::nats::{self, NatsAuth, NatsJetStreamParams};
 
-/// Builds a source for `partitions` partitions, returning its violations.
+/// The registry builder of a source class.
+type Build = fn(&SourceBuildContext<'_>, &serde_yaml::Value) -> BuildResult<Arc<dyn SourceFactory>>;
+
+/// Builds a source from `parameters` for `partitions` partitions, returning its violations.
 fn violations_for(
     partitions: Option<usize>,
-    build: impl FnOnce(&SourceBuildContext<'_>) -> Vec<Violation>,
+    parameters: &serde_yaml::Value,
+    build: Build,
 ) -> Vec<Violation> {
     let partitions = u32::try_from(partitions.unwrap_or(1).max(1)).unwrap_or(u32::MAX);
-    build(&SourceBuildContext {
+    let ctx = SourceBuildContext {
         pipeline: "",
         partitions,
-    })
+    };
+    build(&ctx, parameters).err().unwrap_or_default()
 }
+
+/// What makes a broker parameter type a typed source configuration: its class name and where
+/// its common fields are (the same for both, field by field).
+macro_rules! broker_source_config {
+    ($params:ty, $class:literal) => {
+        impl Sealed for $params {
+            fn common(&mut self) -> Common<'_> {
+                Common {
+                    format: &mut self.format,
+                    schema: &mut self.schema,
+                    on_bad_record: &mut self.on_bad_record,
+                    stream_id: &mut self.stream_id,
+                }
+            }
+        }
+
+        impl SourceConfig for $params {
+            fn class_name(&self) -> &str {
+                $class
+            }
+
+            fn parameters(&self) -> serde_yaml::Value {
+                to_section(self)
+            }
+        }
+    };
+}
+
+broker_source_config!(NatsJetStreamParams, "nats_jetstream");
+broker_source_config!(KafkaParams, "kafka");
 
 impl NatsJetStreamParams {
     /// Reads JetStream stream `stream` from `servers` (`nats://host:port`), JSON messages into
@@ -45,10 +82,10 @@ impl NatsJetStreamParams {
             format: BrokerFormat::default(),
             schema: None,
             on_bad_record: OnBadRecord::default(),
-            stream_id: nats_jetstream::default_stream_id(),
+            stream_id: default_stream_id(),
             auth: None,
             tls_ca_files: Vec::new(),
-            max_messages_per_pull: nats_jetstream::default_max_messages_per_pull(),
+            max_messages_per_pull: nats::default_max_messages_per_pull(),
         }
     }
 
@@ -65,30 +102,6 @@ impl NatsJetStreamParams {
     /// A subject whose `{partition}` is replaced by the partition number.
     pub fn subject_template(mut self, template: impl Into<String>) -> Self {
         self.subject_template = Some(template.into());
-        self
-    }
-
-    /// How a message's payload becomes a row.
-    pub fn format(mut self, format: BrokerFormat) -> Self {
-        self.format = format;
-        self
-    }
-
-    /// The declared columns, with `format: json`.
-    pub fn schema(mut self, schema: Vec<Column>) -> Self {
-        self.schema = Some(schema);
-        self
-    }
-
-    /// What a message that does not fit the schema does.
-    pub fn on_bad_record(mut self, on_bad_record: OnBadRecord) -> Self {
-        self.on_bad_record = on_bad_record;
-        self
-    }
-
-    /// The id of the stream the source defines.
-    pub fn stream_id(mut self, stream_id: impl Into<String>) -> Self {
-        self.stream_id = stream_id.into();
         self
     }
 
@@ -118,22 +131,7 @@ impl NatsJetStreamParams {
     /// (`parameters.stream`), for as many partitions as `subjects` lists (one with a template).
     pub fn validate(&self) -> Vec<Violation> {
         let listed = self.subjects.as_ref().map(Vec::len);
-        let parameters = self.parameters();
-        violations_for(listed, |ctx| {
-            nats_jetstream::build(ctx, &parameters)
-                .err()
-                .unwrap_or_default()
-        })
-    }
-}
-
-impl SourceConfig for NatsJetStreamParams {
-    fn class_name(&self) -> &str {
-        "nats_jetstream"
-    }
-
-    fn parameters(&self) -> serde_yaml::Value {
-        to_section(self)
+        violations_for(listed, &self.parameters(), nats::build)
     }
 }
 
@@ -153,7 +151,7 @@ impl KafkaParams {
             format: BrokerFormat::default(),
             schema: None,
             on_bad_record: OnBadRecord::default(),
-            stream_id: kafka::default_stream_id(),
+            stream_id: default_stream_id(),
             group_id: None,
             properties: Default::default(),
         }
@@ -162,30 +160,6 @@ impl KafkaParams {
     /// The Kafka partition of each flow partition, in flow partition order.
     pub fn topic_partitions(mut self, partitions: impl IntoIterator<Item = i32>) -> Self {
         self.topic_partitions = Some(partitions.into_iter().collect());
-        self
-    }
-
-    /// How a message's payload becomes a row.
-    pub fn format(mut self, format: BrokerFormat) -> Self {
-        self.format = format;
-        self
-    }
-
-    /// The declared columns, with `format: json`.
-    pub fn schema(mut self, schema: Vec<Column>) -> Self {
-        self.schema = Some(schema);
-        self
-    }
-
-    /// What a message that does not fit the schema does.
-    pub fn on_bad_record(mut self, on_bad_record: OnBadRecord) -> Self {
-        self.on_bad_record = on_bad_record;
-        self
-    }
-
-    /// The id of the stream the source defines.
-    pub fn stream_id(mut self, stream_id: impl Into<String>) -> Self {
-        self.stream_id = stream_id.into();
         self
     }
 
@@ -205,20 +179,7 @@ impl KafkaParams {
     /// (`parameters.topic`), for as many partitions as `topic_partitions` lists (one without).
     pub fn validate(&self) -> Vec<Violation> {
         let listed = self.topic_partitions.as_ref().map(Vec::len);
-        let parameters = self.parameters();
-        violations_for(listed, |ctx| {
-            kafka::build(ctx, &parameters).err().unwrap_or_default()
-        })
-    }
-}
-
-impl SourceConfig for KafkaParams {
-    fn class_name(&self) -> &str {
-        "kafka"
-    }
-
-    fn parameters(&self) -> serde_yaml::Value {
-        to_section(self)
+        violations_for(listed, &self.parameters(), kafka::build)
     }
 }
 
@@ -228,9 +189,11 @@ mod tests {
 
     use flow_core::registry::parse_parameters;
     use flow_core::sinks::DebugSinkConfig;
-    use flow_core::{PipelineSpec, Registry, StreamType};
+    use flow_core::{Column, PipelineSpec, Registry, StreamType};
+    use serde::de::DeserializeOwned;
 
     use super::*;
+    use crate::BrokerSourceParams;
 
     fn registry() -> Registry {
         let mut registry = Registry::with_builtins();
@@ -265,6 +228,21 @@ mod tests {
             .build()
     }
 
+    /// The spec built in code from `config` names the YAML spec's class and builds; both give back
+    /// `config` as their parameters.
+    fn assert_same_parameters<P>(yaml: &PipelineSpec, config: P)
+    where
+        P: SourceConfig + DeserializeOwned + PartialEq + std::fmt::Debug + Clone + 'static,
+    {
+        let code = code_spec(2, config.clone());
+        assert_eq!(code.source.class, yaml.source.class);
+        let from_yaml: P = parse_parameters(&yaml.source.parameters, "parameters").unwrap();
+        let from_code: P = parse_parameters(&code.source.parameters, "parameters").unwrap();
+        assert_eq!(from_yaml, config);
+        assert_eq!(from_code, config);
+        assert!(registry().build(&code).is_ok());
+    }
+
     fn columns() -> Vec<Column> {
         vec![
             Column::new("user_id", StreamType::Uint64),
@@ -293,16 +271,8 @@ mod tests {
             .on_bad_record(OnBadRecord::DeadLetter)
             .auth(NatsAuth::CredentialsFile(creds))
             .max_messages_per_pull(500);
-        let code = code_spec(2, config.clone());
-        assert_eq!(code.source.class, yaml.source.class);
-        let from_yaml: NatsJetStreamParams =
-            parse_parameters(&yaml.source.parameters, "parameters").unwrap();
-        let from_code: NatsJetStreamParams =
-            parse_parameters(&code.source.parameters, "parameters").unwrap();
-        assert_eq!(from_yaml, config);
-        assert_eq!(from_code, config);
         assert_eq!(config.validate(), Vec::new());
-        assert!(registry().build(&code).is_ok());
+        assert_same_parameters(&yaml, config);
     }
 
     #[test]
@@ -344,16 +314,8 @@ mod tests {
             .format(BrokerFormat::Raw)
             .group_id("flow-monitor")
             .property("fetch.min.bytes", "1024");
-        let code = code_spec(2, config.clone());
-        assert_eq!(code.source.class, yaml.source.class);
-        let from_yaml: KafkaParams =
-            parse_parameters(&yaml.source.parameters, "parameters").unwrap();
-        let from_code: KafkaParams =
-            parse_parameters(&code.source.parameters, "parameters").unwrap();
-        assert_eq!(from_yaml, config);
-        assert_eq!(from_code, config);
         assert_eq!(config.validate(), Vec::new());
-        assert!(registry().build(&code).is_ok());
+        assert_same_parameters(&yaml, config);
     }
 
     #[test]

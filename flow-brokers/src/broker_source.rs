@@ -1,0 +1,172 @@
+//! What the two broker sources share: the parameters every broker source has (set through
+//! [`BrokerSourceParams`]), the [`SourceFactory`] that opens one reader per flow partition
+//! ([`BrokerFactory`], generic over the [`Broker`]), and the paced wait after broker trouble
+//! ([`TroubleWait`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flow_core::sources::{BrokerDecoder, BrokerFormat, OnBadRecord};
+use flow_core::{
+    is_valid_name, Column, Source, SourceError, SourceFactory, StreamSchema, Violation,
+};
+use tokio::time::Instant;
+
+/// Between two warnings about the same partition's broker trouble.
+const WARN_EVERY: Duration = Duration::from_secs(30);
+/// The longest wait after broker trouble before the partition reads again.
+const TROUBLE_PAUSE: Duration = Duration::from_secs(1);
+
+/// The parameters every broker source has, set the same way on
+/// [`NatsJetStreamParams`](crate::NatsJetStreamParams) and [`KafkaParams`](crate::KafkaParams).
+pub trait BrokerSourceParams: sealed::Sealed + Sized {
+    /// How a message's payload becomes a row.
+    fn format(mut self, format: BrokerFormat) -> Self {
+        *self.common().format = format;
+        self
+    }
+
+    /// The declared columns, with `format: json`.
+    fn schema(mut self, schema: Vec<Column>) -> Self {
+        *self.common().schema = Some(schema);
+        self
+    }
+
+    /// What a message that does not fit the schema does.
+    fn on_bad_record(mut self, on_bad_record: OnBadRecord) -> Self {
+        *self.common().on_bad_record = on_bad_record;
+        self
+    }
+
+    /// The id of the stream the source defines.
+    fn stream_id(mut self, stream_id: impl Into<String>) -> Self {
+        *self.common().stream_id = stream_id.into();
+        self
+    }
+}
+
+impl<P: sealed::Sealed> BrokerSourceParams for P {}
+
+pub(crate) mod sealed {
+    use flow_core::sources::{BrokerFormat, OnBadRecord};
+    use flow_core::Column;
+
+    /// The fields behind [`BrokerSourceParams`](super::BrokerSourceParams)'s setters.
+    pub struct Common<'a> {
+        pub format: &'a mut BrokerFormat,
+        pub schema: &'a mut Option<Vec<Column>>,
+        pub on_bad_record: &'a mut OnBadRecord,
+        pub stream_id: &'a mut String,
+    }
+
+    /// Only this crate's parameter types are broker source parameters.
+    pub trait Sealed {
+        fn common(&mut self) -> Common<'_>;
+    }
+}
+
+/// The `stream_id` of a broker source that does not name one.
+pub(crate) fn default_stream_id() -> String {
+    "rows".to_owned()
+}
+
+/// The violation of a `stream_id` that cannot name a stream.
+pub(crate) fn stream_id_violation(stream_id: &str) -> Option<Violation> {
+    (!is_valid_name(stream_id)).then(|| {
+        Violation::new(
+            "parameters.stream_id",
+            format!("`{stream_id}` is not a valid stream id"),
+        )
+    })
+}
+
+/// One broker's side of a broker source: what a flow partition reads there and how its reader
+/// opens.
+pub(crate) trait Broker: Send + Sync + 'static {
+    /// What one flow partition reads: a subject, a Kafka partition.
+    type Target: Clone + Send + Sync + 'static;
+    /// Whether the broker's messages have keys (the `raw` format's `key` column).
+    const WITH_KEY: bool;
+
+    /// The error text when no target is configured for `partition`.
+    fn no_target(partition: u32) -> String;
+
+    /// The reader of `partition` from its committed position (`None` before any commit).
+    fn open(
+        &self,
+        partition: u32,
+        target: Self::Target,
+        decoder: BrokerDecoder,
+        position: Option<&[u8]>,
+    ) -> Result<Box<dyn Source>, SourceError>;
+}
+
+/// The factory of a broker source: one reader per flow partition, each on its own target.
+pub(crate) struct BrokerFactory<B: Broker> {
+    pub broker: B,
+    pub stream_id: String,
+    pub schema: Arc<StreamSchema>,
+    pub format: BrokerFormat,
+    pub on_bad_record: OnBadRecord,
+    /// The target of each flow partition, in partition order.
+    pub targets: Vec<B::Target>,
+}
+
+impl<B: Broker> SourceFactory for BrokerFactory<B> {
+    fn stream_id(&self) -> &str {
+        &self.stream_id
+    }
+
+    fn schema(&self) -> Arc<StreamSchema> {
+        Arc::clone(&self.schema)
+    }
+
+    /// A broker keeps its messages under their positions (stream sequences, offsets) until its
+    /// retention removes them; a removed message under a pending batch is caught by the batch's
+    /// row count and hash (JetStream) or stops the partition (Kafka, `auto.offset.reset: error`).
+    fn replayable(&self) -> bool {
+        true
+    }
+
+    fn open_partition(
+        &self,
+        partition: u32,
+        position: Option<&[u8]>,
+    ) -> Result<Box<dyn Source>, SourceError> {
+        let target = self
+            .targets
+            .get(partition as usize)
+            .cloned()
+            .ok_or_else(|| SourceError::BadPosition {
+                position: Vec::new(),
+                what: B::no_target(partition),
+            })?;
+        let decoder = BrokerDecoder::new(
+            partition,
+            Arc::clone(&self.schema),
+            self.format,
+            self.on_bad_record,
+            B::WITH_KEY,
+        );
+        self.broker.open(partition, target, decoder, position)
+    }
+}
+
+/// Paces a partition after broker trouble that waiting can cure: a warning now and then, then a
+/// short wait (never past the read's deadline) before the partition reads on.
+#[derive(Default)]
+pub(crate) struct TroubleWait {
+    last_warning: Option<Instant>,
+}
+
+impl TroubleWait {
+    /// Calls `warn` unless it was called in the last 30 s, then waits up to a second.
+    pub(crate) async fn wait(&mut self, deadline: Instant, warn: impl FnOnce()) {
+        let now = Instant::now();
+        if self.last_warning.is_none_or(|at| now >= at + WARN_EVERY) {
+            self.last_warning = Some(now);
+            warn();
+        }
+        tokio::time::sleep_until(deadline.min(now + TROUBLE_PAUSE)).await;
+    }
+}

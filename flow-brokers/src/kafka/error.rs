@@ -1,0 +1,67 @@
+//! Why the `kafka` source could not read, and which of its errors waiting cannot cure.
+
+use rdkafka::error::KafkaError;
+
+/// Why the Kafka source could not read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KafkaSourceError {
+    /// The Kafka consumer could not be created (bad brokers list or librdkafka property).
+    #[error("cannot create the Kafka consumer for {brokers}: {source}")]
+    Client {
+        /// The `brokers` list as given.
+        brokers: String,
+        /// librdkafka's reason.
+        #[source]
+        source: KafkaError,
+    },
+    /// A request to the brokers failed (partition assignment, watermark query, fetch).
+    #[error("Kafka {what} failed: {source}")]
+    Request {
+        /// Which request.
+        what: &'static str,
+        /// librdkafka's reason.
+        #[source]
+        source: KafkaError,
+    },
+    /// Retention removed messages the partition had not read yet.
+    #[error("topic `{topic}` partition {kafka_partition} no longer holds offsets {position}..{}: its retention removed them before flow partition {partition} read them, so they are lost. Raise the topic's retention (retention.ms, retention.bytes) above the worker's downtime; to go on without them, start with a new state directory or drain this one first", low - 1)]
+    Gap {
+        /// The topic.
+        topic: String,
+        /// The Kafka partition.
+        kafka_partition: i32,
+        /// The flow partition reading it.
+        partition: u32,
+        /// The next offset the partition would read (its committed position).
+        position: u64,
+        /// The lowest offset the partition still holds.
+        low: u64,
+    },
+    /// The partition ends below the committed position: the topic was deleted and created again.
+    #[error("topic `{topic}` partition {kafka_partition} ends at offset {high}, below flow partition {partition}'s committed position {position}: the topic was deleted and created again, so its offsets no longer name the messages flow committed. Use a new state directory for the new topic")]
+    Reset {
+        /// The topic.
+        topic: String,
+        /// The Kafka partition.
+        kafka_partition: i32,
+        /// The flow partition reading it.
+        partition: u32,
+        /// The committed position.
+        position: u64,
+        /// The partition's high watermark (the offset after its last message).
+        high: u64,
+    },
+}
+
+impl KafkaSourceError {
+    /// Waiting cannot cure these: the partition stops.
+    pub(crate) fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            KafkaSourceError::Gap { .. }
+                | KafkaSourceError::Reset { .. }
+                | KafkaSourceError::Client { .. }
+        )
+    }
+}
