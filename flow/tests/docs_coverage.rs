@@ -221,7 +221,13 @@ fn section_keys(kind: Kind, class: &str, section: Section) -> Vec<Key> {
     top.into_iter()
         .map(|name| {
             let mut nested = BTreeSet::new();
-            nested_keys(kind, class, section, &[name.clone()], &mut nested);
+            nested_keys(
+                kind,
+                class,
+                section,
+                std::slice::from_ref(&name),
+                &mut nested,
+            );
             let messages = violations(kind, class, section, &format!("{{{name}: {PROBE}}}"));
             let variants = expected_names(&messages, "variant").unwrap_or_default();
             Key {
