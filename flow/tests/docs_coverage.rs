@@ -471,3 +471,25 @@ fn the_probe_reads_every_key_of_a_section() {
         "{auth:?}"
     );
 }
+
+#[test]
+fn integration_readme_lists_every_test_file() {
+    let readme = read("integration/README.md");
+    let dir = repository().join("integration/tests");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|err| panic!("{}: {err}", dir.display()));
+    let mut files: Vec<String> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".rs"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no test file in {}", dir.display());
+    let unlisted: Vec<&String> = files
+        .iter()
+        .filter(|name| !readme.contains(&format!("| `tests/{name}` |")))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "integration/README.md has no row `| `tests/<file>` | what it checks |` for {unlisted:?}"
+    );
+}
