@@ -251,18 +251,22 @@ fn sigterm_stops_gracefully_with_exit_0_and_a_rerun_completes() {
 /// that wait (every class), exit 0 and commit nothing.
 #[test]
 fn sigterm_while_the_clickhouse_target_is_unreachable_exits_0_for_every_class() {
-    // Nothing listens on port 1 of the loopback: every connection is refused at once.
-    for class in [
-        "ClickHouseBatchingSink",
-        "AtLeastOnceClickHouseSink",
-        "AtMostOnceClickHouseSink",
+    // Nothing listens on ports 1 and 2 of the loopback: every connection is refused at once. The
+    // sharded class waits while every host of some shard is silent; here both shards are.
+    let single = "host: '127.0.0.1:1'";
+    let sharded = "shard_hosts: {a: ['127.0.0.1:1'], b: ['127.0.0.1:2']}";
+    for (class, hosts) in [
+        ("ClickHouseBatchingSink", single),
+        ("ShardedClickHouseBatchingSink", sharded),
+        ("AtLeastOnceClickHouseSink", single),
+        ("AtMostOnceClickHouseSink", single),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
         let spec = write_spec(
             dir.path(),
             &format!(
-                "pipeline: unreachable\npartitions: 2\nsource:\n  class: generator\n  parameters: {{count: 1000}}\nsinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {{host: '127.0.0.1:1', table: t}}\n    dynamic_parameters: {{retry_backoff: 100ms, max_retry_backoff: 2s}}\n"
+                "pipeline: unreachable\npartitions: 2\nsource:\n  class: generator\n  parameters: {{count: 1000}}\nsinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {{{hosts}, table: t}}\n    dynamic_parameters: {{retry_backoff: 100ms, max_retry_backoff: 2s}}\n"
             ),
         );
         let mut child = run_command(&spec, &state)
@@ -284,6 +288,11 @@ fn sigterm_while_the_clickhouse_target_is_unreachable_exits_0_for_every_class() 
                 break;
             }
         }
+        // The session is started in the background as the pipeline starts, so the warning can
+        // come before a partition has read its first epoch; a stop then ends the run before any
+        // epoch, with nothing to report. The epoch (1000 messages) is read in milliseconds and
+        // then waits in the sink for the session: stop it there.
+        std::thread::sleep(Duration::from_millis(500));
         send_signal(child.id(), "TERM");
         let deadline = Instant::now() + Duration::from_secs(20);
         let code = loop {

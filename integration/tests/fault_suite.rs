@@ -27,7 +27,7 @@
 //! | --- | --- |
 //! | `ClickHouseBatchingSink`, `ShardedClickHouseBatchingSink` | every id exactly once, identical replicas, (sharded) on the shard its user_id routes to |
 //! | `AtLeastOnceClickHouseSink` | every id at least once; duplicates counted and printed |
-//! | `AtMostOnceClickHouseSink` | no id twice; losses counted and printed |
+//! | `AtMostOnceClickHouseSink` | no id twice; every row read once the faults are over lands; losses counted and printed |
 //!
 //! Short schedule (default, CI): 24 faults per class (at least 20 required). Long schedule
 //! (`FLOW_FAULT_LONG=1`): 100 faults per class, 4 x 250,000 messages, ZooKeeper faults included.
@@ -93,10 +93,6 @@ impl Schedule {
             }
         }
     }
-
-    fn total(&self) -> u64 {
-        PARTITIONS * self.per_partition
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -154,8 +150,18 @@ impl Class {
         }
     }
 
-    /// The spec the worker runs: every node behind its proxy.
-    fn spec(&self, table: &str, schedule: &Schedule, proxies: &Proxies) -> String {
+    /// Messages per partition: the schedule's, and for at-most-once as many again, which the
+    /// last run reads after the faults without a rate limit (see [`quiet_positions`]).
+    fn per_partition(&self, schedule: &Schedule) -> u64 {
+        match self.promise {
+            Promise::AtMostOnce => 2 * schedule.per_partition,
+            Promise::ExactlyOnce | Promise::AtLeastOnce => schedule.per_partition,
+        }
+    }
+
+    /// The spec the worker runs at `rate` messages per second per partition (0: unlimited):
+    /// every node behind its proxy.
+    fn spec(&self, table: &str, schedule: &Schedule, rate: u64, proxies: &Proxies) -> String {
         GeneratorSpec::new(
             self.pipeline,
             self.name,
@@ -166,8 +172,8 @@ impl Class {
         )
         .partitions(PARTITIONS)
         .epoch(5000, 500)
-        .count(schedule.per_partition)
-        .rate(schedule.rate_per_partition)
+        .count(self.per_partition(schedule))
+        .rate(rate)
         .payload_bytes(16)
         .sink_name("events")
         .dynamic("{max_rows_per_batch: 2000, retry_backoff: 200ms, max_retry_backoff: 2s, write_timeout: 2s}")
@@ -227,6 +233,38 @@ fn repair_orphans(
     let (code, sinks) = verify_json(worker_bin!(), spec).unwrap();
     assert_eq!(code, Some(0), "{tag}: verify after re-attaching: {sinks:?}");
     orphans
+}
+
+/// At-most-once: where the run stands once every fault is over. The run the schedule left (if
+/// any) is stopped with SIGTERM, which delivers what it holds (nothing is in flight that a fault
+/// could cut any more) and commits; the committed positions are returned. The last run starts
+/// from there with no fault, so every row it reads must land: a lower bound on the rows
+/// delivered, asserted exactly. The class reads twice the schedule's messages, and the schedule
+/// (rate-limited) ends about halfway, so the bound covers about half of them.
+fn quiet_positions(tag: &str, class: &Class, worker: &mut Worker, state: &Path) -> Vec<u64> {
+    if worker.running() {
+        worker.signal("TERM").unwrap();
+        let code = worker
+            .wait_exit(Duration::from_secs(120))
+            .unwrap_or_else(|err| panic!("{tag}: stopping the run after the schedule: {err:#}"));
+        assert_eq!(
+            code,
+            Some(0),
+            "{tag}: SIGTERM after the schedule\n{}",
+            worker.log_tail()
+        );
+    }
+    let positions = pipeline_status(worker_bin!(), state, class.pipeline)
+        .unwrap()
+        .expect("status failed: not a flow state directory")
+        .positions;
+    // One per partition, in partition order (status keys them by partition number).
+    assert_eq!(
+        positions.len(),
+        PARTITIONS as usize,
+        "{tag}: committed positions after the schedule: {positions:?}"
+    );
+    positions
 }
 
 fn batching() -> Class {
@@ -470,15 +508,16 @@ fn run_class(class: &Class) {
     let schedule = Schedule::from_env();
     let seed = fault_seed(DEFAULT_SEED);
     let tag = format!("[{} seed {seed}]", class.name);
+    let per_partition = class.per_partition(&schedule);
+    let total = PARTITIONS * per_partition;
     println!(
         "{tag} fault suite, {} schedule: {} faults over {} messages (replay with FLOW_FAULT_SEED={seed}{})",
         if schedule.long { "long" } else { "short" },
         schedule.faults,
-        schedule.total(),
+        total,
         if schedule.long { " FLOW_FAULT_LONG=1" } else { "" }
     );
     let mut rng = StdRng::seed_from_u64(seed ^ class.salt.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let total = schedule.total();
 
     let name = unique_name(class.pipeline);
     let table =
@@ -487,7 +526,8 @@ fn run_class(class: &Class) {
     let dir = tempfile::tempdir().unwrap();
     let proxies = Proxies::start(&class.nodes());
     let spec = dir.path().join("spec.yaml");
-    std::fs::write(&spec, class.spec(&name, &schedule, &proxies)).unwrap();
+    let rate = schedule.rate_per_partition;
+    std::fs::write(&spec, class.spec(&name, &schedule, rate, &proxies)).unwrap();
     let state = dir.path().join("state");
     // Dropped in reverse order: the worker dies, the replica fault ends, the cluster is restored,
     // then the proxies stop and the table is dropped on a whole cluster.
@@ -631,6 +671,15 @@ fn run_class(class: &Class) {
     proxies.all_pass();
     replica.join();
     cluster_sh(&["up"]).unwrap();
+    let quiet_from = match class.promise {
+        Promise::AtMostOnce => {
+            let from = quiet_positions(&tag, class, &mut worker, &state);
+            // The rest without a rate limit: the data is a function of the offsets alone.
+            std::fs::write(&spec, class.spec(&name, &schedule, 0, &proxies)).unwrap();
+            Some(from)
+        }
+        Promise::ExactlyOnce | Promise::AtLeastOnce => None,
+    };
     if !worker.running() {
         worker = spawn(&mut runs);
     }
@@ -649,7 +698,7 @@ fn run_class(class: &Class) {
     let (committed, undelivered) = (status.positions.clone(), status.batches());
     assert_eq!(
         committed,
-        vec![schedule.per_partition; PARTITIONS as usize],
+        vec![per_partition; PARTITIONS as usize],
         "{tag}: committed positions after the last run"
     );
     if class.promise == Promise::ExactlyOnce {
@@ -729,7 +778,39 @@ fn run_class(class: &Class) {
                 "{tag}: {losses} ids missing, e.g. {missing:?}"
             );
         }
-        Promise::AtMostOnce => {}
+        Promise::AtMostOnce => {
+            // The lower bound: no fault touched the rows read from the quiet positions on, so
+            // every one of them lands (the losses are all among the rows read before).
+            let from = quiet_from.as_deref().unwrap_or_default();
+            let quiet = |(p, &from): (usize, &u64)| {
+                (from..per_partition).map(move |offset| offset * PARTITIONS + p as u64)
+            };
+            let tail: Vec<u64> = from.iter().enumerate().flat_map(quiet).collect();
+            let lost: Vec<u64> = tail
+                .iter()
+                .copied()
+                .filter(|&id| seen[id as usize] == 0)
+                .collect();
+            assert!(
+                !tail.is_empty(),
+                "{tag}: the schedule left no message to read after the faults (positions {from:?})"
+            );
+            assert!(
+                lost.is_empty(),
+                "{tag}: {} of the {} rows read after every fault was over (from positions \
+                 {from:?}) are missing, e.g. ids {:?}",
+                lost.len(),
+                tail.len(),
+                &lost[..lost.len().min(10)]
+            );
+            let _ = writeln!(
+                report,
+                "after the faults: all {} rows read from positions {from:?} landed; {losses} \
+                 losses among the {} rows read during the schedule",
+                tail.len(),
+                total - tail.len() as u64
+            );
+        }
     }
     if class.promise == Promise::ExactlyOnce {
         assert_eq!(duplicates, 0, "{tag}: duplicates");
