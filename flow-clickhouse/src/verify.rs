@@ -18,11 +18,12 @@ use futures_util::future::join_all;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::classify::ClassifiedError;
-use crate::client::{
+use crate::config::guarantee::SinkClass;
+use crate::config::params::{self, SinkParams};
+use crate::server::classify::ClassifiedError;
+use crate::server::client::{
     build_shards, json_text, json_u64, quote_literal, quote_table, EndpointClient,
 };
-use crate::params::{self, SinkClass, SinkParams};
 use flow_core::Violation;
 
 /// Why a sink could not be verified at all.

@@ -739,7 +739,8 @@ pub async fn load_backlog(
     blocking(move || store.undelivered(&key)).await
 }
 
-async fn blocking<T: Send + 'static>(
+/// Runs a state-store call off the runtime threads.
+pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, flow_state::StateError> + Send + 'static,
 ) -> Result<T, SinkError> {
     tokio::task::spawn_blocking(f)

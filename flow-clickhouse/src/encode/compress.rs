@@ -12,7 +12,7 @@
 
 use bytes::Bytes;
 
-use crate::params::Codec;
+use crate::config::params::Codec;
 
 const CHECKSUM_SIZE: usize = 16;
 const HEADER_SIZE: usize = 9;

@@ -28,9 +28,10 @@ use std::time::Duration;
 
 use flow_core::{to_section, ConfigError, SinkConfig};
 
-use crate::params::{
+use crate::config::guarantee::SinkClass;
+use crate::config::params::{
     self, AtMostOnceDynamic, AtMostOnceStrategy, ClickHouseDynamicParams, ClickHouseParams, Codec,
-    HostSelectionPolicy, OnBadRows, OnExpiredBacklog, SinkClass,
+    HostSelectionPolicy, OnBadRows, OnExpiredBacklog,
 };
 
 /// Builds the configuration of a ClickHouse sink of one class; unset parameters keep the
@@ -687,7 +688,7 @@ mod tests {
 
     #[test]
     fn the_readme_quickstart_built_in_code_is_the_readme_spec() {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../../../README.md");
         let start = readme.find("# spec.yaml\n").unwrap();
         let text = &readme[start..];
         let text = &text[..text.find("```").unwrap()];

@@ -20,9 +20,17 @@ use std::time::Duration;
 
 use flow_core::delivery::now_ms;
 
-use crate::classify::{ClassifiedError, ErrorClass};
-use crate::client::{json_text, quote_table, EndpointClient};
-use crate::session::ColumnMeta;
+use crate::server::classify::{ClassifiedError, ErrorClass};
+use crate::server::client::{json_text, quote_table, EndpointClient};
+
+/// One column of the table as the server describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ColumnMeta {
+    pub name: String,
+    pub type_text: String,
+    pub default_kind: String,
+    pub default_expression: String,
+}
 
 /// How long a verification of a host's columns covers the next INSERT there.
 pub const FRESH: Duration = Duration::from_millis(100);

@@ -20,7 +20,7 @@ use flow_core::{
     StreamType, Value, WideInt,
 };
 
-use crate::chtype::ChType;
+use crate::encode::chtype::ChType;
 
 /// One column to encode: where its value is in the stream row and the table type to encode it as.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1318,3 +1318,6 @@ mod tests {
         assert!(out.is_empty());
     }
 }
+
+#[cfg(test)]
+mod oracle_tests;

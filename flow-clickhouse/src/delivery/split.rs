@@ -21,14 +21,14 @@ use flow_state::{AckExtras, DeadLetter, SealedBatch, SinkPartition, StateStore};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::backlog_age::unanswered_marker;
-use crate::classify::{is_row_rejection, ClassifiedError};
-use crate::compress::{is_framed, seal, unframe};
-use crate::insert::{insert_part, GiveUpReason, InsertFailure, InsertRequest};
-use crate::params::Codec;
-use crate::row_spans::{row_json, RowSpans};
-use crate::session::WriterSession;
-use crate::sink_state::SinkShared;
+use crate::config::params::Codec;
+use crate::delivery::backlog_age::unanswered_marker;
+use crate::delivery::insert::{insert_part, GiveUpReason, InsertFailure, InsertRequest};
+use crate::delivery::sink_state::SinkShared;
+use crate::encode::compress::{is_framed, seal, unframe};
+use crate::encode::row_spans::{row_json, RowSpans};
+use crate::server::classify::{is_row_rejection, ClassifiedError};
+use crate::server::session::WriterSession;
 
 /// The sink value that marks pending entry `seq` of `partition` as delivered in pieces.
 pub fn marker_name(partition: u32, seq: u64) -> String {
@@ -381,7 +381,10 @@ pub fn requeued_batch(dead: &DeadRow, sealed_at_ms: u64) -> Result<SealedBatch, 
     let encoded = resend
         .encoded()
         .ok_or("its stored bytes are not hexadecimal")?;
-    let codec = if resend.format.ends_with(crate::compress::LZ4_FORMAT_SUFFIX) {
+    let codec = if resend
+        .format
+        .ends_with(crate::encode::compress::LZ4_FORMAT_SUFFIX)
+    {
         Some(Codec::Lz4)
     } else if is_framed(&resend.format) {
         Some(Codec::None)

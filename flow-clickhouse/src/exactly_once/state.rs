@@ -9,10 +9,10 @@ use flow_core::registry::SinkBuildContext;
 use flow_core::SinkError;
 use tracing::error;
 
-use crate::fingerprint::{topology_fingerprint, ROUTING_KEY};
-use crate::insert::GiveUpReason;
-use crate::session::WriterSession;
-use crate::sink_state::SinkShared;
+use crate::delivery::insert::GiveUpReason;
+use crate::delivery::sink_state::SinkShared;
+use crate::exactly_once::fingerprint::{topology_fingerprint, ROUTING_KEY};
+use crate::server::session::WriterSession;
 
 /// Exactly-once state shared by every partition of one sink.
 pub struct ExactlyOnce {
@@ -105,7 +105,7 @@ fn blocked_by(reason: &GiveUpReason, partition: u32, token: Option<&str>) -> Sin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::ClassifiedError;
+    use crate::server::classify::ClassifiedError;
 
     #[test]
     fn a_partition_blocked_by_another_partitions_give_up_quotes_its_own_token() {

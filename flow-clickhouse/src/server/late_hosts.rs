@@ -20,12 +20,15 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::classify::ClassifiedError;
-use crate::client::EndpointClient;
-use crate::fingerprint::{endpoint_target_fingerprint, replicated_target_fingerprint, target_key};
-use crate::params::SinkParams;
-use crate::session::{
-    min_capabilities, probe_speaking_its_protocol, schema_difference, Capabilities, ColumnMeta,
+use crate::config::params::SinkParams;
+use crate::exactly_once::fingerprint::{
+    endpoint_target_fingerprint, replicated_target_fingerprint, target_key,
+};
+use crate::server::classify::ClassifiedError;
+use crate::server::client::EndpointClient;
+use crate::server::columns_guard::ColumnMeta;
+use crate::server::probe::{
+    min_capabilities, probe_speaking_its_protocol, schema_difference, Capabilities,
     EndpointMetadata, EngineKind, SessionError,
 };
 

@@ -1,17 +1,17 @@
 //! Reading encoded RowBinary back ([`RowSpans`]): where each row of a part starts, and a row's
 //! values by column name. A part the server refuses is split at row boundaries
-//! ([`crate::split`]), and a row it still refuses is kept as a dead letter in both forms: its
+//! ([`crate::delivery::split`]), and a row it still refuses is kept as a dead letter in both forms: its
 //! exact bytes (to send it again) and its values (for people and tools).
 //!
-//! Every type the encoder writes ([`crate::rowbinary`]) is read here; a type added there must be
+//! Every type the encoder writes ([`crate::encode::rowbinary`]) is read here; a type added there must be
 //! added here too, or splitting a part holding it fails with a clear error instead of guessing.
 
 use serde_json::{Map, Number, Value as Json};
 
 use flow_core::{decimal_width, write_uuid, WideInt};
 
-use crate::chtype::ChType;
-use crate::rowbinary::EncodedColumn;
+use crate::encode::chtype::ChType;
+use crate::encode::rowbinary::EncodedColumn;
 
 /// The rows of one encoded part: `starts[i]..starts[i + 1]` are the bytes of row `i`.
 #[derive(Debug)]
@@ -286,7 +286,7 @@ mod tests {
     use flow_core::{Column, MessageBatch, MessageId, StreamSchema, StreamType, Value};
 
     use super::*;
-    use crate::rowbinary::RowBinaryEncoder;
+    use crate::encode::rowbinary::RowBinaryEncoder;
 
     fn column(name: &str, index: usize, ty: &str) -> EncodedColumn {
         EncodedColumn {

@@ -8,26 +8,27 @@
 //! partition and shard (the shards of a partition are written side by side); every replay sends the stored bytes with the same token
 //! `<namespace><max message id>[:<shard>]`. With a replayable source the outbox keeps only each
 //! batch's bounds and hash; after a restart the batches are rebuilt from the source and checked
-//! ([`crate::rebuild`]) before they are sent. Each partition's batches are sent by a
+//! ([`crate::exactly_once::rebuild`]) before they are sent. Each partition's batches are sent by a
 //! [`ClickHouseDeliverer`].
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use flow_core::delivery::{
-    load_backlog, now_ms, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer, SinkDelivery,
+    blocking, load_backlog, now_ms, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer,
+    SinkDelivery,
 };
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
 use flow_state::SealedBatch;
 
-use crate::cutter::{BatchCutter, EpochCut};
-use crate::deliverer::{ClickHouseDeliverer, PartitionMarks};
-use crate::exactly_once::ExactlyOnce;
-use crate::fingerprint::{check_topology, TopologyDecision};
-use crate::params::SinkClass;
-use crate::rebuild::Requeue;
-use crate::sink_state::{build_shared, SinkShared};
+use crate::config::guarantee::SinkClass;
+use crate::delivery::cutter::{BatchCutter, EpochCut};
+use crate::delivery::sink_state::{build_shared, SinkShared};
+use crate::exactly_once::deliverer::{ClickHouseDeliverer, PartitionMarks};
+use crate::exactly_once::fingerprint::{check_topology, TopologyDecision};
+use crate::exactly_once::rebuild::Requeue;
+use crate::exactly_once::state::ExactlyOnce;
 
 /// Builds either batching class from its spec parameters.
 pub fn build(
@@ -79,18 +80,6 @@ struct BatchingSink {
     /// Whether the persisted fingerprints were compared with (or replaced by) the current ones.
     fingerprints_checked: bool,
     cutter: BatchCutter,
-}
-
-/// Runs a state-store call off the runtime threads.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, flow_state::StateError> + Send + 'static,
-) -> Result<T, SinkError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|err| SinkError::Delivery {
-            reason: format!("state task failed: {err}"),
-        })?
-        .map_err(SinkError::from)
 }
 
 impl BatchingSink {

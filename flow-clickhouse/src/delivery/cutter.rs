@@ -10,12 +10,12 @@ use flow_core::{
 use flow_state::DeadLetter;
 use tokio::sync::watch;
 
-use crate::compress::{is_framed, seal};
-use crate::params::OnBadRows;
-use crate::routing::routing_key;
-use crate::rowbinary::EncodeError;
-use crate::session::WriterSession;
-use crate::sink_state::SinkShared;
+use crate::config::params::OnBadRows;
+use crate::delivery::sink_state::SinkShared;
+use crate::encode::compress::{is_framed, seal};
+use crate::encode::routing::routing_key;
+use crate::encode::rowbinary::EncodeError;
+use crate::server::session::WriterSession;
 
 /// Rows encoded between two yields to the runtime: encoding an epoch takes tens of
 /// milliseconds, during which the thread would otherwise not serve the delivery lanes' HTTP
@@ -438,14 +438,14 @@ mod tests {
         let ctx = flow_core::registry::SinkBuildContext {
             pipeline: "p",
             sink: "s",
-            class: crate::params::SinkClass::Batching.class_name(),
+            class: crate::config::guarantee::SinkClass::Batching.class_name(),
             partitions: 1,
             inputs: &inputs,
         };
         let parameters: serde_yaml::Value =
             serde_yaml::from_str("{host: '127.0.0.1:1', table: t}").expect("parameters parse");
-        crate::sink_state::build_shared(
-            crate::params::SinkClass::Batching,
+        crate::delivery::sink_state::build_shared(
+            crate::config::guarantee::SinkClass::Batching,
             &ctx,
             &parameters,
             &serde_yaml::Value::Null,

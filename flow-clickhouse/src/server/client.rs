@@ -7,12 +7,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{Map, Value as Json};
 
-use crate::backlog_age::BacklogAge;
-use crate::backoff::RetryBackoff;
-use crate::classify::{ClassifiedError, ErrorClass};
-use crate::params::{HostSelectionPolicy, SinkParams};
-use crate::tls::{self, TlsOptions};
-use crate::topology::Endpoint;
+use crate::config::params::{HostSelectionPolicy, SinkParams};
+use crate::config::topology::Endpoint;
+use crate::delivery::backlog_age::BacklogAge;
+use crate::delivery::backoff::RetryBackoff;
+use crate::server::classify::{ClassifiedError, ErrorClass};
+use crate::server::tls::{self, TlsOptions};
 
 /// Connect timeout of every endpoint; the per-operation timeout is `write_timeout`.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -24,11 +24,11 @@ pub struct EndpointClient {
     client: clickhouse::Client,
     /// When the table's columns were last found unchanged here (ms since the Unix epoch; 0:
     /// never), so that an INSERT right after a verified one needs no check of its own
-    /// ([`crate::columns_guard`]).
+    /// ([`crate::server::columns_guard`]).
     pub columns_checked_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Whether inserts may go here: an endpoint unreachable when the session started is left
     /// out of failover until it answers and passes the session's checks
-    /// ([`crate::late_hosts`]).
+    /// ([`crate::server::late_hosts`]).
     pub admitted: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 

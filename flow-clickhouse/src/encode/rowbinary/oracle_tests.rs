@@ -19,8 +19,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use crate::chtype::{check_mapping, ChType};
-use crate::rowbinary::{EncodedColumn, RowBinaryEncoder};
+use crate::encode::chtype::{check_mapping, ChType};
+use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
 
 #[derive(Row, Serialize)]
 struct One<T> {

@@ -1,6 +1,6 @@
 //! One INSERT of one part ([`insert_part`]): sent to the shard's current host, failing over to
 //! the next host after each failed attempt, retried as the sink's guarantee says for the error
-//! class ([`crate::guarantee::Guarantee::on_failure`]), ending early on a stop.
+//! class ([`crate::config::guarantee::Guarantee::on_failure`]), ending early on a stop.
 
 use std::fmt;
 use std::time::Duration;
@@ -13,13 +13,13 @@ use flow_state::ErrorRecord;
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::backlog_age::Expired;
-use crate::classify::{log_unknown, ClassifiedError, ErrorClass};
-use crate::client::{InsertError, ShardClients};
-use crate::cutter::Part;
-use crate::guarantee::{GiveUp, OnFailure};
-use crate::session::WriterSession;
-use crate::sink_state::SinkShared;
+use crate::config::guarantee::{GiveUp, OnFailure};
+use crate::delivery::backlog_age::Expired;
+use crate::delivery::cutter::Part;
+use crate::delivery::sink_state::SinkShared;
+use crate::server::classify::{log_unknown, ClassifiedError, ErrorClass};
+use crate::server::client::{InsertError, ShardClients};
+use crate::server::session::WriterSession;
 
 /// How one INSERT ended without success.
 #[derive(Debug)]
@@ -62,7 +62,7 @@ impl InsertFailure {
 pub trait AttemptLog: Send + Sync {
     /// An attempt sent the whole part and got no verdict; recorded durably before any retry.
     async fn unanswered(&self, error: &ClassifiedError) -> Result<(), SinkError>;
-    /// Whether the part must not be sent again ([`crate::backlog_age::expired`]).
+    /// Whether the part must not be sent again ([`crate::delivery::backlog_age::expired`]).
     fn expired(&self) -> Option<Expired>;
 }
 
@@ -137,10 +137,10 @@ pub struct InsertRequest<'a> {
     /// The payload is in ClickHouse's compression framing.
     pub compressed: bool,
     /// When the part was sealed into the outbox (ms since the Unix epoch): while it cannot be
-    /// sent, its age is watched against the shard's dedup window ([`crate::backlog_age`]).
+    /// sent, its age is watched against the shard's dedup window ([`crate::delivery::backlog_age`]).
     pub sealed_at_ms: Option<u64>,
     /// The code the server already refused these rows with (a piece of a refused part,
-    /// [`crate::split`]): an attempt failing with it again is final, without a retry.
+    /// [`crate::delivery::split`]): an attempt failing with it again is final, without a retry.
     pub answered_code: Option<u32>,
     /// Where unanswered attempts are recorded and expiry is decided (exactly-once classes).
     pub attempts: Option<&'a dyn AttemptLog>,
@@ -169,7 +169,7 @@ impl<'a> InsertRequest<'a> {
 const ADMISSION_POLL: Duration = Duration::from_millis(500);
 
 /// Sends one part to its shard, failing over to the next host after each failed attempt.
-/// Retries follow the sink's guarantee ([`crate::guarantee::Guarantee::on_failure`]).
+/// Retries follow the sink's guarantee ([`crate::config::guarantee::Guarantee::on_failure`]).
 pub async fn insert_part(
     shared: &SinkShared,
     session: &WriterSession,

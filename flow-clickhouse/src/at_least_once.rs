@@ -6,7 +6,7 @@
 //! retried without limit; as in the reference, unknown ones fail the write (and the partition)
 //! after `max_insert_attempts` attempts and permanent ones at once. With
 //! `on_bad_rows: dead_letter` a part the server refuses for its rows is sent in halves
-//! ([`crate::split`]) and the rows it still refuses are committed as dead letters with the epoch.
+//! ([`crate::delivery::split`]) and the rows it still refuses are committed as dead letters with the epoch.
 //! A stop in the middle of an epoch vetoes its commit, so the next run replays it. Accepts all
 //! three host forms; `shard_hosts` routes like the sharded exactly-once sink. It takes no part in
 //! the topology guard.
@@ -24,14 +24,15 @@ use flow_state::{CounterAdd, DeadLetter};
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::classify::{is_row_rejection, ClassifiedError};
-use crate::cutter::{BatchCutter, EpochCut, Part};
-use crate::guarantee::GiveUp;
-use crate::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
-use crate::params::{OnBadRows, SinkClass};
-use crate::session::WriterSession;
-use crate::sink_state::{build_shared, SinkShared};
-use crate::split::{Isolated, RefusedPart};
+use crate::config::guarantee::GiveUp;
+use crate::config::guarantee::SinkClass;
+use crate::config::params::OnBadRows;
+use crate::delivery::cutter::{BatchCutter, EpochCut, Part};
+use crate::delivery::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
+use crate::delivery::sink_state::{build_shared, SinkShared};
+use crate::delivery::split::{Isolated, RefusedPart};
+use crate::server::classify::{is_row_rejection, ClassifiedError};
+use crate::server::session::WriterSession;
 
 pub fn build(
     ctx: &SinkBuildContext<'_>,

@@ -9,7 +9,7 @@
 //! `token_namespace` is our addition.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -17,9 +17,9 @@ use flow_core::registry::parse_parameters;
 use flow_core::Violation;
 use serde::{Deserialize, Serialize};
 
-use crate::guarantee::{Guarantee, HostForms};
-use crate::tls::TlsConfig;
-use crate::topology::{Endpoint, Shard, Topology};
+use crate::config::guarantee::{HostForms, SinkClass};
+use crate::config::topology::{Endpoint, Shard, Topology};
+use crate::server::tls::TlsConfig;
 
 /// The default HTTP port of ClickHouse.
 pub const DEFAULT_PORT: u16 = 8123;
@@ -49,107 +49,6 @@ pub const MAX_BYTES_PER_BATCH: u64 = 256 * 1024 * 1024;
 pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 32 * 1024 * 1024;
 pub const MIN_IN_FLIGHT_BYTES: u64 = 1024 * 1024;
 pub const DEFAULT_TOTAL_QUEUE_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
-
-const REFERENCE_PREFIX: &str = "NYT::NFlow::T";
-
-// ---------------------------------------------------------------------------------------------
-// Sink classes
-
-/// The four sink classes; the class selects the delivery guarantee.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SinkClass {
-    /// `ClickHouseBatchingSink`: exactly-once into one unsharded table (`host` or `hosts`).
-    Batching,
-    /// `ShardedClickHouseBatchingSink`: exactly-once into the shards of `shard_hosts`.
-    ShardedBatching,
-    /// `AtLeastOnceClickHouseSink`.
-    AtLeastOnce,
-    /// `AtMostOnceClickHouseSink`.
-    AtMostOnce,
-}
-
-impl SinkClass {
-    /// Every class, in the order of [`SinkClass::ALL_CLASS_NAMES`].
-    pub const ALL: [SinkClass; 4] = [
-        SinkClass::Batching,
-        SinkClass::ShardedBatching,
-        SinkClass::AtLeastOnce,
-        SinkClass::AtMostOnce,
-    ];
-
-    /// Every accepted class name, canonical and reference alias (`NYT::NFlow::T<name>`), for
-    /// registration: `[ClickHouseBatchingSink, NYT::NFlow::TClickHouseBatchingSink, ...]`.
-    pub const ALL_CLASS_NAMES: [&'static str; 8] = [
-        "ClickHouseBatchingSink",
-        "NYT::NFlow::TClickHouseBatchingSink",
-        "ShardedClickHouseBatchingSink",
-        "NYT::NFlow::TShardedClickHouseBatchingSink",
-        "AtLeastOnceClickHouseSink",
-        "NYT::NFlow::TAtLeastOnceClickHouseSink",
-        "AtMostOnceClickHouseSink",
-        "NYT::NFlow::TAtMostOnceClickHouseSink",
-    ];
-
-    /// Accepts the canonical names and their reference aliases `NYT::NFlow::T<name>`.
-    pub fn from_class_name(name: &str) -> Option<SinkClass> {
-        let canonical = name.strip_prefix(REFERENCE_PREFIX).unwrap_or(name);
-        SinkClass::ALL
-            .into_iter()
-            .find(|class| class.class_name() == canonical)
-    }
-
-    /// The canonical name (no alias).
-    pub fn class_name(self) -> &'static str {
-        match self {
-            SinkClass::Batching => "ClickHouseBatchingSink",
-            SinkClass::ShardedBatching => "ShardedClickHouseBatchingSink",
-            SinkClass::AtLeastOnce => "AtLeastOnceClickHouseSink",
-            SinkClass::AtMostOnce => "AtMostOnceClickHouseSink",
-        }
-    }
-
-    /// The reference alias, `NYT::NFlow::T<canonical name>`.
-    pub fn reference_name(self) -> String {
-        format!("{REFERENCE_PREFIX}{}", self.class_name())
-    }
-
-    /// Canonical names and aliases, as owned strings.
-    pub fn all_names() -> Vec<String> {
-        SinkClass::ALL_CLASS_NAMES
-            .iter()
-            .map(|name| (*name).to_owned())
-            .collect()
-    }
-
-    /// The delivery guarantee of the class.
-    pub fn guarantee(self) -> Guarantee {
-        match self {
-            SinkClass::Batching | SinkClass::ShardedBatching => Guarantee::ExactlyOnce,
-            SinkClass::AtLeastOnce => Guarantee::AtLeastOnce,
-            SinkClass::AtMostOnce => Guarantee::AtMostOnce,
-        }
-    }
-
-    /// The host forms the class accepts.
-    pub fn host_forms(self) -> HostForms {
-        match self {
-            SinkClass::Batching => HostForms::Unsharded,
-            SinkClass::ShardedBatching => HostForms::Sharded,
-            SinkClass::AtLeastOnce | SinkClass::AtMostOnce => HostForms::Any,
-        }
-    }
-
-    /// The batching sinks deliver exactly once (deduplication tokens, outbox).
-    pub fn is_exactly_once(self) -> bool {
-        self.guarantee() == Guarantee::ExactlyOnce
-    }
-}
-
-impl fmt::Display for SinkClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.class_name())
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Static parameters

@@ -14,9 +14,9 @@ use flow_core::delivery::OutboxDelivery;
 use flow_core::{Headroom, MessageBatch, Replay, SinkContext, SinkError};
 use flow_state::{SealedBatch, StoredBatch, StoredBody};
 
-use crate::cutter::{BatchCutter, Part};
-use crate::session::WriterSession;
-use crate::sink_state::SinkShared;
+use crate::delivery::cutter::{BatchCutter, Part};
+use crate::delivery::sink_state::SinkShared;
+use crate::server::session::WriterSession;
 
 /// The stored entries (one per shard still pending) of one logical batch, in seq order.
 struct Pending {

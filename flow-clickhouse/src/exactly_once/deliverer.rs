@@ -3,17 +3,17 @@
 //! Each batch goes to its shard with its token, retried and given up as the guarantee's table
 //! says. Two kinds of pending entries are remembered in the state store as sink values, so that
 //! a restart treats them as the run before did ([`PartitionMarks`]):
-//! - entries being delivered in pieces because the server refused them ([`crate::split`]);
+//! - entries being delivered in pieces because the server refused them ([`crate::delivery::split`]);
 //! - entries an attempt sent without getting a verdict back, which may have landed: once such an
 //!   entry is older than its shard's deduplication window it is not sent again (the server would
 //!   no longer recognise it) but set aside as dead letters, unless `on_expired_backlog: send`
-//!   ([`crate::backlog_age::expired`]).
+//!   ([`crate::delivery::backlog_age::expired`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use flow_core::delivery::{now_ms, BatchDeliverer};
+use flow_core::delivery::{blocking, now_ms, BatchDeliverer};
 use flow_core::{SinkContext, SinkCount, SinkError, SinkMetrics};
 use flow_state::{
     AckExtras, CounterAdd, ErrorRecord, SealedBatch, SinkPartition, StateError, StateStore,
@@ -22,19 +22,22 @@ use flow_state::{
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::backlog_age::{expired, unanswered_marker, unanswered_prefix, Expired};
-use crate::batching_sink::blocking;
-use crate::classify::{is_row_rejection, ClassifiedError};
-use crate::compress::is_framed;
-use crate::exactly_once::ExactlyOnce;
-use crate::fingerprint::target_key;
-use crate::insert::{insert_part, AttemptLog, GiveUpReason, InsertFailure, InsertRequest};
-use crate::late_hosts::LateTarget;
-use crate::params::{OnBadRows, OnExpiredBacklog};
-use crate::rebuild::Requeue;
-use crate::session::WriterSession;
-use crate::sink_state::SinkShared;
-use crate::split::{marker_prefix, refusal_from_marker, RefusedPart, SplitOutcome, SplitPart};
+use crate::config::params::{OnBadRows, OnExpiredBacklog};
+use crate::delivery::backlog_age::{expired, unanswered_marker, unanswered_prefix, Expired};
+use crate::delivery::insert::{
+    insert_part, AttemptLog, GiveUpReason, InsertFailure, InsertRequest,
+};
+use crate::delivery::sink_state::SinkShared;
+use crate::delivery::split::{
+    marker_prefix, refusal_from_marker, RefusedPart, SplitOutcome, SplitPart,
+};
+use crate::encode::compress::is_framed;
+use crate::exactly_once::fingerprint::target_key;
+use crate::exactly_once::rebuild::Requeue;
+use crate::exactly_once::state::ExactlyOnce;
+use crate::server::classify::{is_row_rejection, ClassifiedError};
+use crate::server::late_hosts::LateTarget;
+use crate::server::session::WriterSession;
 
 /// What the state store remembers about a partition's pending entries, by sequence number.
 #[derive(Debug, Default)]
@@ -167,7 +170,7 @@ impl ClickHouseDeliverer {
         Ok(())
     }
 
-    /// Waits until a shard that did not answer at the session start ([`crate::late_hosts`]) has
+    /// Waits until a shard that did not answer at the session start ([`crate::server::late_hosts`]) has
     /// a known target, and checks it against the fingerprint this partition's pending batches
     /// were sealed under (recording it where none was); `false` once stopping. A shard whose
     /// table is another one gets nothing: its batches stay in the outbox, and the lanes of the

@@ -494,6 +494,7 @@ impl ServerTypes {
 /// The error explains the fix, e.g. "column `user_id`: the stream has uint32 but the table has
 /// UInt64; declare the stream column as uint64 or change the table column to UInt32"; when the
 /// fitting column type is one the server lacks, it says so with the server's version.
+#[cfg(any(test, feature = "testing"))]
 pub fn check_mapping(column: &str, stream: &StreamType, table: &ChType) -> Result<(), String> {
     check_mapping_on(column, stream, table, &ServerTypes::default())
 }

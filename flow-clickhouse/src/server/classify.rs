@@ -5,7 +5,7 @@
 //! `TOO_MANY_PARTS` (inserts are throttled until merges catch up) and 319
 //! `UNKNOWN_STATUS_OF_INSERT` (the insert may or may not have landed; retrying with the same
 //! deduplication token is the way to find out) as retryable. Any other code is
-//! [`ErrorClass::Unknown`]: callers retry it a bounded number of times ([`should_retry`]) and log
+//! [`ErrorClass::Unknown`]: callers retry it a bounded number of times ([`crate::config::guarantee::should_retry`]) and log
 //! it with [`log_unknown`] (`needs_classification = true`) so it can be added to a table.
 //!
 //! How the `clickhouse` crate (0.15) reports server errors: every failed HTTP response becomes
@@ -16,8 +16,6 @@
 //! middle of a streamed response is also `BadResponse`, starting at its `Code:`.
 
 use std::fmt;
-
-use crate::guarantee::Retry;
 
 /// What to do with a failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,12 +248,12 @@ impl ClassifiedError {
     /// broken connection is retryable; everything else (compression, decompression, data format,
     /// schema mismatch, ...) is unknown.
     pub fn from_clickhouse(err: &clickhouse::error::Error) -> Self {
-        if crate::protocol::tls_met_plain_text(err) {
+        if crate::server::protocol::tls_met_plain_text(err) {
             // Retrying cannot help: the configuration must change.
             return ClassifiedError {
                 class: ErrorClass::Permanent,
                 code: None,
-                message: crate::protocol::TLS_TO_PLAIN.to_owned(),
+                message: crate::server::protocol::TLS_TO_PLAIN.to_owned(),
             };
         }
         match err {
@@ -316,13 +314,6 @@ impl fmt::Display for ClassifiedError {
 }
 
 impl std::error::Error for ClassifiedError {}
-
-/// The retry decision by error class (session start; inserts via their guarantee's table, which
-/// uses the same [`Retry`]): whether to try again after the `attempt`-th failed attempt (1-based):
-/// retryable errors always, unknown ones while `attempt < max_insert_attempts`, permanent never.
-pub fn should_retry(class: ErrorClass, attempt: u32, max_insert_attempts: u32) -> bool {
-    Retry::by_class(class).again(attempt, max_insert_attempts)
-}
 
 /// Logs an unclassified error as a structured warning with `needs_classification = true`, so gaps
 /// in the tables surface from real traffic. Does nothing for classified errors.
@@ -615,20 +606,6 @@ mod tests {
             ClassifiedError::network("connection refused").to_string(),
             "retryable error: connection refused"
         );
-    }
-
-    #[test]
-    fn should_retry_retryable_always_unknown_until_max_permanent_never() {
-        for attempt in [1, 10, 11, 1000, u32::MAX] {
-            assert!(should_retry(ErrorClass::Retryable, attempt, 10));
-            assert!(!should_retry(ErrorClass::Permanent, attempt, 10));
-        }
-        assert!(should_retry(ErrorClass::Unknown, 1, 10));
-        assert!(should_retry(ErrorClass::Unknown, 9, 10));
-        assert!(!should_retry(ErrorClass::Unknown, 10, 10));
-        assert!(!should_retry(ErrorClass::Unknown, 11, 10));
-        // max_insert_attempts = 1: the first failure is final.
-        assert!(!should_retry(ErrorClass::Unknown, 1, 1));
     }
 
     #[test]

@@ -32,11 +32,12 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::compress::seal;
-use crate::cutter::{encode_routed, reject_row, BadRows, BatchCutter, Part};
-use crate::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
-use crate::params::{SinkClass, DEFAULT_TOTAL_QUEUE_BYTES_LIMIT};
-use crate::sink_state::{build_shared, SinkShared};
+use crate::config::guarantee::SinkClass;
+use crate::config::params::DEFAULT_TOTAL_QUEUE_BYTES_LIMIT;
+use crate::delivery::cutter::{encode_routed, reject_row, BadRows, BatchCutter, Part};
+use crate::delivery::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
+use crate::delivery::sink_state::{build_shared, SinkShared};
+use crate::encode::compress::seal;
 
 /// Parts a partition may keep waiting for ordered delivery before its epochs wait.
 const PENDING_PARTS: usize = 8;
@@ -462,7 +463,7 @@ impl SharedQueue {
     fn enqueue(
         &self,
         shared: &SinkShared,
-        session: &crate::session::WriterSession,
+        session: &crate::server::session::WriterSession,
         batch: &flow_core::MessageBatch,
         limit: u64,
         counters: &Counters,

@@ -290,6 +290,7 @@ impl ConfiguredRootsVerifier {
     /// configured CA files and directory are its roots and its pinned certificates. `None` when
     /// neither is configured (the system roots are used then). `enable_tls` and
     /// `skip_verification` are not looked at.
+    #[cfg(any(test, feature = "testing"))]
     pub fn from_options(options: &TlsOptions) -> Result<Option<Self>, TlsError> {
         Self::with_provider(options, Arc::new(rustls::crypto::ring::default_provider()))
     }
