@@ -32,8 +32,8 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::config::dynamic::DEFAULT_TOTAL_QUEUE_BYTES_LIMIT;
 use crate::config::guarantee::SinkClass;
-use crate::config::params::DEFAULT_TOTAL_QUEUE_BYTES_LIMIT;
 use crate::delivery::cutter::{encode_routed, reject_row, BadRows, BatchCutter, Part};
 use crate::delivery::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
 use crate::delivery::sink_state::{build_shared, SinkShared};

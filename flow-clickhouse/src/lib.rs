@@ -62,10 +62,10 @@ use std::sync::Arc;
 use flow_core::Registry;
 
 pub use config::builder::{ClickHouseSink, ClickHouseSinkConfig};
+pub use config::dynamic::{AtMostOnceDynamic, ClickHouseDynamicParams};
 pub use config::guarantee::{Guarantee, SinkClass};
 pub use config::params::{
-    AtMostOnceDynamic, AtMostOnceStrategy, ClickHouseDynamicParams, ClickHouseParams, Codec,
-    HostSelectionPolicy, OnBadRows, OnExpiredBacklog,
+    AtMostOnceStrategy, ClickHouseParams, Codec, HostSelectionPolicy, OnBadRows, OnExpiredBacklog,
 };
 pub use delivery::split::requeued_batch;
 pub use server::classify::{ClassifiedError, ErrorClass};

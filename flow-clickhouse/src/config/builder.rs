@@ -28,10 +28,11 @@ use std::time::Duration;
 
 use flow_core::{to_section, ConfigError, SinkConfig};
 
+use crate::config::dynamic::{self, AtMostOnceDynamic, ClickHouseDynamicParams};
 use crate::config::guarantee::SinkClass;
 use crate::config::params::{
-    self, AtMostOnceDynamic, AtMostOnceStrategy, ClickHouseDynamicParams, ClickHouseParams, Codec,
-    HostSelectionPolicy, OnBadRows, OnExpiredBacklog,
+    self, AtMostOnceStrategy, ClickHouseParams, Codec, HostSelectionPolicy, OnBadRows,
+    OnExpiredBacklog,
 };
 
 /// Builds the configuration of a ClickHouse sink of one class; unset parameters keep the
@@ -346,7 +347,7 @@ impl ClickHouseSinkConfig {
         self,
         dynamic_parameters: ClickHouseDynamicParams,
     ) -> Result<ClickHouseSinkConfig, ConfigError> {
-        match params::parse_dynamic(self.class, &to_section(&dynamic_parameters)) {
+        match dynamic::parse_dynamic(self.class, &to_section(&dynamic_parameters)) {
             Ok(dynamic_parameters) => Ok(ClickHouseSinkConfig {
                 dynamic_parameters,
                 ..self

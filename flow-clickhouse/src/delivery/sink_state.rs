@@ -17,9 +17,10 @@ use flow_core::{EpochOutcome, SinkError, StreamSchema, Violation};
 use tokio::sync::{watch, OnceCell};
 use tracing::{info, warn};
 
+use crate::config::dynamic::{self, ClickHouseDynamicParams};
 use crate::config::guarantee::should_retry;
 use crate::config::guarantee::SinkClass;
-use crate::config::params::{self, ClickHouseDynamicParams, ClickHouseParams, SinkParams};
+use crate::config::params::{self, ClickHouseParams, SinkParams};
 use crate::delivery::backoff::RetryBackoff;
 use crate::encode::routing::RendezvousRouter;
 use crate::server::session::WriterSession;
@@ -111,7 +112,7 @@ impl SinkShared {
 
     /// Validates and swaps the dynamic parameters (SIGHUP).
     pub fn reconfigure(&self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
-        let parsed = params::parse_dynamic(self.class, dynamic)
+        let parsed = dynamic::parse_dynamic(self.class, dynamic)
             .map_err(|v| SinkError::Refused(Violation::list(&v)))?;
         if let Some(session) = self.session.get() {
             if let Err(reason) = session.check_dynamic(&self.params.spec, &parsed) {

@@ -9,8 +9,9 @@ use flow_core::StreamSchema;
 use futures_util::future::join_all;
 use tracing::{info, warn};
 
+use crate::config::dynamic::ClickHouseDynamicParams;
 use crate::config::guarantee::SinkClass;
-use crate::config::params::{ClickHouseDynamicParams, ClickHouseParams, SinkParams};
+use crate::config::params::{ClickHouseParams, SinkParams};
 use crate::encode::chtype::{check_mapping_on, ChType, ServerTypes};
 use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
 use crate::exactly_once::fingerprint::{
