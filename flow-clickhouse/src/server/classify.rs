@@ -330,7 +330,7 @@ pub fn log_unknown(err: &ClassifiedError, database: &str, table: &str, endpoint:
         code_name = err.code_name(),
         error = %err.message,
         "unclassified ClickHouse error; add its code to RETRYABLE_CODES or PERMANENT_CODES in \
-         flow-clickhouse/src/classify.rs"
+         flow-clickhouse/src/server/classify.rs"
     );
 }
 
@@ -608,20 +608,44 @@ mod tests {
         );
     }
 
+    /// What [`log_unknown`] writes for `err`, through a plain-text subscriber.
+    fn logged(err: &ClassifiedError) -> String {
+        #[derive(Clone, Default)]
+        struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .with_target(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            log_unknown(err, "default", "events", "127.0.0.1:18123")
+        });
+        let bytes = buffer.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
     #[test]
-    fn log_unknown_accepts_any_error() {
-        // No subscriber is installed: this checks that the call compiles and does not panic.
-        log_unknown(
-            &ClassifiedError::from_server(Some(62), "Syntax error"),
-            "default",
-            "events",
-            "127.0.0.1:18123",
+    fn log_unknown_logs_an_unclassified_error_with_its_fields_and_nothing_else() {
+        assert_eq!(
+            logged(&ClassifiedError::from_server(Some(62), "Syntax error")),
+            " WARN unclassified ClickHouse error; add its code to RETRYABLE_CODES or \
+             PERMANENT_CODES in flow-clickhouse/src/server/classify.rs needs_classification=true \
+             database=\"default\" table=\"events\" endpoint=\"127.0.0.1:18123\" code=62 \
+             code_name=\"SYNTAX_ERROR\" error=Syntax error\n"
         );
-        log_unknown(
-            &ClassifiedError::network("refused"),
-            "default",
-            "events",
-            "127.0.0.1:18123",
-        );
+        // A classified error is not logged.
+        assert_eq!(logged(&ClassifiedError::network("refused")), "");
     }
 }

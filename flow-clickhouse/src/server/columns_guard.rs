@@ -21,7 +21,7 @@ use std::time::Duration;
 use flow_core::delivery::now_ms;
 
 use crate::server::classify::{ClassifiedError, ErrorClass};
-use crate::server::client::{json_text, quote_table, EndpointClient};
+use crate::server::client::{json_text, quote_literal, quote_table, EndpointClient};
 
 /// One column of the table as the server describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,9 +43,22 @@ pub struct ColumnsGuard {
 }
 
 impl ColumnsGuard {
-    /// The query reading `database.table`'s columns in table order.
+    /// The query reading `database.table`'s columns in table order before and after each
+    /// INSERT: `DESCRIBE TABLE` touches only this table (see the module doc).
     pub fn query(database: &str, table: &str) -> String {
         format!("DESCRIBE TABLE {}", quote_table(database, table))
+    }
+
+    /// The query the session start reads `database.table`'s columns with: `system.columns`
+    /// (18.16 has it, with `default_kind`), in table order, its kind named as `DESCRIBE`
+    /// names it (`default_type`) so that [`read_columns`] reads both answers alike and the
+    /// guard compares like with like.
+    pub fn system_columns_query(database: &str, table: &str) -> String {
+        format!(
+            "SELECT name, type, default_kind AS default_type, default_expression FROM system.columns WHERE database = {} AND table = {}",
+            quote_literal(database),
+            quote_literal(table)
+        )
     }
 
     pub fn new(sql: String, expected: Vec<ColumnMeta>) -> ColumnsGuard {
@@ -111,7 +124,8 @@ impl ColumnsGuard {
     }
 }
 
-/// The columns `sql` (see [`ColumnsGuard::query`]) describes on `endpoint`, in table order.
+/// The columns `sql` (see [`ColumnsGuard::query`] and [`ColumnsGuard::system_columns_query`])
+/// describes on `endpoint`, in table order.
 pub async fn read_columns(
     endpoint: &EndpointClient,
     sql: &str,

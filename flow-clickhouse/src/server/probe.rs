@@ -182,7 +182,7 @@ async fn ask(endpoint: &EndpointClient, params: &ClickHouseParams, timeout: Dura
         "SHOW CREATE TABLE {}",
         quote_table(&params.database, &params.table)
     );
-    let columns_sql = ColumnsGuard::query(&params.database, &params.table);
+    let columns_sql = ColumnsGuard::system_columns_query(&params.database, &params.table);
     let (tables, columns, settings, zookeeper_name_column, merge_tree_defaults, create, types) = tokio::join!(
         endpoint.query_json(&tables, timeout),
         read_columns(endpoint, &columns_sql, timeout),
