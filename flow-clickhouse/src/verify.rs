@@ -22,16 +22,17 @@ use crate::config::guarantee::SinkClass;
 use crate::config::params::{self, SinkParams};
 use crate::server::classify::ClassifiedError;
 use crate::server::client::{
-    build_shards, json_text, json_u64, quote_literal, quote_table, EndpointClient,
+    build_shards, json_text, json_u64, quote_literal, quote_table, ClientsError, EndpointClient,
 };
 use flow_core::Violation;
 
 /// Why a sink could not be verified at all.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum VerifyError {
-    /// The HTTP clients of the sink's endpoints could not be built (TLS files, URL).
+    /// The HTTP clients of the sink's endpoints could not be built (TLS files, the password).
     #[error("cannot build the clients of the sink: {0}")]
-    Clients(String),
+    Clients(#[source] ClientsError),
     /// The sink's parameters do not validate.
     #[error("invalid sink parameters: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Parameters(Vec<Violation>),

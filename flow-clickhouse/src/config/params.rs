@@ -176,6 +176,24 @@ impl Default for ClickHouseParams {
     }
 }
 
+/// Why the password named by `password_env_var` could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the environment variable `{var}` named by parameters.password_env_var is {}",
+    match source {
+        std::env::VarError::NotPresent => "not set; export it with the ClickHouse password, or \
+            set password_env_var to \"\" to connect without a password",
+        std::env::VarError::NotUnicode(_) => "not valid UTF-8; export the password as UTF-8 text",
+    }
+)]
+pub struct PasswordError {
+    /// The variable.
+    pub var: String,
+    /// Why it could not be read.
+    #[source]
+    pub source: std::env::VarError,
+}
+
 /// The static parameters, validated once: the spec as written, its host entries parsed into a
 /// [`Topology`], its TLS settings into an optional [`TlsConfig`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -202,21 +220,16 @@ impl ClickHouseParams {
 
     /// The password, read from `password_env_var` (call it when creating a client). `Ok(None)`
     /// when no variable is named; `Err` naming the variable when it is unset or not UTF-8.
-    pub fn password(&self) -> Result<Option<String>, String> {
+    pub fn password(&self) -> Result<Option<String>, PasswordError> {
         let Some(var) = &self.password_env_var else {
             return Ok(None);
         };
         match std::env::var(var) {
             Ok(password) => Ok(Some(password)),
-            Err(std::env::VarError::NotPresent) => Err(format!(
-                "the environment variable `{var}` named by parameters.password_env_var is not set; \
-                 export it with the ClickHouse password, or set password_env_var to \"\" to \
-                 connect without a password"
-            )),
-            Err(std::env::VarError::NotUnicode(_)) => Err(format!(
-                "the environment variable `{var}` named by parameters.password_env_var is not valid \
-                 UTF-8; export the password as UTF-8 text"
-            )),
+            Err(source) => Err(PasswordError {
+                var: var.clone(),
+                source,
+            }),
         }
     }
 
@@ -1259,17 +1272,19 @@ mod tests {
     #[test]
     fn password_is_read_from_the_named_variable() {
         let mut p = ClickHouseParams::default();
-        assert_eq!(p.password(), Ok(None));
+        assert_eq!(p.password().unwrap(), None);
         p.password_env_var = Some("FLOW_CLICKHOUSE_PARAMS_TEST_SURELY_UNSET_VAR".into());
         let err = p.password().unwrap_err();
-        assert!(
-            err.contains("`FLOW_CLICKHOUSE_PARAMS_TEST_SURELY_UNSET_VAR`")
-                && err.contains("is not set"),
-            "{err}"
+        assert_eq!(
+            err.to_string(),
+            "the environment variable `FLOW_CLICKHOUSE_PARAMS_TEST_SURELY_UNSET_VAR` named by \
+             parameters.password_env_var is not set; export it with the ClickHouse password, or \
+             set password_env_var to \"\" to connect without a password"
         );
+        assert_eq!(err.source, std::env::VarError::NotPresent);
         // PATH is set in every test environment.
         p.password_env_var = Some("PATH".into());
-        assert_eq!(p.password(), Ok(std::env::var("PATH").ok()));
+        assert_eq!(p.password().unwrap(), std::env::var("PATH").ok());
     }
 
     #[test]

@@ -347,7 +347,7 @@ pub fn reject_row(
     if shared.params.spec.on_bad_rows == OnBadRows::Stop {
         return Err(SinkError::Rejected {
             message_id: row.id().to_string(),
-            reason: rejected.error.to_string(),
+            source: Box::new(rejected.error),
         });
     }
     if let BadRows::Record(dead) = bad_rows {

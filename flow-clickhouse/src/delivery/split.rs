@@ -209,7 +209,7 @@ impl RefusedPart<'_> {
         token: Option<&str>,
     ) -> Result<PendingLetter, SinkError> {
         let columns = session.encoder.columns();
-        let row = row_json(columns, encoded).map_err(|err| self.unreadable(&err.to_string()))?;
+        let row = row_json(columns, encoded).map_err(|err| self.unreadable(err))?;
         // A part that holds every message of its bounds has row i at offset first + i; a sharded
         // part, or one with rows filtered or set aside, only knows its bounds.
         let contiguous = self.last_offset - self.first_offset + 1 == self.rows;
@@ -256,18 +256,19 @@ impl RefusedPart<'_> {
     /// The part's encoded rows and where each starts: what both splitting and setting aside
     /// work on.
     fn read_rows(&self, session: &WriterSession) -> Result<(Vec<u8>, RowSpans), SinkError> {
-        let rows = unframe(self.format, self.payload).map_err(|why| self.unreadable(&why))?;
+        let rows = unframe(self.format, self.payload).map_err(|err| self.unreadable(err))?;
         let spans = RowSpans::parse(session.encoder.columns(), &rows)
-            .map_err(|err| self.unreadable(&err.to_string()))?;
+            .map_err(|err| self.unreadable(err))?;
         Ok((rows, spans))
     }
 
-    fn unreadable(&self, reason: &str) -> SinkError {
-        SinkError::Delivery {
-            reason: format!(
-                "the server refused a batch (token {}) and its rows cannot be read back to isolate the refused ones: {reason}",
+    fn unreadable(&self, error: impl std::error::Error + Send + Sync + 'static) -> SinkError {
+        SinkError::DeliveryFailed {
+            context: format!(
+                "the server refused a batch (token {}) and its rows cannot be read back to isolate the refused ones",
                 self.token.unwrap_or("none")
             ),
+            source: Box::new(error),
         }
     }
 }

@@ -94,32 +94,54 @@ fn finish_frame(frame: &mut [u8], method: u8, data_len: usize) {
     frame[..header].copy_from_slice(&checksum.to_le_bytes());
 }
 
+/// Why a stored payload does not unframe.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UnframeError {
+    /// The payload is shorter than a frame header.
+    #[error("a frame of {0} bytes has no header")]
+    NoHeader(usize),
+    /// The header's length and the payload's disagree.
+    #[error("the frame says {said} bytes, the payload holds {held}")]
+    Length {
+        /// The length the header gives.
+        said: usize,
+        /// The bytes the payload holds after the checksum.
+        held: usize,
+    },
+    /// The LZ4 block does not decompress.
+    #[error("the LZ4 frame does not decompress: {0}")]
+    Lz4(#[source] lz4_flex::block::DecompressError),
+    /// The header names a method this sink does not write.
+    #[error("unknown frame method {0:#x}")]
+    Method(u8),
+}
+
 /// The encoded rows inside a stored payload of `format`: the payload itself when it is not
 /// framed, else the data of its one frame (LZ4 decompressed). Errors name what is wrong.
-pub fn unframe(format: &str, payload: &[u8]) -> Result<Vec<u8>, String> {
+pub fn unframe(format: &str, payload: &[u8]) -> Result<Vec<u8>, UnframeError> {
     if !is_framed(format) {
         return Ok(payload.to_vec());
     }
     let header = payload
         .get(CHECKSUM_SIZE..CHECKSUM_SIZE + HEADER_SIZE)
-        .ok_or_else(|| format!("a frame of {} bytes has no header", payload.len()))?;
+        .ok_or(UnframeError::NoHeader(payload.len()))?;
     let word = |at: usize| {
         u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]) as usize
     };
     let (frame_len, raw_len) = (word(1), word(5));
     let frame = &payload[CHECKSUM_SIZE..];
     if frame.len() != frame_len || frame_len < HEADER_SIZE {
-        return Err(format!(
-            "the frame says {frame_len} bytes, the payload holds {}",
-            frame.len()
-        ));
+        return Err(UnframeError::Length {
+            said: frame_len,
+            held: frame.len(),
+        });
     }
     let data = &frame[HEADER_SIZE..];
     match header[0] {
-        METHOD_LZ4 => lz4_flex::block::decompress(data, raw_len)
-            .map_err(|err| format!("the LZ4 frame does not decompress: {err}")),
+        METHOD_LZ4 => lz4_flex::block::decompress(data, raw_len).map_err(UnframeError::Lz4),
         METHOD_NONE => Ok(data.to_vec()),
-        other => Err(format!("unknown frame method {other:#x}")),
+        other => Err(UnframeError::Method(other)),
     }
 }
 
@@ -168,11 +190,13 @@ mod tests {
             let (format, payload) = seal(codec, &data);
             assert_eq!(unframe(&format, &payload).unwrap(), data);
             assert_eq!(unframe_checked(&payload), data);
-            let cut = unframe(&format, &payload[..payload.len() - 1]).unwrap_err();
+            let cut = unframe(&format, &payload[..payload.len() - 1])
+                .unwrap_err()
+                .to_string();
             assert!(cut.contains("the payload holds"), "{cut}");
         }
         assert_eq!(unframe("RowBinary", b"raw").unwrap(), b"raw");
-        let short = unframe("RowBinary;lz4", &[0; 10]).unwrap_err();
+        let short = unframe("RowBinary;lz4", &[0; 10]).unwrap_err().to_string();
         assert!(short.contains("no header"), "{short}");
     }
 

@@ -99,7 +99,7 @@ impl BatchingSink {
         let mut current = self.exactly_once.current_fingerprints(&session);
         session.late_targets.fill(&mut current, &persisted);
         let decision = check_topology(&persisted, &current, undelivered, oldest.as_deref())
-            .map_err(|err| SinkError::Refused(err.to_string()))?;
+            .map_err(|err| SinkError::Plugin(Box::new(err)))?;
         if decision == TopologyDecision::Adopt && persisted != current {
             self.ctx
                 .store

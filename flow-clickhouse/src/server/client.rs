@@ -7,12 +7,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{Map, Value as Json};
 
-use crate::config::params::{HostSelectionPolicy, SinkParams};
+use crate::config::params::{HostSelectionPolicy, PasswordError, SinkParams};
 use crate::config::topology::Endpoint;
 use crate::delivery::backlog_age::BacklogAge;
 use crate::delivery::backoff::RetryBackoff;
 use crate::server::classify::{ClassifiedError, ErrorClass};
-use crate::server::tls::{self, TlsOptions};
+use crate::server::tls::{self, TlsError, TlsOptions};
 
 /// Connect timeout of every endpoint; the per-operation timeout is `write_timeout`.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -62,10 +62,22 @@ impl ShardClients {
     }
 }
 
+/// Why the clients of a sink could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientsError {
+    /// The TLS configuration (CA files, verifier) failed.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The password could not be read.
+    #[error(transparent)]
+    Password(#[from] PasswordError),
+}
+
 /// Builds the clients of every shard. The password is read from its environment variable now.
-pub fn build_shards(params: &SinkParams) -> Result<Vec<ShardClients>, String> {
+pub fn build_shards(params: &SinkParams) -> Result<Vec<ShardClients>, ClientsError> {
     let options = TlsOptions::from_config(params.tls.as_ref());
-    let base = tls::base_client(&options, CONNECT_TIMEOUT).map_err(|err| err.to_string())?;
+    let base = tls::base_client(&options, CONNECT_TIMEOUT)?;
     let spec = &params.spec;
     let password = spec.password()?;
     let scheme = tls::scheme(&options);

@@ -270,6 +270,7 @@ async fn admit(host: &LateHost, check: &LateCheck) -> Result<EndpointMetadata, N
         Ok(meta) => meta,
         Err(SessionError::Unreachable { .. }) => return Err(NotYet::Unreachable),
         Err(SessionError::Refused { reason, .. }) => return Err(NotYet::Mismatch(reason)),
+        Err(err @ SessionError::Clients { .. }) => return Err(NotYet::Mismatch(err.to_string())),
     };
     check_table(&meta, check)?;
     let Some(reference) = &host.reference else {

@@ -11,7 +11,9 @@ use tracing::debug;
 use crate::config::params::{ClickHouseParams, SinkParams};
 use crate::encode::chtype::ServerTypes;
 use crate::server::classify::{ClassifiedError, ErrorClass};
-use crate::server::client::{json_text, json_u64, quote_literal, quote_table, EndpointClient};
+use crate::server::client::{
+    json_text, json_u64, quote_literal, quote_table, ClientsError, EndpointClient,
+};
 use crate::server::columns_guard::{read_columns, ColumnMeta, ColumnsGuard};
 use crate::server::dedup_window::{engine_clause, DedupWindows, DEDUP_WINDOW_SETTINGS};
 
@@ -23,6 +25,14 @@ pub enum SessionError {
     Unreachable {
         endpoint: String,
         cause: ClassifiedError,
+    },
+    /// The clients of the target's endpoints cannot be built (TLS files, the password).
+    #[error("{source}")]
+    Clients {
+        database: String,
+        table: String,
+        #[source]
+        source: ClientsError,
     },
     /// The target cannot be written as configured; the message says why and what to do.
     #[error("{reason}")]
@@ -38,7 +48,7 @@ impl SessionError {
     pub fn class(&self) -> ErrorClass {
         match self {
             SessionError::Unreachable { .. } => ErrorClass::Retryable,
-            SessionError::Refused { .. } => ErrorClass::Permanent,
+            SessionError::Refused { .. } | SessionError::Clients { .. } => ErrorClass::Permanent,
         }
     }
 
@@ -47,6 +57,9 @@ impl SessionError {
     pub fn into_sink_error(self) -> SinkError {
         let context = match &self {
             SessionError::Refused {
+                database, table, ..
+            }
+            | SessionError::Clients {
                 database, table, ..
             } => format!("Refusing to start the ClickHouse sink for {database}.{table}"),
             SessionError::Unreachable { .. } => "Cannot start the ClickHouse sink".to_owned(),

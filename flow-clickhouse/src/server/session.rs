@@ -141,7 +141,11 @@ impl WriterSession {
             table: params.table.clone(),
             reason,
         };
-        let shards = build_shards(sink_params).map_err(refused)?;
+        let shards = build_shards(sink_params).map_err(|source| SessionError::Clients {
+            database: params.database.clone(),
+            table: params.table.clone(),
+            source,
+        })?;
         let timeout = dynamic.write_timeout;
 
         let mut first: Option<(String, EndpointMetadata)> = None;

@@ -74,6 +74,7 @@ impl TlsOptions {
 
 /// Why the TLS client could not be built.
 #[derive(thiserror::Error, Debug)]
+#[non_exhaustive]
 pub enum TlsError {
     /// A CA file or the CA directory could not be read.
     #[error("cannot read TLS CA path {}: {source}", path.display())]
@@ -91,16 +92,17 @@ pub enum TlsError {
         path: PathBuf,
     },
     /// A CA file holds a malformed or unusable certificate.
-    #[error("bad certificate in TLS CA file {}: {reason}", path.display())]
+    #[error("bad certificate in TLS CA file {}: {source}", path.display())]
     BadCertificate {
         /// The file.
         path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
+        /// What is wrong with it (the PEM reader's or rustls's error).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The TLS configuration could not be built.
     #[error("TLS configuration error: {0}")]
-    Config(String),
+    Config(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// The scheme to use in endpoint URLs: "https" when TLS is enabled, else "http".
@@ -160,7 +162,7 @@ fn client_config(options: &TlsOptions) -> Result<ClientConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?;
+        .map_err(|e| TlsError::Config(Box::new(e)))?;
 
     if options.skip_verification {
         tracing::warn!(
@@ -241,7 +243,7 @@ fn read_pem_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, Tl
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| TlsError::BadCertificate {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            source: Box::new(e),
         })?;
     if certs.is_empty() {
         return Err(TlsError::NoCertificates {
@@ -309,12 +311,12 @@ impl ConfiguredRootsVerifier {
                 .add(cert.clone())
                 .map_err(|e| TlsError::BadCertificate {
                     path: path.clone(),
-                    reason: e.to_string(),
+                    source: Box::new(e),
                 })?;
         }
         let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
             .build()
-            .map_err(|e| TlsError::Config(e.to_string()))?;
+            .map_err(|e| TlsError::Config(Box::new(e)))?;
         Ok(Some(ConfiguredRootsVerifier {
             inner,
             pinned: configured.into_iter().map(|(_, cert)| cert).collect(),
