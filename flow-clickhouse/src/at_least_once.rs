@@ -105,7 +105,7 @@ impl EpochInserts {
                     }
                 }
                 Err(InsertFailure::GaveUp(gave_up)) => {
-                    return self.given_up(&part.shard, &gave_up, retry_after)
+                    return self.given_up(self.shared.shard_name(part.shard), &gave_up, retry_after)
                 }
                 Err(other) => return Err(other.into_sink_error()),
             }
@@ -122,7 +122,8 @@ impl EpochInserts {
     /// Sends a part the server refused for its rows in pieces (`on_bad_rows: dead_letter`).
     async fn isolate(&self, part: &Part, refused: &ClassifiedError) -> Result<Isolated, SinkError> {
         let refused = RefusedPart {
-            shard: &part.shard,
+            shard: self.shared.shard_name(part.shard),
+            shard_index: Some(part.shard),
             token: None,
             format: &part.format,
             payload: &part.payload,
@@ -171,7 +172,7 @@ impl EpochInserts {
     /// `rows` of a delivered part, and the part as a batch, as additions to the persisted
     /// counters.
     fn delivered(&self, part: &Part, rows: u64) -> [CounterAdd; 2] {
-        let (metrics, shard) = (&self.metrics, Some(part.shard.as_str()));
+        let (metrics, shard) = (&self.metrics, Some(self.shared.shard_name(part.shard)));
         [
             metrics.add(SinkCount::RowsDelivered, shard, rows),
             metrics.add(SinkCount::BatchesDelivered, shard, 1),

@@ -34,6 +34,7 @@ use tracing::{info, warn};
 
 use crate::config::dynamic::DEFAULT_TOTAL_QUEUE_BYTES_LIMIT;
 use crate::config::guarantee::SinkClass;
+use crate::config::topology::ShardIndex;
 use crate::delivery::cutter::{encode_routed, reject_row, BadRows, BatchCutter, Part};
 use crate::delivery::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
 use crate::delivery::sink_state::{build_shared, SinkShared};
@@ -395,7 +396,7 @@ async fn deliver_once(
             warn!(
                 database = %session.database,
                 table = %session.table,
-                shard = %part.shard,
+                shard = %shared.shard_name(part.shard),
                 endpoint = %endpoint,
                 partition,
                 rows = part.rows,
@@ -560,7 +561,7 @@ impl SharedQueue {
                 let size = raw.len() as u64;
                 let (format, payload) = seal(shared.params.spec.codec, &raw);
                 let part = Part {
-                    shard: shared.shard_name(index),
+                    shard: ShardIndex(index),
                     first_offset: 0,
                     last_offset: 0,
                     rows,

@@ -96,6 +96,13 @@ impl fmt::Display for Endpoint {
 }
 
 /// The servers a sink writes to.
+/// A shard's position among the sink's shards: the same in the router's shards and the
+/// session's shard clients (both in shard-name order; the unsharded forms have one shard, 0).
+/// Carried in a part from routing to its INSERT; the shard's name is looked up by it only where
+/// it is shown (logs, status, dead letters) or stored (deduplication tokens, outbox batches).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShardIndex(pub usize);
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Topology {
     /// `host`: one server.

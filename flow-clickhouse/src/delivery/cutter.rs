@@ -11,6 +11,7 @@ use flow_state::DeadLetter;
 use tokio::sync::watch;
 
 use crate::config::params::OnBadRows;
+use crate::config::topology::ShardIndex;
 use crate::delivery::sink_state::SinkShared;
 use crate::encode::compress::{is_framed, seal};
 use crate::encode::routing::routing_key;
@@ -26,7 +27,7 @@ const YIELD_EVERY_ROWS: usize = 8192;
 /// One encoded part of a batch for one shard.
 #[derive(Debug)]
 pub struct Part {
-    pub shard: String,
+    pub shard: ShardIndex,
     pub first_offset: u64,
     pub last_offset: u64,
     pub rows: u64,
@@ -286,7 +287,7 @@ impl BatchCutter {
             let content_hash = xxhash_rust::xxh64::xxh64(buffer, 0);
             let (format, payload) = seal(shared.params.spec.codec, buffer);
             parts.push(Part {
-                shard: shared.shard_name(index),
+                shard: ShardIndex(index),
                 first_offset,
                 last_offset,
                 rows,
@@ -351,7 +352,9 @@ pub fn reject_row(
         });
     }
     if let BadRows::Record(dead) = bad_rows {
-        let shard = shared.sharded.then(|| shared.shard_name(rejected.shard));
+        let shard = shared
+            .sharded
+            .then(|| shared.shard_name(ShardIndex(rejected.shard)).to_owned());
         // The row's values are in its stream's column order.
         let columns: Vec<String> = shared
             .stream

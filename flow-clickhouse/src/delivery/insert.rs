@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use crate::config::guarantee::{GiveUp, OnFailure};
+use crate::config::topology::ShardIndex;
 use crate::delivery::backlog_age::Expired;
 use crate::delivery::cutter::Part;
 use crate::delivery::sink_state::SinkShared;
@@ -129,7 +130,7 @@ impl fmt::Display for GiveUpReason {
 /// What one INSERT sends.
 #[derive(Clone, Copy)]
 pub struct InsertRequest<'a> {
-    pub shard: &'a str,
+    pub shard: ShardIndex,
     /// Sent as `insert_deduplication_token` (with `async_insert_deduplicate`) where the server
     /// has it; `None` for the classes without a token.
     pub token: Option<&'a str>,
@@ -153,7 +154,7 @@ impl<'a> InsertRequest<'a> {
     /// (at-least-once, at-most-once).
     pub fn unrecorded(part: &'a Part, metrics: &'a SinkMetrics) -> InsertRequest<'a> {
         InsertRequest {
-            shard: &part.shard,
+            shard: part.shard,
             token: None,
             payload: &part.payload,
             compressed: part.compressed(),
@@ -163,6 +164,19 @@ impl<'a> InsertRequest<'a> {
             metrics,
         }
     }
+}
+
+/// The failure of a part whose shard (a stored batch's, by name) is not configured any more.
+pub fn unconfigured_shard(shared: &SinkShared, shard_name: &str) -> InsertFailure {
+    InsertFailure::GaveUp(GaveUp {
+        error: ClassifiedError::from_server(
+            None,
+            format!("shard `{shard_name}` is not configured any more"),
+        ),
+        attempts: 0,
+        endpoint: String::new(),
+        give_up: on_failure_of(shared, ErrorClass::Unknown).give_up,
+    })
 }
 
 /// How often a part for a shard without an admitted host looks again.
@@ -177,7 +191,7 @@ pub async fn insert_part(
     stop: &mut watch::Receiver<bool>,
 ) -> Result<u32, InsertFailure> {
     let InsertRequest {
-        shard: shard_name,
+        shard: index,
         token,
         payload,
         compressed,
@@ -186,17 +200,10 @@ pub async fn insert_part(
         attempts: attempt_log,
         metrics,
     } = request;
-    let Some(shard) = session.shard(shard_name) else {
-        return Err(InsertFailure::GaveUp(GaveUp {
-            error: ClassifiedError::from_server(
-                None,
-                format!("shard `{shard_name}` is not configured any more"),
-            ),
-            attempts: 0,
-            endpoint: String::new(),
-            give_up: on_failure_of(shared, ErrorClass::Unknown).give_up,
-        }));
+    let Some(shard) = session.shards.get(index.0) else {
+        return Err(unconfigured_shard(shared, &format!("#{}", index.0)));
     };
+    let shard_name = shard.name.as_str();
     let mut attempts = 0u32;
     loop {
         if let Some(expired) = attempt_log.and_then(|log| log.expired()) {

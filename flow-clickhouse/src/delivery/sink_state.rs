@@ -21,6 +21,7 @@ use crate::config::dynamic::{self, ClickHouseDynamicParams};
 use crate::config::guarantee::should_retry;
 use crate::config::guarantee::SinkClass;
 use crate::config::params::{self, ClickHouseParams, SinkParams};
+use crate::config::topology::ShardIndex;
 use crate::delivery::backoff::RetryBackoff;
 use crate::encode::routing::RendezvousRouter;
 use crate::server::session::WriterSession;
@@ -170,12 +171,13 @@ impl SinkShared {
         }
     }
 
-    /// The shard names in router order (`""` for the unsharded forms).
-    pub fn shard_name(&self, index: usize) -> String {
+    /// The name of the shard at `index`, as logs, dead letters and stored batches show it
+    /// (`""` for the unsharded forms).
+    pub fn shard_name(&self, index: ShardIndex) -> &str {
         if self.sharded {
-            self.router.shards().get(index).cloned().unwrap_or_default()
+            self.router.shards().get(index.0).map_or("", String::as_str)
         } else {
-            String::new()
+            ""
         }
     }
 }

@@ -22,8 +22,11 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::config::params::Codec;
+use crate::config::topology::ShardIndex;
 use crate::delivery::backlog_age::unanswered_marker;
-use crate::delivery::insert::{insert_part, GiveUpReason, InsertFailure, InsertRequest};
+use crate::delivery::insert::{
+    insert_part, unconfigured_shard, GiveUpReason, InsertFailure, InsertRequest,
+};
 use crate::delivery::sink_state::SinkShared;
 use crate::encode::compress::{is_framed, seal, unframe};
 use crate::encode::row_spans::{row_json, RowSpans};
@@ -66,7 +69,10 @@ pub enum SplitOutcome {
 
 /// A part the server refused, as its pieces are cut from it.
 pub struct RefusedPart<'a> {
+    /// The shard's name, as dead letters and logs show it.
     pub shard: &'a str,
+    /// `None` for a stored batch whose shard is not configured any more: sending fails.
+    pub shard_index: Option<ShardIndex>,
     /// Its token (exactly-once classes); pieces derive theirs from it, and only rows with a
     /// token can be requeued.
     pub token: Option<&'a str>,
@@ -91,9 +97,14 @@ pub enum Isolated {
 
 impl<'a> RefusedPart<'a> {
     /// A pending outbox entry as a refused part.
-    pub fn of_batch(batch: &'a SealedBatch, refused: &'a ClassifiedError) -> RefusedPart<'a> {
+    pub fn of_batch(
+        batch: &'a SealedBatch,
+        shard_index: Option<ShardIndex>,
+        refused: &'a ClassifiedError,
+    ) -> RefusedPart<'a> {
         RefusedPart {
             shard: &batch.shard,
+            shard_index,
             token: Some(&batch.token),
             format: &batch.format,
             payload: &batch.payload,
@@ -155,17 +166,23 @@ impl RefusedPart<'_> {
             let piece = &rows[spans.bytes(first, end)];
             // Every sealed payload is one frame, compressed or not.
             let (_, payload) = seal(shared.params.spec.codec, piece);
-            let request = InsertRequest {
-                shard: self.shard,
-                token: token.as_deref(),
-                payload: &payload,
-                compressed: true,
-                sealed_at_ms: self.sealed_at_ms,
-                answered_code: self.refused.code,
-                attempts: None,
-                metrics,
+            let inserted = match self.shard_index {
+                Some(shard) => {
+                    let request = InsertRequest {
+                        shard,
+                        token: token.as_deref(),
+                        payload: &payload,
+                        compressed: true,
+                        sealed_at_ms: self.sealed_at_ms,
+                        answered_code: self.refused.code,
+                        attempts: None,
+                        metrics,
+                    };
+                    insert_part(shared, session, request, &mut stop).await
+                }
+                None => Err(unconfigured_shard(shared, self.shard)),
             };
-            match insert_part(shared, session, request, &mut stop).await {
+            match inserted {
                 Ok(_) => pieces += 1,
                 Err(InsertFailure::Stopped) => return Ok(Isolated::Stopped),
                 Err(InsertFailure::GaveUp(gave_up)) if is_row_rejection(&gave_up.error) => {
@@ -330,7 +347,8 @@ impl SplitPart<'_> {
                 Some(marker_value(self.refused)),
             )
             .await?;
-        let part = RefusedPart::of_batch(self.batch, self.refused);
+        let shard = self.session.shard_index(&self.batch.shard);
+        let part = RefusedPart::of_batch(self.batch, shard, self.refused);
         let isolated = part
             .isolate(
                 self.shared,

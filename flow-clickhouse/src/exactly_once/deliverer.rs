@@ -25,7 +25,7 @@ use tracing::warn;
 use crate::config::params::{OnBadRows, OnExpiredBacklog};
 use crate::delivery::backlog_age::{expired, unanswered_marker, unanswered_prefix, Expired};
 use crate::delivery::insert::{
-    insert_part, AttemptLog, GiveUpReason, InsertFailure, InsertRequest,
+    insert_part, unconfigured_shard, AttemptLog, GiveUpReason, InsertFailure, InsertRequest,
 };
 use crate::delivery::sink_state::SinkShared;
 use crate::delivery::split::{
@@ -290,7 +290,8 @@ impl ClickHouseDeliverer {
             expiry.window.as_secs()
         );
         let refused = ClassifiedError::from_server(None, error);
-        let part = RefusedPart::of_batch(batch, &refused);
+        let shard = session.shard_index(&batch.shard);
+        let part = RefusedPart::of_batch(batch, shard, &refused);
         let dead = part.set_aside(session, key.partition, &reason)?;
         warn!(
             pipeline = %key.pipeline,
@@ -435,17 +436,24 @@ impl BatchDeliverer for ClickHouseDeliverer {
             window: session.dedup_window_time(&batch.shard),
         };
         let mut stop = stop.clone();
-        let request = InsertRequest {
-            shard: &batch.shard,
-            token: Some(&batch.token),
-            payload: &batch.payload,
-            compressed: is_framed(&batch.format),
-            sealed_at_ms: Some(batch.sealed_at_ms),
-            answered_code: None,
-            attempts: Some(&attempts),
-            metrics: &self.metrics,
+        // The stored batch names its shard; the name is resolved to the session's index once.
+        let inserted = match session.shard_index(&batch.shard) {
+            Some(shard) => {
+                let request = InsertRequest {
+                    shard,
+                    token: Some(&batch.token),
+                    payload: &batch.payload,
+                    compressed: is_framed(&batch.format),
+                    sealed_at_ms: Some(batch.sealed_at_ms),
+                    answered_code: None,
+                    attempts: Some(&attempts),
+                    metrics: &self.metrics,
+                };
+                insert_part(&self.shared, &session, request, &mut stop).await
+            }
+            None => Err(unconfigured_shard(&self.shared, &batch.shard)),
         };
-        match insert_part(&self.shared, &session, request, &mut stop).await {
+        match inserted {
             Ok(_) => self.acknowledge(key, seq, batch).await,
             // Stopping leaves the batch in the outbox for the next run.
             Err(InsertFailure::Stopped) => Ok(()),

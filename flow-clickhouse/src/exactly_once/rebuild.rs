@@ -247,7 +247,9 @@ impl Requeue<'_> {
         delivery: &mut impl Rebuilt,
     ) -> Result<bool, SinkError> {
         for entry in current.entries {
-            let index = rebuilt.iter().position(|p| p.shard == entry.batch.shard);
+            let index = rebuilt
+                .iter()
+                .position(|p| self.shared.shard_name(p.shard) == entry.batch.shard);
             let Some(part) = index.map(|i| rebuilt.swap_remove(i)) else {
                 return Err(self.mismatch(&entry, "no row of it routes to its shard any more"));
             };

@@ -185,14 +185,15 @@ impl Sealer for BatchingSink {
         let batches = parts
             .into_iter()
             .map(|part| {
-                let shard = self.shared.sharded.then_some(part.shard.as_str());
+                let name = self.shared.shard_name(part.shard);
+                let shard = self.shared.sharded.then_some(name);
                 let token = self.exactly_once.token(partition, part.last_offset, shard);
                 SealedBatch {
                     target: target.clone(),
                     columns: columns.clone(),
                     format: part.format,
                     token,
-                    shard: part.shard,
+                    shard: name.to_owned(),
                     first_offset: part.first_offset,
                     last_offset: part.last_offset,
                     rows: part.rows,

@@ -12,6 +12,7 @@ use tracing::{info, warn};
 use crate::config::dynamic::ClickHouseDynamicParams;
 use crate::config::guarantee::SinkClass;
 use crate::config::params::{ClickHouseParams, SinkParams};
+use crate::config::topology::ShardIndex;
 use crate::encode::chtype::{check_mapping_on, ChType, ServerTypes};
 use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
 use crate::exactly_once::fingerprint::{
@@ -123,8 +124,12 @@ impl WriterSession {
         Ok(())
     }
 
-    pub fn shard(&self, name: &str) -> Option<&ShardClients> {
-        self.shards.iter().find(|s| s.name == name)
+    /// The index of the shard a stored batch names (the shards are sorted by name).
+    pub fn shard_index(&self, name: &str) -> Option<ShardIndex> {
+        self.shards
+            .binary_search_by(|s| s.name.as_str().cmp(name))
+            .ok()
+            .map(ShardIndex)
     }
 
     /// Connects to every endpoint and validates the target; see the module doc.
