@@ -125,7 +125,7 @@ impl EpochInserts {
             shard: self.shared.shard_name(part.shard),
             shard_index: Some(part.shard),
             token: None,
-            format: &part.format,
+            format: part.format.as_str(),
             payload: &part.payload,
             first_offset: part.first_offset,
             last_offset: part.last_offset,

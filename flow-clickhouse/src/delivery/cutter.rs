@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use crate::config::params::OnBadRows;
 use crate::config::topology::ShardIndex;
 use crate::delivery::sink_state::SinkShared;
-use crate::encode::compress::{is_framed, seal};
+use crate::encode::compress::{is_framed, seal, PartFormat};
 use crate::encode::routing::routing_key;
 use crate::encode::rowbinary::EncodeError;
 use crate::server::session::WriterSession;
@@ -35,14 +35,13 @@ pub struct Part {
     pub encoded_bytes: u64,
     /// xxh64 of the encoded rows before framing (what a rebuilt batch is checked against).
     pub content_hash: u64,
-    /// `RowBinary`, or `RowBinary;lz4` for ClickHouse's compression framing.
-    pub format: String,
+    pub format: PartFormat,
     pub payload: Bytes,
 }
 
 impl Part {
     pub fn compressed(&self) -> bool {
-        is_framed(&self.format)
+        is_framed(self.format.as_str())
     }
 }
 

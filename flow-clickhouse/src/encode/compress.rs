@@ -24,6 +24,26 @@ pub const LZ4_FORMAT_SUFFIX: &str = ";lz4";
 /// The suffix of `SealedBatch::format` for uncompressed frames.
 pub const NONE_FORMAT_SUFFIX: &str = ";framed";
 
+/// How a sealed part's payload is laid out: always one frame of ClickHouse's compression
+/// framing (sent with `decompress=1`), its data LZ4-compressed or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartFormat {
+    /// `RowBinary;lz4`.
+    Lz4Frame,
+    /// `RowBinary;framed`.
+    PlainFrame,
+}
+
+impl PartFormat {
+    /// The name stored as `SealedBatch::format` (stored batches keep it as text).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PartFormat::Lz4Frame => "RowBinary;lz4",
+            PartFormat::PlainFrame => "RowBinary;framed",
+        }
+    }
+}
+
 /// Whether a stored format is framed (sent with `decompress=1`).
 pub fn is_framed(format: &str) -> bool {
     format.ends_with(LZ4_FORMAT_SUFFIX) || format.ends_with(NONE_FORMAT_SUFFIX)
@@ -34,17 +54,11 @@ pub fn is_framed(format: &str) -> bool {
 /// length: a payload waiting for delivery holds only its own bytes, and no per-thread scratch of
 /// the largest frame ever built stays resident beside it (one per runtime thread, 10 MB each
 /// for the benchmark's 100k-row batches).
-pub fn seal(codec: Codec, rows: &[u8]) -> (String, Bytes) {
+pub fn seal(codec: Codec, rows: &[u8]) -> (PartFormat, Bytes) {
     let mut frame = Vec::new();
     let (format, len) = match codec {
-        Codec::Lz4 => (
-            format!("RowBinary{LZ4_FORMAT_SUFFIX}"),
-            frame_lz4(rows, &mut frame),
-        ),
-        Codec::None => (
-            format!("RowBinary{NONE_FORMAT_SUFFIX}"),
-            frame_none(rows, &mut frame),
-        ),
+        Codec::Lz4 => (PartFormat::Lz4Frame, frame_lz4(rows, &mut frame)),
+        Codec::None => (PartFormat::PlainFrame, frame_none(rows, &mut frame)),
     };
     frame.truncate(len);
     frame.shrink_to_fit();
@@ -188,9 +202,9 @@ mod tests {
         let data: Vec<u8> = (0..100_000).map(|i| (i % 7) as u8).collect();
         for codec in [Codec::Lz4, Codec::None] {
             let (format, payload) = seal(codec, &data);
-            assert_eq!(unframe(&format, &payload).unwrap(), data);
+            assert_eq!(unframe(format.as_str(), &payload).unwrap(), data);
             assert_eq!(unframe_checked(&payload), data);
-            let cut = unframe(&format, &payload[..payload.len() - 1])
+            let cut = unframe(format.as_str(), &payload[..payload.len() - 1])
                 .unwrap_err()
                 .to_string();
             assert!(cut.contains("the payload holds"), "{cut}");

@@ -255,7 +255,7 @@ impl Requeue<'_> {
             };
             self.check(&entry, &part)?;
             let batch = SealedBatch {
-                format: part.format,
+                format: part.format.as_str().to_owned(),
                 payload: part.payload,
                 ..entry.batch
             };

@@ -191,7 +191,7 @@ impl Sealer for BatchingSink {
                 SealedBatch {
                     target: target.clone(),
                     columns: columns.clone(),
-                    format: part.format,
+                    format: part.format.as_str().to_owned(),
                     token,
                     shard: name.to_owned(),
                     first_offset: part.first_offset,
