@@ -30,6 +30,8 @@ use std::fmt::Write as _;
 
 use xxhash_rust::xxh64::xxh64;
 
+use crate::config::topology::Endpoint;
+
 /// The routing fingerprint of the unsharded forms (`host` and `hosts`).
 pub const UNSHARDED: &str = "unsharded";
 
@@ -121,9 +123,11 @@ pub fn endpoint_target_fingerprint(
     database: &str,
     table: &str,
     port: u16,
-    hosts: &[String],
+    endpoints: &[Endpoint],
 ) -> String {
-    hex_xxh64(&endpoint_preimage(database, table, port, hosts))
+    // The one place an endpoint becomes fingerprint bytes: as it displays (`[v6]:port`).
+    let hosts: Vec<String> = endpoints.iter().map(Endpoint::to_string).collect();
+    hex_xxh64(&endpoint_preimage(database, table, port, &hosts))
 }
 
 /// What the sink does with its fingerprints after a successful check.
@@ -245,6 +249,13 @@ fn or_absent(value: Option<&String>) -> String {
 mod tests {
     use super::*;
 
+    fn endpoints(hosts: &[String]) -> Vec<Endpoint> {
+        hosts
+            .iter()
+            .map(|h| Endpoint::parse(h, 8123).unwrap())
+            .collect()
+    }
+
     fn strings(list: &[&str]) -> Vec<String> {
         list.iter().map(|item| (*item).to_owned()).collect()
     }
@@ -336,6 +347,24 @@ mod tests {
     }
 
     #[test]
+    fn endpoint_target_fingerprint_formats_ipv6_in_brackets_pinned() {
+        let endpoints = [
+            Endpoint::parse("[::1]", 8123).unwrap(),
+            Endpoint::parse("127.0.0.1", 8123).unwrap(),
+        ];
+        // Stored fingerprints depend on these bytes: the endpoint as `Endpoint` displays it.
+        assert_eq!(
+            endpoint_target_fingerprint("db", "events", 8123, &endpoints),
+            "811282dc233ccd31"
+        );
+        let hosts = strings(&["[::1]:8123", "127.0.0.1:8123"]);
+        assert_eq!(
+            endpoint_preimage("db", "events", 8123, &hosts),
+            "endpoint|2:db,6:events,4:8123,|14:127.0.0.1:8123,10:[::1]:8123,"
+        );
+    }
+
+    #[test]
     fn endpoint_target_fingerprint_is_pinned_and_ignores_host_order() {
         let hosts = strings(&["ch-b:9000", "ch-a:9000"]);
         assert_eq!(
@@ -343,7 +372,7 @@ mod tests {
             "endpoint|2:db,6:events,4:9000,|9:ch-a:9000,9:ch-b:9000,"
         );
         assert_eq!(
-            endpoint_target_fingerprint("db", "events", 9000, &hosts),
+            endpoint_target_fingerprint("db", "events", 9000, &endpoints(&hosts)),
             "0cdbeddcab821bc8"
         );
         assert_eq!(
@@ -351,13 +380,13 @@ mod tests {
                 "db",
                 "events",
                 9000,
-                &strings(&["ch-a:9000", "ch-b:9000"])
+                &endpoints(&strings(&["ch-a:9000", "ch-b:9000"]))
             ),
-            endpoint_target_fingerprint("db", "events", 9000, &hosts)
+            endpoint_target_fingerprint("db", "events", 9000, &endpoints(&hosts))
         );
         assert_ne!(
-            endpoint_target_fingerprint("db", "events", 9440, &hosts),
-            endpoint_target_fingerprint("db", "events", 9000, &hosts)
+            endpoint_target_fingerprint("db", "events", 9440, &endpoints(&hosts)),
+            endpoint_target_fingerprint("db", "events", 9000, &endpoints(&hosts))
         );
     }
 

@@ -99,11 +99,8 @@ pub fn build_shards(params: &SinkParams) -> Result<Vec<ShardClients>, ClientsErr
                 .map(|endpoint| EndpointClient {
                     columns_checked_ms: std::sync::Arc::default(),
                     admitted: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
-                    client: base.clone().with_url(format!(
-                        "{scheme}://{}:{}",
-                        url_host(&endpoint.host),
-                        endpoint.port
-                    )),
+                    // `Endpoint` displays as a URL authority (`host:port`, `[v6]:port`).
+                    client: base.clone().with_url(format!("{scheme}://{endpoint}")),
                     endpoint: endpoint.clone(),
                 })
                 .collect();
@@ -124,14 +121,6 @@ pub fn build_shards(params: &SinkParams) -> Result<Vec<ShardClients>, ClientsErr
         })
         .collect();
     Ok(shards)
-}
-
-fn url_host(host: &str) -> String {
-    if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]")
-    } else {
-        host.to_owned()
-    }
 }
 
 /// Quotes a string literal for SQL.
@@ -301,7 +290,9 @@ mod tests {
 
     #[test]
     fn ipv6_hosts_are_bracketed_in_urls() {
-        assert_eq!(url_host("::1"), "[::1]");
-        assert_eq!(url_host("127.0.0.1"), "127.0.0.1");
+        let url = |entry| format!("http://{}", Endpoint::parse(entry, 8123).unwrap());
+        assert_eq!(url("::1"), "http://[::1]:8123");
+        assert_eq!(url("[::1]:9000"), "http://[::1]:9000");
+        assert_eq!(url("127.0.0.1"), "http://127.0.0.1:8123");
     }
 }

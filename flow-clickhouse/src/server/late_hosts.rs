@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::config::params::SinkParams;
+use crate::config::topology::Endpoint;
 use crate::exactly_once::fingerprint::{
     endpoint_target_fingerprint, replicated_target_fingerprint, target_key,
 };
@@ -251,14 +252,14 @@ fn shard_target(shard: &str, meta: &EndpointMetadata, check: &LateCheck) -> Stri
     )
 }
 
-fn shard_hosts(shard: &str, check: &LateCheck) -> Vec<String> {
+fn shard_hosts(shard: &str, check: &LateCheck) -> Vec<Endpoint> {
     check
         .sink_params
         .topology
         .shards()
         .into_iter()
         .find(|(name, _)| name.unwrap_or("") == shard)
-        .map(|(_, endpoints)| endpoints.iter().map(ToString::to_string).collect())
+        .map(|(_, endpoints)| endpoints.to_vec())
         .unwrap_or_default()
 }
 

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use crate::config::dynamic::ClickHouseDynamicParams;
 use crate::config::guarantee::SinkClass;
 use crate::config::params::{ClickHouseParams, SinkParams};
-use crate::config::topology::ShardIndex;
+use crate::config::topology::{Endpoint, ShardIndex};
 use crate::encode::chtype::{check_mapping_on, ChType, ServerTypes};
 use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
 use crate::exactly_once::fingerprint::{
@@ -284,11 +284,8 @@ impl WriterSession {
                     meta.zookeeper_path.as_deref().unwrap_or(""),
                 ),
                 EngineKind::Shared | EngineKind::Plain => {
-                    let hosts: Vec<String> = shard
-                        .endpoints
-                        .iter()
-                        .map(|e| e.endpoint.to_string())
-                        .collect();
+                    let hosts: Vec<Endpoint> =
+                        shard.endpoints.iter().map(|e| e.endpoint.clone()).collect();
                     endpoint_target_fingerprint(
                         &params.database,
                         &params.table,
