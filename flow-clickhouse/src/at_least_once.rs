@@ -182,7 +182,7 @@ impl EpochInserts {
     /// Whether a refused part is sent in pieces (`on_bad_rows: dead_letter`) rather than failing
     /// the partition.
     fn splits(&self, error: &ClassifiedError) -> bool {
-        self.shared.params.spec.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
+        self.shared.params.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
     }
 }
 

@@ -51,12 +51,7 @@ pub fn build(
     dynamic: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SinkFactory>> {
     let shared = build_shared(SinkClass::AtMostOnce, ctx, parameters, dynamic)?;
-    let queued = shared
-        .params
-        .spec
-        .at_most_once_strategy
-        .as_ref()
-        .is_some_and(|s| s.enabled);
+    let queued = shared.params.at_most_once_queue;
     Ok(Arc::new(AtMostOnceFactory {
         counters: Arc::new(Counters::default()),
         budget: ByteBudget::new(shared.in_flight_budget()),
@@ -121,8 +116,8 @@ impl Counters {
     /// `queued_rows`: rows still in the lossy queue, lost if the process ends now.
     fn log(&self, shared: &SinkShared, partition: u32, queued_rows: u64) {
         info!(
-            database = %shared.params.spec.database,
-            table = %shared.params.spec.table,
+            database = %shared.params.database,
+            table = %shared.params.table,
             partition,
             delivered_rows = self.delivered_rows.load(Ordering::Relaxed),
             dropped_rows = self.dropped_rows.load(Ordering::Relaxed),
@@ -505,8 +500,8 @@ impl SharedQueue {
                 .is_none_or(|at| at.elapsed() >= DROP_WARNING_INTERVAL);
             if due {
                 warn!(
-                    database = %shared.params.spec.database,
-                    table = %shared.params.spec.table,
+                    database = %shared.params.database,
+                    table = %shared.params.table,
                     dropped_rows = state.dropped_since_warning,
                     total_queue_bytes_limit = limit,
                     "at-most-once queue full: messages dropped. Raise at_most_once_strategy.total_queue_bytes_limit or slow the source"
@@ -559,7 +554,7 @@ impl SharedQueue {
             }
             for (index, raw, rows) in taken {
                 let size = raw.len() as u64;
-                let (format, payload) = seal(shared.params.spec.codec, &raw);
+                let (format, payload) = seal(shared.params.codec, &raw);
                 let part = Part {
                     shard: ShardIndex(index),
                     first_offset: 0,

@@ -247,7 +247,7 @@ pub async fn verify_replicas(
     timeout: Duration,
 ) -> Result<Vec<ShardReport>, VerifyError> {
     let shards = build_shards(params).map_err(VerifyError::Clients)?;
-    let table = format!("{}.{}", params.spec.database, params.spec.table);
+    let table = format!("{}.{}", params.database, params.table);
     let mut reports = Vec::new();
     for shard in &shards {
         let asked = join_all(
@@ -288,7 +288,7 @@ async fn replica_state(
     params: &SinkParams,
     timeout: Duration,
 ) -> Result<ReplicaState, ClassifiedError> {
-    let spec = &params.spec;
+    let spec = params;
     let (db, table) = (quote_literal(&spec.database), quote_literal(&spec.table));
     let count = endpoint
         .query_json(

@@ -102,10 +102,10 @@ impl ClickHouseSink {
         // there, and must be here.
         let parameters = to_section(&self.parameters);
         let dynamic = to_section(&self.dynamic_parameters);
-        match params::parse(self.class, &parameters, &dynamic) {
-            Ok((parameters, dynamic_parameters)) => Ok(ClickHouseSinkConfig {
+        match params::parse_spec(self.class, &parameters, &dynamic) {
+            Ok((parameters, _, dynamic_parameters)) => Ok(ClickHouseSinkConfig {
                 class: self.class,
-                parameters: parameters.spec,
+                parameters,
                 dynamic_parameters,
             }),
             Err(violations) => Err(ConfigError {

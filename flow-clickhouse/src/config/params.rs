@@ -194,21 +194,33 @@ pub struct PasswordError {
     pub source: std::env::VarError,
 }
 
-/// The static parameters, validated once: the spec as written, its host entries parsed into a
-/// [`Topology`], its TLS settings into an optional [`TlsConfig`].
+/// The static parameters, validated once into resolved values: the host entries parsed into a
+/// [`Topology`], the TLS settings into an optional [`TlsConfig`], the credentials, the table
+/// and the policies. Nothing reads the spec after this.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SinkParams {
-    pub spec: ClickHouseParams,
+    /// The database of `table`.
+    pub database: String,
+    /// The target table (on every host of every shard).
+    pub table: String,
     pub topology: Topology,
+    /// The port of host entries without one (part of the endpoint target fingerprint).
+    pub port: u16,
     pub tls: Option<TlsConfig>,
+    pub credentials: Credentials,
+    pub host_selection_policy: HostSelectionPolicy,
+    /// Columns whose values form the routing key; empty routes by message id.
+    pub sharding_key_columns: Vec<String>,
+    /// The prefix of deduplication tokens; `None` means `<pipeline>.<sink>/`.
+    pub token_namespace: Option<String>,
+    pub codec: Codec,
+    pub on_bad_rows: OnBadRows,
+    pub on_expired_backlog: Option<OnExpiredBacklog>,
+    /// `at_most_once_strategy.enabled`: the bounded lossy in-memory queue.
+    pub at_most_once_queue: bool,
 }
 
-impl ClickHouseParams {
-    /// The `shard_hosts` form is used.
-    pub fn is_sharded(&self) -> bool {
-        !self.shard_hosts.is_empty()
-    }
-
+impl SinkParams {
     /// The prefix of this sink's deduplication tokens: `token_namespace`, or
     /// `<pipeline>.<sink>/` by default.
     pub fn token_prefix(&self, pipeline: &str, sink: &str) -> String {
@@ -217,7 +229,16 @@ impl ClickHouseParams {
             None => format!("{pipeline}.{sink}/"),
         }
     }
+}
 
+/// Who the sink connects as: the user, and the environment variable holding the password.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    pub user: String,
+    pub password_env_var: Option<String>,
+}
+
+impl Credentials {
     /// The password, read from `password_env_var` (call it when creating a client). `Ok(None)`
     /// when no variable is named; `Err` naming the variable when it is unset or not UTF-8.
     pub fn password(&self) -> Result<Option<String>, PasswordError> {
@@ -232,6 +253,13 @@ impl ClickHouseParams {
             }),
         }
     }
+}
+
+impl ClickHouseParams {
+    /// The `shard_hosts` form is used.
+    pub fn is_sharded(&self) -> bool {
+        !self.shard_hosts.is_empty()
+    }
 
     /// Every semantic violation of these parameters for `class`, with paths under `parameters`.
     pub fn validate(&self, class: SinkClass) -> Vec<Violation> {
@@ -239,12 +267,28 @@ impl ClickHouseParams {
     }
 
     /// Validates these parameters for `class` into the typed model the sinks use.
-    pub fn into_sink_params(self, class: SinkClass) -> Result<SinkParams, Vec<Violation>> {
+    pub fn to_sink_params(&self, class: SinkClass) -> Result<SinkParams, Vec<Violation>> {
         match self.check(class) {
             (v, Some(topology)) if v.is_empty() => Ok(SinkParams {
-                tls: self.tls_config(),
+                database: self.database.clone(),
+                table: self.table.clone(),
                 topology,
-                spec: self,
+                port: self.port,
+                tls: self.tls_config(),
+                credentials: Credentials {
+                    user: self.user.clone(),
+                    password_env_var: self.password_env_var.clone(),
+                },
+                host_selection_policy: self.host_selection_policy,
+                sharding_key_columns: self.sharding_key_columns.clone(),
+                token_namespace: self.token_namespace.clone(),
+                codec: self.codec,
+                on_bad_rows: self.on_bad_rows,
+                on_expired_backlog: self.on_expired_backlog,
+                at_most_once_queue: self
+                    .at_most_once_strategy
+                    .as_ref()
+                    .is_some_and(|s| s.enabled),
             }),
             (v, _) => Err(v),
         }
@@ -646,21 +690,33 @@ pub fn parse(
     parameters: &serde_yaml::Value,
     dynamic: &serde_yaml::Value,
 ) -> Result<(SinkParams, ClickHouseDynamicParams), Vec<Violation>> {
+    parse_spec(class, parameters, dynamic).map(|(_, params, dynamic)| (params, dynamic))
+}
+
+/// [`parse`], also returning the static parameters as the spec gives them (for the typed
+/// builder, which hands them back).
+pub fn parse_spec(
+    class: SinkClass,
+    parameters: &serde_yaml::Value,
+    dynamic: &serde_yaml::Value,
+) -> Result<(ClickHouseParams, SinkParams, ClickHouseDynamicParams), Vec<Violation>> {
     let params: Result<ClickHouseParams, _> = parse_parameters(parameters, "parameters");
     let dynamic: Result<ClickHouseDynamicParams, _> =
         parse_parameters(dynamic, "dynamic_parameters");
     let mut violations = Vec::new();
     violations.extend(params.as_ref().err().cloned());
     violations.extend(dynamic.as_ref().err().cloned());
-    let params = params.ok().map(|params| params.into_sink_params(class));
-    if let Some(Err(v)) = &params {
+    let params = params.ok().map(|spec| (spec.to_sink_params(class), spec));
+    if let Some((Err(v), _)) = &params {
         violations.extend(v.iter().cloned());
     }
     if let Ok(dynamic) = &dynamic {
         violations.extend(dynamic.validate(class));
     }
     match (params, dynamic) {
-        (Some(Ok(params)), Ok(dynamic)) if violations.is_empty() => Ok((params, dynamic)),
+        (Some((Ok(params), spec)), Ok(dynamic)) if violations.is_empty() => {
+            Ok((spec, params, dynamic))
+        }
         _ => Err(violations),
     }
 }
@@ -686,10 +742,16 @@ mod tests {
 
     /// Parses `parameters` for `class` with default dynamic parameters, expecting success.
     fn ok(class: SinkClass, parameters: &str) -> ClickHouseParams {
+        parse_spec(class, &yaml(parameters), &serde_yaml::Value::Null)
+            .unwrap()
+            .0
+    }
+
+    /// The resolved parameters of valid `parameters` for `class`.
+    fn resolved(class: SinkClass, parameters: &str) -> SinkParams {
         parse(class, &yaml(parameters), &serde_yaml::Value::Null)
             .unwrap()
             .0
-            .spec
     }
 
     /// The topology of valid `parameters` for `class`.
@@ -718,13 +780,12 @@ mod tests {
 
     #[test]
     fn defaults_are_the_documented_ones() {
-        let (p, d) = parse(
+        let (p, _, d) = parse_spec(
             SinkClass::Batching,
             &yaml("{host: ch, table: events}"),
             &serde_yaml::Value::Null,
         )
         .unwrap();
-        let p = p.spec;
         assert_eq!(
             p,
             ClickHouseParams {
@@ -1271,7 +1332,10 @@ mod tests {
 
     #[test]
     fn password_is_read_from_the_named_variable() {
-        let mut p = ClickHouseParams::default();
+        let mut p = Credentials {
+            user: "default".to_owned(),
+            password_env_var: None,
+        };
         assert_eq!(p.password().unwrap(), None);
         p.password_env_var = Some("FLOW_CLICKHOUSE_PARAMS_TEST_SURELY_UNSET_VAR".into());
         let err = p.password().unwrap_err();
@@ -1289,16 +1353,17 @@ mod tests {
 
     #[test]
     fn at_most_once_strategy_only_for_at_most_once_sink() {
-        let (p, d) = parse(
+        let (p, resolved, d) = parse_spec(
             SinkClass::AtMostOnce,
             &yaml("{host: h, table: t, at_most_once_strategy: {enabled: true}}"),
             &yaml("{at_most_once_strategy: {total_queue_bytes_limit: 1024}}"),
         )
         .unwrap();
         assert_eq!(
-            p.spec.at_most_once_strategy,
+            p.at_most_once_strategy,
             Some(AtMostOnceStrategy { enabled: true })
         );
+        assert!(resolved.at_most_once_queue);
         assert_eq!(
             d.at_most_once_strategy,
             Some(AtMostOnceDynamic {
@@ -1442,9 +1507,9 @@ mod tests {
 
     #[test]
     fn token_namespace_is_checked_and_defaults_to_pipeline_and_sink() {
-        let p = ok(SinkClass::Batching, "{host: h, table: t}");
+        let p = resolved(SinkClass::Batching, "{host: h, table: t}");
         assert_eq!(p.token_prefix("quickstart", "events"), "quickstart.events/");
-        let p = ok(
+        let p = resolved(
             SinkClass::Batching,
             "{host: h, table: t, token_namespace: 'team-a/v2.'}",
         );

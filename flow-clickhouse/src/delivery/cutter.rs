@@ -284,7 +284,7 @@ impl BatchCutter {
             }
             let rows = std::mem::take(&mut self.rows[index]);
             let content_hash = xxhash_rust::xxh64::xxh64(buffer, 0);
-            let (format, payload) = seal(shared.params.spec.codec, buffer);
+            let (format, payload) = seal(shared.params.codec, buffer);
             parts.push(Part {
                 shard: ShardIndex(index),
                 first_offset,
@@ -344,7 +344,7 @@ pub fn reject_row(
     rejected: RowRejected,
     bad_rows: BadRows<'_>,
 ) -> Result<(), SinkError> {
-    if shared.params.spec.on_bad_rows == OnBadRows::Stop {
+    if shared.params.on_bad_rows == OnBadRows::Stop {
         return Err(SinkError::Rejected {
             message_id: row.id().to_string(),
             source: Box::new(rejected.error),

@@ -20,7 +20,7 @@ use tracing::{info, warn};
 use crate::config::dynamic::{self, ClickHouseDynamicParams};
 use crate::config::guarantee::should_retry;
 use crate::config::guarantee::SinkClass;
-use crate::config::params::{self, ClickHouseParams, SinkParams};
+use crate::config::params::{self, SinkParams};
 use crate::config::topology::ShardIndex;
 use crate::delivery::backoff::RetryBackoff;
 use crate::encode::routing::RendezvousRouter;
@@ -59,7 +59,7 @@ pub fn build_shared(
             ),
         )]);
     };
-    let key_columns = key_columns(&params.spec, stream)?;
+    let key_columns = key_columns(&params, stream)?;
     Ok(Arc::new(SinkShared {
         class,
         router: RendezvousRouter::new(&params.topology.shard_names()),
@@ -75,7 +75,7 @@ pub fn build_shared(
 }
 
 /// The input columns of `sharding_key_columns`, in their order.
-fn key_columns(params: &ClickHouseParams, stream: &StreamSchema) -> BuildResult<Vec<usize>> {
+fn key_columns(params: &SinkParams, stream: &StreamSchema) -> BuildResult<Vec<usize>> {
     let mut key_columns = Vec::new();
     let mut violations = Vec::new();
     for (i, name) in params.sharding_key_columns.iter().enumerate() {
@@ -116,9 +116,9 @@ impl SinkShared {
         let parsed = dynamic::parse_dynamic(self.class, dynamic)
             .map_err(|v| SinkError::Refused(Violation::list(&v)))?;
         if let Some(session) = self.session.get() {
-            if let Err(reason) = session.check_dynamic(&self.params.spec, &parsed) {
+            if let Err(reason) = session.check_dynamic(&self.params, &parsed) {
                 // A reload must not stop a running pipeline: keep the parameters in force.
-                warn!(database = %self.params.spec.database, table = %self.params.spec.table, reason = %reason, "dynamic parameters rejected by the running session; the previous ones stay in force. Fix the spec and send SIGHUP again");
+                warn!(database = %self.params.database, table = %self.params.table, reason = %reason, "dynamic parameters rejected by the running session; the previous ones stay in force. Fix the spec and send SIGHUP again");
                 return Ok(());
             }
         }
@@ -197,7 +197,7 @@ pub(crate) async fn wait_for_session(
     shared: &SinkShared,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<Arc<WriterSession>, SessionWait> {
-    let params = &shared.params.spec;
+    let params = &shared.params;
     let waiting_since = Instant::now();
     let mut attempts = 0u32;
     let mut last_warning: Option<Instant> = None;

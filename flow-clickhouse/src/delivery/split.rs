@@ -165,7 +165,7 @@ impl RefusedPart<'_> {
             let token = self.token.map(|t| format!("{t}#{first}-{}", end - 1));
             let piece = &rows[spans.bytes(first, end)];
             // Every sealed payload is one frame, compressed or not.
-            let (_, payload) = seal(shared.params.spec.codec, piece);
+            let (_, payload) = seal(shared.params.codec, piece);
             let inserted = match self.shard_index {
                 Some(shard) => {
                     let request = InsertRequest {

@@ -144,7 +144,7 @@ impl ClickHouseDeliverer {
 
     /// Whether a failed part is sent in pieces rather than given up.
     fn splits(&self, error: &ClassifiedError) -> bool {
-        self.shared.params.spec.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
+        self.shared.params.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
     }
 
     /// Acknowledges entry `seq` with its delivery counters, dropping its unanswered-attempt
@@ -351,7 +351,7 @@ impl AttemptLog for EntryAttempts<'_> {
     }
 
     fn expired(&self) -> Option<Expired> {
-        let policy = self.deliverer.shared.params.spec.on_expired_backlog;
+        let policy = self.deliverer.shared.params.on_expired_backlog;
         if policy.unwrap_or_default() == OnExpiredBacklog::Send {
             return None;
         }

@@ -176,7 +176,7 @@ impl Sealer for BatchingSink {
         } = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
         let target = format!(
             "{}.{}",
-            self.shared.params.spec.database, self.shared.params.spec.table
+            self.shared.params.database, self.shared.params.table
         );
         let columns = session.encoder.column_names();
         let plan = session.encoder.plan_fingerprint();

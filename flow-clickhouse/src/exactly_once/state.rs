@@ -23,7 +23,7 @@ pub struct ExactlyOnce {
 
 impl ExactlyOnce {
     pub fn new(shared: &SinkShared, ctx: &SinkBuildContext<'_>) -> ExactlyOnce {
-        let params = &shared.params.spec;
+        let params = &shared.params;
         let routing_fingerprint = topology_fingerprint(
             &params.sharding_key_columns,
             shared.sharded.then_some(shared.router.shards()),
@@ -69,7 +69,7 @@ impl ExactlyOnce {
 
     /// Records the first give-up reason; every later write of this sink fails with it.
     pub fn give_up(&self, shared: &SinkShared, reason: GiveUpReason) -> SinkError {
-        let params = &shared.params.spec;
+        let params = &shared.params;
         error!(database = %params.database, table = %params.table, reason = %reason, "insert given up; this sink fails every later write until the pipeline is restarted. Fix the table or the configuration, then restart");
         self.latch(reason)
     }

@@ -78,13 +78,13 @@ pub enum ClientsError {
 pub fn build_shards(params: &SinkParams) -> Result<Vec<ShardClients>, ClientsError> {
     let options = TlsOptions::from_config(params.tls.as_ref());
     let base = tls::base_client(&options, CONNECT_TIMEOUT)?;
-    let spec = &params.spec;
-    let password = spec.password()?;
+    let spec = params;
+    let password = spec.credentials.password()?;
     let scheme = tls::scheme(&options);
     // Batches are compressed once when sealed (see `compress`), so the client never compresses.
     let mut base = base
         .with_validation(false)
-        .with_user(spec.user.clone())
+        .with_user(spec.credentials.user.clone())
         .with_compression(clickhouse::Compression::None);
     if let Some(password) = password {
         base = base.with_password(password);

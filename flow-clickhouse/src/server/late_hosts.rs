@@ -169,8 +169,8 @@ impl LateHosts {
         for host in &late {
             host.endpoint.admitted.store(false, Ordering::Relaxed);
             warn!(
-                database = %check.sink_params.spec.database,
-                table = %check.sink_params.spec.table,
+                database = %check.sink_params.database,
+                table = %check.sink_params.table,
                 shard = %host.shard,
                 host = %host.endpoint.endpoint,
                 error = %host.cause,
@@ -237,7 +237,7 @@ async fn ask_again(mut late: Vec<LateHost>, check: LateCheck) {
 
 /// The target fingerprint of a late shard, from the table its first admitted host answered with.
 fn shard_target(shard: &str, meta: &EndpointMetadata, check: &LateCheck) -> String {
-    let spec = &check.sink_params.spec;
+    let spec = &check.sink_params;
     if meta.kind == EngineKind::Replicated {
         return replicated_target_fingerprint(
             meta.zookeeper_name.as_deref().unwrap_or("default"),

@@ -8,7 +8,7 @@ use flow_core::SinkError;
 use thiserror::Error;
 use tracing::debug;
 
-use crate::config::params::{ClickHouseParams, SinkParams};
+use crate::config::params::SinkParams;
 use crate::encode::chtype::ServerTypes;
 use crate::server::classify::{ClassifiedError, ErrorClass};
 use crate::server::client::{
@@ -122,7 +122,7 @@ pub(crate) async fn probe_speaking_its_protocol(
     sink_params: &SinkParams,
     timeout: Duration,
 ) -> Result<EndpointMetadata, SessionError> {
-    let params = &sink_params.spec;
+    let params = sink_params;
     let (host, port) = (&endpoint.endpoint.host, endpoint.endpoint.port);
     // A port that does not answer at all is neither.
     let check_timeout = timeout.min(crate::server::protocol::PROBE_TIMEOUT);
@@ -174,7 +174,7 @@ struct Answers {
 
 /// Sends every query of [`Answers`] at once: a start costs two round trips per endpoint (these,
 /// then the replication identity), not eight.
-async fn ask(endpoint: &EndpointClient, params: &ClickHouseParams, timeout: Duration) -> Answers {
+async fn ask(endpoint: &EndpointClient, params: &SinkParams, timeout: Duration) -> Answers {
     let (db, table) = (
         quote_literal(&params.database),
         quote_literal(&params.table),
@@ -229,7 +229,7 @@ async fn ask(endpoint: &EndpointClient, params: &ClickHouseParams, timeout: Dura
 /// order, so a missing table is reported as such whatever the other queries said about it.
 async fn probe(
     endpoint: &EndpointClient,
-    params: &ClickHouseParams,
+    params: &SinkParams,
     timeout: Duration,
 ) -> Result<EndpointMetadata, SessionError> {
     let fail = |cause: ClassifiedError| -> SessionError {
@@ -330,7 +330,7 @@ async fn probe(
 /// lists it (servers without `zookeeper_name` have only the default ZooKeeper).
 async fn replication_identity(
     endpoint: &EndpointClient,
-    params: &ClickHouseParams,
+    params: &SinkParams,
     capabilities: &Capabilities,
     timeout: Duration,
 ) -> Result<Option<(String, String)>, ClassifiedError> {
@@ -363,7 +363,7 @@ async fn replication_identity(
 fn engine_kind(
     engine: &str,
     endpoint: &EndpointClient,
-    params: &ClickHouseParams,
+    params: &SinkParams,
 ) -> Result<EngineKind, String> {
     if engine == "Distributed" {
         Err(format!(

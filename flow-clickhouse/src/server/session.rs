@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use crate::config::dynamic::ClickHouseDynamicParams;
 use crate::config::guarantee::SinkClass;
-use crate::config::params::{ClickHouseParams, SinkParams};
+use crate::config::params::SinkParams;
 use crate::config::topology::{Endpoint, ShardIndex};
 use crate::encode::chtype::{check_mapping_on, ChType, ServerTypes};
 use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
@@ -112,7 +112,7 @@ impl WriterSession {
     /// server's support, and the dedup window is compared with the new `replay_horizon`.
     pub fn check_dynamic(
         &self,
-        params: &ClickHouseParams,
+        params: &SinkParams,
         dynamic: &ClickHouseDynamicParams,
     ) -> Result<(), String> {
         if dynamic.async_insert && !self.capabilities.async_insert {
@@ -140,7 +140,7 @@ impl WriterSession {
         stream: &Arc<StreamSchema>,
         partitions: u32,
     ) -> Result<WriterSession, SessionError> {
-        let params = &sink_params.spec;
+        let params = sink_params;
         let refused = |reason: String| SessionError::Refused {
             database: params.database.clone(),
             table: params.table.clone(),
@@ -392,7 +392,7 @@ fn describe(shard: &str, endpoint: &EndpointClient) -> String {
 /// Maps stream columns to table columns and builds the encoder.
 fn plan_columns(
     class: SinkClass,
-    params: &ClickHouseParams,
+    params: &SinkParams,
     stream: &Arc<StreamSchema>,
     table: &[ColumnMeta],
     capabilities: Capabilities,
@@ -464,7 +464,7 @@ fn is_non_deterministic(expression: &str) -> bool {
 /// `replay_horizon`, or shorter in blocks than what this sink can insert into a shard between a
 /// batch's first attempt and its replay (every partition's batches in delivery and queued).
 fn check_dedup_window(
-    params: &ClickHouseParams,
+    params: &SinkParams,
     dynamic: &ClickHouseDynamicParams,
     window: &ShardDedupWindow,
     partitions: u32,
