@@ -58,6 +58,7 @@ mod runtime;
 mod spec;
 mod spec_builder;
 mod spec_text;
+mod type_expr;
 mod types;
 mod wide_int;
 
@@ -96,5 +97,6 @@ pub use spec::{
 };
 pub use spec_builder::{NoSource, PipelineSpecBuilder};
 pub use spec_text::MAX_SPEC_NESTING;
+pub use type_expr::TypeExprCursor;
 pub use types::{Column, SchemaError, StreamSchema, StreamType, MAX_DECIMAL_PRECISION};
 pub use wide_int::WideInt;

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use flow_core::StreamType;
+use flow_core::{StreamType, TypeExprCursor};
 
 /// A ClickHouse column type as `system.columns.type` prints it.
 ///
@@ -94,9 +94,11 @@ impl ChType {
     /// Anything else, and any type holding an unsupported one, is `Unsupported(original text)`.
     /// Never fails.
     pub fn parse(text: &str) -> ChType {
-        let mut parser = Parser { rest: text };
+        let mut parser = Parser {
+            lex: TypeExprCursor::new(text),
+        };
         match parser.parse_type() {
-            Some(ty) if parser.rest.trim().is_empty() => ty,
+            Some(ty) if parser.lex.is_done() => ty,
             _ => ChType::Unsupported(text.to_owned()),
         }
     }
@@ -180,85 +182,10 @@ impl ChType {
 
 /// Recursive descent over a type text.
 struct Parser<'a> {
-    rest: &'a str,
+    lex: TypeExprCursor<'a>,
 }
 
 impl<'a> Parser<'a> {
-    fn eat(&mut self, token: char) -> bool {
-        let trimmed = self.rest.trim_start();
-        match trimmed.strip_prefix(token) {
-            Some(rest) => {
-                self.rest = rest;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn peek_is(&self, token: char) -> bool {
-        self.rest.trim_start().starts_with(token)
-    }
-
-    fn word(&mut self) -> &'a str {
-        let trimmed = self.rest.trim_start();
-        let end = trimmed
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(trimmed.len());
-        let (word, rest) = trimmed.split_at(end);
-        self.rest = rest;
-        word
-    }
-
-    /// An unsigned integer of plain digits.
-    fn number<T: std::str::FromStr>(&mut self) -> Option<T> {
-        let word = self.word();
-        if word.is_empty() || !word.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        word.parse().ok()
-    }
-
-    /// A possibly negative integer.
-    fn signed<T: std::str::FromStr>(&mut self) -> Option<T> {
-        let negative = self.eat('-');
-        let word = self.word();
-        if word.is_empty() || !word.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        if negative {
-            format!("-{word}").parse().ok()
-        } else {
-            word.parse().ok()
-        }
-    }
-
-    /// A single-quoted string with backslash escapes, as ClickHouse prints enum names and zones.
-    fn quoted(&mut self) -> Option<String> {
-        let trimmed = self.rest.trim_start();
-        let body = trimmed.strip_prefix('\'')?;
-        let mut out = String::new();
-        let mut chars = body.char_indices();
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\'' => {
-                    self.rest = &body[i + 1..];
-                    return Some(out);
-                }
-                '\\' => {
-                    let (_, escaped) = chars.next()?;
-                    out.push(match escaped {
-                        'n' => '\n',
-                        't' => '\t',
-                        '0' => '\0',
-                        other => other,
-                    });
-                }
-                other => out.push(other),
-            }
-        }
-        None
-    }
-
     fn boxed(&mut self) -> Option<Box<ChType>> {
         Some(Box::new(self.parse_type()?))
     }
@@ -266,12 +193,12 @@ impl<'a> Parser<'a> {
     fn enum_items<T: std::str::FromStr>(&mut self) -> Option<Vec<(String, T)>> {
         let mut items = Vec::new();
         loop {
-            let name = self.quoted()?;
-            if !self.eat('=') {
+            let name = self.lex.quoted()?;
+            if !self.lex.eat('=') {
                 return None;
             }
-            items.push((name, self.signed()?));
-            if !self.eat(',') {
+            items.push((name, self.lex.signed()?));
+            if !self.lex.eat(',') {
                 return Some(items);
             }
         }
@@ -279,23 +206,23 @@ impl<'a> Parser<'a> {
 
     /// A tuple item may be named (`a UInt8`); the name is not kept.
     fn tuple_item(&mut self) -> Option<ChType> {
-        let saved = self.rest;
-        let word = self.word();
-        let after = self.rest;
+        let saved = self.lex;
+        let word = self.lex.word();
+        let after = self.lex.rest();
         let named = !word.is_empty()
             && after.starts_with(char::is_whitespace)
             && after
                 .trim_start()
                 .starts_with(|c: char| c.is_ascii_alphabetic());
         if !named {
-            self.rest = saved;
+            self.lex = saved;
         }
         self.parse_type()
     }
 
     fn parse_type(&mut self) -> Option<ChType> {
-        let name = self.word();
-        if !self.peek_is('(') {
+        let name = self.lex.word();
+        if !self.lex.peek_is('(') {
             return Some(match name {
                 "Int8" => ChType::Int8,
                 "Int16" => ChType::Int16,
@@ -322,7 +249,7 @@ impl<'a> Parser<'a> {
                 _ => return None,
             });
         }
-        self.eat('(');
+        self.lex.eat('(');
         let ty = match name {
             "Nullable" => {
                 let inner = self.parse_type()?;
@@ -350,34 +277,34 @@ impl<'a> Parser<'a> {
                 ChType::LowCardinality(Box::new(inner))
             }
             "FixedString" => {
-                let n: usize = self.number()?;
+                let n: usize = self.lex.number()?;
                 if n == 0 {
                     return None;
                 }
                 ChType::FixedString(n)
             }
             "DateTime" => {
-                self.quoted()?;
+                self.lex.quoted()?;
                 ChType::DateTime
             }
             "DateTime64" => {
-                let precision: u8 = self.number()?;
+                let precision: u8 = self.lex.number()?;
                 if precision > 9 {
                     return None;
                 }
-                if self.eat(',') {
-                    self.quoted()?;
+                if self.lex.eat(',') {
+                    self.lex.quoted()?;
                 }
                 ChType::DateTime64(precision)
             }
             "Decimal" | "Decimal32" | "Decimal64" | "Decimal128" | "Decimal256" => {
-                let first: u8 = self.number()?;
+                let first: u8 = self.lex.number()?;
                 let (precision, scale) = match name {
                     "Decimal" => {
-                        if !self.eat(',') {
+                        if !self.lex.eat(',') {
                             return None;
                         }
-                        (first, self.number()?)
+                        (first, self.lex.number()?)
                     }
                     "Decimal32" => (9, first),
                     "Decimal64" => (18, first),
@@ -394,21 +321,21 @@ impl<'a> Parser<'a> {
             "Array" => ChType::Array(self.boxed()?),
             "Map" => {
                 let key = self.boxed()?;
-                if !self.eat(',') {
+                if !self.lex.eat(',') {
                     return None;
                 }
                 ChType::Map(key, self.boxed()?)
             }
             "Tuple" => {
                 let mut items = vec![self.tuple_item()?];
-                while self.eat(',') {
+                while self.lex.eat(',') {
                     items.push(self.tuple_item()?);
                 }
                 ChType::Tuple(items)
             }
             _ => return None,
         };
-        self.eat(')').then_some(ty)
+        self.lex.eat(')').then_some(ty)
     }
 }
 
