@@ -159,18 +159,6 @@ impl Reason<'_> {
     }
 }
 
-fn kind(value: Value<'_>) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Int(_) => "a signed integer",
-        Value::Uint(_) => "an unsigned integer",
-        Value::Float(_) => "a floating-point number",
-        Value::Bool(_) => "a boolean",
-        Value::Bytes(_) => "a string",
-        Value::Packed(_) => "a packed value",
-    }
-}
-
 /// A packed value that does not hold its type: checked when the row was written, so only a
 /// bug gets here, and it is reported rather than panicking.
 fn malformed<'t>(err: PackedError) -> Reason<'t> {
@@ -320,7 +308,7 @@ fn encode_scalar<'t>(
     out: &mut Vec<u8>,
 ) -> Result<(), Reason<'t>> {
     let wrong_kind = || Reason::WrongKind {
-        kind: kind(value),
+        kind: value.kind(),
         ty,
     };
     match ty {
@@ -561,7 +549,7 @@ fn wide_integer<'t>(
         }
         other => {
             return Err(Reason::WrongKind {
-                kind: kind(other),
+                kind: other.kind(),
                 ty,
             })
         }
@@ -581,7 +569,7 @@ fn datetime64_ticks<'t>(
         Value::Uint(v) => (v.into(), 1),
         other => {
             return Err(Reason::WrongKind {
-                kind: kind(other),
+                kind: other.kind(),
                 ty,
             })
         }
@@ -624,7 +612,7 @@ fn enum_code<'t, T: Copy + Into<i64> + fmt::Display>(
             .find(|(_, c)| i64::try_from(code).is_ok_and(|code| (*c).into() == code)),
         other => {
             return Err(Reason::WrongKind {
-                kind: kind(other),
+                kind: other.kind(),
                 ty,
             })
         }
@@ -647,7 +635,7 @@ fn narrow<'t, T: TryFrom<i128>>(ty: &'t ChType, value: Value<'_>) -> Result<T, R
         Value::Uint(v) => v.into(),
         other => {
             return Err(Reason::WrongKind {
-                kind: kind(other),
+                kind: other.kind(),
                 ty,
             })
         }
