@@ -1,5 +1,5 @@
 //! ClickHouse column types as `system.columns.type` prints them, and the check that a stream
-//! column may be written to a table column ([`check_mapping`], the type table of
+//! column may be written to a table column (`check_mapping`, the type table of
 //! docs/clickhouse.md), once per session, before the first row.
 
 use std::fmt;
@@ -426,7 +426,7 @@ pub fn check_mapping(column: &str, stream: &StreamType, table: &ChType) -> Resul
     check_mapping_on(column, stream, table, &ServerTypes::default())
 }
 
-/// [`check_mapping`] against the types a server has.
+/// `check_mapping` against the types a server has.
 pub fn check_mapping_on(
     column: &str,
     stream: &StreamType,

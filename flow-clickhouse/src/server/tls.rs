@@ -297,7 +297,7 @@ impl ConfiguredRootsVerifier {
         Self::with_provider(options, Arc::new(rustls::crypto::ring::default_provider()))
     }
 
-    /// [`Self::from_options`] with the given crypto provider.
+    /// `Self::from_options` with the given crypto provider.
     fn with_provider(
         options: &TlsOptions,
         provider: Arc<CryptoProvider>,
