@@ -80,7 +80,7 @@ pub use verify::{
 #[doc(hidden)]
 pub mod testing {
     pub use crate::encode::chtype::{check_mapping, check_mapping_on, ChType, ServerTypes};
-    pub use crate::encode::compress::{seal, unframe};
+    pub use crate::encode::compress::{seal, unframe, PartFormat, UnframeError};
     pub use crate::encode::routing::{routing_key, RendezvousRouter};
     pub use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
     pub use crate::exactly_once::fingerprint::topology_fingerprint;
