@@ -66,9 +66,12 @@ pub use config::dynamic::{AtMostOnceDynamic, ClickHouseDynamicParams};
 pub use config::guarantee::{Guarantee, SinkClass};
 pub use config::params::{
     AtMostOnceStrategy, ClickHouseParams, Codec, HostSelectionPolicy, OnBadRows, OnExpiredBacklog,
+    PasswordError,
 };
 pub use delivery::split::requeued_batch;
 pub use server::classify::{ClassifiedError, ErrorClass};
+pub use server::client::ClientsError;
+pub use server::tls::TlsError;
 pub use verify::{
     verify_replicas, verify_sink, OrphanPart, ReplicaState, Replication, ShardReport, ShardVerdict,
     VerifyError,
