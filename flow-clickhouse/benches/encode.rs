@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use flow_clickhouse::{check_mapping, ChType, EncodedColumn, RowBinaryEncoder};
+use flow_clickhouse::testing::{check_mapping, ChType, EncodedColumn, RowBinaryEncoder};
 use flow_core::{push_json_text, Column, MessageBatch, MessageId, StreamSchema, Value};
 
 fn env_usize(name: &str, default: usize) -> usize {

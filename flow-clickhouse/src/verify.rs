@@ -18,19 +18,21 @@ use futures_util::future::join_all;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::classify::ClassifiedError;
-use crate::client::{
-    build_shards, json_text, json_u64, quote_literal, quote_table, EndpointClient,
+use crate::config::guarantee::SinkClass;
+use crate::config::params::{self, SinkParams};
+use crate::server::classify::ClassifiedError;
+use crate::server::client::{
+    build_shards, json_text, json_u64, quote_literal, quote_table, ClientsError, EndpointClient,
 };
-use crate::params::{self, SinkClass, SinkParams};
 use flow_core::Violation;
 
 /// Why a sink could not be verified at all.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum VerifyError {
-    /// The HTTP clients of the sink's endpoints could not be built (TLS files, URL).
+    /// The HTTP clients of the sink's endpoints could not be built (TLS files, the password).
     #[error("cannot build the clients of the sink: {0}")]
-    Clients(String),
+    Clients(#[source] ClientsError),
     /// The sink's parameters do not validate.
     #[error("invalid sink parameters: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Parameters(Vec<Violation>),
@@ -245,7 +247,7 @@ pub async fn verify_replicas(
     timeout: Duration,
 ) -> Result<Vec<ShardReport>, VerifyError> {
     let shards = build_shards(params).map_err(VerifyError::Clients)?;
-    let table = format!("{}.{}", params.spec.database, params.spec.table);
+    let table = format!("{}.{}", params.database, params.table);
     let mut reports = Vec::new();
     for shard in &shards {
         let asked = join_all(
@@ -286,7 +288,7 @@ async fn replica_state(
     params: &SinkParams,
     timeout: Duration,
 ) -> Result<ReplicaState, ClassifiedError> {
-    let spec = &params.spec;
+    let spec = params;
     let (db, table) = (quote_literal(&spec.database), quote_literal(&spec.table));
     let count = endpoint
         .query_json(

@@ -184,6 +184,7 @@ pub enum ReplayError {
 
 /// Why a sink could not take, seal or deliver a batch.
 #[derive(Error, Debug)]
+#[non_exhaustive]
 pub enum SinkError {
     /// A pending batch stored as bounds could not be rebuilt from the source.
     #[error("re-reading the source to rebuild pending batches: {0}")]
@@ -203,18 +204,29 @@ pub enum SinkError {
     #[error("sink state: {0}")]
     State(#[from] flow_state::StateError),
     /// A row failed the sink's checks under `on_bad_rows: stop`.
-    #[error("message {message_id} rejected: {reason}")]
+    #[error("message {message_id} rejected: {source}")]
     Rejected {
         /// The message id, `<partition>-<offset>`.
         message_id: String,
         /// Why the row was rejected.
-        reason: String,
+        #[source]
+        source: BoxError,
     },
     /// Delivery stopped, e.g. the outbox and the sink disagree or the delivery task ended.
     #[error("delivery stopped: {reason}")]
     Delivery {
         /// Why.
         reason: String,
+    },
+    /// Delivery stopped on an error: `context` says what was being done, `source` is the error
+    /// (displayed as [`SinkError::Delivery`] with `reason` `<context>: <source>`).
+    #[error("delivery stopped: {context}: {source}")]
+    DeliveryFailed {
+        /// What was being done.
+        context: String,
+        /// The error.
+        #[source]
+        source: BoxError,
     },
     /// The sink will not go on with what it found (its output file truncated, a batch stored
     /// without the payload it needs); the text says why and how to go on.

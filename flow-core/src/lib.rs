@@ -39,6 +39,8 @@
 //! - `plugin`: the plugin traits ([`SourceFactory`], [`Sink`], [`PartitionObserver`], ...);
 //! - `message`, `packed`, `wide_int`, `types`, `json_form`: values, their packed and JSON forms,
 //!   stream types and schemas;
+//! - `type_expr`: the lexer of type expressions (`Name(arg, ...)`), shared by stream types and
+//!   the ClickHouse sinks' column types;
 //! - `error`, `metrics`, `capacity`, `dead_row`, `clock`: errors, Prometheus metrics, batch
 //!   capacity planning, rows a sink sets aside, wall-clock time;
 //! - `builtins`, `builtin_config`: the built-in classes' registration and typed configs;
@@ -71,6 +73,7 @@ mod plugin;
 mod runtime;
 mod spec;
 mod structural;
+mod type_expr;
 mod types;
 mod wide_int;
 
@@ -104,5 +107,6 @@ pub use spec::{
     ValidatedProcessor, ValidatedSink, MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
     MAX_SPEC_NESTING,
 };
+pub use type_expr::TypeExprCursor;
 pub use types::{Column, SchemaError, StreamSchema, StreamType, MAX_DECIMAL_PRECISION};
 pub use wide_int::WideInt;

@@ -71,7 +71,8 @@ pub enum Value<'a> {
 }
 
 impl Value<'_> {
-    fn kind(&self) -> &'static str {
+    /// What kind of value this is, as error messages name it (`a signed integer`, `null`).
+    pub fn kind(&self) -> &'static str {
         match self {
             Value::Null => "null",
             Value::Int(_) => "a signed integer",

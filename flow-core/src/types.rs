@@ -10,6 +10,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
+use crate::type_expr::TypeExprCursor;
+
 /// A stream type or schema that cannot be used.
 #[derive(Error, Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -222,9 +224,11 @@ impl FromStr for StreamType {
         let unknown = || SchemaError::UnknownType {
             text: text.to_owned(),
         };
-        let mut parser = TypeParser { rest: text };
+        let mut parser = TypeParser {
+            lex: TypeExprCursor::new(text),
+        };
         let ty = parser.parse_type().ok_or_else(unknown)?;
-        if !parser.rest.trim().is_empty() {
+        if !parser.lex.is_done() {
             return Err(unknown());
         }
         Ok(ty)
@@ -233,45 +237,16 @@ impl FromStr for StreamType {
 
 /// Recursive descent over a type text such as `dict<utf8,list<optional<decimal(18,4)>>>`.
 struct TypeParser<'a> {
-    rest: &'a str,
+    lex: TypeExprCursor<'a>,
 }
 
 impl<'a> TypeParser<'a> {
-    fn eat(&mut self, token: char) -> bool {
-        let trimmed = self.rest.trim_start();
-        match trimmed.strip_prefix(token) {
-            Some(rest) => {
-                self.rest = rest;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn word(&mut self) -> &'a str {
-        let trimmed = self.rest.trim_start();
-        let end = trimmed
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(trimmed.len());
-        let (word, rest) = trimmed.split_at(end);
-        self.rest = rest;
-        word
-    }
-
-    fn number(&mut self) -> Option<u8> {
-        let word = self.word();
-        if word.is_empty() || !word.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        word.parse().ok()
-    }
-
     fn boxed(&mut self) -> Option<Box<StreamType>> {
         Some(Box::new(self.parse_type()?))
     }
 
     fn parse_type(&mut self) -> Option<StreamType> {
-        let word = self.word();
+        let word = self.lex.word();
         Some(match word {
             "int8" => StreamType::Int8,
             "int16" => StreamType::Int16,
@@ -298,22 +273,22 @@ impl<'a> TypeParser<'a> {
             "ipv4" => StreamType::Ipv4,
             "ipv6" => StreamType::Ipv6,
             "decimal" => {
-                if !self.eat('(') {
+                if !self.lex.eat('(') {
                     return None;
                 }
-                let precision = self.number()?;
-                if !self.eat(',') {
+                let precision = self.lex.number::<u8>()?;
+                if !self.lex.eat(',') {
                     return None;
                 }
-                let scale = self.number()?;
-                if !self.eat(')') {
+                let scale = self.lex.number::<u8>()?;
+                if !self.lex.eat(')') {
                     return None;
                 }
                 let valid = (1..=MAX_DECIMAL_PRECISION).contains(&precision) && scale <= precision;
                 return valid.then_some(StreamType::Decimal { precision, scale });
             }
             "optional" | "list" | "dict" | "tuple" => {
-                if !self.eat('<') {
+                if !self.lex.eat('<') {
                     return None;
                 }
                 let ty = match word {
@@ -321,20 +296,20 @@ impl<'a> TypeParser<'a> {
                     "list" => StreamType::List(self.boxed()?),
                     "dict" => {
                         let key = self.boxed()?;
-                        if !self.eat(',') {
+                        if !self.lex.eat(',') {
                             return None;
                         }
                         StreamType::Dict(key, self.boxed()?)
                     }
                     _ => {
                         let mut items = vec![self.parse_type()?];
-                        while self.eat(',') {
+                        while self.lex.eat(',') {
                             items.push(self.parse_type()?);
                         }
                         StreamType::Tuple(items)
                     }
                 };
-                if !self.eat('>') {
+                if !self.lex.eat('>') {
                     return None;
                 }
                 ty

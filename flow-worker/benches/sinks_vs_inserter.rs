@@ -290,7 +290,7 @@ fn inserter_loop() -> Result<()> {
     // Sharded: one inserter per shard in every task, rows routed as the sharded sink routes them
     // (rendezvous hashing of `user_id` over shards `a`, `b`).
     let nodes: &[&str] = if sharded { &[A1, B1] } else { &[A1] };
-    let router = flow_clickhouse::RendezvousRouter::new(&["a".to_owned(), "b".to_owned()]);
+    let router = flow_clickhouse::testing::RendezvousRouter::new(&["a".to_owned(), "b".to_owned()]);
     let per_partition = rows / u64::from(PARTITIONS);
     tokio::runtime::Runtime::new()?.block_on(async move {
         let tasks: Vec<_> = (0..PARTITIONS)

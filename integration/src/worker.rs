@@ -13,7 +13,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use flow_clickhouse::RendezvousRouter;
+use flow_clickhouse::testing::RendezvousRouter;
 use flow_core::{Pipeline, PipelineSpec, Registry, RunReport, RuntimeError};
 use flow_state::StateStore;
 

@@ -723,11 +723,11 @@ async fn topology_change_is_refused_while_batches_are_undelivered_then_adopted_o
     assert_eq!(sink["rows"], 200, "{sink}");
     assert_eq!(sink["oldest"]["last_offset"], 49, "{sink}");
     let persisted_routing = sink["fingerprints"]["routing"].as_str().unwrap().to_owned();
-    let by_user_id = flow_clickhouse::topology_fingerprint(
+    let by_user_id = flow_clickhouse::testing::topology_fingerprint(
         &["user_id".to_owned()],
         Some(&["a".to_owned(), "b".to_owned()]),
     );
-    let by_id = flow_clickhouse::topology_fingerprint(
+    let by_id = flow_clickhouse::testing::topology_fingerprint(
         &["id".to_owned()],
         Some(&["a".to_owned(), "b".to_owned()]),
     );

@@ -33,7 +33,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use flow_clickhouse::routing_key;
+use flow_clickhouse::testing::routing_key;
 use flow_core::sources::generator;
 use flow_core::{MessageBatch, MessageId, Value};
 use flow_integration::worker::*;

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
 
-use flow_clickhouse::seal;
+use flow_clickhouse::testing::seal;
 use flow_clickhouse::Codec;
 use flow_integration::{query_u64, unique_name, wait_for_cluster, ReplicatedTable, A1, SHARD_A};
 

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use flow_clickhouse::{check_mapping, ChType};
-use flow_clickhouse::{EncodedColumn, RowBinaryEncoder};
+use flow_clickhouse::testing::{check_mapping, ChType};
+use flow_clickhouse::testing::{EncodedColumn, RowBinaryEncoder};
 use flow_core::{Column, MessageBatch, MessageId, StreamSchema, StreamType, Value};
 use flow_integration::{http_request, query_text, unique_name, wait_for_cluster, DropGuard, A1};
 

@@ -21,7 +21,7 @@ fn addr(node: Node) -> Result<SocketAddr> {
 
 /// How many of the run's ids route to shard a.
 fn routed_to_a() -> u64 {
-    let router = flow_clickhouse::RendezvousRouter::new(&["a".to_owned(), "b".to_owned()]);
+    let router = flow_clickhouse::testing::RendezvousRouter::new(&["a".to_owned(), "b".to_owned()]);
     (0..PARTITIONS * PER_PARTITION)
         .filter(|id| router.shards()[router.route(&user_routing_key(id % 1000))] == "a")
         .count() as u64

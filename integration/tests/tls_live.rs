@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use flow_clickhouse::{base_client, ConfiguredRootsVerifier, TlsOptions};
+use flow_clickhouse::testing::{base_client, ConfiguredRootsVerifier, TlsOptions};
 use flow_integration::{tls_ca_cert, wait_for_cluster, A1, HOST};
 use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::pem::PemObject;

@@ -17,7 +17,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-use flow_clickhouse::RendezvousRouter;
+use flow_clickhouse::testing::RendezvousRouter;
 use flow_core::{Pipeline, PipelineSpec, RunReport, RuntimeError};
 use flow_state::StateStore;
 

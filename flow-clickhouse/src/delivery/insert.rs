@@ -1,0 +1,398 @@
+//! One INSERT of one part ([`insert_part`]): sent to the shard's current host, failing over to
+//! the next host after each failed attempt, retried as the sink's guarantee says for the error
+//! class ([`crate::config::guarantee::Guarantee::on_failure`]), ending early on a stop.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use flow_core::delivery::now_ms;
+use flow_core::{SinkCount, SinkError, SinkMetrics};
+use flow_state::ErrorRecord;
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::config::guarantee::{GiveUp, OnFailure};
+use crate::config::topology::ShardIndex;
+use crate::delivery::backlog_age::Expired;
+use crate::delivery::cutter::Part;
+use crate::delivery::sink_state::SinkShared;
+use crate::server::classify::{log_unknown, ClassifiedError, ErrorClass};
+use crate::server::client::{InsertError, ShardClients};
+use crate::server::session::WriterSession;
+
+/// How one INSERT ended without success.
+#[derive(Debug)]
+pub enum InsertFailure {
+    /// The pipeline is stopping; nothing more was tried.
+    Stopped,
+    /// The guarantee allows no further attempt.
+    GaveUp(GaveUp),
+    /// Not sent again: it may have landed unanswered and is past the dedup window.
+    Expired(Expired),
+    /// Recording an unanswered attempt failed.
+    State(SinkError),
+}
+
+impl InsertFailure {
+    /// The error of a failure its caller has no handling of its own for.
+    pub fn into_sink_error(self) -> SinkError {
+        match self {
+            InsertFailure::Stopped => SinkError::Delivery {
+                reason: "the pipeline stopped during an insert".to_owned(),
+            },
+            InsertFailure::GaveUp(gave_up) => SinkError::Target {
+                context: format!("insert given up after {} attempt(s)", gave_up.attempts),
+                source: Box::new(gave_up.error),
+            },
+            InsertFailure::Expired(expired) => SinkError::Delivery {
+                reason: format!(
+                    "a part that may have landed unanswered is {} s old, past the deduplication window of {} s",
+                    expired.age.as_secs(),
+                    expired.window.as_secs()
+                ),
+            },
+            InsertFailure::State(err) => err,
+        }
+    }
+}
+
+/// What an exactly-once sink keeps about the attempts at one pending part.
+#[async_trait]
+pub trait AttemptLog: Send + Sync {
+    /// An attempt sent the whole part and got no verdict; recorded durably before any retry.
+    async fn unanswered(&self, error: &ClassifiedError) -> Result<(), SinkError>;
+    /// Whether the part must not be sent again ([`crate::delivery::backlog_age::expired`]).
+    fn expired(&self) -> Option<Expired>;
+}
+
+/// An INSERT the sink's guarantee allows no further attempt for.
+#[derive(Debug)]
+pub struct GaveUp {
+    pub error: ClassifiedError,
+    pub attempts: u32,
+    pub endpoint: String,
+    /// What giving up means for the sink.
+    pub give_up: GiveUp,
+}
+
+impl GaveUp {
+    /// The `Giving up insert into ClickHouse` reason for a part of `shard` (with its token where
+    /// the class has one).
+    pub fn reason(
+        &self,
+        session: &WriterSession,
+        shard: &str,
+        token: Option<&str>,
+    ) -> GiveUpReason {
+        let GaveUp {
+            error,
+            attempts,
+            endpoint,
+            ..
+        } = self;
+        let token = token.map(|t| format!(", token {t}")).unwrap_or_default();
+        GiveUpReason {
+            context: format!(
+                "Giving up insert into ClickHouse: {}.{} shard `{shard}` via {endpoint} after {attempts} attempt(s){token}",
+                session.database, session.table
+            ),
+            error: error.clone(),
+        }
+    }
+}
+
+/// Why an insert was given up: what was tried, and the error it ended with.
+#[derive(Clone, Debug)]
+pub struct GiveUpReason {
+    pub context: String,
+    pub error: ClassifiedError,
+}
+
+impl GiveUpReason {
+    /// The error the sink fails with (`delivery stopped: Giving up insert into ClickHouse: …`),
+    /// keeping the ClickHouse error as its source.
+    pub fn to_sink_error(&self) -> SinkError {
+        SinkError::Target {
+            context: format!("delivery stopped: {}", self.context),
+            source: Box::new(self.error.clone()),
+        }
+    }
+}
+
+impl fmt::Display for GiveUpReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.context, self.error)
+    }
+}
+
+/// What one INSERT sends.
+#[derive(Clone, Copy)]
+pub struct InsertRequest<'a> {
+    pub shard: ShardIndex,
+    /// Sent as `insert_deduplication_token` (with `async_insert_deduplicate`) where the server
+    /// has it; `None` for the classes without a token.
+    pub token: Option<&'a str>,
+    pub payload: &'a Bytes,
+    /// The payload is in ClickHouse's compression framing.
+    pub compressed: bool,
+    /// When the part was sealed into the outbox (ms since the Unix epoch): while it cannot be
+    /// sent, its age is watched against the shard's dedup window ([`crate::delivery::backlog_age`]).
+    pub sealed_at_ms: Option<u64>,
+    /// The code the server already refused these rows with (a piece of a refused part,
+    /// [`crate::delivery::split`]): an attempt failing with it again is final, without a retry.
+    pub answered_code: Option<u32>,
+    /// Where unanswered attempts are recorded and expiry is decided (exactly-once classes).
+    pub attempts: Option<&'a dyn AttemptLog>,
+    /// The sink partition's metrics: failed attempts are counted durably, INSERTs timed.
+    pub metrics: &'a SinkMetrics,
+}
+
+impl<'a> InsertRequest<'a> {
+    /// A part sent without token, seal time or attempt log: the classes without an outbox
+    /// (at-least-once, at-most-once).
+    pub fn unrecorded(part: &'a Part, metrics: &'a SinkMetrics) -> InsertRequest<'a> {
+        InsertRequest {
+            shard: part.shard,
+            token: None,
+            payload: &part.payload,
+            compressed: part.compressed(),
+            sealed_at_ms: None,
+            answered_code: None,
+            attempts: None,
+            metrics,
+        }
+    }
+}
+
+/// The failure of a part whose shard (a stored batch's, by name) is not configured any more.
+pub fn unconfigured_shard(shared: &SinkShared, shard_name: &str) -> InsertFailure {
+    InsertFailure::GaveUp(GaveUp {
+        error: ClassifiedError::from_server(
+            None,
+            format!("shard `{shard_name}` is not configured any more"),
+        ),
+        attempts: 0,
+        endpoint: String::new(),
+        give_up: on_failure_of(shared, ErrorClass::Unknown).give_up,
+    })
+}
+
+/// How often a part for a shard without an admitted host looks again.
+const ADMISSION_POLL: Duration = Duration::from_millis(500);
+
+/// Sends one part to its shard, failing over to the next host after each failed attempt.
+/// Retries follow the sink's guarantee ([`crate::config::guarantee::Guarantee::on_failure`]).
+pub async fn insert_part(
+    shared: &SinkShared,
+    session: &WriterSession,
+    request: InsertRequest<'_>,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<u32, InsertFailure> {
+    let InsertRequest {
+        shard: index,
+        token,
+        payload,
+        compressed,
+        sealed_at_ms,
+        answered_code,
+        attempts: attempt_log,
+        metrics,
+    } = request;
+    let Some(shard) = session.shards.get(index.0) else {
+        return Err(unconfigured_shard(shared, &format!("#{}", index.0)));
+    };
+    let shard_name = shard.name.as_str();
+    let mut attempts = 0u32;
+    loop {
+        if let Some(expired) = attempt_log.and_then(|log| log.expired()) {
+            return Err(InsertFailure::Expired(expired));
+        }
+        let dynamic = shared.dynamic();
+        let settings = insert_settings(session, token, dynamic.async_insert);
+        let Some(endpoint) = shard.current() else {
+            // No host of the shard has answered since the session started: nothing to try yet
+            // (`late_hosts` admits one once it answers).
+            tokio::select! {
+                _ = tokio::time::sleep(ADMISSION_POLL) => continue,
+                _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
+            }
+        };
+        attempts += 1;
+        let guard = &session.columns_guard;
+        let started = std::time::Instant::now();
+        let result = match guard.before_insert(endpoint, dynamic.write_timeout).await {
+            Ok(()) => {
+                endpoint
+                    .insert(
+                        &session.insert_sql,
+                        &settings,
+                        payload.clone(),
+                        compressed,
+                        dynamic.write_timeout,
+                    )
+                    .await
+            }
+            Err(error) => Err(InsertError {
+                error,
+                unanswered: false,
+            }),
+        };
+        let err = match result {
+            Ok(()) => {
+                if let Err(error) = guard
+                    .after_insert(endpoint, dynamic.write_timeout, token, shard_name)
+                    .await
+                {
+                    return Err(InsertFailure::GaveUp(GaveUp {
+                        give_up: on_failure_of(shared, error.class).give_up,
+                        error,
+                        attempts,
+                        endpoint: endpoint.endpoint.to_string(),
+                    }));
+                }
+                shard.backoff.succeeded();
+                metrics.observe_insert(Some(shard_name), started.elapsed().as_secs_f64());
+                return Ok(attempts);
+            }
+            Err(InsertError { error, unanswered }) => {
+                if let (true, Some(log)) = (unanswered, attempt_log) {
+                    log.unanswered(&error).await.map_err(InsertFailure::State)?;
+                }
+                error
+            }
+        };
+        let answered = answered_code.is_some() && err.code == answered_code;
+        if err.class == ErrorClass::Unknown && !answered {
+            log_unknown(
+                &err,
+                &session.database,
+                &session.table,
+                &endpoint.endpoint.to_string(),
+            );
+        }
+        let on_failure = on_failure_of(shared, err.class);
+        // Fail over whether or not this part is retried: where the guarantee allows one attempt,
+        // the next part must not go to the host that just failed (at-most-once would lose every
+        // later part while a live replica waits).
+        shard.advance();
+        let retried = !answered
+            && on_failure
+                .retry
+                .again(attempts, dynamic.max_insert_attempts);
+        count_failure(metrics, shard_name, &err, retried)
+            .await
+            .map_err(InsertFailure::State)?;
+        if !retried {
+            return Err(InsertFailure::GaveUp(GaveUp {
+                error: err,
+                attempts,
+                endpoint: endpoint.endpoint.to_string(),
+                give_up: on_failure.give_up,
+            }));
+        }
+        let pause = shard
+            .backoff
+            .failed(dynamic.retry_backoff, dynamic.retry_backoff_cap());
+        warn!(
+            database = %session.database,
+            table = %session.table,
+            shard = %shard_name,
+            endpoint = %endpoint.endpoint,
+            token = token.unwrap_or(""),
+            attempt = attempts,
+            pause_ms = pause.as_millis() as u64,
+            shard_errors = shard.backoff.errors(),
+            error = %err,
+            "insert failed; retrying on the next host of the shard"
+        );
+        if let Some(sealed_at_ms) = sealed_at_ms {
+            warn_backlog_age(session, shard, sealed_at_ms);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
+        }
+    }
+}
+
+/// Counts a failed attempt durably (insert errors by class and code, retries) and shows it in
+/// `status` as the shard's last error.
+async fn count_failure(
+    metrics: &SinkMetrics,
+    shard: &str,
+    error: &ClassifiedError,
+    retried: bool,
+) -> Result<(), SinkError> {
+    let shard = Some(shard);
+    let class = error.class.as_str().to_owned();
+    let mut adds = vec![metrics.add(
+        SinkCount::InsertErrors {
+            class: class.clone(),
+            code: error.code,
+        },
+        shard,
+        1,
+    )];
+    if retried {
+        adds.push(metrics.add(SinkCount::Retries, shard, 1));
+    }
+    let record = ErrorRecord {
+        code: error.code,
+        class,
+        text: error.message.clone(),
+        at_ms: now_ms(),
+    };
+    metrics.failed(shard, record, retried);
+    metrics.record(&adds).await?;
+    Ok(())
+}
+
+/// Warns (once a minute per shard) while the part being retried is older than half the shard's
+/// dedup window.
+fn warn_backlog_age(session: &WriterSession, shard: &ShardClients, sealed_at_ms: u64) {
+    let Some(window) = session.dedup_window_time(&shard.name) else {
+        return;
+    };
+    let age = Duration::from_millis(now_ms().saturating_sub(sealed_at_ms));
+    if shard.backlog.warn_now(age, window) {
+        warn!(
+            database = %session.database,
+            table = %session.table,
+            shard = %shard.name,
+            age_s = age.as_secs(),
+            window_s = window.as_secs(),
+            "the oldest pending batch of this shard is past half of the table's deduplication window; once past the window, a replay of a batch that landed unanswered would be inserted twice. Bring the shard back, or raise replicated_deduplication_window_seconds"
+        );
+    }
+}
+
+/// The sink's guarantee's reaction to a failure of `class`.
+fn on_failure_of(shared: &SinkShared, class: ErrorClass) -> OnFailure {
+    shared.class.guarantee().on_failure(class)
+}
+
+/// The INSERT settings: the deduplication token where the part has one and the server knows it,
+/// and the `async_insert` settings when enabled.
+fn insert_settings(
+    session: &WriterSession,
+    token: Option<&str>,
+    async_insert: bool,
+) -> Vec<(&'static str, String)> {
+    let mut settings: Vec<(&'static str, String)> = Vec::new();
+    if let (Some(token), true) = (token, session.capabilities.insert_deduplication_token) {
+        settings.push(("insert_deduplication_token", token.to_owned()));
+    }
+    if token.is_some() && session.capabilities.insert_deduplicate {
+        settings.push(("insert_deduplicate", "1".to_owned()));
+    }
+    if async_insert {
+        settings.push(("async_insert", "1".to_owned()));
+        settings.push(("wait_for_async_insert", "1".to_owned()));
+        if token.is_some() {
+            settings.push(("async_insert_deduplicate", "1".to_owned()));
+        }
+    }
+    settings
+}

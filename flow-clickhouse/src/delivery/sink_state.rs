@@ -1,0 +1,255 @@
+//! The state one ClickHouse sink shares across its partitions ([`SinkShared`]): the validated
+//! parameters, the input stream, the shard router, the dynamic parameters in force and the
+//! writer session, started when the first partition opens.
+//!
+//! Starting the writer session while endpoints may be unreachable ([`wait_for_session`]):
+//! unreachable endpoints are waited for (with the growing pause of [`crate::delivery::backoff`]),
+//! warning on the first failure and then every [`SESSION_WAIT_WARNING_INTERVAL`]; a target that
+//! cannot be written refuses the start; a stop ends the wait. Whether to wait again is the retry
+//! decision inserts use ([`should_retry`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use flow_core::registry::{BuildResult, SinkBuildContext};
+use flow_core::{EpochOutcome, SinkError, StreamSchema, Violation};
+use tokio::sync::{watch, OnceCell};
+use tracing::{info, warn};
+
+use crate::config::dynamic::{self, ClickHouseDynamicParams};
+use crate::config::guarantee::should_retry;
+use crate::config::guarantee::SinkClass;
+use crate::config::params::{self, SinkParams};
+use crate::config::topology::ShardIndex;
+use crate::delivery::backoff::RetryBackoff;
+use crate::encode::routing::RendezvousRouter;
+use crate::server::session::WriterSession;
+
+/// State shared by every partition of one sink.
+pub struct SinkShared {
+    pub class: SinkClass,
+    pub params: SinkParams,
+    pub stream: Arc<StreamSchema>,
+    pub key_columns: Vec<usize>,
+    pub router: RendezvousRouter,
+    pub sharded: bool,
+    /// Partitions of the pipeline (bounds the batches in delivery at once).
+    pub partitions: u32,
+    session: OnceCell<Arc<WriterSession>>,
+    /// Whether a partition already started the session in the background.
+    session_started_early: AtomicBool,
+    dynamic: RwLock<ClickHouseDynamicParams>,
+}
+
+/// Validates a sink's parameters and input, and builds its shared state.
+pub fn build_shared(
+    class: SinkClass,
+    ctx: &SinkBuildContext<'_>,
+    parameters: &serde_yaml::Value,
+    dynamic: &serde_yaml::Value,
+) -> BuildResult<Arc<SinkShared>> {
+    let (params, dynamic) = params::parse(class, parameters, dynamic)?;
+    let [(_, stream)] = ctx.inputs else {
+        return Err(vec![Violation::new(
+            "input_stream_ids",
+            format!(
+                "a ClickHouse sink writes exactly one stream; {} are listed",
+                ctx.inputs.len()
+            ),
+        )]);
+    };
+    let key_columns = key_columns(&params, stream)?;
+    Ok(Arc::new(SinkShared {
+        class,
+        router: RendezvousRouter::new(&params.topology.shard_names()),
+        sharded: params.topology.is_sharded(),
+        params,
+        stream: Arc::clone(stream),
+        key_columns,
+        partitions: ctx.partitions,
+        session: OnceCell::new(),
+        session_started_early: AtomicBool::new(false),
+        dynamic: RwLock::new(dynamic),
+    }))
+}
+
+/// The input columns of `sharding_key_columns`, in their order.
+fn key_columns(params: &SinkParams, stream: &StreamSchema) -> BuildResult<Vec<usize>> {
+    let mut key_columns = Vec::new();
+    let mut violations = Vec::new();
+    for (i, name) in params.sharding_key_columns.iter().enumerate() {
+        match stream.index_of(name) {
+            Some(index) => key_columns.push(index),
+            None => violations.push(Violation::new(
+                format!("parameters.sharding_key_columns[{i}]"),
+                format!("`{name}` is not a column of the input stream"),
+            )),
+        }
+    }
+    if !violations.is_empty() {
+        return Err(violations);
+    }
+    Ok(key_columns)
+}
+
+impl SinkShared {
+    /// The dynamic parameters in force.
+    /// The in-flight byte budget: `max_in_flight_bytes` per shard. Each shard has its own
+    /// delivery lane in every partition, so a budget that does not grow with the shards starves
+    /// them: two shards under one 32 MiB budget delivered at 0.72-0.78 of a loop writing to both,
+    /// with 64 MiB at 0.97 (docs/performance.md).
+    pub fn in_flight_budget(&self) -> u64 {
+        let shards = self.router.shards().len().max(1) as u64;
+        self.dynamic().max_in_flight_bytes.saturating_mul(shards)
+    }
+
+    pub fn dynamic(&self) -> ClickHouseDynamicParams {
+        self.dynamic
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Validates and swaps the dynamic parameters (SIGHUP).
+    pub fn reconfigure(&self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+        let parsed = dynamic::parse_dynamic(self.class, dynamic)
+            .map_err(|v| SinkError::Refused(Violation::list(&v)))?;
+        if let Some(session) = self.session.get() {
+            if let Err(reason) = session.check_dynamic(&self.params, &parsed) {
+                // A reload must not stop a running pipeline: keep the parameters in force.
+                warn!(database = %self.params.database, table = %self.params.table, reason = %reason, "dynamic parameters rejected by the running session; the previous ones stay in force. Fix the spec and send SIGHUP again");
+                return Ok(());
+            }
+        }
+        *self
+            .dynamic
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = parsed;
+        Ok(())
+    }
+
+    /// Starts the session in the background, once per sink, so that its checks run while the
+    /// partitions read their first epoch instead of after it. A refusal is left to the call
+    /// that needs the session ([`SinkShared::session`]), which starts it again and fails with it.
+    pub fn start_session_early(self: &Arc<Self>, stop: &watch::Receiver<bool>) {
+        if self.session_started_early.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let shared = Arc::clone(self);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            // The outcome is the session cell's: a started session is kept there.
+            let _ = shared.session(&stop).await;
+        });
+    }
+
+    /// The session, started on first use; `None` if the pipeline began stopping while an
+    /// endpoint was unreachable. See [`wait_for_session`].
+    pub async fn session(
+        &self,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Option<Arc<WriterSession>>, SinkError> {
+        let mut stop = stop.clone();
+        let started = self
+            .session
+            .get_or_try_init(|| wait_for_session(self, &mut stop))
+            .await;
+        match started {
+            Ok(session) => Ok(Some(Arc::clone(session))),
+            Err(SessionWait::Stopped) => Ok(None),
+            Err(SessionWait::Refused(err)) => Err(err),
+        }
+    }
+
+    /// The answer for an epoch when [`SinkShared::session`] found the pipeline stopping before
+    /// the session started: not committed, and read again by the next run.
+    pub fn not_started() -> EpochOutcome {
+        EpochOutcome::Veto {
+            reason: "the pipeline is stopping before the writer session started".to_owned(),
+            retry_after: Duration::ZERO,
+        }
+    }
+
+    /// The name of the shard at `index`, as logs, dead letters and stored batches show it
+    /// (`""` for the unsharded forms).
+    pub fn shard_name(&self, index: ShardIndex) -> &str {
+        if self.sharded {
+            self.router.shards().get(index.0).map_or("", String::as_str)
+        } else {
+            ""
+        }
+    }
+}
+
+/// How often a session start that keeps failing on unreachable endpoints warns again.
+pub const SESSION_WAIT_WARNING_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Why a session start ended without a session.
+pub(crate) enum SessionWait {
+    /// The pipeline began stopping while an endpoint was unreachable.
+    Stopped,
+    Refused(SinkError),
+}
+
+/// Starts the session of `shared`, waiting out unreachable endpoints; see the module doc.
+pub(crate) async fn wait_for_session(
+    shared: &SinkShared,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Arc<WriterSession>, SessionWait> {
+    let params = &shared.params;
+    let waiting_since = Instant::now();
+    let mut attempts = 0u32;
+    let mut last_warning: Option<Instant> = None;
+    let backoff = RetryBackoff::default();
+    loop {
+        let dynamic = shared.dynamic();
+        attempts = attempts.saturating_add(1);
+        let result = WriterSession::start(
+            shared.class,
+            &shared.params,
+            &dynamic,
+            &shared.stream,
+            shared.partitions,
+        )
+        .await;
+        match result {
+            Ok(session) => {
+                if attempts > 1 {
+                    info!(
+                        database = %params.database,
+                        table = %params.table,
+                        attempts,
+                        waited_s = waiting_since.elapsed().as_secs(),
+                        "ClickHouse writer session started after waiting for unreachable endpoints"
+                    );
+                }
+                return Ok(Arc::new(session));
+            }
+            Err(err) if should_retry(err.class(), attempts, dynamic.max_insert_attempts) => {
+                let due =
+                    last_warning.is_none_or(|at| at.elapsed() >= SESSION_WAIT_WARNING_INTERVAL);
+                if due {
+                    warn!(
+                        database = %params.database,
+                        table = %params.table,
+                        attempts,
+                        waited_s = waiting_since.elapsed().as_secs(),
+                        error = %err,
+                        "cannot start the ClickHouse writer session yet; retrying with a pause growing from retry_backoff to max_retry_backoff. Check that every listed host is up and reachable from this worker"
+                    );
+                    last_warning = Some(Instant::now());
+                }
+                let pause = backoff
+                    .failed(dynamic.retry_backoff, dynamic.retry_backoff_cap())
+                    .max(Duration::from_millis(100));
+                // As in `insert_part`: a stop (or a pipeline gone) ends the wait.
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = stop.wait_for(|s| *s) => return Err(SessionWait::Stopped),
+                }
+            }
+            Err(err) => return Err(SessionWait::Refused(err.into_sink_error())),
+        }
+    }
+}

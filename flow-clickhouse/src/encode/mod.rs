@@ -1,0 +1,7 @@
+//! Encoding: ClickHouse types, RowBinary bodies, reading rows back, compression, shard routing.
+
+pub(crate) mod chtype;
+pub(crate) mod compress;
+pub(crate) mod routing;
+pub(crate) mod row_spans;
+pub(crate) mod rowbinary;

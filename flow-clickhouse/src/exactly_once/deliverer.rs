@@ -1,0 +1,474 @@
+//! Sending one sink partition's pending batches (exactly-once classes): [`ClickHouseDeliverer`].
+//!
+//! Each batch goes to its shard with its token, retried and given up as the guarantee's table
+//! says. Two kinds of pending entries are remembered in the state store as sink values, so that
+//! a restart treats them as the run before did ([`PartitionMarks`]):
+//! - entries being delivered in pieces because the server refused them ([`crate::delivery::split`]);
+//! - entries an attempt sent without getting a verdict back, which may have landed: once such an
+//!   entry is older than its shard's deduplication window it is not sent again (the server would
+//!   no longer recognise it) but set aside as dead letters, unless `on_expired_backlog: send`
+//!   ([`crate::delivery::backlog_age::expired`]).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use flow_core::delivery::{blocking, now_ms, BatchDeliverer};
+use flow_core::{SinkContext, SinkCount, SinkError, SinkMetrics};
+use flow_state::{
+    AckExtras, CounterAdd, ErrorRecord, SealedBatch, SinkPartition, StateError, StateStore,
+    StoredBody,
+};
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::config::params::{OnBadRows, OnExpiredBacklog};
+use crate::delivery::backlog_age::{expired, unanswered_marker, unanswered_prefix, Expired};
+use crate::delivery::insert::{
+    insert_part, unconfigured_shard, AttemptLog, GiveUpReason, InsertFailure, InsertRequest,
+};
+use crate::delivery::sink_state::SinkShared;
+use crate::delivery::split::{
+    marker_prefix, refusal_from_marker, RefusedPart, SplitOutcome, SplitPart,
+};
+use crate::encode::compress::is_framed;
+use crate::exactly_once::fingerprint::target_key;
+use crate::exactly_once::rebuild::Requeue;
+use crate::exactly_once::state::ExactlyOnce;
+use crate::server::classify::{is_row_rejection, ClassifiedError};
+use crate::server::late_hosts::LateTarget;
+use crate::server::session::WriterSession;
+
+/// What the state store remembers about a partition's pending entries, by sequence number.
+#[derive(Debug, Default)]
+pub struct PartitionMarks {
+    /// Entries being delivered in pieces, with the refusal that started it.
+    split: BTreeMap<u64, ClassifiedError>,
+    /// Entries an attempt sent without an answer, with that attempt's error.
+    unanswered: BTreeMap<u64, String>,
+}
+
+impl PartitionMarks {
+    /// Reads the marks of `key` (blocking: sled reads).
+    pub fn load(store: &StateStore, key: &SinkPartition) -> Result<PartitionMarks, StateError> {
+        let by_seq = |prefix: &str| -> Result<Vec<(u64, Vec<u8>)>, StateError> {
+            let values = store.sink_values_with_prefix(&key.pipeline, &key.sink, prefix)?;
+            Ok(values
+                .into_iter()
+                .filter_map(|(name, value)| Some((name.strip_prefix(prefix)?.parse().ok()?, value)))
+                .collect())
+        };
+        let split = by_seq(&marker_prefix(key.partition))?
+            .into_iter()
+            .map(|(seq, value)| (seq, refusal_from_marker(&value)))
+            .collect();
+        let unanswered = by_seq(&unanswered_prefix(key.partition))?
+            .into_iter()
+            .map(|(seq, value)| (seq, String::from_utf8_lossy(&value).into_owned()))
+            .collect();
+        Ok(PartitionMarks { split, unanswered })
+    }
+}
+
+/// Sends stored batches, retrying by error class, failing over within the shard.
+pub struct ClickHouseDeliverer {
+    shared: Arc<SinkShared>,
+    exactly_once: Arc<ExactlyOnce>,
+    store: StateStore,
+    /// The partition's context, for rebuilding a batch a stalled lane reads back.
+    ctx: SinkContext,
+    marks: Mutex<PartitionMarks>,
+    /// Late shards whose target this partition checked ([`ClickHouseDeliverer::late_target_fits`]).
+    late_checked: Mutex<Vec<String>>,
+    metrics: SinkMetrics,
+}
+
+/// Between two warnings about a late shard answering with another table.
+const LATE_MISMATCH_WARNING_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl ClickHouseDeliverer {
+    pub fn new(
+        shared: Arc<SinkShared>,
+        exactly_once: Arc<ExactlyOnce>,
+        ctx: SinkContext,
+        marks: PartitionMarks,
+        metrics: SinkMetrics,
+    ) -> ClickHouseDeliverer {
+        ClickHouseDeliverer {
+            shared,
+            exactly_once,
+            store: ctx.store.clone(),
+            ctx,
+            marks: Mutex::new(marks),
+            late_checked: Mutex::new(Vec::new()),
+            metrics,
+        }
+    }
+
+    /// The counter additions of a delivered batch: `rows` landed, the rest are dead letters.
+    fn delivered(&self, batch: &SealedBatch, dead_rows: u64) -> Vec<CounterAdd> {
+        let shard = Some(batch.shard.as_str());
+        let landed = batch.rows.saturating_sub(dead_rows);
+        let mut adds = vec![
+            self.metrics.add(SinkCount::RowsDelivered, shard, landed),
+            self.metrics.add(SinkCount::BatchesDelivered, shard, 1),
+        ];
+        if dead_rows > 0 {
+            adds.push(
+                self.metrics
+                    .add(SinkCount::DeadLetterRows, shard, dead_rows),
+            );
+        }
+        adds
+    }
+
+    /// Latches the sink's give-up, counted durably and shown in `status`.
+    async fn give_up(&self, shard: &str, reason: GiveUpReason) -> SinkError {
+        let record = ErrorRecord {
+            code: reason.error.code,
+            class: reason.error.class.as_str().to_owned(),
+            text: reason.to_string(),
+            at_ms: now_ms(),
+        };
+        if let Err(error) = self.metrics.gave_up(Some(shard), record).await {
+            warn!(error = %error, "the give-up could not be recorded in the state store; `status` will not show it");
+        }
+        self.exactly_once.give_up(&self.shared, reason)
+    }
+
+    fn marks(&self) -> std::sync::MutexGuard<'_, PartitionMarks> {
+        self.marks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether a failed part is sent in pieces rather than given up.
+    fn splits(&self, error: &ClassifiedError) -> bool {
+        self.shared.params.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
+    }
+
+    /// Acknowledges entry `seq` with its delivery counters, dropping its unanswered-attempt
+    /// record in the same step.
+    async fn acknowledge(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+    ) -> Result<(), SinkError> {
+        let unanswered = self.marks().unanswered.remove(&seq).is_some();
+        let counters = self.delivered(batch, 0);
+        let extras = AckExtras {
+            removed_sink_values: match unanswered {
+                true => vec![unanswered_marker(key.partition, seq)],
+                false => Vec::new(),
+            },
+            counters: counters.clone(),
+            ..AckExtras::default()
+        };
+        self.store.acknowledge_with(key, seq, extras).await?;
+        self.metrics.applied(&counters);
+        Ok(())
+    }
+
+    /// Waits until a shard that did not answer at the session start ([`crate::server::late_hosts`]) has
+    /// a known target, and checks it against the fingerprint this partition's pending batches
+    /// were sealed under (recording it where none was); `false` once stopping. A shard whose
+    /// table is another one gets nothing: its batches stay in the outbox, and the lanes of the
+    /// other shards go on.
+    async fn late_target_fits(
+        &self,
+        key: &SinkPartition,
+        shard: &str,
+        session: &WriterSession,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<bool, SinkError> {
+        let mut warned: Option<std::time::Instant> = None;
+        let mut stop = stop.clone();
+        loop {
+            let known = match session.late_targets.state(shard) {
+                LateTarget::NotLate => return Ok(true),
+                LateTarget::Pending => None,
+                LateTarget::Known(fingerprint) => Some(fingerprint),
+            };
+            if let Some(fingerprint) = known {
+                if self.late_checked().iter().any(|checked| checked == shard) {
+                    return Ok(true);
+                }
+                let (store, task_key) = (self.store.clone(), key.clone());
+                let mut persisted = blocking(move || store.fingerprints(&task_key)).await?;
+                let target = target_key(shard);
+                match persisted.get(&target) {
+                    Some(old) if *old != fingerprint => {
+                        if warned.is_none_or(|at| at.elapsed() >= LATE_MISMATCH_WARNING_EVERY) {
+                            warned = Some(std::time::Instant::now());
+                            warn!(
+                                pipeline = %key.pipeline,
+                                sink = %key.sink,
+                                partition = key.partition,
+                                shard = %shard,
+                                persisted = %old,
+                                current = %fingerprint,
+                                "a shard that did not answer at the start answers with another table than the one its pending batches were sealed for: nothing is sent to it and its batches stay in the outbox, while the other shards go on. Point the shard's hosts at the former table, or stop the worker and deliver the batches there first"
+                            );
+                        }
+                    }
+                    Some(_) => {
+                        self.late_checked().push(shard.to_owned());
+                        return Ok(true);
+                    }
+                    None => {
+                        persisted.insert(target, fingerprint);
+                        self.store.set_fingerprints(key, persisted).await?;
+                        self.late_checked().push(shard.to_owned());
+                        return Ok(true);
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                _ = stop.wait_for(|s| *s) => return Ok(false),
+            }
+        }
+    }
+
+    fn late_checked(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        self.late_checked
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Delivers the part in pieces ([`SplitPart`]), as the server refused it with `refused`.
+    async fn split(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        refused: &ClassifiedError,
+        session: &WriterSession,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(), SinkError> {
+        let part = SplitPart {
+            shared: &self.shared,
+            session,
+            store: &self.store,
+            key,
+            seq,
+            batch,
+            refused,
+            metrics: &self.metrics,
+        };
+        match part.deliver(stop).await? {
+            SplitOutcome::Delivered => {
+                let mut marks = self.marks();
+                marks.split.remove(&seq);
+                marks.unanswered.remove(&seq);
+                Ok(())
+            }
+            SplitOutcome::Stopped => Ok(()),
+            SplitOutcome::GaveUp(reason) => Err(self.give_up(&batch.shard, reason).await),
+        }
+    }
+
+    /// Sets the rows of an expired part aside as dead letters and acknowledges it.
+    async fn expire(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        session: &WriterSession,
+        expiry: Expired,
+    ) -> Result<(), SinkError> {
+        let error = self
+            .marks()
+            .unanswered
+            .get(&seq)
+            .cloned()
+            .unwrap_or_default();
+        let reason = format!(
+            "not sent again: an earlier attempt got no answer ({error}) and the batch is {} s old, past the shard's deduplication window of {} s, so a resend could land it twice. Check whether its rows are in the table and requeue them if not",
+            expiry.age.as_secs(),
+            expiry.window.as_secs()
+        );
+        let refused = ClassifiedError::from_server(None, error);
+        let shard = session.shard_index(&batch.shard);
+        let part = RefusedPart::of_batch(batch, shard, &refused);
+        let dead = part.set_aside(session, key.partition, &reason)?;
+        warn!(
+            pipeline = %key.pipeline,
+            sink = %key.sink,
+            partition = key.partition,
+            token = %batch.token,
+            rows = batch.rows,
+            age_s = expiry.age.as_secs(),
+            window_s = expiry.window.as_secs(),
+            "a batch that may have landed unanswered is past the deduplication window; its rows are dead letters instead of a possible duplicate (on_expired_backlog: dead_letter). Check the table, then requeue or purge them"
+        );
+        let counters = self.delivered(batch, batch.rows);
+        let extras = AckExtras {
+            removed_sink_values: vec![unanswered_marker(key.partition, seq)],
+            dead_letters: dead,
+            counters: counters.clone(),
+            ..AckExtras::default()
+        };
+        self.store.acknowledge_with(key, seq, extras).await?;
+        self.metrics.applied(&counters);
+        self.marks().unanswered.remove(&seq);
+        Ok(())
+    }
+}
+
+/// The attempt log of one pending entry ([`AttemptLog`]).
+struct EntryAttempts<'a> {
+    deliverer: &'a ClickHouseDeliverer,
+    key: &'a SinkPartition,
+    seq: u64,
+    shard: &'a str,
+    sealed_at_ms: u64,
+    window: Option<std::time::Duration>,
+}
+
+#[async_trait]
+impl AttemptLog for EntryAttempts<'_> {
+    async fn unanswered(&self, error: &ClassifiedError) -> Result<(), SinkError> {
+        let metrics = &self.deliverer.metrics;
+        let shard = Some(self.shard);
+        metrics
+            .record(&[metrics.add(SinkCount::UnansweredInserts, shard, 1)])
+            .await?;
+        if self.deliverer.marks().unanswered.contains_key(&self.seq) {
+            return Ok(());
+        }
+        let text = error.to_string();
+        let name = unanswered_marker(self.key.partition, self.seq);
+        let (pipeline, sink) = (&self.key.pipeline, &self.key.sink);
+        let value = Some(text.clone().into_bytes());
+        self.deliverer
+            .store
+            .set_sink_value(pipeline, sink, &name, value)
+            .await?;
+        self.deliverer.marks().unanswered.insert(self.seq, text);
+        Ok(())
+    }
+
+    fn expired(&self) -> Option<Expired> {
+        let policy = self.deliverer.shared.params.on_expired_backlog;
+        if policy.unwrap_or_default() == OnExpiredBacklog::Send {
+            return None;
+        }
+        let unanswered = self.deliverer.marks().unanswered.contains_key(&self.seq);
+        expired(self.sealed_at_ms, now_ms(), self.window, unanswered)
+    }
+}
+
+#[async_trait]
+impl BatchDeliverer for ClickHouseDeliverer {
+    /// A sharded sink's lanes may set a stalled shard's batches aside: the outbox keeps them.
+    fn reloads(&self) -> bool {
+        self.shared.sharded
+    }
+
+    async fn reload(
+        &self,
+        key: &SinkPartition,
+        shard: &str,
+        after: Option<u64>,
+    ) -> Result<Option<(u64, SealedBatch)>, SinkError> {
+        let (store, task_key, task_shard) = (self.store.clone(), key.clone(), shard.to_owned());
+        let next = blocking(move || store.next_undelivered(&task_key, &task_shard, after)).await?;
+        let Some(stored) = next else {
+            return Ok(None);
+        };
+        let seq = stored.seq;
+        let batch = match &stored.body {
+            StoredBody::Payload(location) => {
+                let (store, task_key, location) =
+                    (self.store.clone(), key.clone(), location.clone());
+                let payload = blocking(move || store.load_payload(&task_key, &location)).await?;
+                SealedBatch {
+                    payload,
+                    ..stored.batch
+                }
+            }
+            StoredBody::Rebuild { .. } => {
+                let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
+                    return Ok(None);
+                };
+                let requeue = Requeue {
+                    shared: &self.shared,
+                    session: &session,
+                    ctx: &self.ctx,
+                };
+                requeue.rebuild_one(stored).await?
+            }
+        };
+        Ok(Some((seq, batch)))
+    }
+
+    async fn deliver(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(), SinkError> {
+        self.exactly_once
+            .check_gave_up(key.partition, Some(&batch.token))?;
+        let Some(session) = self.shared.session(stop).await? else {
+            // Stopping: the batch stays in the outbox for the next run.
+            return Ok(());
+        };
+        if !self
+            .late_target_fits(key, &batch.shard, &session, stop)
+            .await?
+        {
+            return Ok(());
+        }
+        let split = self.marks().split.get(&seq).cloned();
+        if let Some(refused) = split {
+            return self.split(key, seq, batch, &refused, &session, stop).await;
+        }
+        let attempts = EntryAttempts {
+            deliverer: self,
+            key,
+            seq,
+            shard: &batch.shard,
+            sealed_at_ms: batch.sealed_at_ms,
+            window: session.dedup_window_time(&batch.shard),
+        };
+        let mut stop = stop.clone();
+        // The stored batch names its shard; the name is resolved to the session's index once.
+        let inserted = match session.shard_index(&batch.shard) {
+            Some(shard) => {
+                let request = InsertRequest {
+                    shard,
+                    token: Some(&batch.token),
+                    payload: &batch.payload,
+                    compressed: is_framed(&batch.format),
+                    sealed_at_ms: Some(batch.sealed_at_ms),
+                    answered_code: None,
+                    attempts: Some(&attempts),
+                    metrics: &self.metrics,
+                };
+                insert_part(&self.shared, &session, request, &mut stop).await
+            }
+            None => Err(unconfigured_shard(&self.shared, &batch.shard)),
+        };
+        match inserted {
+            Ok(_) => self.acknowledge(key, seq, batch).await,
+            // Stopping leaves the batch in the outbox for the next run.
+            Err(InsertFailure::Stopped) => Ok(()),
+            Err(InsertFailure::Expired(expiry)) => {
+                self.expire(key, seq, batch, &session, expiry).await
+            }
+            Err(InsertFailure::State(err)) => Err(err),
+            Err(InsertFailure::GaveUp(gave_up)) if self.splits(&gave_up.error) => {
+                self.split(key, seq, batch, &gave_up.error, &session, &stop)
+                    .await
+            }
+            Err(InsertFailure::GaveUp(gave_up)) => {
+                let reason = gave_up.reason(&session, &batch.shard, Some(&batch.token));
+                Err(self.give_up(&batch.shard, reason).await)
+            }
+        }
+    }
+}

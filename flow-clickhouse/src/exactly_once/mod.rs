@@ -1,0 +1,7 @@
+//! The exactly-once sink classes: outbox, tokens, topology fingerprints, rebuilt batches.
+
+pub(crate) mod deliverer;
+pub(crate) mod fingerprint;
+pub(crate) mod rebuild;
+pub(crate) mod sink;
+pub(crate) mod state;

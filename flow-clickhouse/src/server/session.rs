@@ -1,0 +1,498 @@
+//! The writer session: started in the background when the sink's first partition opens, it connects to every endpoint and proves
+//! that they expose one logical table the stream can be written to — engine, complete ordered
+//! schema, replication identity, server capabilities, dedup window — before anything is sent.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use flow_core::StreamSchema;
+use futures_util::future::join_all;
+use tracing::{info, warn};
+
+use crate::config::dynamic::ClickHouseDynamicParams;
+use crate::config::guarantee::SinkClass;
+use crate::config::params::SinkParams;
+use crate::config::topology::{Endpoint, ShardIndex};
+use crate::encode::chtype::{check_mapping_on, ChType, ServerTypes};
+use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
+use crate::exactly_once::fingerprint::{
+    endpoint_target_fingerprint, replicated_target_fingerprint, target_key,
+};
+use crate::server::client::{build_shards, quote_ident, quote_table, EndpointClient, ShardClients};
+use crate::server::columns_guard::{ColumnMeta, ColumnsGuard};
+use crate::server::dedup_window::DedupWindows;
+use crate::server::late_hosts::{LateCheck, LateHost, LateHosts, LateTargets, ShardReference};
+use crate::server::probe::{
+    min_capabilities, probe_speaking_its_protocol, schema_difference, Capabilities,
+    EndpointMetadata, EngineKind, SessionError,
+};
+
+/// Functions whose value differs between two executions of the same INSERT. A DEFAULT or
+/// MATERIALIZED expression using one makes two replays of a batch different blocks.
+const NON_DETERMINISTIC_FUNCTIONS: &[&str] = &[
+    "now(",
+    "now64(",
+    "nowinblock(",
+    "today(",
+    "yesterday(",
+    "rand(",
+    "rand32(",
+    "rand64(",
+    "randconstant(",
+    "randcanonical(",
+    "randomstring(",
+    "randomfixedstring(",
+    "randomprintableascii(",
+    "randomstringutf8(",
+    "fuzzbits(",
+    "generateuuidv4(",
+    "generateuuidv7(",
+    "generateulid(",
+    "generatesnowflakeid(",
+    "rownumberinblock(",
+    "rownumberinallblocks(",
+    "blocknumber(",
+    "hostname(",
+    "uptime(",
+    "serveruuid(",
+    "currentuser(",
+    "querythreadid(",
+    "queryid(",
+    "initialqueryid(",
+];
+
+const ASYNC_INSERT_UNSUPPORTED: &str = "`async_insert: true` is set but the server does not know the setting `async_insert` (ClickHouse before 21.11). Set `async_insert: false`";
+
+/// The dedup window of one shard's table, kept for the re-checks on reload.
+#[derive(Clone, Debug)]
+struct ShardDedupWindow {
+    shard: String,
+    replicated: bool,
+    windows: DedupWindows,
+}
+
+/// A started session, shared by every partition of one sink.
+pub struct WriterSession {
+    /// Sorted by shard name; one entry named `""` for the unsharded forms.
+    pub shards: Vec<ShardClients>,
+    pub encoder: RowBinaryEncoder,
+    pub insert_sql: String,
+    pub capabilities: Capabilities,
+    /// `target:<shard>` → logical target fingerprint.
+    pub target_fingerprints: BTreeMap<String, String>,
+    pub database: String,
+    pub table: String,
+    /// The dedup window of each shard that deduplicates, for re-checks on reload.
+    dedup_windows: Vec<ShardDedupWindow>,
+    partitions: u32,
+    /// The columns every INSERT is checked against (those the encoder was planned for).
+    pub columns_guard: ColumnsGuard,
+    /// Checks the hosts that were unreachable at the start, until each is admitted.
+    _late_hosts: Option<LateHosts>,
+    /// The target fingerprints of the shards none of whose hosts answered at the start, as
+    /// they become known (not in `target_fingerprints`).
+    pub late_targets: Arc<LateTargets>,
+}
+
+impl WriterSession {
+    /// The time bound of `shard`'s deduplication window (`replicated_deduplication_window_seconds`
+    /// of a replicated table); `None` where only a block count bounds it.
+    pub fn dedup_window_time(&self, shard: &str) -> Option<std::time::Duration> {
+        let window = self.dedup_windows.iter().find(|w| w.shard == shard)?;
+        if !window.replicated {
+            return None;
+        }
+        let seconds = window
+            .windows
+            .get("replicated_deduplication_window_seconds")?;
+        (seconds.value > 0).then(|| std::time::Duration::from_secs(seconds.value))
+    }
+
+    /// Re-checks what depends on dynamic parameters after a reload: `async_insert` needs the
+    /// server's support, and the dedup window is compared with the new `replay_horizon`.
+    pub fn check_dynamic(
+        &self,
+        params: &SinkParams,
+        dynamic: &ClickHouseDynamicParams,
+    ) -> Result<(), String> {
+        if dynamic.async_insert && !self.capabilities.async_insert {
+            return Err(ASYNC_INSERT_UNSUPPORTED.to_owned());
+        }
+        for window in &self.dedup_windows {
+            check_dedup_window(params, dynamic, window, self.partitions);
+        }
+        Ok(())
+    }
+
+    /// The index of the shard a stored batch names (the shards are sorted by name).
+    pub fn shard_index(&self, name: &str) -> Option<ShardIndex> {
+        self.shards
+            .binary_search_by(|s| s.name.as_str().cmp(name))
+            .ok()
+            .map(ShardIndex)
+    }
+
+    /// Connects to every endpoint and validates the target; see the module doc.
+    pub async fn start(
+        class: SinkClass,
+        sink_params: &SinkParams,
+        dynamic: &ClickHouseDynamicParams,
+        stream: &Arc<StreamSchema>,
+        partitions: u32,
+    ) -> Result<WriterSession, SessionError> {
+        let params = sink_params;
+        let refused = |reason: String| SessionError::Refused {
+            database: params.database.clone(),
+            table: params.table.clone(),
+            reason,
+        };
+        let shards = build_shards(sink_params).map_err(|source| SessionError::Clients {
+            database: params.database.clone(),
+            table: params.table.clone(),
+            source,
+        })?;
+        let timeout = dynamic.write_timeout;
+
+        let mut first: Option<(String, EndpointMetadata)> = None;
+        let mut capabilities = Capabilities {
+            insert_deduplication_token: true,
+            async_insert: true,
+            async_insert_deduplicate: true,
+            insert_deduplicate: true,
+            replicas_zookeeper_name: true,
+        };
+        let mut target_fingerprints = BTreeMap::new();
+        let mut dedup_windows = Vec::new();
+        // Every endpoint is probed at once (a start costs one round of queries, not one per
+        // host); the answers are then checked in the order the spec lists the hosts.
+        let probes = join_all(shards.iter().map(|shard| {
+            join_all(
+                shard
+                    .endpoints
+                    .iter()
+                    .map(|endpoint| probe_speaking_its_protocol(endpoint, sink_params, timeout)),
+            )
+        }))
+        .await;
+        let mut late = Vec::new();
+        let mut late_shards = Vec::new();
+        let mut unreachable = None;
+        let sharded = shards.len() > 1;
+        for (shard, probes) in shards.iter().zip(probes) {
+            let mut shard_first: Option<(String, EndpointMetadata)> = None;
+            // A host down while its shard's others answer is checked later; so is a whole shard
+            // down, once another shard answered (see the end of the loop).
+            let answered = probes.iter().any(Result::is_ok);
+            let all_unreachable = probes
+                .iter()
+                .all(|p| matches!(p, Err(SessionError::Unreachable { .. })));
+            if sharded && all_unreachable {
+                for (endpoint, probed) in shard.endpoints.iter().zip(probes) {
+                    if let Err(SessionError::Unreachable { cause, .. }) = probed {
+                        late.push(LateHost {
+                            shard: shard.name.clone(),
+                            endpoint: endpoint.clone(),
+                            cause: cause.clone(),
+                            reference: None,
+                        });
+                        unreachable.get_or_insert(SessionError::Unreachable {
+                            endpoint: endpoint.endpoint.to_string(),
+                            cause,
+                        });
+                    }
+                }
+                late_shards.push(shard.name.clone());
+                continue;
+            }
+            let mut late_here = Vec::new();
+            for (endpoint, probed) in shard.endpoints.iter().zip(probes) {
+                let meta = match probed {
+                    Ok(meta) => meta,
+                    Err(SessionError::Unreachable { cause, .. }) if answered => {
+                        late_here.push((endpoint.clone(), cause));
+                        continue;
+                    }
+                    Err(err) => return Err(err),
+                };
+                let here = describe(&shard.name, endpoint);
+                capabilities = min_capabilities(capabilities, meta.capabilities);
+                if let Some((there, reference)) = &shard_first {
+                    if reference.engine != meta.engine {
+                        return Err(refused(format!(
+                            "{here} has engine {} but {there} has {}; every host of a shard must expose the same table",
+                            meta.engine, reference.engine
+                        )));
+                    }
+                    if meta.kind == EngineKind::Replicated
+                        && (reference.zookeeper_path != meta.zookeeper_path
+                            || reference.zookeeper_name != meta.zookeeper_name)
+                    {
+                        return Err(refused(format!(
+                            "{here} replicates through ZooKeeper path {:?} but {there} through {:?}: they are different tables, not replicas of one. Point every host of the shard at replicas sharing one zookeeper_path",
+                            meta.zookeeper_path.as_deref().unwrap_or(""),
+                            reference.zookeeper_path.as_deref().unwrap_or("")
+                        )));
+                    }
+                } else {
+                    shard_first = Some((here.clone(), meta.clone()));
+                }
+                if let Some((there, reference)) = &first {
+                    if let Some(diff) = schema_difference(&reference.columns, &meta.columns) {
+                        return Err(refused(format!(
+                            "the schema on {here} differs from the one on {there}: {diff}. Make the tables identical (name, type, default kind and expression, in order)"
+                        )));
+                    }
+                } else {
+                    first = Some((here, meta));
+                }
+            }
+            let Some((_, meta)) = shard_first else {
+                return Err(refused(format!("shard `{}` has no host", shard.name)));
+            };
+            late.extend(late_here.into_iter().map(|(endpoint, cause)| LateHost {
+                shard: shard.name.clone(),
+                endpoint,
+                cause,
+                reference: Some(ShardReference::of(&meta)),
+            }));
+            if meta.kind != EngineKind::Replicated && shard.endpoints.len() > 1 {
+                return Err(refused(format!(
+                    "{} is a {} table, which does not replicate: the sink cannot prove that the {} hosts{} expose one logical table. Use ReplicatedMergeTree, or list one host",
+                    params.table,
+                    meta.engine,
+                    shard.endpoints.len(),
+                    if shard.name.is_empty() { String::new() } else { format!(" of shard `{}`", shard.name) }
+                )));
+            }
+            let dedups = match meta.kind {
+                EngineKind::Replicated | EngineKind::Shared => true,
+                EngineKind::Plain => meta.dedup_windows.non_replicated_dedup_enabled(),
+            };
+            if !dedups && class.is_exactly_once() {
+                warn!(
+                    database = %params.database,
+                    table = %params.table,
+                    shard = %shard.name,
+                    engine = %meta.engine,
+                    "the target is a non-replicated {} without block deduplication by default: exactly-once degrades to at-least-once. Set the table setting non_replicated_deduplication_window (e.g. 1000) to enable deduplication",
+                    meta.engine
+                );
+            }
+            let fingerprint = match meta.kind {
+                EngineKind::Replicated => replicated_target_fingerprint(
+                    meta.zookeeper_name.as_deref().unwrap_or("default"),
+                    meta.zookeeper_path.as_deref().unwrap_or(""),
+                ),
+                EngineKind::Shared | EngineKind::Plain => {
+                    let hosts: Vec<Endpoint> =
+                        shard.endpoints.iter().map(|e| e.endpoint.clone()).collect();
+                    endpoint_target_fingerprint(
+                        &params.database,
+                        &params.table,
+                        params.port,
+                        &hosts,
+                    )
+                }
+            };
+            target_fingerprints.insert(target_key(&shard.name), fingerprint);
+            if dedups && class.is_exactly_once() {
+                let window = ShardDedupWindow {
+                    shard: shard.name.clone(),
+                    replicated: meta.kind != EngineKind::Plain,
+                    windows: meta.dedup_windows.clone(),
+                };
+                check_dedup_window(params, dynamic, &window, partitions);
+                dedup_windows.push(window);
+            }
+        }
+        let Some((_, reference)) = first else {
+            // No shard answered: wait, as there is no table to plan the encoding from.
+            return Err(
+                unreachable.unwrap_or_else(|| refused("no endpoint is configured".to_owned()))
+            );
+        };
+
+        if dynamic.async_insert && !capabilities.async_insert {
+            return Err(refused(ASYNC_INSERT_UNSUPPORTED.to_owned()));
+        }
+        let encoder = plan_columns(
+            class,
+            params,
+            stream,
+            &reference.columns,
+            capabilities,
+            &reference.server_types,
+        )
+        .map_err(refused)?;
+        let columns_guard = ColumnsGuard::new(
+            ColumnsGuard::query(&params.database, &params.table),
+            reference.columns.clone(),
+        );
+        if class.is_exactly_once() && !capabilities.insert_deduplication_token {
+            warn!(
+                database = %params.database,
+                table = %params.table,
+                "the server has no `insert_deduplication_token`: exactly-once rests on ClickHouse's content-hash deduplication of bit-identical replays. Two distinct batches with identical rows would collapse into one; make rows unique (e.g. include the message id) or upgrade ClickHouse"
+            );
+        }
+        let columns: Vec<String> = encoder.column_names();
+        let insert_sql = format!(
+            "INSERT INTO {} ({}) FORMAT RowBinary",
+            quote_table(&params.database, &params.table),
+            columns
+                .iter()
+                .map(|c| quote_ident(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        info!(
+            database = %params.database,
+            table = %params.table,
+            shards = shards.len(),
+            columns = columns.len(),
+            tokens = capabilities.insert_deduplication_token,
+            "ClickHouse writer session started"
+        );
+        let late_targets = Arc::new(LateTargets::new(&late_shards));
+        let late_hosts = LateHosts::watch(
+            late,
+            LateCheck {
+                sink_params: sink_params.clone(),
+                columns: reference.columns.clone(),
+                capabilities,
+                timeout,
+                targets: Arc::clone(&late_targets),
+            },
+        );
+        Ok(WriterSession {
+            _late_hosts: late_hosts,
+            late_targets,
+            shards,
+            encoder,
+            insert_sql,
+            capabilities,
+            target_fingerprints,
+            database: params.database.clone(),
+            table: params.table.clone(),
+            dedup_windows,
+            partitions,
+            columns_guard,
+        })
+    }
+}
+
+fn describe(shard: &str, endpoint: &EndpointClient) -> String {
+    if shard.is_empty() {
+        format!("host {}", endpoint.endpoint)
+    } else {
+        format!("host {} of shard `{shard}`", endpoint.endpoint)
+    }
+}
+
+/// Maps stream columns to table columns and builds the encoder.
+fn plan_columns(
+    class: SinkClass,
+    params: &SinkParams,
+    stream: &Arc<StreamSchema>,
+    table: &[ColumnMeta],
+    capabilities: Capabilities,
+    server_types: &ServerTypes,
+) -> Result<RowBinaryEncoder, String> {
+    let mut problems = Vec::new();
+    let mut plan = Vec::new();
+    for (stream_index, column) in stream.columns().iter().enumerate() {
+        let Some(target) = table.iter().find(|c| c.name == column.name) else {
+            problems.push(format!(
+                "the stream column `{}` is not a column of {}.{}; add it to the table or drop it from the stream (e.g. with a `project` processor)",
+                column.name, params.database, params.table
+            ));
+            continue;
+        };
+        if target.default_kind == "MATERIALIZED" || target.default_kind == "ALIAS" {
+            problems.push(format!(
+                "the stream column `{}` is a {} column of the table, which ClickHouse computes itself; drop it from the stream",
+                column.name, target.default_kind
+            ));
+            continue;
+        }
+        let ty = ChType::parse(&target.type_text);
+        if let Err(reason) = check_mapping_on(&column.name, &column.ty, &ty, server_types) {
+            problems.push(reason);
+            continue;
+        }
+        plan.push(EncodedColumn {
+            name: column.name.clone(),
+            stream_index,
+            ty,
+        });
+    }
+    if class.is_exactly_once() && !capabilities.insert_deduplication_token {
+        for column in table {
+            let sent = stream.index_of(&column.name).is_some();
+            let computed_on_insert = (!sent && column.default_kind == "DEFAULT")
+                || column.default_kind == "MATERIALIZED";
+            if computed_on_insert && is_non_deterministic(&column.default_expression) {
+                problems.push(format!(
+                    "the column `{}` is filled by {} {} on every insert, so a replayed batch would not be bit-identical and this server (no insert_deduplication_token) could not recognise it as a replay; exactly-once is impossible. Send the column from the stream, make its default deterministic, or use AtLeastOnceClickHouseSink",
+                    column.name, column.default_kind, column.default_expression
+                ));
+            }
+        }
+    }
+    if plan.is_empty() && problems.is_empty() {
+        problems.push("the stream has no column to send".to_owned());
+    }
+    if problems.is_empty() {
+        Ok(RowBinaryEncoder::new(plan))
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+fn is_non_deterministic(expression: &str) -> bool {
+    let compact: String = expression
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .flat_map(char::to_lowercase)
+        .collect();
+    NON_DETERMINISTIC_FUNCTIONS
+        .iter()
+        .any(|f| compact.contains(f))
+}
+
+/// Warns when a shard's dedup window cannot cover a replay: shorter in time than
+/// `replay_horizon`, or shorter in blocks than what this sink can insert into a shard between a
+/// batch's first attempt and its replay (every partition's batches in delivery and queued).
+fn check_dedup_window(
+    params: &SinkParams,
+    dynamic: &ClickHouseDynamicParams,
+    window: &ShardDedupWindow,
+    partitions: u32,
+) {
+    let in_flight =
+        u64::from(partitions) * (flow_core::delivery::DELIVERY_QUEUE_CAPACITY as u64 + 1);
+    let warnings = window.windows.check(
+        window.replicated,
+        dynamic.async_insert,
+        in_flight,
+        dynamic.replay_horizon.as_secs(),
+    );
+    for warning in warnings {
+        warning.log(&params.database, &params.table, &window.shard);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_deterministic_defaults_are_recognised() {
+        assert!(is_non_deterministic("now()"));
+        assert!(is_non_deterministic("toDate(NOW ())"));
+        assert!(is_non_deterministic("generateUUIDv4()"));
+        assert!(is_non_deterministic("rand() % 10"));
+        assert!(!is_non_deterministic("toDate(ts)"));
+        assert!(!is_non_deterministic("''"));
+    }
+}
