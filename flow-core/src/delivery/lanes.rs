@@ -132,8 +132,9 @@ impl DeliveryQueue {
             Ok(result) => result,
             Err(err) => {
                 warn!(pipeline = %self.key.pipeline, sink = %self.key.sink, partition = self.key.partition, error = %err, "delivery task panicked");
-                Err(SinkError::Delivery {
-                    reason: format!("the delivery task failed: {err}"),
+                Err(SinkError::DeliveryFailed {
+                    context: "the delivery task failed".to_owned(),
+                    source: Box::new(err),
                 })
             }
         }
@@ -318,8 +319,9 @@ impl Lanes {
     ) -> Result<(), SinkError> {
         let done = done.map_err(|err| {
             warn!(pipeline = %self.key.pipeline, sink = %self.key.sink, partition = self.key.partition, error = %err, "delivery task panicked");
-            SinkError::Delivery {
-                reason: format!("the delivery task failed: {err}"),
+            SinkError::DeliveryFailed {
+                context: "the delivery task failed".to_owned(),
+                source: Box::new(err),
             }
         })?;
         let lane = self.lanes.entry(done.shard.clone()).or_default();

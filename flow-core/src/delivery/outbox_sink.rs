@@ -158,15 +158,16 @@ pub async fn load_backlog(
 
 /// Runs a state-store call (`f`) on the blocking thread pool, so that its disk I/O never holds a
 /// runtime thread, and turns its error into the sink's: a [`flow_state::StateError`] into
-/// [`SinkError::State`], a task that panicked or was cancelled into [`SinkError::Delivery`].
+/// [`SinkError::State`], a task that panicked or was cancelled into [`SinkError::DeliveryFailed`].
 /// What sinks with an outbox use for every store call they make from async code.
 pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, flow_state::StateError> + Send + 'static,
 ) -> Result<T, SinkError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|err| SinkError::Delivery {
-            reason: format!("state task failed: {err}"),
+        .map_err(|err| SinkError::DeliveryFailed {
+            context: "state task failed".to_owned(),
+            source: Box::new(err),
         })?
         .map_err(SinkError::from)
 }

@@ -343,8 +343,9 @@ impl BatchDeliverer for FileDeliverer {
                 out.write_all(&payload).and_then(|()| out.flush())
             })
             .await
-            .map_err(|err| SinkError::Delivery {
-                reason: err.to_string(),
+            .map_err(|err| SinkError::DeliveryFailed {
+                context: "the stdout write task failed".to_owned(),
+                source: Box::new(err),
             })?
             .map_err(|e| self.target.io("cannot write to stdout", e))?;
             return self.acknowledge(key, seq, batch, Vec::new()).await;
@@ -369,8 +370,9 @@ impl BatchDeliverer for FileDeliverer {
             Ok((file, len + payload.len() as u64))
         })
         .await
-        .map_err(|err| SinkError::Delivery {
-            reason: err.to_string(),
+        .map_err(|err| SinkError::DeliveryFailed {
+            context: "the file append task failed".to_owned(),
+            source: Box::new(err),
         })??;
         let length = (self.target.state_name.clone(), len.to_be_bytes().to_vec());
         self.acknowledge(key, seq, batch, vec![length]).await?;
