@@ -950,6 +950,31 @@ mod tests {
     }
 
     #[test]
+    fn every_unknown_field_of_a_section_is_reported_at_its_own_path() {
+        let v = violations(
+            SinkClass::Batching,
+            "{host: h, tabel: t, databse: d}",
+            "{max_rows: 5, max_byte_per_batch: 7}",
+        );
+        assert_eq!(
+            paths(&v),
+            [
+                "parameters.tabel",
+                "parameters.databse",
+                "dynamic_parameters.max_rows",
+                "dynamic_parameters.max_byte_per_batch"
+            ]
+        );
+        for violation in &v {
+            assert!(
+                violation.message.starts_with("unknown field `"),
+                "{}",
+                violation.message
+            );
+        }
+    }
+
+    #[test]
     fn structural_error_in_one_section_still_validates_the_other() {
         let v = violations(
             SinkClass::Batching,
