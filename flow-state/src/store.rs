@@ -549,6 +549,13 @@ impl StateStore {
         summary::build(&self.inner.trees)
     }
 
+    /// The names of the sinks this store knows, over every pipeline: those with batches,
+    /// fingerprints, dead letters, counters or sink-wide values (for `dead-letters --sink`, which
+    /// refuses a name that is none of them).
+    pub fn sink_names(&self) -> Result<std::collections::BTreeSet<String>, StateError> {
+        summary::sink_names(&self.inner.trees)
+    }
+
     /// Stops the committer thread after the requests already sent (for every clone of this
     /// handle: later requests fail with [`StateError::Closed`]) and makes everything durable.
     pub fn close(self) -> Result<(), StateError> {

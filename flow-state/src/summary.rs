@@ -469,6 +469,27 @@ pub(crate) fn build(trees: &Trees) -> Result<StateSummary, StateError> {
     Ok(summary)
 }
 
+/// The names of the sinks the store knows (every pipeline): those with batches, fingerprints, dead
+/// letters, counters or sink-wide values. The source's owner name is not among them.
+pub(crate) fn sink_names(trees: &Trees) -> Result<std::collections::BTreeSet<String>, StateError> {
+    let mut names: std::collections::BTreeSet<String> = build(trees)?
+        .pipelines
+        .into_values()
+        .flat_map(|p| p.sinks.into_iter().map(|s| s.sink))
+        .collect();
+    // `build` sees only the values it reads (give-ups, unanswered attempts); a sink may hold
+    // nothing but other values (a recorded schema, a token namespace).
+    for item in trees.sink_values.iter() {
+        let (k, _) = item.map_err(sled_err("scan", "sink_values"))?;
+        let mut parts = k.splitn(3, |b| *b == codec::SEP);
+        if let (Some(_), Some(sink), Some(_)) = (parts.next(), parts.next(), parts.next()) {
+            names.insert(String::from_utf8_lossy(sink).into_owned());
+        }
+    }
+    names.remove(SOURCE_OWNER);
+    Ok(names)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -43,6 +43,14 @@ pub fn dead_letters(
             state_dir.display()
         )
     })?;
+    if let Some(sink) = sink {
+        // A misspelt name would otherwise select nothing and answer "0 dead letter(s)" or
+        // "removed 0", as if that sink had nothing set aside.
+        if let Err(err) = check_sink_known(&store, state_dir, sink) {
+            store.close().context("closing the state store")?;
+            return Err(err);
+        }
+    }
     let letters = store
         .all_dead_letters(sink)
         .context("reading the dead letters")?;
@@ -54,6 +62,30 @@ pub fn dead_letters(
     };
     store.close().context("closing the state store")?;
     Ok(code)
+}
+
+/// Refuses a `--sink` the store does not know, naming the sinks it does know; the source's owner
+/// name ([`SOURCE_OWNER`]) selects the source's dead letters and is always accepted.
+fn check_sink_known(store: &StateStore, state_dir: &Path, sink: &str) -> anyhow::Result<()> {
+    if sink == SOURCE_OWNER {
+        return Ok(());
+    }
+    let known = store
+        .sink_names()
+        .context("reading the sink names of the state directory")?;
+    if known.contains(sink) {
+        return Ok(());
+    }
+    let known = if known.is_empty() {
+        "it knows no sink".to_owned()
+    } else {
+        let names: Vec<String> = known.iter().map(|name| format!("`{name}`")).collect();
+        format!("its sinks are {}", names.join(", "))
+    };
+    anyhow::bail!(
+        "the state directory `{}` knows no sink `{sink}`: {known}; pass one of them to --sink (`{SOURCE_OWNER}` for the source's dead letters), or leave --sink out for every dead letter",
+        state_dir.display()
+    )
 }
 
 fn list(letters: &[StoredDeadLetter]) -> ExitCode {

@@ -201,3 +201,58 @@ fn drain_of_a_directory_that_is_not_a_state_directory_is_refused() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("is not a flow state directory"));
     assert!(output.stdout.is_empty() && !missing.exists());
 }
+
+/// `dead-letters <action> --state-dir STATE --sink SINK [--yes]`: (exit code, stdout, stderr).
+fn dead_letters(state: &Path, action: &str, sink: &str) -> (Option<i32>, String, String) {
+    let output = worker()
+        .args([
+            "dead-letters",
+            action,
+            "--sink",
+            sink,
+            "--yes",
+            "--state-dir",
+        ])
+        .arg(state)
+        .output()
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn dead_letters_refuse_an_unknown_sink_and_name_the_known_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, state, _) = finished_run(dir.path());
+    let expected = format!(
+        "error: the state directory `{}` knows no sink `nosuch`: its sinks are `out`; pass one of them to --sink (`source` for the source's dead letters), or leave --sink out for every dead letter\n",
+        state.display()
+    );
+    for action in ["list", "purge", "export", "requeue"] {
+        assert_eq!(
+            dead_letters(&state, action, "nosuch"),
+            (Some(1), String::new(), expected.clone()),
+            "{action}"
+        );
+    }
+    // A known sink without dead letters, and the source, still answer with nothing to do.
+    assert_eq!(
+        dead_letters(&state, "list", "out"),
+        (Some(0), "0 dead letter(s)\n".to_owned(), String::new())
+    );
+    assert_eq!(
+        dead_letters(&state, "purge", "out"),
+        (
+            Some(0),
+            "removed 0 dead letter(s)\n".to_owned(),
+            String::new()
+        )
+    );
+    assert_eq!(
+        dead_letters(&state, "list", "source"),
+        (Some(0), "0 dead letter(s)\n".to_owned(), String::new())
+    );
+}
