@@ -9,6 +9,10 @@
 //!
 //! A replica whose replication queue is not empty may still be catching up: its counts are
 //! reported, but a difference is called unsettled, not diverged.
+//!
+//! A plain (non-replicated) MergeTree table has no replicas: each endpoint's table holds only the
+//! rows sent to it, so differing counts are expected and no repair applies. Such a shard is
+//! reported as not replicated rather than compared.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -24,6 +28,7 @@ use crate::server::classify::ClassifiedError;
 use crate::server::client::{
     build_shards, json_text, json_u64, quote_literal, quote_table, ClientsError, EndpointClient,
 };
+use crate::server::probe::EngineKind;
 use flow_core::Violation;
 
 /// Why a sink could not be verified at all.
@@ -54,6 +59,8 @@ pub struct ReplicaState {
     pub endpoint: String,
     /// Rows the table holds there.
     pub rows: u64,
+    /// The table's engine there (`system.tables.engine`), e.g. `ReplicatedMergeTree`.
+    pub engine: String,
     /// `None` for a table that does not replicate.
     pub replication: Option<Replication>,
 }
@@ -90,6 +97,14 @@ pub enum ShardVerdict {
         /// Whether orphan parts are the reason (otherwise a differing row count).
         orphans: bool,
     },
+    /// The table does not replicate (a plain MergeTree) on these endpoints: there are no replicas
+    /// to compare, and nothing was checked.
+    NotReplicated {
+        /// The engine of the table there, e.g. `MergeTree`.
+        engine: String,
+        /// The endpoints where the table does not replicate.
+        endpoints: Vec<String>,
+    },
     /// An endpoint could not be asked.
     Unreachable {
         /// The endpoint, `host:port`.
@@ -114,6 +129,24 @@ pub struct ShardReport {
 
 impl ShardReport {
     fn judge(shard: String, table: String, replicas: Vec<ReplicaState>) -> ShardReport {
+        // Comparing independent tables would call their (expected) difference a divergence and
+        // advise a repair that cannot apply.
+        let plain: Vec<&ReplicaState> = replicas
+            .iter()
+            .filter(|r| EngineKind::of(&r.engine) == Some(EngineKind::Plain))
+            .collect();
+        if let Some(first) = plain.first() {
+            let verdict = ShardVerdict::NotReplicated {
+                engine: first.engine.clone(),
+                endpoints: plain.iter().map(|r| r.endpoint.clone()).collect(),
+            };
+            return ShardReport {
+                shard,
+                table,
+                replicas,
+                verdict,
+            };
+        }
         let orphaned: Vec<String> = replicas
             .iter()
             .filter(|r| {
@@ -198,6 +231,12 @@ impl fmt::Display for ShardReport {
                 f,
                 "{shard}: DIVERGED: the row count differs at {}, with every replication queue empty. Repair: `SYSTEM SYNC REPLICA {table}` there; if the counts still differ, `DETACH TABLE {table}` then `ATTACH TABLE {table}` (or a restart) makes the replica check its parts against ZooKeeper; then run verify again",
                 replicas.join(", "),
+                table = self.table
+            )?,
+            ShardVerdict::NotReplicated { engine, endpoints } => write!(
+                f,
+                "{shard}: not replicated: {table} is a {engine} table on {}, which does not replicate, so there are no replicas to compare and nothing was checked; each endpoint's table holds only the rows sent to it. For replicas that verify can compare, use a ReplicatedMergeTree table",
+                endpoints.join(", "),
                 table = self.table
             )?,
             ShardVerdict::Unreachable { endpoint, error } => {
@@ -300,6 +339,15 @@ async fn replica_state(
         )
         .await?;
     let rows = count.first().and_then(|r| json_u64(r, "rows")).unwrap_or(0);
+    let engine = endpoint
+        .query_json(
+            &format!("SELECT engine FROM system.tables WHERE database = {db} AND name = {table}"),
+            timeout,
+        )
+        .await?
+        .first()
+        .map(|r| json_text(r, "engine"))
+        .unwrap_or_default();
     let replicas = endpoint
         .query_json(
             &format!(
@@ -312,6 +360,7 @@ async fn replica_state(
         return Ok(ReplicaState {
             endpoint: endpoint.endpoint.to_string(),
             rows,
+            engine,
             replication: None,
         });
     };
@@ -341,6 +390,7 @@ async fn replica_state(
     Ok(ReplicaState {
         endpoint: endpoint.endpoint.to_string(),
         rows,
+        engine,
         replication: Some(Replication {
             replica_name,
             queue_size: json_u64(replica, "queue_size").unwrap_or(0),
@@ -380,6 +430,7 @@ mod tests {
         ReplicaState {
             endpoint: endpoint.to_owned(),
             rows,
+            engine: "ReplicatedMergeTree".to_owned(),
             replication: Some(Replication {
                 replica_name: endpoint.to_owned(),
                 queue_size: queue,
@@ -453,6 +504,32 @@ mod tests {
                 replicas: vec!["a2".into()],
                 orphans: false
             }
+        );
+    }
+
+    #[test]
+    fn a_plain_merge_tree_is_not_replicated_whatever_its_counts() {
+        let plain = |endpoint: &str, rows: u64| ReplicaState {
+            endpoint: endpoint.to_owned(),
+            rows,
+            engine: "MergeTree".to_owned(),
+            replication: None,
+        };
+        let report = ShardReport::judge(
+            String::new(),
+            "default.t".into(),
+            vec![plain("a1", 10), plain("a2", 0)],
+        );
+        assert_eq!(
+            report.verdict,
+            ShardVerdict::NotReplicated {
+                engine: "MergeTree".into(),
+                endpoints: vec!["a1".into(), "a2".into()]
+            }
+        );
+        assert_eq!(
+            report.to_string(),
+            "the table: not replicated: default.t is a MergeTree table on a1, a2, which does not replicate, so there are no replicas to compare and nothing was checked; each endpoint's table holds only the rows sent to it. For replicas that verify can compare, use a ReplicatedMergeTree table\n  a1: 10 rows\n  a2: 0 rows"
         );
     }
 }

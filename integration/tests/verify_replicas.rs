@@ -141,3 +141,51 @@ fn verify_names_the_replica_holding_an_orphan_part_and_passes_after_reattaching_
     assert_eq!(sinks[0]["shards"][0]["verdict"]["rows"], 110);
     Ok(())
 }
+
+/// Issue 24 item 12: a plain MergeTree table on a1 and a2 holds independent rows, so their
+/// counts differ; `verify` must say the table does not replicate (nothing to compare), exit 0,
+/// and not call it diverged nor advise DETACH/ATTACH.
+#[test]
+fn verify_says_a_plain_merge_tree_does_not_replicate() -> Result<()> {
+    wait_for_cluster(Duration::from_secs(120))?;
+    let name = unique_name("verify_plain");
+    let mut tables = DropGuard::default();
+    for node in [A1, A2] {
+        tables.create_merge_tree(node, "default", &name, "id UInt64", "id")?;
+    }
+    exec(
+        A1.http_port,
+        &format!("INSERT INTO default.{name} SELECT number FROM system.numbers LIMIT 10"),
+    )?;
+    let dir = tempfile::tempdir()?;
+    let spec = write_spec(dir.path(), &name)?;
+
+    let (code, sinks) = verify_json(worker_bin!(), &spec)?;
+    assert_eq!(code, Some(0), "{sinks:?}");
+    assert_eq!(
+        sinks[0]["shards"][0]["verdict"],
+        serde_json::json!({
+            "verdict": "not_replicated",
+            "engine": "MergeTree",
+            "endpoints": [A1.http_addr(), A2.http_addr()],
+        })
+    );
+
+    let spec_arg = spec.display().to_string();
+    let out = run_worker(
+        worker_bin!(),
+        &["verify", &spec_arg],
+        &[],
+        Duration::from_secs(60),
+    )?;
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(
+        out.stdout,
+        format!(
+            "sink `ch`:\n  the table: not replicated: default.{name} is a MergeTree table on {a1}, {a2}, which does not replicate, so there are no replicas to compare and nothing was checked; each endpoint's table holds only the rows sent to it. For replicas that verify can compare, use a ReplicatedMergeTree table\n    {a1}: 10 rows\n    {a2}: 0 rows\n",
+            a1 = A1.http_addr(),
+            a2 = A2.http_addr()
+        )
+    );
+    Ok(())
+}

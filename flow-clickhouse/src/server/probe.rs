@@ -89,6 +89,22 @@ pub(crate) enum EngineKind {
     Plain,
 }
 
+impl EngineKind {
+    /// The MergeTree family member `engine` (as `system.tables.engine` names it) is, or `None`
+    /// outside the family.
+    pub(crate) fn of(engine: &str) -> Option<EngineKind> {
+        if !engine.ends_with("MergeTree") {
+            None
+        } else if engine.starts_with("Replicated") {
+            Some(EngineKind::Replicated)
+        } else if engine.starts_with("Shared") {
+            Some(EngineKind::Shared)
+        } else {
+            Some(EngineKind::Plain)
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct EndpointMetadata {
     pub(crate) engine: String,
@@ -370,12 +386,8 @@ fn engine_kind(
             "{} is a Distributed table on {}. The sink routes rows to shards itself and needs each shard's local table; a Distributed target would forward blocks on its own and break the link between deduplication token and shard. Set `table` to the local table and list the shards in `shard_hosts`",
             params.table, endpoint.endpoint
         ))
-    } else if engine.starts_with("Replicated") && engine.ends_with("MergeTree") {
-        Ok(EngineKind::Replicated)
-    } else if engine.starts_with("Shared") && engine.ends_with("MergeTree") {
-        Ok(EngineKind::Shared)
-    } else if engine.ends_with("MergeTree") {
-        Ok(EngineKind::Plain)
+    } else if let Some(kind) = EngineKind::of(engine) {
+        Ok(kind)
     } else {
         Err(format!(
             "{} has engine {engine} on {}; only the MergeTree family is supported (ReplicatedMergeTree recommended), since exactly-once needs its block deduplication",
