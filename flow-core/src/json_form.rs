@@ -1001,6 +1001,19 @@ mod tests {
                 "{ty} {json}"
             );
         }
+        // Wider integers give their range in powers of two (the digits run to 78).
+        assert_eq!(
+            pushed("uint256", "-1"),
+            Err("column `c` (uint256): -1 is out of range for uint256 (0 to 2^256-1)".to_owned())
+        );
+        assert_eq!(
+            pushed("int128", "\"-170141183460469231731687303715884105729\""),
+            Err(
+                "column `c` (int128): -170141183460469231731687303715884105729 is out of range \
+                 for int128 (-2^127 to 2^127-1)"
+                    .to_owned()
+            )
+        );
         // A fraction is still a float where an integer is declared.
         assert_eq!(
             pushed("uint64", "1.5"),
@@ -1105,7 +1118,10 @@ mod tests {
         );
         assert_eq!(
             pushed("dict<uint16,utf8>", r#"{"65536": "x"}"#),
-            Err("column `c` (dict<uint16,utf8>): 65536 is out of range for uint16".to_owned())
+            Err(
+                "column `c` (dict<uint16,utf8>): 65536 is out of range for uint16 (0 to 65535)"
+                    .to_owned()
+            )
         );
         assert_eq!(
             pushed(

@@ -506,7 +506,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "{}:2: column `id` (uint64): -4 is out of range for uint64",
+                "{}:2: column `id` (uint64): -4 is out of range for uint64 (0 to 18446744073709551615)",
                 file.path().display()
             )
         );
@@ -676,8 +676,8 @@ mod tests {
         let path = file.path().display();
         let reasons: Vec<String> = dead.iter().map(|d| d.reason.clone()).collect();
         let expected: Vec<String> = [
-            "1: column `i128` (int128): 170141183460469231731687303715884105728 is out of range for 128-bit integers",
-            "2: column `u128` (uint128): -1 is out of range for 128-bit integers",
+            "1: column `i128` (int128): 170141183460469231731687303715884105728 is out of range for int128 (-2^127 to 2^127-1)",
+            "2: column `u128` (uint128): -1 is out of range for uint128 (0 to 2^128-1)",
             "3: column `i256` (int256): `12x` is not an integer",
             "4: column `u256` (uint256): 1e3: write uint256 values without an exponent (digits, a point, digits)",
             "5: column `price` (decimal(9,2)): 12345678.9 has more than 7 digits before the point (decimal(9,2))",
@@ -686,7 +686,7 @@ mod tests {
             "8: column `v6` (ipv6): `2001:db8:::1` is not an IPv6 address",
             "9: column `born` (date32): `2300-01-01` is outside date32 (1900-01-01 ..= 2299-12-31)",
             "10: column `at` (timestamp): `2023-11-14T22:13:20` has no time zone: write Z or ±HH:MM after the time (a timestamp without one is ambiguous)",
-            "11: column `tags` (list<int8>): 128 is out of range for int8",
+            "11: column `tags` (list<int8>): 128 is out of range for int8 (-128 to 127)",
             "12: column `counts` (dict<utf8,uint8>): expected uint8, got a string",
             "13: column `pair` (tuple<uint8,optional<utf8>>): expected tuple<uint8,optional<utf8>>, an array of 2 items, got 1",
         ]

@@ -532,7 +532,11 @@ mod tests {
                 handle
                     .send(at, &[Value::Uint(1), Value::Uint(300), Value::Bytes(b"a")])
                     .await,
-                refused(StreamType::Uint8, "small", "300 is out of range for uint8"),
+                refused(
+                    StreamType::Uint8,
+                    "small",
+                    "300 is out of range for uint8 (0 to 255)",
+                ),
             ),
             (
                 handle
@@ -558,7 +562,11 @@ mod tests {
                 handle
                     .send_json_text(at, r#"{"id": 1, "small": 256, "name": "a"}"#)
                     .await,
-                refused(StreamType::Uint8, "small", "256 is out of range for uint8"),
+                refused(
+                    StreamType::Uint8,
+                    "small",
+                    "256 is out of range for uint8 (0 to 255)",
+                ),
             ),
             (
                 handle
