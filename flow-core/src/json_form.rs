@@ -1,6 +1,7 @@
 //! The JSON forms of stream values, read by `jsonl_file` and the broker sources
 //! ([`push_json`]) and written for dead letters and the debug sink ([`write_json_value`]; a
 //! whole row as a JSON object by column name: [`write_row_object`]).
+//! A record (a JSON object by column name) is read by [`read_record`], for every JSON source.
 //!
 //! Numbers are read from their text (a [`RawValue`]), so decimals and 128/256-bit integers
 //! arrive without a trip through `f64`: `decimal(P,S)` and `int128` .. `uint256` take a JSON
@@ -18,7 +19,7 @@ use thiserror::Error;
 
 use crate::message::{check_item, Row, RowWriter, Value};
 use crate::packed::{self, check_date32, write_leb128, PackedReader};
-use crate::types::StreamType;
+use crate::types::{StreamSchema, StreamType};
 use crate::wide_int::WideInt;
 
 /// Reads the JSON value of one column (`None`: the key is missing, which is null) and pushes it.
@@ -44,8 +45,19 @@ pub(crate) fn push_json(
         pack(ty.inner(), raw, scratch).map_err(in_column)?;
         row.push(Value::Packed(scratch))
     } else {
-        let json: serde_json::Value =
-            serde_json::from_str(raw).map_err(|err| in_column(format!("not JSON ({err})")))?;
+        let json: serde_json::Value = serde_json::from_str(raw).map_err(|err| {
+            in_column(lone_surrogate(raw.as_bytes()).unwrap_or_else(|| format!("not JSON ({err})")))
+        })?;
+        // An integer literal beyond 64 bits arrives as an f64; it is out of range, not a float.
+        if let (serde_json::Value::Number(n), Some((min, max))) = (&json, ty.integer_range()) {
+            let digits = raw.strip_prefix('-').unwrap_or(raw);
+            if n.is_f64() && !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(in_column(format!(
+                    "{raw} is out of range for {} ({min} to {max})",
+                    ty.inner()
+                )));
+            }
+        }
         let value = scalar_value(&json, ty.inner()).map_err(in_column)?;
         row.push(value)
     }
@@ -90,6 +102,170 @@ pub fn push_json_text(row: &mut RowWriter<'_>, json: &str) -> Result<(), JsonVal
         .map_err(JsonValueError::Column)
 }
 
+/// Why a record is not a row's JSON object; the display is the whole message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RecordError {
+    /// The text is not one JSON object.
+    NotObject(String),
+    /// A key that is not a column.
+    UnknownKey(String),
+    /// A key given twice: which value is meant is a guess, so the record is refused.
+    DuplicateKey(String),
+}
+
+impl std::fmt::Display for RecordError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordError::NotObject(reason) => write!(f, "not a JSON object: {reason}"),
+            RecordError::UnknownKey(key) => {
+                write!(f, "`{key}`: not a column of the declared schema")
+            }
+            RecordError::DuplicateKey(key) => write!(
+                f,
+                "key `{key}` appears more than once in the record: give each column once"
+            ),
+        }
+    }
+}
+
+/// The UTF-8 byte order mark some editors and exporters put first: not part of the JSON, so it
+/// is skipped as most JSON tools do.
+pub(crate) const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Reads one record (a JSON object by column name, a leading byte order mark skipped) into the
+/// columns' JSON values in schema order (`None`: the key is missing). This is the one place a
+/// record is parsed, for `jsonl_file`, the broker sources and the push source. Values stay JSON
+/// text until their column's type reads them: a decimal or a 128-bit integer must not pass
+/// through an f64 on the way.
+pub(crate) fn read_record<'a>(
+    text: &'a [u8],
+    schema: &StreamSchema,
+) -> Result<Vec<Option<&'a RawValue>>, RecordError> {
+    let text = text.strip_prefix(BOM).unwrap_or(text);
+    // One allocation per record (the slots); a slot already filled is the duplicate check.
+    let mut slots = vec![None; schema.columns().len()];
+    let mut problem = None;
+    let mut de = serde_json::Deserializer::from_slice(text);
+    let seed = ObjectSeed {
+        schema,
+        slots: &mut slots,
+        problem: &mut problem,
+    };
+    let parsed = serde::de::DeserializeSeed::deserialize(seed, &mut de).and_then(|()| de.end());
+    match parsed {
+        Ok(()) => Ok(slots),
+        Err(err) => Err(problem.unwrap_or_else(|| {
+            RecordError::NotObject(lone_surrogate(text).unwrap_or_else(|| err.to_string()))
+        })),
+    }
+}
+
+/// What is wrong when `text` has a `\uXXXX` escape of a surrogate without its partner (looked
+/// for only once the text failed to parse: the parser calls it "unexpected end of hex escape").
+fn lone_surrogate(text: &[u8]) -> Option<String> {
+    let escape = first_lone_surrogate(text)?;
+    Some(format!(
+        "`\\u{escape:04x}` is a lone UTF-16 surrogate, which is not a character: write the \
+         character itself, or a high surrogate (\\ud800-\\udbff) followed by a low one \
+         (\\udc00-\\udfff)"
+    ))
+}
+
+fn first_lone_surrogate(text: &[u8]) -> Option<u32> {
+    let escape_at = |i: usize| -> Option<u32> {
+        let hex = text.get(i..i + 6)?;
+        if !hex.starts_with(b"\\u") {
+            return None;
+        }
+        u32::from_str_radix(std::str::from_utf8(&hex[2..]).ok()?, 16).ok()
+    };
+    let mut i = 0;
+    while i < text.len() {
+        if text[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        match escape_at(i) {
+            Some(high @ 0xD800..=0xDBFF) => {
+                if matches!(escape_at(i + 6), Some(0xDC00..=0xDFFF)) {
+                    i += 12;
+                    continue;
+                }
+                return Some(high);
+            }
+            Some(low @ 0xDC00..=0xDFFF) => return Some(low),
+            Some(_) => i += 6,
+            None => i += 2,
+        }
+    }
+    None
+}
+
+struct ObjectSeed<'s, 'a> {
+    schema: &'s StreamSchema,
+    slots: &'s mut [Option<&'a RawValue>],
+    problem: &'s mut Option<RecordError>,
+}
+
+impl<'a> serde::de::DeserializeSeed<'a> for ObjectSeed<'_, 'a> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'a>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'a> serde::de::Visitor<'a> for ObjectSeed<'_, 'a> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'a>>(self, mut map: A) -> Result<(), A::Error> {
+        use serde::de::Error as _;
+        while let Some(index) = map.next_key_seed(KeySeed {
+            schema: self.schema,
+            problem: self.problem,
+        })? {
+            let raw: &'a RawValue = map.next_value()?;
+            let slot = &mut self.slots[index];
+            if slot.is_some() {
+                let name = &self.schema.columns()[index].name;
+                *self.problem = Some(RecordError::DuplicateKey(name.clone()));
+                return Err(A::Error::custom("duplicate key"));
+            }
+            *slot = Some(raw);
+        }
+        Ok(())
+    }
+}
+
+/// A key, read as its column's index; an unknown key is the record's problem. The key is only
+/// borrowed (an escaped one is unescaped into the parser's scratch), so reading it allocates
+/// nothing.
+struct KeySeed<'s> {
+    schema: &'s StreamSchema,
+    problem: &'s mut Option<RecordError>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeySeed<'_> {
+    type Value = usize;
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<usize, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl serde::de::Visitor<'_> for KeySeed<'_> {
+    type Value = usize;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a column name")
+    }
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<usize, E> {
+        self.schema.index_of(key).ok_or_else(|| {
+            *self.problem = Some(RecordError::UnknownKey(key.to_owned()));
+            E::custom("unknown key")
+        })
+    }
+}
+
 /// A value of a type that fits a cell, from its JSON form (ranges are checked by the caller).
 fn scalar_value<'a>(json: &'a serde_json::Value, ty: &StreamType) -> Result<Value<'a>, String> {
     Ok(match json {
@@ -129,7 +305,10 @@ fn scalar_value<'a>(json: &'a serde_json::Value, ty: &StreamType) -> Result<Valu
 
 /// A JSON string's text, or the error for another JSON value.
 fn json_text(raw: &str, what: &str) -> Result<String, String> {
-    serde_json::from_str::<String>(raw).map_err(|_| format!("expected {what} as text, got {raw}"))
+    serde_json::from_str::<String>(raw).map_err(|_| {
+        lone_surrogate(raw.as_bytes())
+            .unwrap_or_else(|| format!("expected {what} as text, got {raw}"))
+    })
 }
 
 /// The digits of a JSON number or string; exponents are refused (they hide how many digits the
@@ -220,8 +399,10 @@ fn pack(ty: &StreamType, raw: &str, out: &mut Vec<u8>) -> Result<(), String> {
         }
         StreamType::Dict(key, value) => {
             if raw.starts_with('{') {
-                let Entries(entries) = serde_json::from_str(raw)
-                    .map_err(|err| format!("expected {ty}, got a bad object ({err})"))?;
+                let Entries(entries) = serde_json::from_str(raw).map_err(|err| {
+                    lone_surrogate(raw.as_bytes())
+                        .unwrap_or_else(|| format!("expected {ty}, got a bad object ({err})"))
+                })?;
                 write_leb128(entries.len() as u64, out);
                 for (k, v) in entries {
                     // An object key is text: numeric key types read it as a number.
@@ -264,8 +445,9 @@ fn pack(ty: &StreamType, raw: &str, out: &mut Vec<u8>) -> Result<(), String> {
             }
         }
         scalar => {
-            let json: serde_json::Value =
-                serde_json::from_str(raw).map_err(|err| format!("not JSON ({err})"))?;
+            let json: serde_json::Value = serde_json::from_str(raw).map_err(|err| {
+                lone_surrogate(raw.as_bytes()).unwrap_or_else(|| format!("not JSON ({err})"))
+            })?;
             let value = scalar_value(&json, scalar)?;
             // The same checks as a top-level value of the type.
             check_item(scalar, value)?;
@@ -776,6 +958,152 @@ mod tests {
     }
 
     #[test]
+    fn integer_literals_beyond_64_bits_are_out_of_range_with_the_range() {
+        let cases = [
+            (
+                "uint64",
+                "18446744073709551616",
+                "0 to 18446744073709551615",
+            ),
+            (
+                "uint64",
+                "-9223372036854775809",
+                "0 to 18446744073709551615",
+            ),
+            ("uint8", "18446744073709551616", "0 to 255"),
+            ("uint16", "18446744073709551616", "0 to 65535"),
+            ("uint32", "18446744073709551616", "0 to 4294967295"),
+            ("int8", "-9223372036854775809", "-128 to 127"),
+            ("int16", "18446744073709551616", "-32768 to 32767"),
+            (
+                "int32",
+                "-99999999999999999999",
+                "-2147483648 to 2147483647",
+            ),
+            (
+                "int64",
+                "18446744073709551616",
+                "-9223372036854775808 to 9223372036854775807",
+            ),
+            (
+                "optional<uint64>",
+                "18446744073709551616",
+                "0 to 18446744073709551615",
+            ),
+        ];
+        for (ty, json, range) in cases {
+            let inner = ty.trim_start_matches("optional<").trim_end_matches('>');
+            assert_eq!(
+                pushed(ty, json),
+                Err(format!(
+                    "column `c` ({ty}): {json} is out of range for {inner} ({range})"
+                )),
+                "{ty} {json}"
+            );
+        }
+        // Wider integers give their range in powers of two (the digits run to 78).
+        assert_eq!(
+            pushed("uint256", "-1"),
+            Err("column `c` (uint256): -1 is out of range for uint256 (0 to 2^256-1)".to_owned())
+        );
+        assert_eq!(
+            pushed("int128", "\"-170141183460469231731687303715884105729\""),
+            Err(
+                "column `c` (int128): -170141183460469231731687303715884105729 is out of range \
+                 for int128 (-2^127 to 2^127-1)"
+                    .to_owned()
+            )
+        );
+        // A fraction is still a float where an integer is declared.
+        assert_eq!(
+            pushed("uint64", "1.5"),
+            Err("column `c` (uint64): expected uint64, got a floating-point number".to_owned())
+        );
+    }
+
+    fn schema_of(names: &[&str]) -> std::sync::Arc<StreamSchema> {
+        StreamSchema::new(
+            names
+                .iter()
+                .map(|name| crate::types::Column::new(*name, StreamType::Uint64))
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    fn record(json: &[u8]) -> Result<Vec<Option<String>>, String> {
+        read_record(json, &schema_of(&["id", "n"]))
+            .map(|raws| {
+                raws.iter()
+                    .map(|raw| raw.map(|raw| raw.get().to_owned()))
+                    .collect()
+            })
+            .map_err(|err| err.to_string())
+    }
+
+    #[test]
+    fn a_record_giving_a_key_twice_is_refused_naming_the_key() {
+        assert_eq!(
+            record(br#"{"id":1,"id":2}"#),
+            Err("key `id` appears more than once in the record: give each column once".to_owned())
+        );
+        // An escaped spelling of the same key is the same key.
+        assert_eq!(
+            record(br#"{"n":null,"id":1,"\u006e":3}"#),
+            Err("key `n` appears more than once in the record: give each column once".to_owned())
+        );
+        assert_eq!(
+            record(br#"{"n":2,"id":1}"#),
+            Ok(vec![Some("1".to_owned()), Some("2".to_owned())])
+        );
+        assert_eq!(
+            record(br#"{"id":1,"x":2}"#),
+            Err("`x`: not a column of the declared schema".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_lone_surrogate_is_named_as_such() {
+        let lone = |escape: &str| {
+            format!(
+                "`{escape}` is a lone UTF-16 surrogate, which is not a character: write the \
+                 character itself, or a high surrogate (\\ud800-\\udbff) followed by a low one \
+                 (\\udc00-\\udfff)"
+            )
+        };
+        assert_eq!(
+            pushed("utf8", r#""\ud800""#),
+            Err(format!("column `c` (utf8): {}", lone("\\ud800")))
+        );
+        assert_eq!(
+            pushed("string", r#""a\\\udc00""#),
+            Err(format!("column `c` (string): {}", lone("\\udc00")))
+        );
+        assert_eq!(
+            pushed("list<utf8>", r#"["ok", "\ud800x"]"#),
+            Err(format!("column `c` (list<utf8>): {}", lone("\\ud800")))
+        );
+        // In a key, the record is refused with the same reason.
+        assert_eq!(
+            record(br#"{"\udbff":1}"#),
+            Err(format!("not a JSON object: {}", lone("\\udbff")))
+        );
+        // A pair is a character.
+        assert_eq!(
+            pushed("utf8", r#""\ud83d\ude00""#),
+            Ok("{\"c\":\"\u{1f600}\"}".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_leading_byte_order_mark_is_skipped() {
+        assert_eq!(
+            record(b"\xEF\xBB\xBF{\"id\":7}"),
+            Ok(vec![Some("7".to_owned()), None])
+        );
+    }
+
+    #[test]
     fn items_are_checked_like_columns_and_written_back_in_the_same_forms() {
         assert_eq!(
             pushed("list<float>", "[1e300]"),
@@ -790,7 +1118,10 @@ mod tests {
         );
         assert_eq!(
             pushed("dict<uint16,utf8>", r#"{"65536": "x"}"#),
-            Err("column `c` (dict<uint16,utf8>): 65536 is out of range for uint16".to_owned())
+            Err(
+                "column `c` (dict<uint16,utf8>): 65536 is out of range for uint16 (0 to 65535)"
+                    .to_owned()
+            )
         );
         assert_eq!(
             pushed(

@@ -480,7 +480,10 @@ fn check_value(ty: &StreamType, value: Value<'_>) -> Result<Cell, String> {
         };
     }
     let inner = ty.inner();
-    let out_of_range = |v: &dyn fmt::Display| format!("{v} is out of range for {inner}");
+    let out_of_range = |v: &dyn fmt::Display| match inner.integer_range() {
+        Some((min, max)) => format!("{v} is out of range for {inner} ({min} to {max})"),
+        None => format!("{v} is out of range for {inner}"),
+    };
     if inner.is_packed() {
         let Value::Packed(bytes) = value else {
             return Err(format!("expected {inner}, got {}", value.kind()));
@@ -642,7 +645,7 @@ mod tests {
         let err = row.push(Value::Int(300)).map(|_| ()).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "column `small` (int8): 300 is out of range for int8"
+            "column `small` (int8): 300 is out of range for int8 (-128 to 127)"
         );
         drop(row);
         assert_eq!(batch.len(), 0);
@@ -667,7 +670,7 @@ mod tests {
         let err = row.push(Value::Int(-1)).map(|_| ()).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "column `id` (uint64): -1 is out of range for uint64"
+            "column `id` (uint64): -1 is out of range for uint64 (0 to 18446744073709551615)"
         );
     }
 
@@ -684,7 +687,7 @@ mod tests {
         let err = row.push(Value::Uint(u64::MAX)).map(|_| ()).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "column `i` (int64): 18446744073709551615 is out of range for int64"
+            "column `i` (int64): 18446744073709551615 is out of range for int64 (-9223372036854775808 to 9223372036854775807)"
         );
         row.push(Value::Uint(7)).unwrap();
         row.push(Value::Int(i64::MAX)).unwrap();

@@ -130,7 +130,14 @@ impl WideInt {
     pub fn parse_integer(text: &str, bits: u32, signed: bool) -> Result<WideInt, String> {
         let (negative, magnitude) = WideInt::parse_magnitude(text.trim())
             .ok_or_else(|| format!("`{text}` is not an integer"))?;
-        let out_of_range = || format!("{text} is out of range for {bits}-bit integers");
+        let out_of_range = || {
+            let (name, range) = if signed {
+                ("int", format!("-2^{} to 2^{}-1", bits - 1, bits - 1))
+            } else {
+                ("uint", format!("0 to 2^{bits}-1"))
+            };
+            format!("{text} is out of range for {name}{bits} ({range})")
+        };
         let negative = negative && !magnitude.is_zero();
         if negative && !signed {
             return Err(out_of_range());

@@ -905,7 +905,7 @@ async fn jsonl_bad_line_becomes_a_source_dead_letter_and_good_lines_are_written(
     assert_eq!(
         dead[0].reason,
         format!(
-            "{}:2: column `id` (uint64): -2 is out of range for uint64",
+            "{}:2: column `id` (uint64): -2 is out of range for uint64 (0 to 18446744073709551615)",
             files[0].display()
         )
     );
@@ -946,11 +946,14 @@ async fn jsonl_bad_line_stops_its_partition_with_file_line_and_column_by_default
         panic!("unexpected failure: {}", failures[0]);
     };
     assert_eq!(location, &format!("{}:2", files[0].display()));
-    assert_eq!(what, "column `id` (uint64): -2 is out of range for uint64");
+    assert_eq!(
+        what,
+        "column `id` (uint64): -2 is out of range for uint64 (0 to 18446744073709551615)"
+    );
     assert_eq!(
         failures[0].to_string(),
         format!(
-            "partition 0: source: {}:2: column `id` (uint64): -2 is out of range for uint64",
+            "partition 0: source: {}:2: column `id` (uint64): -2 is out of range for uint64 (0 to 18446744073709551615)",
             files[0].display()
         )
     );

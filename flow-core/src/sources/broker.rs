@@ -254,7 +254,7 @@ mod tests {
             .map(|e| e.to_string());
         assert_eq!(
             err.as_deref(),
-            Some("3/9: column `id` (uint64): -5 is out of range for uint64")
+            Some("3/9: column `id` (uint64): -5 is out of range for uint64 (0 to 18446744073709551615)")
         );
         assert!(batch.is_empty());
     }

@@ -6,18 +6,16 @@
 //! `on_bad_record: dead_letter`. A last line without its newline is not read until the newline
 //! arrives: a finite run that ends on one reports it instead of parsing half a record.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use flow_state::DeadLetter;
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use tokio::io::BufReader;
 
 use crate::error::{SourceError, Violation};
-use crate::json_form::push_json;
+use crate::json_form::{push_json, read_record, BOM};
 use crate::message::{MessageBatch, MessageId};
 use crate::plugin::{ReadLimits, Source, SourceFactory, SourceOutput, SourceRead};
 use crate::registry::{parse_parameters, BuildResult, SourceBuildContext};
@@ -409,20 +407,14 @@ pub(super) fn parse_line(
     id: MessageId,
 ) -> Result<bool, String> {
     let line = trim_newline(raw);
-    if line.iter().all(u8::is_ascii_whitespace) {
+    let body = line.strip_prefix(BOM).unwrap_or(line);
+    if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(false);
     }
-    // Values stay JSON text until their column's type reads them: a decimal or a 128-bit
-    // integer must not pass through an f64 on the way.
-    let object: BTreeMap<String, &RawValue> =
-        serde_json::from_slice(line).map_err(|err| format!("not a JSON object: {err}"))?;
-    if let Some(unknown) = object.keys().find(|key| schema.index_of(key).is_none()) {
-        return Err(format!("`{unknown}`: not a column of the declared schema"));
-    }
+    let raws = read_record(line, schema).map_err(|err| err.to_string())?;
     let mut scratch = Vec::new();
     let mut row = batch.start_row(id);
-    for column in schema.columns() {
-        let raw = object.get(&column.name).copied();
+    for (column, raw) in schema.columns().iter().zip(raws) {
         push_json(&mut row, &column.name, &column.ty, raw, &mut scratch)?;
     }
     row.finish().map_err(|err| err.to_string())?;
@@ -514,7 +506,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "{}:2: column `id` (uint64): -4 is out of range for uint64",
+                "{}:2: column `id` (uint64): -4 is out of range for uint64 (0 to 18446744073709551615)",
                 file.path().display()
             )
         );
@@ -545,6 +537,48 @@ mod tests {
             "{}",
             dead[2].reason
         );
+    }
+
+    #[tokio::test]
+    async fn a_leading_byte_order_mark_is_skipped_and_duplicate_keys_are_bad_records() {
+        let file = write_file(
+            "\u{feff}{\"id\":1,\"day\":0}\n{\"id\":2,\"id\":3,\"day\":0}\n\u{feff}\n{\"id\":4,\"day\":0}\n",
+        );
+        let factory = factory(file.path().to_path_buf(), OnBadRecord::DeadLetter);
+        let mut source = factory.open_partition(0, None).unwrap();
+        let mut batch = MessageBatch::new(factory.schema());
+        let mut dead = Vec::new();
+        let end = read(&mut source, &mut batch, &mut dead, 10).await.unwrap();
+        assert!(end.exhausted);
+        assert_eq!(batch.ids(), &[MessageId::new(0, 0), MessageId::new(0, 3)]);
+        assert_eq!(batch.row(0).get(0), Value::Uint(1));
+        assert_eq!(dead.len(), 1);
+        assert_eq!(
+            dead[0].reason,
+            format!(
+                "{}:2: key `id` appears more than once in the record: give each column once",
+                file.path().display()
+            )
+        );
+        assert_eq!(dead[0].payload, b"{\"id\":2,\"id\":3,\"day\":0}");
+
+        let stop = factory_stop_on(&file);
+        let mut source = stop.open_partition(0, None).unwrap();
+        let mut batch = MessageBatch::new(stop.schema());
+        let err = read(&mut source, &mut batch, &mut dead, 10)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}:2: key `id` appears more than once in the record: give each column once",
+                file.path().display()
+            )
+        );
+    }
+
+    fn factory_stop_on(file: &tempfile::NamedTempFile) -> JsonlFileFactory {
+        factory(file.path().to_path_buf(), OnBadRecord::Stop)
     }
 
     fn wide_factory(file: PathBuf) -> JsonlFileFactory {
@@ -604,8 +638,6 @@ mod tests {
 
     #[tokio::test]
     async fn one_bad_value_per_new_type_gives_one_error_naming_file_line_and_column() {
-        // The good line's fields as raw JSON text (a JSON library would round its numbers).
-        let good = &GOOD_WIDE_LINE[1..GOOD_WIDE_LINE.len() - 1];
         let bad: [(&str, &str); 13] = [
             ("i128", r#""170141183460469231731687303715884105728""#),
             ("u128", "-1"),
@@ -621,10 +653,18 @@ mod tests {
             ("counts", r#"{"a":"x"}"#),
             ("pair", "[7]"),
         ];
+        // The good line's fields as raw JSON text (a JSON library would round its numbers).
+        let fields: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
+            serde_json::from_str(GOOD_WIDE_LINE).unwrap();
         let mut lines = String::new();
         for (column, value) in &bad {
-            // A later duplicate key wins, as in every JSON object reader here.
-            lines.push_str(&format!("{{{good},\"{column}\":{value}}}\n"));
+            // The good line with this one column's value replaced (a record gives a key once).
+            let others: Vec<String> = fields
+                .iter()
+                .filter(|(key, _)| key != column)
+                .map(|(key, raw)| format!("\"{key}\":{}", raw.get()))
+                .collect();
+            lines.push_str(&format!("{{{},\"{column}\":{value}}}\n", others.join(",")));
         }
         let file = write_file(&lines);
         let factory = wide_factory(file.path().to_path_buf());
@@ -636,8 +676,8 @@ mod tests {
         let path = file.path().display();
         let reasons: Vec<String> = dead.iter().map(|d| d.reason.clone()).collect();
         let expected: Vec<String> = [
-            "1: column `i128` (int128): 170141183460469231731687303715884105728 is out of range for 128-bit integers",
-            "2: column `u128` (uint128): -1 is out of range for 128-bit integers",
+            "1: column `i128` (int128): 170141183460469231731687303715884105728 is out of range for int128 (-2^127 to 2^127-1)",
+            "2: column `u128` (uint128): -1 is out of range for uint128 (0 to 2^128-1)",
             "3: column `i256` (int256): `12x` is not an integer",
             "4: column `u256` (uint256): 1e3: write uint256 values without an exponent (digits, a point, digits)",
             "5: column `price` (decimal(9,2)): 12345678.9 has more than 7 digits before the point (decimal(9,2))",
@@ -646,7 +686,7 @@ mod tests {
             "8: column `v6` (ipv6): `2001:db8:::1` is not an IPv6 address",
             "9: column `born` (date32): `2300-01-01` is outside date32 (1900-01-01 ..= 2299-12-31)",
             "10: column `at` (timestamp): `2023-11-14T22:13:20` has no time zone: write Z or ±HH:MM after the time (a timestamp without one is ambiguous)",
-            "11: column `tags` (list<int8>): 128 is out of range for int8",
+            "11: column `tags` (list<int8>): 128 is out of range for int8 (-128 to 127)",
             "12: column `counts` (dict<utf8,uint8>): expected uint8, got a string",
             "13: column `pair` (tuple<uint8,optional<utf8>>): expected tuple<uint8,optional<utf8>>, an array of 2 items, got 1",
         ]

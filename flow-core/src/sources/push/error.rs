@@ -45,6 +45,12 @@ pub enum PushError {
         /// The key.
         key: String,
     },
+    /// A JSON message gives a key twice (which value is meant is a guess).
+    #[error("key `{key}` appears more than once in the record: give each column once")]
+    DuplicateKey {
+        /// The key.
+        key: String,
+    },
     /// A JSON message is not a JSON object.
     #[error("not a JSON object: {reason}")]
     NotJsonObject {

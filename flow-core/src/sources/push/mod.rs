@@ -20,15 +20,13 @@
 mod error;
 mod inbox;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use tokio::sync::Notify;
 
-use crate::json_form::push_json;
+use crate::json_form::{push_json, read_record, RecordError};
 use crate::message::{MessageId, Value};
 use crate::plugin::SourceFactory;
 use crate::registry::{parse_parameters, Registry, SourceBuildContext, SourceBuilder};
@@ -209,21 +207,15 @@ impl PushHandle {
     }
 
     /// Sends one row given as a JSON object text, read as `jsonl_file` reads a line: each
-    /// column's value in its JSON form, a missing key is null, an unknown key is refused.
+    /// column's value in its JSON form, a missing key is null, an unknown or repeated key is
+    /// refused.
     pub async fn send_json_text(&self, route: Route<'_>, json: &str) -> Result<Receipt, PushError> {
-        let object: BTreeMap<String, &RawValue> =
-            serde_json::from_str(json).map_err(|err| PushError::NotJsonObject {
-                reason: err.to_string(),
-            })?;
         let schema = &self.shared.schema;
-        if let Some(key) = object.keys().find(|key| schema.index_of(key).is_none()) {
-            return Err(PushError::UnknownColumn { key: key.clone() });
-        }
-        let raws: Vec<Option<&RawValue>> = schema
-            .columns()
-            .iter()
-            .map(|column| object.get(&column.name).copied())
-            .collect();
+        let raws = read_record(json.as_bytes(), schema).map_err(|err| match err {
+            RecordError::NotObject(reason) => PushError::NotJsonObject { reason },
+            RecordError::UnknownKey(key) => PushError::UnknownColumn { key },
+            RecordError::DuplicateKey(key) => PushError::DuplicateKey { key },
+        })?;
         let inbox = self.inbox(route).await?;
         let ticket = inbox
             .enqueue(|row| {
@@ -540,7 +532,11 @@ mod tests {
                 handle
                     .send(at, &[Value::Uint(1), Value::Uint(300), Value::Bytes(b"a")])
                     .await,
-                refused(StreamType::Uint8, "small", "300 is out of range for uint8"),
+                refused(
+                    StreamType::Uint8,
+                    "small",
+                    "300 is out of range for uint8 (0 to 255)",
+                ),
             ),
             (
                 handle
@@ -566,7 +562,11 @@ mod tests {
                 handle
                     .send_json_text(at, r#"{"id": 1, "small": 256, "name": "a"}"#)
                     .await,
-                refused(StreamType::Uint8, "small", "256 is out of range for uint8"),
+                refused(
+                    StreamType::Uint8,
+                    "small",
+                    "256 is out of range for uint8 (0 to 255)",
+                ),
             ),
             (
                 handle
@@ -588,6 +588,14 @@ mod tests {
                     .await,
                 PushError::UnknownColumn {
                     key: "extra".to_owned(),
+                },
+            ),
+            (
+                handle
+                    .send_json_text(at, r#"{"id": 1, "small": 1, "name": "a", "id": 2}"#)
+                    .await,
+                PushError::DuplicateKey {
+                    key: "id".to_owned(),
                 },
             ),
             (
