@@ -99,6 +99,11 @@ pub(crate) trait Broker: Send + Sync + 'static {
         decoder: BrokerDecoder,
         position: Option<&[u8]>,
     ) -> Result<Box<dyn Source>, SourceError>;
+
+    /// The shortest epoch its readers read in, and why ([`SourceFactory::min_epoch_duration`]).
+    fn min_epoch_duration(&self) -> Option<(Duration, &'static str)> {
+        None
+    }
 }
 
 /// The factory of a broker source: one reader per flow partition, each on its own target.
@@ -126,6 +131,10 @@ impl<B: Broker> SourceFactory for BrokerFactory<B> {
     /// row count and hash (JetStream) or stops the partition (Kafka, `auto.offset.reset: error`).
     fn replayable(&self) -> bool {
         true
+    }
+
+    fn min_epoch_duration(&self) -> Option<(Duration, &'static str)> {
+        self.broker.min_epoch_duration()
     }
 
     fn open_partition(

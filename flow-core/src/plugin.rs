@@ -42,6 +42,14 @@ pub trait SourceFactory: Send + Sync {
         let _ = partition;
         None
     }
+
+    /// The shortest `epoch.max_duration_ms` under which the source still reads, and why, as
+    /// `(duration, reason)`: an epoch shorter than a source's least wait for messages would end
+    /// every time before anything is read, so the pipeline refuses it at validation.
+    /// `None` (the default): any duration.
+    fn min_epoch_duration(&self) -> Option<(Duration, &'static str)> {
+        None
+    }
 }
 
 /// How a partition ended.

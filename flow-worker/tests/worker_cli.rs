@@ -63,6 +63,34 @@ fn validate_prints_every_violation_with_its_path_and_exits_1() {
         .contains("5 violation(s)"));
 }
 
+/// A NATS JetStream source pulls only when the epoch's end is more than its 20 ms least pull
+/// away: an epoch of 20 ms read nothing, silently, and `validate` accepted it.
+#[test]
+fn validate_refuses_an_epoch_too_short_for_a_nats_pull() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = |ms: u64| {
+        format!(
+            "pipeline: short\nepoch: {{max_duration_ms: {ms}}}\nsource:\n  class: nats_jetstream\n  parameters: {{servers: ['nats://127.0.0.1:14222'], stream: EVENTS, subjects: [events.0], schema: [{{name: id, type: uint64}}]}}\nsinks:\n  - {{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: out.jsonl}}}}\n"
+        )
+    };
+    let output = worker()
+        .arg("validate")
+        .arg(write_spec(dir.path(), &spec(20)))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "epoch.max_duration_ms: 20 is too short for this source: a NATS JetStream pull waits at least 20 ms, and an epoch that ends within that never pulls a message; set at least 21\n"
+    );
+    let output = worker()
+        .arg("validate")
+        .arg(write_spec(dir.path(), &spec(21)))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+}
+
 #[test]
 fn validate_accepts_a_good_spec_and_exits_0() {
     let dir = tempfile::tempdir().unwrap();

@@ -90,6 +90,15 @@ impl Broker for JetStream {
         format!("no subject is configured for partition {partition}")
     }
 
+    /// `read` pulls only when the epoch's deadline is more than [`MIN_PULL`] away: an epoch of
+    /// `MIN_PULL` or less would end every time without a pull and read nothing, silently.
+    fn min_epoch_duration(&self) -> Option<(Duration, &'static str)> {
+        Some((
+            MIN_PULL + Duration::from_millis(1),
+            "a NATS JetStream pull waits at least 20 ms, and an epoch that ends within that never pulls a message",
+        ))
+    }
+
     fn open(
         &self,
         partition: u32,

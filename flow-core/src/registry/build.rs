@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::classes::{ProcessorBuildContext, Registry, SinkBuildContext, SourceBuildContext};
 use crate::error::{SpecError, Violation};
+use crate::plugin::SourceFactory;
 use crate::spec::{
     is_valid_name, EpochSettings, PipelineSpec, ValidatedPipeline, ValidatedProcessor,
     ValidatedSink, MAX_DRAIN_TIMEOUT_MS, MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
@@ -95,6 +96,10 @@ impl Registry {
                 };
                 match builder(&ctx, &spec.source.parameters) {
                     Ok(factory) => {
+                        violations.extend(epoch_too_short(
+                            factory.as_ref(),
+                            spec.epoch.max_duration_ms,
+                        ));
                         streams.insert(factory.stream_id().to_owned(), factory.schema());
                         Some(factory)
                     }
@@ -289,6 +294,21 @@ impl Registry {
     pub fn build_yaml(&self, text: &str) -> Result<ValidatedPipeline, SpecError> {
         self.build(&PipelineSpec::from_yaml(text)?)
     }
+}
+
+/// The violation of an `epoch.max_duration_ms` shorter than the source reads under
+/// ([`SourceFactory::min_epoch_duration`]); a 0 is already out of range.
+fn epoch_too_short(source: &dyn SourceFactory, max_duration_ms: u64) -> Option<Violation> {
+    let (min, reason) = source.min_epoch_duration()?;
+    let min_ms = u64::try_from(min.as_millis()).unwrap_or(u64::MAX);
+    (max_duration_ms != 0 && max_duration_ms < min_ms).then(|| {
+        Violation::new(
+            "epoch.max_duration_ms",
+            format!(
+                "{max_duration_ms} is too short for this source: {reason}; set at least {min_ms}"
+            ),
+        )
+    })
 }
 
 fn known(streams: &BTreeMap<String, Arc<StreamSchema>>) -> String {

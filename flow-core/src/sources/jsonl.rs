@@ -245,6 +245,15 @@ impl JsonlFileSource {
     /// Opens the file at `byte_offset`, checking that it is still the file the position was
     /// taken in.
     async fn open(&mut self) -> Result<(), SourceError> {
+        // The type is checked before the open: opening a FIFO blocks until a writer appears,
+        // and a task blocked there ignores a stop. A path that cannot be looked up is left to
+        // the open, whose error says why.
+        if let Ok(metadata) = tokio::fs::metadata(&self.path).await {
+            line_reader::identity(&metadata).map_err(|what| SourceError::InputFile {
+                path: self.path.clone(),
+                what,
+            })?;
+        }
         let mut file = tokio::fs::File::open(&self.path)
             .await
             .map_err(|e| self.io_error("cannot open input file", e))?;
@@ -890,7 +899,49 @@ mod tests {
         let err = read_all(&factory, None).await.err().unwrap();
         assert_eq!(
             err.to_string(),
-            "input file `/dev/zero`: not a regular file: jsonl_file resumes at a byte offset, so it reads regular files only (copy the data into a file)"
+            "input file `/dev/zero`: not a regular file but a character device: jsonl_file resumes at a byte offset, so it reads regular files only (copy the data into a file)"
+        );
+    }
+
+    /// Opening a FIFO blocks until a writer appears (and a stop was ignored meanwhile): it is
+    /// refused by its type, at once, without being opened.
+    #[test]
+    fn a_fifo_is_refused_before_it_is_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("events.jsonl");
+        let status = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let factory = factory(fifo.clone(), OnBadRecord::Stop);
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let read = runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), read_all(&factory, None)).await
+        });
+        // An open blocked on the FIFO would hold a normal shutdown: leave it behind.
+        runtime.shutdown_background();
+        let read = read.expect("opening a FIFO without a writer must not block");
+        assert_eq!(
+            read.err().unwrap().to_string(),
+            format!(
+                "input file `{}`: not a regular file but a FIFO (named pipe): jsonl_file resumes at a byte offset, so it reads regular files only (copy the data into a file)",
+                fifo.display()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let factory = factory(dir.path().to_path_buf(), OnBadRecord::Stop);
+        let err = read_all(&factory, None).await.err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "input file `{}`: not a regular file but a directory: jsonl_file resumes at a byte offset, so it reads regular files only (copy the data into a file)",
+                dir.path().display()
+            )
         );
     }
 

@@ -3,7 +3,7 @@
 //! `max_record_bytes`, and the file's identity travels with the position so that a file replaced
 //! or truncated between runs is noticed instead of being read from a stale byte offset.
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncSeekExt};
@@ -108,9 +108,31 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(
 /// position is a byte offset to seek to on the next run.
 pub fn identity(metadata: &std::fs::Metadata) -> Result<(u64, u64), String> {
     if !metadata.is_file() {
-        return Err("not a regular file: jsonl_file resumes at a byte offset, so it reads regular files only (copy the data into a file)".to_owned());
+        return Err(format!(
+            "not a regular file but {}: jsonl_file resumes at a byte offset, so it reads regular files only (copy the data into a file)",
+            file_kind(&metadata.file_type())
+        ));
     }
     Ok((metadata.dev(), metadata.ino()))
+}
+
+/// What a file that is not a regular one is, for the message that refuses it.
+fn file_kind(file_type: &std::fs::FileType) -> &'static str {
+    if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else if file_type.is_char_device() {
+        "a character device"
+    } else if file_type.is_block_device() {
+        "a block device"
+    } else if file_type.is_symlink() {
+        "a symbolic link"
+    } else {
+        "a special file"
+    }
 }
 
 /// What a committed position says about its file.
