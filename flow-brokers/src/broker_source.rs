@@ -101,7 +101,7 @@ pub(crate) trait Broker: Send + Sync + 'static {
     ) -> Result<Box<dyn Source>, SourceError>;
 
     /// The shortest epoch its readers read in, and why ([`SourceFactory::min_epoch_duration`]).
-    fn min_epoch_duration(&self) -> Option<(Duration, &'static str)> {
+    fn min_epoch_duration(&self) -> Option<(Duration, String)> {
         None
     }
 }
@@ -133,7 +133,7 @@ impl<B: Broker> SourceFactory for BrokerFactory<B> {
         true
     }
 
-    fn min_epoch_duration(&self) -> Option<(Duration, &'static str)> {
+    fn min_epoch_duration(&self) -> Option<(Duration, String)> {
         self.broker.min_epoch_duration()
     }
 

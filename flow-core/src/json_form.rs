@@ -49,13 +49,10 @@ pub(crate) fn push_json(
             in_column(lone_surrogate(raw.as_bytes()).unwrap_or_else(|| format!("not JSON ({err})")))
         })?;
         // An integer literal beyond 64 bits arrives as an f64; it is out of range, not a float.
-        if let (serde_json::Value::Number(n), Some((min, max))) = (&json, ty.integer_range()) {
+        if let (serde_json::Value::Number(n), Some(_)) = (&json, ty.integer_range()) {
             let digits = raw.strip_prefix('-').unwrap_or(raw);
             if n.is_f64() && !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(in_column(format!(
-                    "{raw} is out of range for {} ({min} to {max})",
-                    ty.inner()
-                )));
+                return Err(in_column(ty.out_of_range(&raw)));
             }
         }
         let value = scalar_value(&json, ty.inner()).map_err(in_column)?;

@@ -480,10 +480,7 @@ fn check_value(ty: &StreamType, value: Value<'_>) -> Result<Cell, String> {
         };
     }
     let inner = ty.inner();
-    let out_of_range = |v: &dyn fmt::Display| match inner.integer_range() {
-        Some((min, max)) => format!("{v} is out of range for {inner} ({min} to {max})"),
-        None => format!("{v} is out of range for {inner}"),
-    };
+    let out_of_range = |v: &dyn fmt::Display| inner.out_of_range(v);
     if inner.is_packed() {
         let Value::Packed(bytes) = value else {
             return Err(format!("expected {inner}, got {}", value.kind()));

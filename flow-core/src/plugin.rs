@@ -47,7 +47,7 @@ pub trait SourceFactory: Send + Sync {
     /// `(duration, reason)`: an epoch shorter than a source's least wait for messages would end
     /// every time before anything is read, so the pipeline refuses it at validation.
     /// `None` (the default): any duration.
-    fn min_epoch_duration(&self) -> Option<(Duration, &'static str)> {
+    fn min_epoch_duration(&self) -> Option<(Duration, String)> {
         None
     }
 }

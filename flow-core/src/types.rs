@@ -154,6 +154,16 @@ impl StreamType {
         })
     }
 
+    /// Why `value` does not fit the type (under its `optional`), with the range where the type
+    /// is an integer carried in 64 bits: the one wording of every out-of-range value.
+    pub(crate) fn out_of_range(&self, value: &dyn fmt::Display) -> String {
+        let inner = self.inner();
+        match inner.integer_range() {
+            Some((min, max)) => format!("{value} is out of range for {inner} ({min} to {max})"),
+            None => format!("{value} is out of range for {inner}"),
+        }
+    }
+
     /// Whether the type (under its `optional`) is a signed integer: `int8`..`int64`, `date32`,
     /// `timestamp`.
     pub fn is_signed_integer(&self) -> bool {

@@ -79,6 +79,13 @@ pub(crate) fn sink_value_key(pipeline: &str, sink: &str, name: &str) -> Vec<u8> 
     key
 }
 
+/// The `(pipeline, sink, name)` parts of a `sink_values` key ([`sink_value_key`]); `None` for a
+/// key without them.
+pub(crate) fn split_sink_value_key(key: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    let mut parts = key.splitn(3, |b| *b == SEP);
+    Some((parts.next()?, parts.next()?, parts.next()?))
+}
+
 /// Printable form of a key for error messages.
 pub(crate) fn show_key(key: &[u8]) -> String {
     let mut out = String::new();

@@ -321,9 +321,7 @@ fn count_unanswered(
 ) -> Result<(), StateError> {
     for item in trees.sink_values.iter() {
         let (k, _) = item.map_err(sled_err("scan", "sink_values"))?;
-        let mut parts = k.splitn(3, |b| *b == codec::SEP);
-        let (Some(pipeline), Some(sink), Some(name)) = (parts.next(), parts.next(), parts.next())
-        else {
+        let Some((pipeline, sink, name)) = codec::split_sink_value_key(&k) else {
             continue;
         };
         let name = String::from_utf8_lossy(name);
@@ -481,8 +479,7 @@ pub(crate) fn sink_names(trees: &Trees) -> Result<std::collections::BTreeSet<Str
     // nothing but other values (a recorded schema, a token namespace).
     for item in trees.sink_values.iter() {
         let (k, _) = item.map_err(sled_err("scan", "sink_values"))?;
-        let mut parts = k.splitn(3, |b| *b == codec::SEP);
-        if let (Some(_), Some(sink), Some(_)) = (parts.next(), parts.next(), parts.next()) {
+        if let Some((_, sink, _)) = codec::split_sink_value_key(&k) {
             names.insert(String::from_utf8_lossy(sink).into_owned());
         }
     }

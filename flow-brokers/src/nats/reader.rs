@@ -92,10 +92,13 @@ impl Broker for JetStream {
 
     /// `read` pulls only when the epoch's deadline is more than [`MIN_PULL`] away: an epoch of
     /// `MIN_PULL` or less would end every time without a pull and read nothing, silently.
-    fn min_epoch_duration(&self) -> Option<(Duration, &'static str)> {
+    fn min_epoch_duration(&self) -> Option<(Duration, String)> {
         Some((
             MIN_PULL + Duration::from_millis(1),
-            "a NATS JetStream pull waits at least 20 ms, and an epoch that ends within that never pulls a message",
+            format!(
+                "a NATS JetStream pull waits at least {} ms, and an epoch that ends within that never pulls a message",
+                MIN_PULL.as_millis()
+            ),
         ))
     }
 
