@@ -1,10 +1,13 @@
 //! A row a sink could not write ([`DeadRow`]): the JSON payload of a sink's dead letter, written
 //! when the row is rejected and read back by `flow-worker dead-letters`.
 
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use crate::json_form::{write_json_string, write_row_object};
-use crate::message::Row;
+use crate::message::{Row, Value};
 
 /// A sink's dead row as stored (the dead letter's `reason` holds the why).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -21,8 +24,13 @@ pub struct DeadRow {
     /// The server's error code, when the server refused the row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<i64>,
-    /// The row by column name.
+    /// The row by column name. A string value that is not UTF-8 shows here with U+FFFD in
+    /// place of its bad bytes; its exact bytes are in `row_base64`.
     pub row: serde_json::Value,
+    /// The exact bytes, in base64, of the row's string values that are not UTF-8, by column: a
+    /// dead letter may be the only copy of a message whose broker retention has expired.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub row_base64: BTreeMap<String, String>,
     /// What the sink needs to send the row again as it was (rows the server refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resend: Option<ResendRow>,
@@ -103,6 +111,7 @@ impl DeadRow {
         }
         out.extend_from_slice(b",\"row\":");
         write_row_object(&mut out, columns, row);
+        write_row_base64(&mut out, columns, row);
         out.push(b'}');
         out
     }
@@ -110,6 +119,51 @@ impl DeadRow {
     /// Reads a stored dead row.
     pub fn decode(payload: &[u8]) -> Result<DeadRow, serde_json::Error> {
         serde_json::from_slice(payload)
+    }
+}
+
+/// Writes `,"row_base64":{...}` for the row's string values that are not UTF-8 (nothing when
+/// every value is UTF-8, the usual case, so a dead row costs no more than before).
+fn write_row_base64(out: &mut Vec<u8>, columns: &[String], row: &Row<'_>) {
+    let mut first = true;
+    for (name, value) in columns.iter().zip(row.values()) {
+        let Value::Bytes(bytes) = value else { continue };
+        if std::str::from_utf8(bytes).is_ok() {
+            continue;
+        }
+        out.extend_from_slice(if first { b",\"row_base64\":{" } else { b"," });
+        first = false;
+        write_json_string(out, name.as_bytes());
+        out.push(b':');
+        write_json_string(out, base64_of(bytes).as_bytes());
+    }
+    if !first {
+        out.push(b'}');
+    }
+}
+
+/// `bytes` in standard base64 with padding (RFC 4648), as dead-letter exports carry bytes that
+/// are not UTF-8.
+pub fn base64_of(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Bytes as a JSON export keeps them exactly: as text when they are UTF-8, else in base64.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExactBytes<'a> {
+    /// The bytes are UTF-8.
+    Text(&'a str),
+    /// The bytes in base64 ([`base64_of`]).
+    Base64(String),
+}
+
+impl<'a> ExactBytes<'a> {
+    /// How `bytes` are exported.
+    pub fn of(bytes: &'a [u8]) -> ExactBytes<'a> {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => ExactBytes::Text(text),
+            Err(_) => ExactBytes::Base64(base64_of(bytes)),
+        }
     }
 }
 
@@ -171,8 +225,45 @@ mod tests {
                 column: Some("name".to_owned()),
                 code: None,
                 row: serde_json::json!({"id": 5, "name": "a \"quoted\"\n name"}),
+                row_base64: BTreeMap::new(),
                 resend: None,
             }
+        );
+    }
+
+    #[test]
+    fn a_dead_row_keeps_the_exact_bytes_of_a_value_that_is_not_utf8() {
+        let schema = StreamSchema::new(vec![
+            Column::new("id", StreamType::Uint64),
+            Column::new("raw", StreamType::String),
+            Column::new("name", StreamType::String),
+        ])
+        .unwrap();
+        let mut batch = MessageBatch::new(Arc::clone(&schema));
+        let mut writer = batch.start_row(MessageId::new(0, 4));
+        writer.push(Value::Uint(4)).unwrap();
+        writer.push(Value::Bytes(&[0xff, 0xfe, b'a'])).unwrap();
+        writer.push(Value::Bytes(b"ok")).unwrap();
+        writer.finish().unwrap();
+        let columns = vec!["id".to_owned(), "raw".to_owned(), "name".to_owned()];
+        let payload = DeadRow::encode(&batch.row(0), &columns, None, Some("raw"), None);
+        let dead = DeadRow::decode(&payload).unwrap();
+        assert_eq!(dead.row["raw"], serde_json::json!("\u{fffd}\u{fffd}a"));
+        assert_eq!(
+            dead.row_base64,
+            BTreeMap::from([("raw".to_owned(), "//5h".to_owned())])
+        );
+    }
+
+    #[test]
+    fn exact_bytes_are_text_when_utf8_and_base64_otherwise() {
+        assert_eq!(
+            ExactBytes::of(b"{\"id\":1}"),
+            ExactBytes::Text("{\"id\":1}")
+        );
+        assert_eq!(
+            ExactBytes::of(&[0xff, 0xfe]),
+            ExactBytes::Base64("//4=".to_owned())
         );
     }
 }

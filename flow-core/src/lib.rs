@@ -78,7 +78,7 @@ mod types;
 mod wide_int;
 
 pub use capacity::{reserve_projected, CapacityDecay, FaultedIn, Headroom, PROJECT_AFTER};
-pub use dead_row::{DeadRow, ResendRow};
+pub use dead_row::{base64_of, DeadRow, ExactBytes, ResendRow};
 pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,

@@ -3,14 +3,16 @@
 //!
 //! A sink's dead letter carries a [`DeadRow`] (message id, shard, column, server code, the row by
 //! column name); a source's carries the record as read. `export` prints one JSON object per line
-//! for both, so the rows can be fixed and fed back by any tool.
+//! for both, so the rows can be fixed and fed back by any tool. Bytes are exported exactly: a
+//! record that is not UTF-8 as `record_base64`, a row's string values that are not UTF-8 also
+//! in `row_base64`.
 
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use flow_core::DeadRow;
+use flow_core::{DeadRow, ExactBytes};
 use flow_state::{StateStore, StoredDeadLetter, SOURCE_OWNER};
 use serde_json::{json, Value as Json};
 
@@ -127,25 +129,41 @@ fn export_line(d: &StoredDeadLetter) -> Json {
         .offset
         .map(|offset| format!("{}-{offset}", d.letter.partition));
     match decode(d) {
-        Some(row) => json!({
-            "pipeline": d.pipeline,
-            "sink": d.owner,
-            "message_id": row.message_id,
-            "shard": row.shard,
-            "column": row.column,
-            "code": row.code,
-            "reason": d.letter.reason,
-            "row": row.row,
-        }),
-        None => json!({
-            "pipeline": d.pipeline,
-            "sink": Json::Null,
-            "source": d.owner == SOURCE_OWNER,
-            "message_id": message_id,
-            "code": Json::Null,
-            "reason": d.letter.reason,
-            "record": String::from_utf8_lossy(&d.letter.payload),
-        }),
+        Some(row) => {
+            let mut line = json!({
+                "pipeline": d.pipeline,
+                "sink": d.owner,
+                "message_id": row.message_id,
+                "shard": row.shard,
+                "column": row.column,
+                "code": row.code,
+                "reason": d.letter.reason,
+                "row": row.row,
+            });
+            if !row.row_base64.is_empty() {
+                line["row_base64"] = json!(row.row_base64);
+            }
+            line
+        }
+        None => {
+            let mut line = json!({
+                "pipeline": d.pipeline,
+                "sink": Json::Null,
+                "source": d.owner == SOURCE_OWNER,
+                "message_id": message_id,
+                "code": Json::Null,
+                "reason": d.letter.reason,
+            });
+            // The record's exact bytes: it may be the only copy left (a broker's retention).
+            match ExactBytes::of(&d.letter.payload) {
+                ExactBytes::Text(text) => line["record"] = json!(text),
+                ExactBytes::Base64(base64) => {
+                    line["record"] = Json::Null;
+                    line["record_base64"] = json!(base64);
+                }
+            }
+            line
+        }
     }
 }
 

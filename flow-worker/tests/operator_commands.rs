@@ -256,3 +256,45 @@ fn dead_letters_refuse_an_unknown_sink_and_name_the_known_ones() {
         (Some(0), "0 dead letter(s)\n".to_owned(), String::new())
     );
 }
+
+#[test]
+fn a_source_record_that_is_not_utf8_is_exported_byte_for_byte_in_base64() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    // Line 1 is the bytes ff fe: not UTF-8, so not JSON; the source sets it aside.
+    let mut bytes = b"{\"id\":1}\n".to_vec();
+    bytes.extend_from_slice(&[0xff, 0xfe, b'\n']);
+    bytes.extend_from_slice(b"{\"id\":3}\n");
+    std::fs::write(&input, &bytes).unwrap();
+    let spec = dir.path().join("spec.yaml");
+    let text = format!(
+        "pipeline: raw\npartitions: 1\nepoch: {{max_messages: 100, max_duration_ms: 100}}\nsource:\n  class: jsonl_file\n  parameters: {{files: [{}], schema: [{{name: id, type: uint64}}], on_bad_record: dead_letter}}\nsinks:\n  - name: out\n    sink_class_name: DebugSink\n    input_stream_ids: [rows]\n    parameters: {{path: {}}}\n",
+        input.display(),
+        dir.path().join("out.jsonl").display()
+    );
+    std::fs::write(&spec, text).unwrap();
+    let state = dir.path().join("state");
+    let output = worker()
+        .arg("run")
+        .arg(&spec)
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let (code, stdout, stderr) = dead_letters(&state, "export", "source");
+    assert_eq!((code, stderr.as_str()), (Some(0), ""));
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    assert_eq!(lines[0]["message_id"], "0-1");
+    assert_eq!(lines[0]["record"], serde_json::Value::Null);
+    assert_eq!(lines[0]["record_base64"], "//4=");
+}

@@ -29,7 +29,7 @@ use crate::delivery::insert::{
 };
 use crate::delivery::sink_state::SinkShared;
 use crate::encode::compress::{is_framed, seal, unframe};
-use crate::encode::row_spans::{row_json, RowSpans};
+use crate::encode::row_spans::{row_base64, row_json, RowSpans};
 use crate::server::classify::{is_row_rejection, ClassifiedError};
 use crate::server::session::WriterSession;
 
@@ -227,6 +227,7 @@ impl RefusedPart<'_> {
     ) -> Result<PendingLetter, SinkError> {
         let columns = session.encoder.columns();
         let row = row_json(columns, encoded).map_err(|err| self.unreadable(err))?;
+        let row_base64 = row_base64(columns, encoded).map_err(|err| self.unreadable(err))?;
         // A part that holds every message of its bounds has row i at offset first + i; a sharded
         // part, or one with rows filtered or set aside, only knows its bounds.
         let contiguous = self.last_offset - self.first_offset + 1 == self.rows;
@@ -265,6 +266,7 @@ impl RefusedPart<'_> {
                 column: None,
                 code: None,
                 row,
+                row_base64,
                 resend,
             },
         })

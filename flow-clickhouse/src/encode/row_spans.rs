@@ -6,9 +6,11 @@
 //! Every type the encoder writes ([`crate::encode::rowbinary`]) is read here; a type added there must be
 //! added here too, or splitting a part holding it fails with a clear error instead of guessing.
 
+use std::collections::BTreeMap;
+
 use serde_json::{Map, Number, Value as Json};
 
-use flow_core::{decimal_width, write_uuid, WideInt};
+use flow_core::{base64_of, decimal_width, write_uuid, WideInt};
 
 use crate::encode::chtype::ChType;
 use crate::encode::rowbinary::EncodedColumn;
@@ -70,6 +72,48 @@ pub fn row_json(columns: &[EncodedColumn], row: &[u8]) -> Result<Json, ReadError
         at = next;
     }
     Ok(Json::Object(object))
+}
+
+/// The exact bytes, in base64, of one encoded row's string values that are not UTF-8, by column
+/// name ([`row_json`] shows them with U+FFFD). Only top-level strings (also inside `Nullable` or
+/// `LowCardinality`) are kept: they are what a raw broker payload lands in.
+pub fn row_base64(
+    columns: &[EncodedColumn],
+    row: &[u8],
+) -> Result<BTreeMap<String, String>, ReadError> {
+    let mut exact = BTreeMap::new();
+    let mut at = 0;
+    for column in columns {
+        let failed = |reason| ReadError {
+            row: 0,
+            column: column.name.clone(),
+            reason,
+        };
+        let next = skip_value(&column.ty, row, at).map_err(failed)?;
+        if let Some(bytes) = top_level_string(&column.ty, &row[at..next]) {
+            if std::str::from_utf8(bytes).is_err() {
+                exact.insert(column.name.clone(), base64_of(bytes));
+            }
+        }
+        at = next;
+    }
+    Ok(exact)
+}
+
+/// The bytes of a top-level string value encoded as `value`; `None` for other types and nulls.
+fn top_level_string<'a>(ty: &ChType, value: &'a [u8]) -> Option<&'a [u8]> {
+    match ty {
+        ChType::Nullable(inner) => match value.split_first()? {
+            (0, rest) => top_level_string(inner, rest),
+            _ => None,
+        },
+        ChType::LowCardinality(inner) => top_level_string(inner, value),
+        ChType::String => {
+            let (_, start) = read_leb128(value, 0).ok()?;
+            value.get(start..)
+        }
+        _ => None,
+    }
 }
 
 /// The width of a fixed-width type.
@@ -341,6 +385,32 @@ mod tests {
         let second = row_json(&columns, &data[spans.bytes(1, 2)]).unwrap();
         assert_eq!(second["name"], Json::String(String::new()));
         assert_eq!(second["code"], Json::String("\0\0\0\0".to_owned()));
+    }
+
+    #[test]
+    fn string_values_that_are_not_utf8_are_kept_exactly_in_base64_by_column() {
+        let columns = vec![
+            column("raw", 0, "String"),
+            column("maybe", 0, "Nullable(String)"),
+            column("low", 0, "LowCardinality(String)"),
+            column("fine", 0, "String"),
+            column("null", 0, "Nullable(String)"),
+        ];
+        // raw = ff fe, maybe = ff, low = 80, fine = "ok", null = NULL.
+        let data = [2, 0xff, 0xfe, 0, 1, 0xff, 1, 0x80, 2, b'o', b'k', 1];
+        let exact = row_base64(&columns, &data).unwrap();
+        assert_eq!(
+            exact,
+            BTreeMap::from([
+                ("low".to_owned(), "gA==".to_owned()),
+                ("maybe".to_owned(), "/w==".to_owned()),
+                ("raw".to_owned(), "//4=".to_owned()),
+            ])
+        );
+        assert_eq!(
+            row_json(&columns, &data).unwrap()["raw"],
+            Json::String("\u{fffd}\u{fffd}".to_owned())
+        );
     }
 
     #[test]
