@@ -16,8 +16,8 @@
 //!   The stop runs in the background: ClickHouse 18.16 keeps serving keep-alive connections after
 //!   SIGTERM, so a graceful stop of a replica the sink writes to can take until cluster.sh's KILL
 //!   (30 s); the schedule goes on meanwhile;
-//! * long schedule only: ZooKeeper stopped and started (replicated tables turn read-only, code 242,
-//!   for ~10 s after it is back; too slow for CI).
+//! * ZooKeeper stopped and started (replicated tables turn read-only, code 242, for ~10 s after it
+//!   is back): in the long schedule, and in the ZooKeeper schedule below.
 //!
 //! The first faults of a schedule are one of each kind (shuffled), the rest random. After the
 //! schedule, every proxy is set to `Pass`, `cluster.sh up` runs, the worker runs to completion
@@ -31,6 +31,8 @@
 //!
 //! Short schedule (default, CI): 24 faults per class (at least 20 required). Long schedule
 //! (`FLOW_FAULT_LONG=1`): 100 faults per class, 4 x 250,000 messages, ZooKeeper faults included.
+//! ZooKeeper schedule (every run, sharded exactly-once class only): 7 faults over 4 x 75,000
+//! messages, three of them ZooKeeper outages, the others a worker kill -9 and faults of requests.
 //! The seed is printed first (default 20261130); `FLOW_FAULT_SEED=<u64>` replays a schedule (the
 //! timing of the worker relative to the faults still varies from run to run).
 //!
@@ -62,8 +64,14 @@ static SERIAL: Mutex<()> = Mutex::new(());
 // Schedule parameters
 
 struct Schedule {
-    long: bool,
+    /// `short`, `long` or `ZooKeeper`, as the output names it.
+    name: &'static str,
+    /// What replays it besides the seed (an environment variable), printed with the seed.
+    replay: &'static str,
     faults: usize,
+    /// The faults applied first, in a shuffled order; the rest are drawn from `kinds`.
+    first: Vec<Kind>,
+    kinds: Vec<Kind>,
     per_partition: u64,
     rate_per_partition: u64,
     /// How long the last run may take to finish.
@@ -73,11 +81,24 @@ struct Schedule {
 impl Schedule {
     fn from_env() -> Schedule {
         let long = std::env::var("FLOW_FAULT_LONG").is_ok_and(|v| !v.is_empty() && v != "0");
+        let mut kinds = vec![
+            Kind::Refuse,
+            Kind::CutRequest,
+            Kind::LostAck,
+            Kind::Latency,
+            Kind::Stall,
+            Kind::WorkerKill,
+            Kind::ReplicaRestart,
+        ];
         if long {
+            kinds.push(Kind::ZooKeeperRestart);
             // ~250 s undisturbed per class; 100 faults take ~200 s plus the ZooKeeper outages.
             Schedule {
-                long,
+                name: "long",
+                replay: " FLOW_FAULT_LONG=1",
                 faults: 100,
+                first: kinds.clone(),
+                kinds,
                 per_partition: 250_000,
                 rate_per_partition: 1_000,
                 finish_timeout: Duration::from_secs(900),
@@ -85,13 +106,46 @@ impl Schedule {
         } else {
             // ~40 s undisturbed per class; 24 faults take ~35-45 s.
             Schedule {
-                long,
+                name: "short",
+                replay: "",
                 faults: 24,
+                first: kinds.clone(),
+                kinds,
                 per_partition: 50_000,
                 rate_per_partition: 1_250,
                 finish_timeout: Duration::from_secs(300),
             }
         }
+    }
+
+    /// Three ZooKeeper outages among a few faults of the worker and its requests: short enough
+    /// for every CI run (each outage leaves the replicated tables read-only, code 242, for ~10 s
+    /// after ZooKeeper is back, so the schedule runs at a third of the short one's fault count
+    /// over ~60 s of input).
+    fn zookeeper() -> Schedule {
+        Schedule {
+            name: "ZooKeeper",
+            replay: "",
+            faults: 7,
+            first: vec![
+                Kind::ZooKeeperRestart,
+                Kind::ZooKeeperRestart,
+                Kind::ZooKeeperRestart,
+                Kind::WorkerKill,
+                Kind::LostAck,
+                Kind::Refuse,
+                Kind::CutRequest,
+            ],
+            kinds: vec![Kind::WorkerKill, Kind::LostAck, Kind::Refuse],
+            per_partition: 75_000,
+            rate_per_partition: 1_250,
+            finish_timeout: Duration::from_secs(300),
+        }
+    }
+
+    /// The fewest faults a run must apply before the worker finishes.
+    fn required(&self) -> usize {
+        self.faults.min(20)
     }
 }
 
@@ -486,36 +540,19 @@ impl Kind {
     }
 }
 
-fn kinds(long: bool) -> Vec<Kind> {
-    let mut k = vec![
-        Kind::Refuse,
-        Kind::CutRequest,
-        Kind::LostAck,
-        Kind::Latency,
-        Kind::Stall,
-        Kind::WorkerKill,
-        Kind::ReplicaRestart,
-    ];
-    if long {
-        k.push(Kind::ZooKeeperRestart);
-    }
-    k
-}
-
-fn run_class(class: &Class) {
+fn run_class(class: &Class, schedule: &Schedule) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     wait_for_cluster(Duration::from_secs(120)).unwrap();
-    let schedule = Schedule::from_env();
     let seed = fault_seed(DEFAULT_SEED);
     let tag = format!("[{} seed {seed}]", class.name);
     let per_partition = class.per_partition(&schedule);
     let total = PARTITIONS * per_partition;
     println!(
         "{tag} fault suite, {} schedule: {} faults over {} messages (replay with FLOW_FAULT_SEED={seed}{})",
-        if schedule.long { "long" } else { "short" },
+        schedule.name,
         schedule.faults,
         total,
-        if schedule.long { " FLOW_FAULT_LONG=1" } else { "" }
+        schedule.replay
     );
     let mut rng = StdRng::seed_from_u64(seed ^ class.salt.wrapping_mul(0x9E37_79B9_7F4A_7C15));
 
@@ -550,8 +587,8 @@ fn run_class(class: &Class) {
     let mut worker = spawn(&mut runs);
 
     // One of each kind first (shuffled), then random ones.
-    let all = kinds(schedule.long);
-    let mut plan: Vec<Kind> = all.clone();
+    let all = &schedule.kinds;
+    let mut plan: Vec<Kind> = schedule.first.clone();
     plan.shuffle(&mut rng);
     let mut applied: BTreeMap<Kind, usize> = BTreeMap::new();
     let mut applied_total = 0usize;
@@ -663,7 +700,7 @@ fn run_class(class: &Class) {
     }
     let schedule_took = started.elapsed();
     assert!(
-        !finished_early && applied_total >= schedule.faults.min(20),
+        !finished_early && applied_total >= schedule.required(),
         "{tag}: the worker finished after only {applied_total} faults; the schedule needs a slower rate"
     );
 
@@ -827,7 +864,7 @@ fn run_class(class: &Class) {
     println!("{tag} summary");
     println!(
         "  seed {seed} (FLOW_FAULT_SEED={seed}), {} schedule, {total} messages",
-        if schedule.long { "long" } else { "short" }
+        schedule.name
     );
     println!(
         "  {applied_total} faults in {:.1}s, {runs} worker runs; finished at {:.1}s; elapsed with checks {:.1}s",
@@ -861,27 +898,40 @@ fn run_class(class: &Class) {
         ),
     }
     assert!(
-        applied_total >= 20 || schedule.faults < 20,
+        applied_total >= schedule.required(),
         "{tag}: only {applied_total} faults applied"
     );
+    for kind in &schedule.first {
+        let wanted = schedule.first.iter().filter(|k| *k == kind).count();
+        assert!(
+            applied.get(kind).copied().unwrap_or(0) >= wanted,
+            "{tag}: the schedule wants {wanted} x {} and applied {applied:?}",
+            kind.label()
+        );
+    }
 }
 
 #[test]
 fn fault_suite_batching_sink_exactly_once() {
-    run_class(&batching());
+    run_class(&batching(), &Schedule::from_env());
 }
 
 #[test]
 fn fault_suite_sharded_batching_sink_exactly_once() {
-    run_class(&sharded_batching());
+    run_class(&sharded_batching(), &Schedule::from_env());
+}
+
+#[test]
+fn fault_suite_sharded_batching_sink_exactly_once_through_zookeeper_outages() {
+    run_class(&sharded_batching(), &Schedule::zookeeper());
 }
 
 #[test]
 fn fault_suite_at_least_once_sink() {
-    run_class(&at_least_once());
+    run_class(&at_least_once(), &Schedule::from_env());
 }
 
 #[test]
 fn fault_suite_at_most_once_sink() {
-    run_class(&at_most_once());
+    run_class(&at_most_once(), &Schedule::from_env());
 }
