@@ -545,7 +545,7 @@ fn run_class(class: &Class, schedule: &Schedule) {
     wait_for_cluster(Duration::from_secs(120)).unwrap();
     let seed = fault_seed(DEFAULT_SEED);
     let tag = format!("[{} seed {seed}]", class.name);
-    let per_partition = class.per_partition(&schedule);
+    let per_partition = class.per_partition(schedule);
     let total = PARTITIONS * per_partition;
     println!(
         "{tag} fault suite, {} schedule: {} faults over {} messages (replay with FLOW_FAULT_SEED={seed}{})",
@@ -564,7 +564,7 @@ fn run_class(class: &Class, schedule: &Schedule) {
     let proxies = Proxies::start(&class.nodes());
     let spec = dir.path().join("spec.yaml");
     let rate = schedule.rate_per_partition;
-    std::fs::write(&spec, class.spec(&name, &schedule, rate, &proxies)).unwrap();
+    std::fs::write(&spec, class.spec(&name, schedule, rate, &proxies)).unwrap();
     let state = dir.path().join("state");
     // Dropped in reverse order: the worker dies, the replica fault ends, the cluster is restored,
     // then the proxies stop and the table is dropped on a whole cluster.
@@ -712,7 +712,7 @@ fn run_class(class: &Class, schedule: &Schedule) {
         Promise::AtMostOnce => {
             let from = quiet_positions(&tag, class, &mut worker, &state);
             // The rest without a rate limit: the data is a function of the offsets alone.
-            std::fs::write(&spec, class.spec(&name, &schedule, 0, &proxies)).unwrap();
+            std::fs::write(&spec, class.spec(&name, schedule, 0, &proxies)).unwrap();
             Some(from)
         }
         Promise::ExactlyOnce | Promise::AtLeastOnce => None,
