@@ -1,7 +1,7 @@
 //! The JSON forms of stream values, read by `jsonl_file` and the broker sources
 //! ([`push_json`]) and written for dead letters and the debug sink ([`write_json_value`]; a
 //! whole row as a JSON object by column name: [`write_row_object`]).
-//! A record (a JSON object by column name) is read by [`read_record`], for every JSON source.
+//! A record (a JSON object by column name) is read by [`RecordDecoder`], for every JSON source.
 //!
 //! Numbers are read from their text (a [`RawValue`]), so decimals and 128/256-bit integers
 //! arrive without a trip through `f64`: `decimal(P,S)` and `int128` .. `uint256` take a JSON
@@ -13,6 +13,7 @@
 
 use std::io::Write;
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::ops::Range;
 
 use serde_json::value::RawValue;
 use thiserror::Error;
@@ -23,43 +24,130 @@ use crate::types::{StreamSchema, StreamType};
 use crate::wide_int::WideInt;
 
 /// Reads the JSON value of one column (`None`: the key is missing, which is null) and pushes it.
-/// The error names the column and its type.
+/// `raw` is the value's JSON text, already checked to be JSON. The error names the column and
+/// its type.
 pub(crate) fn push_json(
     row: &mut RowWriter<'_>,
     name: &str,
     ty: &StreamType,
-    raw: Option<&RawValue>,
+    raw: Option<&str>,
     scratch: &mut Vec<u8>,
 ) -> Result<(), String> {
     let in_column = |what: String| format!("column `{name}` ({ty}): {what}");
-    let is_null = raw.is_none_or(|raw| raw.get() == "null");
-    if is_null {
-        return row
-            .push(Value::Null)
-            .map(|_| ())
-            .map_err(|err| err.to_string());
-    }
-    let raw = raw.map_or("null", RawValue::get);
-    if ty.is_packed() {
+    let raw = raw.unwrap_or("null");
+    let pushed = if raw == "null" {
+        row.push(Value::Null)
+    } else if ty.is_packed() {
         scratch.clear();
         pack(ty.inner(), raw, scratch).map_err(in_column)?;
         row.push(Value::Packed(scratch))
     } else {
-        let json: serde_json::Value = serde_json::from_str(raw).map_err(|err| {
-            in_column(lone_surrogate(raw.as_bytes()).unwrap_or_else(|| format!("not JSON ({err})")))
-        })?;
-        // An integer literal beyond 64 bits arrives as an f64; it is out of range, not a float.
-        if let (serde_json::Value::Number(n), Some(_)) = (&json, ty.integer_range()) {
-            let digits = raw.strip_prefix('-').unwrap_or(raw);
-            if n.is_f64() && !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(in_column(ty.out_of_range(&raw)));
-            }
-        }
-        let value = scalar_value(&json, ty.inner()).map_err(in_column)?;
+        let value = scalar_from_text(raw, ty, scratch).map_err(in_column)?;
         row.push(value)
+    };
+    pushed.map(|_| ()).map_err(|err| err.to_string())
+}
+
+/// The cell value of `raw`, the JSON text of a value of the scalar type `ty` (or an `optional`
+/// of one), read from its text: numbers from their digits, a string borrowed from the record
+/// unless it has escapes (then unescaped into `scratch`). Nothing is allocated for a value
+/// without escapes, and the text is not checked for UTF-8 again. The range of an integer that
+/// fits 64 bits is the row's check; one that does not is out of range here.
+fn scalar_from_text<'v>(
+    raw: &'v str,
+    ty: &StreamType,
+    scratch: &'v mut Vec<u8>,
+) -> Result<Value<'v>, String> {
+    let scalar = ty.inner();
+    Ok(match raw.as_bytes().first() {
+        Some(b'"') => return string_value(raw, scalar, scratch),
+        Some(b'-' | b'0'..=b'9') => number_value(raw, ty)?,
+        _ => match raw {
+            "null" => Value::Null,
+            "true" => Value::Bool(true),
+            "false" => Value::Bool(false),
+            _ if raw.starts_with('[') => return Err(format!("expected {scalar}, got an array")),
+            _ if raw.starts_with('{') => return Err(format!("expected {scalar}, got an object")),
+            _ => return Err(format!("not JSON: {raw}")),
+        },
+    })
+}
+
+/// A JSON number's cell value, as the JSON reader types numbers: an integer is unsigned when it
+/// fits 64 bits, else signed when it fits, else (and any fraction or exponent) a float; `-0` is
+/// the float -0.0. An integer beyond 64 bits where `ty` is an integer type is out of range
+/// rather than a float.
+fn number_value(raw: &str, ty: &StreamType) -> Result<Value<'static>, String> {
+    if !raw.contains(['.', 'e', 'E']) {
+        match raw.strip_prefix('-') {
+            None => {
+                if let Ok(v) = raw.parse::<u64>() {
+                    return Ok(Value::Uint(v));
+                }
+            }
+            Some(digits) => match digits.parse::<u64>() {
+                Ok(0) => return Ok(Value::Float(-0.0)),
+                Ok(magnitude) if magnitude <= 1 << 63 => {
+                    return Ok(Value::Int((magnitude as i64).wrapping_neg()));
+                }
+                _ => {}
+            },
+        }
+        if ty.integer_range().is_some() {
+            return Err(ty.out_of_range(&raw));
+        }
     }
-    .map(|_| ())
-    .map_err(|err| err.to_string())
+    raw.parse::<f64>()
+        .map(Value::Float)
+        .map_err(|_| format!("`{raw}` is not a number"))
+}
+
+/// The cell value of a JSON string `raw` (quotes included) for the scalar type `ty`.
+fn string_value<'v>(
+    raw: &'v str,
+    ty: &StreamType,
+    scratch: &'v mut Vec<u8>,
+) -> Result<Value<'v>, String> {
+    let body = raw
+        .strip_prefix('"')
+        .and_then(|rest| rest.strip_suffix('"'))
+        .unwrap_or(raw);
+    if !body.contains('\\') {
+        return Ok(text_scalar(body, ty)?.unwrap_or(Value::Bytes(body.as_bytes())));
+    }
+    let text: String = serde_json::from_str(raw).map_err(|err| {
+        lone_surrogate(raw.as_bytes()).unwrap_or_else(|| format!("not JSON ({err})"))
+    })?;
+    if let Some(value) = text_scalar(&text, ty)? {
+        return Ok(value);
+    }
+    scratch.clear();
+    scratch.extend_from_slice(text.as_bytes());
+    Ok(Value::Bytes(scratch))
+}
+
+/// The value a text gives a type that reads text (dates, times, IPv4, a float's `nan`/`inf`);
+/// `None` for the types that take the text itself (a string, or a type the row then refuses a
+/// string for, with its own message).
+fn text_scalar(s: &str, ty: &StreamType) -> Result<Option<Value<'static>>, String> {
+    Ok(Some(match ty {
+        StreamType::Date => Value::Uint(parse_date(s)?),
+        StreamType::Datetime => Value::Uint(parse_datetime(s)?),
+        StreamType::Date32 => Value::Int(parse_date32(s)?),
+        StreamType::Timestamp => Value::Int(parse_timestamp(s)?),
+        StreamType::Ipv4 => Value::Uint(
+            s.parse::<Ipv4Addr>()
+                .map(|ip| u32::from(ip).into())
+                .map_err(|_| format!("`{s}` is not an IPv4 address"))?,
+        ),
+        StreamType::Float | StreamType::Double => Value::Float(match s {
+            "nan" | "NaN" => f64::NAN,
+            "inf" | "+inf" | "Infinity" => f64::INFINITY,
+            "-inf" | "-Infinity" => f64::NEG_INFINITY,
+            _ => return Err(format!("`{s}` is not a number")),
+        }),
+        _ => return Ok(None),
+    }))
 }
 
 /// Why [`push_json_text`] refused a value.
@@ -95,7 +183,7 @@ pub fn push_json_text(row: &mut RowWriter<'_>, json: &str) -> Result<(), JsonVal
         source,
     })?;
     let mut scratch = Vec::new();
-    push_json(row, &column.name, &column.ty, Some(raw), &mut scratch)
+    push_json(row, &column.name, &column.ty, Some(raw.get()), &mut scratch)
         .map_err(JsonValueError::Column)
 }
 
@@ -129,31 +217,83 @@ impl std::fmt::Display for RecordError {
 /// is skipped as most JSON tools do.
 pub(crate) const BOM: &[u8] = b"\xEF\xBB\xBF";
 
-/// Reads one record (a JSON object by column name, a leading byte order mark skipped) into the
-/// columns' JSON values in schema order (`None`: the key is missing). This is the one place a
-/// record is parsed, for `jsonl_file`, the broker sources and the push source. Values stay JSON
-/// text until their column's type reads them: a decimal or a 128-bit integer must not pass
-/// through an f64 on the way.
-pub(crate) fn read_record<'a>(
-    text: &'a [u8],
-    schema: &StreamSchema,
-) -> Result<Vec<Option<&'a RawValue>>, RecordError> {
-    let text = text.strip_prefix(BOM).unwrap_or(text);
-    // One allocation per record (the slots); a slot already filled is the duplicate check.
-    let mut slots = vec![None; schema.columns().len()];
-    let mut problem = None;
-    let mut de = serde_json::Deserializer::from_slice(text);
-    let seed = ObjectSeed {
-        schema,
-        slots: &mut slots,
-        problem: &mut problem,
-    };
-    let parsed = serde::de::DeserializeSeed::deserialize(seed, &mut de).and_then(|()| de.end());
-    match parsed {
-        Ok(()) => Ok(slots),
-        Err(err) => Err(problem.unwrap_or_else(|| {
-            RecordError::NotObject(lone_surrogate(text).unwrap_or_else(|| err.to_string()))
-        })),
+/// Reads records (a JSON object by column name, a leading byte order mark skipped) into rows,
+/// for `jsonl_file`, the broker sources and the push source: the one place a record is parsed.
+/// Keys are matched against the schema without being copied; values stay JSON text until their
+/// column's type reads them (a decimal or a 128-bit integer must not pass through an f64 on the
+/// way). The buffers are kept from record to record, so a record allocates nothing unless a
+/// string has escapes.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RecordDecoder {
+    /// Where each column's value lies in the record last read (`None`: the key is missing).
+    slots: Vec<Option<Range<usize>>>,
+    /// Unescaped strings and packed values, one at a time.
+    scratch: Vec<u8>,
+}
+
+/// Why [`RecordDecoder::push_values`] refused a record: the column's index and what is wrong
+/// (naming the column and its type).
+pub(crate) struct ValueError {
+    pub(crate) column: usize,
+    pub(crate) what: String,
+}
+
+impl RecordDecoder {
+    /// Reads `text` as a record of `schema`: checks it is one JSON object whose keys are
+    /// columns, each once, and notes where each value is. Returns the record's text, which
+    /// [`RecordDecoder::push_values`] reads the values from.
+    pub(crate) fn read<'t>(
+        &mut self,
+        text: &'t [u8],
+        schema: &StreamSchema,
+    ) -> Result<&'t str, RecordError> {
+        let text = text.strip_prefix(BOM).unwrap_or(text);
+        // The one UTF-8 check of the record; the parser's own error says where it fails.
+        let Ok(text) = std::str::from_utf8(text) else {
+            let err = serde_json::from_slice::<serde::de::IgnoredAny>(text).err();
+            return Err(RecordError::NotObject(
+                err.map_or_else(|| "not UTF-8".to_owned(), |err| err.to_string()),
+            ));
+        };
+        self.slots.clear();
+        self.slots.resize(schema.columns().len(), None);
+        let mut problem = None;
+        let mut de = serde_json::Deserializer::from_str(text);
+        let seed = ObjectSeed {
+            schema,
+            base: text.as_ptr() as usize,
+            slots: &mut self.slots,
+            problem: &mut problem,
+        };
+        let parsed = serde::de::DeserializeSeed::deserialize(seed, &mut de).and_then(|()| de.end());
+        match parsed {
+            Ok(()) => Ok(text),
+            Err(err) => Err(problem.unwrap_or_else(|| {
+                RecordError::NotObject(
+                    lone_surrogate(text.as_bytes()).unwrap_or_else(|| err.to_string()),
+                )
+            })),
+        }
+    }
+
+    /// Pushes the values of the record [`RecordDecoder::read`] last read from `text`, in
+    /// schema order (a missing key is null).
+    pub(crate) fn push_values(
+        &mut self,
+        text: &str,
+        schema: &StreamSchema,
+        row: &mut RowWriter<'_>,
+    ) -> Result<(), ValueError> {
+        for (index, (column, slot)) in schema.columns().iter().zip(&self.slots).enumerate() {
+            let raw = slot.clone().and_then(|range| text.get(range));
+            push_json(row, &column.name, &column.ty, raw, &mut self.scratch).map_err(|what| {
+                ValueError {
+                    column: index,
+                    what,
+                }
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -198,20 +338,22 @@ fn first_lone_surrogate(text: &[u8]) -> Option<u32> {
     None
 }
 
-struct ObjectSeed<'s, 'a> {
+struct ObjectSeed<'s> {
     schema: &'s StreamSchema,
-    slots: &'s mut [Option<&'a RawValue>],
+    /// The address of the record's text, to turn a value's borrowed text into its range.
+    base: usize,
+    slots: &'s mut [Option<Range<usize>>],
     problem: &'s mut Option<RecordError>,
 }
 
-impl<'a> serde::de::DeserializeSeed<'a> for ObjectSeed<'_, 'a> {
+impl<'a> serde::de::DeserializeSeed<'a> for ObjectSeed<'_> {
     type Value = ();
     fn deserialize<D: serde::Deserializer<'a>>(self, deserializer: D) -> Result<(), D::Error> {
         deserializer.deserialize_map(self)
     }
 }
 
-impl<'a> serde::de::Visitor<'a> for ObjectSeed<'_, 'a> {
+impl<'a> serde::de::Visitor<'a> for ObjectSeed<'_> {
     type Value = ();
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("a JSON object")
@@ -222,14 +364,17 @@ impl<'a> serde::de::Visitor<'a> for ObjectSeed<'_, 'a> {
             schema: self.schema,
             problem: self.problem,
         })? {
+            // Borrowed from the record's text (the parser reads a `str`), so its address is
+            // inside it.
             let raw: &'a RawValue = map.next_value()?;
+            let start = (raw.get().as_ptr() as usize).wrapping_sub(self.base);
             let slot = &mut self.slots[index];
             if slot.is_some() {
                 let name = &self.schema.columns()[index].name;
                 *self.problem = Some(RecordError::DuplicateKey(name.clone()));
                 return Err(A::Error::custom("duplicate key"));
             }
-            *slot = Some(raw);
+            *slot = Some(start..start + raw.get().len());
         }
         Ok(())
     }
@@ -261,43 +406,6 @@ impl serde::de::Visitor<'_> for KeySeed<'_> {
             E::custom("unknown key")
         })
     }
-}
-
-/// A value of a type that fits a cell, from its JSON form (ranges are checked by the caller).
-fn scalar_value<'a>(json: &'a serde_json::Value, ty: &StreamType) -> Result<Value<'a>, String> {
-    Ok(match json {
-        serde_json::Value::Null => Value::Null,
-        serde_json::Value::Bool(b) => Value::Bool(*b),
-        serde_json::Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                Value::Uint(u)
-            } else if let Some(i) = n.as_i64() {
-                Value::Int(i)
-            } else {
-                Value::Float(n.as_f64().unwrap_or(f64::NAN))
-            }
-        }
-        serde_json::Value::String(s) => match ty {
-            StreamType::Date => Value::Uint(parse_date(s)?),
-            StreamType::Datetime => Value::Uint(parse_datetime(s)?),
-            StreamType::Date32 => Value::Int(parse_date32(s)?),
-            StreamType::Timestamp => Value::Int(parse_timestamp(s)?),
-            StreamType::Ipv4 => Value::Uint(
-                s.parse::<Ipv4Addr>()
-                    .map(|ip| u32::from(ip).into())
-                    .map_err(|_| format!("`{s}` is not an IPv4 address"))?,
-            ),
-            StreamType::Float | StreamType::Double => Value::Float(match s.as_str() {
-                "nan" | "NaN" => f64::NAN,
-                "inf" | "+inf" | "Infinity" => f64::INFINITY,
-                "-inf" | "-Infinity" => f64::NEG_INFINITY,
-                _ => return Err(format!("`{s}` is not a number")),
-            }),
-            _ => Value::Bytes(s.as_bytes()),
-        },
-        serde_json::Value::Array(_) => return Err(format!("expected {ty}, got an array")),
-        serde_json::Value::Object(_) => return Err(format!("expected {ty}, got an object")),
-    })
 }
 
 /// A JSON string's text, or the error for another JSON value.
@@ -442,10 +550,8 @@ fn pack(ty: &StreamType, raw: &str, out: &mut Vec<u8>) -> Result<(), String> {
             }
         }
         scalar => {
-            let json: serde_json::Value = serde_json::from_str(raw).map_err(|err| {
-                lone_surrogate(raw.as_bytes()).unwrap_or_else(|| format!("not JSON ({err})"))
-            })?;
-            let value = scalar_value(&json, scalar)?;
+            let mut unescaped = Vec::new();
+            let value = scalar_from_text(raw, scalar, &mut unescaped)?;
             // The same checks as a top-level value of the type.
             check_item(scalar, value)?;
             write_scalar(scalar, value, out)?;
@@ -1029,13 +1135,15 @@ mod tests {
     }
 
     fn record(json: &[u8]) -> Result<Vec<Option<String>>, String> {
-        read_record(json, &schema_of(&["id", "n"]))
-            .map(|raws| {
-                raws.iter()
-                    .map(|raw| raw.map(|raw| raw.get().to_owned()))
-                    .collect()
-            })
-            .map_err(|err| err.to_string())
+        let mut decoder = RecordDecoder::default();
+        let text = decoder
+            .read(json, &schema_of(&["id", "n"]))
+            .map_err(|err| err.to_string())?;
+        Ok(decoder
+            .slots
+            .iter()
+            .map(|slot| slot.clone().map(|range| text[range].to_owned()))
+            .collect())
     }
 
     #[test]
@@ -1153,6 +1261,41 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// The decoder reads scalars from their text; the oracle is the values the record was
+        /// written from (by serde_json, which escapes strings its own way).
+        #[test]
+        fn scalars_decode_to_the_values_serde_json_wrote(
+            u in proptest::num::u64::ANY,
+            i in proptest::num::i64::ANY,
+            f in proptest::num::f64::NORMAL | proptest::num::f64::SUBNORMAL | proptest::num::f64::ZERO,
+            text in "\\PC*|[\"\\\\\\u{0}-\\u{1f}\\u{7f}\\u{fffd}\\u{1f600}a]{0,8}",
+            b in proptest::bool::ANY,
+        ) {
+            let schema = StreamSchema::new(
+                [("u", "uint64"), ("i", "int64"), ("f", "double"), ("s", "string"), ("b", "boolean")]
+                    .iter()
+                    .map(|(name, ty)| crate::types::Column::new(*name, ty.parse().unwrap()))
+                    .collect(),
+            )
+            .unwrap();
+            let json = serde_json::json!({"u": u, "i": i, "f": f, "s": text, "b": b}).to_string();
+            let mut decoder = RecordDecoder::default();
+            let record = decoder.read(json.as_bytes(), &schema).unwrap();
+            let mut batch = crate::message::MessageBatch::new(std::sync::Arc::clone(&schema));
+            let mut row = batch.start_row(crate::message::MessageId::new(0, 0));
+            decoder.push_values(record, &schema, &mut row).map_err(|err| err.what).unwrap();
+            row.finish().unwrap();
+            let values: Vec<Value<'_>> = batch.row(0).values().collect();
+            proptest::prop_assert_eq!(values[0], Value::Uint(u));
+            proptest::prop_assert_eq!(values[1], Value::Int(i));
+            match values[2] {
+                Value::Float(read) => proptest::prop_assert_eq!(read.to_bits(), f.to_bits()),
+                other => proptest::prop_assert!(false, "{other:?} for {f}"),
+            }
+            proptest::prop_assert_eq!(values[3], Value::Bytes(text.as_bytes()));
+            proptest::prop_assert_eq!(values[4], Value::Bool(b));
+        }
+
         #[test]
         fn json_forms_of_wide_and_nested_values_round_trip_exactly(
             units in proptest::collection::vec(

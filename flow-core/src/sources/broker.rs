@@ -16,6 +16,7 @@ use crate::plugin::SourceOutput;
 use crate::types::{Column, SchemaError, StreamSchema, StreamType};
 
 use super::jsonl::{parse_line, OnBadRecord};
+use crate::json_form::RecordDecoder;
 
 /// How a broker message's payload becomes a row.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +52,7 @@ pub struct BrokerDecoder {
     format: BrokerFormat,
     on_bad_record: OnBadRecord,
     with_key: bool,
+    json: RecordDecoder,
 }
 
 impl BrokerDecoder {
@@ -120,19 +122,22 @@ impl BrokerDecoder {
             format,
             on_bad_record,
             with_key,
+            json: RecordDecoder::default(),
         }
     }
 
     /// Appends the record's row, or its dead letter with `on_bad_record: dead_letter`. A bad
     /// record under `stop` fails with `<partition>/<position>: column: what is wrong`.
     pub fn append(
-        &self,
+        &mut self,
         record: &BrokerRecord<'_>,
         out: &mut SourceOutput<'_>,
     ) -> Result<(), SourceError> {
         let id = MessageId::new(self.partition, record.position);
         let result = match self.format {
-            BrokerFormat::Json => parse_line(record.payload, &self.schema, out.batch, id),
+            BrokerFormat::Json => {
+                parse_line(&mut self.json, record.payload, &self.schema, out.batch, id)
+            }
             BrokerFormat::Raw => self.append_raw(record, out, id),
         };
         match result {
@@ -225,7 +230,7 @@ mod tests {
 
     #[test]
     fn json_messages_become_rows_with_the_broker_position_as_id() -> TestResult {
-        let decoder = json_decoder(OnBadRecord::Stop);
+        let mut decoder = json_decoder(OnBadRecord::Stop);
         let mut batch = MessageBatch::new(Arc::clone(&decoder.schema));
         let mut dead = Vec::new();
         let mut out = SourceOutput {
@@ -241,7 +246,7 @@ mod tests {
 
     #[test]
     fn a_bad_json_message_names_partition_position_and_column() {
-        let decoder = json_decoder(OnBadRecord::Stop);
+        let mut decoder = json_decoder(OnBadRecord::Stop);
         let mut batch = MessageBatch::new(Arc::clone(&decoder.schema));
         let mut dead = Vec::new();
         let mut out = SourceOutput {
@@ -261,7 +266,7 @@ mod tests {
 
     #[test]
     fn a_bad_json_message_becomes_a_dead_letter_when_configured() -> TestResult {
-        let decoder = json_decoder(OnBadRecord::DeadLetter);
+        let mut decoder = json_decoder(OnBadRecord::DeadLetter);
         let mut batch = MessageBatch::new(Arc::clone(&decoder.schema));
         let mut dead = Vec::new();
         let mut out = SourceOutput {
@@ -283,7 +288,7 @@ mod tests {
         let schema = BrokerDecoder::raw_schema("topic", true)?;
         let names: Vec<&str> = schema.columns().iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["topic", "position", "timestamp", "key", "payload"]);
-        let decoder = BrokerDecoder::new(
+        let mut decoder = BrokerDecoder::new(
             0,
             Arc::clone(&schema),
             BrokerFormat::Raw,

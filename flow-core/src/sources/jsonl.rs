@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::BufReader;
 
 use crate::error::{SourceError, Violation};
-use crate::json_form::{push_json, read_record, BOM};
+use crate::json_form::{RecordDecoder, BOM};
 use crate::message::{MessageBatch, MessageId};
 use crate::plugin::{ReadLimits, Source, SourceFactory, SourceOutput, SourceRead};
 use crate::registry::{parse_parameters, BuildResult, SourceBuildContext};
@@ -176,6 +176,7 @@ impl SourceFactory for JsonlFileFactory {
             tail: Tail::default(),
             incomplete: None,
             buffer: Vec::new(),
+            decoder: RecordDecoder::default(),
         }))
     }
 }
@@ -220,6 +221,7 @@ struct JsonlFileSource {
     /// Since when the file has ended inside the line at `byte_offset`, and how long that line was.
     incomplete: Option<(tokio::time::Instant, u64)>,
     buffer: Vec<u8>,
+    decoder: RecordDecoder,
 }
 
 impl JsonlFileSource {
@@ -364,6 +366,7 @@ impl Source for JsonlFileSource {
                 ))
             } else {
                 parse_line(
+                    &mut self.decoder,
                     &self.buffer,
                     &self.schema,
                     out.batch,
@@ -410,6 +413,7 @@ fn trim_newline(line: &[u8]) -> &[u8] {
 
 /// Appends the line's message; `Ok(false)` for a blank line. The error says what is wrong.
 pub(super) fn parse_line(
+    decoder: &mut RecordDecoder,
     raw: &[u8],
     schema: &StreamSchema,
     batch: &mut MessageBatch,
@@ -420,12 +424,11 @@ pub(super) fn parse_line(
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(false);
     }
-    let raws = read_record(line, schema).map_err(|err| err.to_string())?;
-    let mut scratch = Vec::new();
+    let text = decoder.read(line, schema).map_err(|err| err.to_string())?;
     let mut row = batch.start_row(id);
-    for (column, raw) in schema.columns().iter().zip(raws) {
-        push_json(&mut row, &column.name, &column.ty, raw, &mut scratch)?;
-    }
+    decoder
+        .push_values(text, schema, &mut row)
+        .map_err(|err| err.what)?;
     row.finish().map_err(|err| err.to_string())?;
     Ok(true)
 }

@@ -26,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 use serde::Deserialize;
 use tokio::sync::Notify;
 
-use crate::json_form::{push_json, read_record, RecordError};
+use crate::json_form::{RecordDecoder, RecordError};
 use crate::message::{MessageId, Value};
 use crate::plugin::SourceFactory;
 use crate::registry::{parse_parameters, Registry, SourceBuildContext, SourceBuilder};
@@ -211,28 +211,30 @@ impl PushHandle {
     /// refused.
     pub async fn send_json_text(&self, route: Route<'_>, json: &str) -> Result<Receipt, PushError> {
         let schema = &self.shared.schema;
-        let raws = read_record(json.as_bytes(), schema).map_err(|err| match err {
-            RecordError::NotObject(reason) => PushError::NotJsonObject { reason },
-            RecordError::UnknownKey(key) => PushError::UnknownColumn { key },
-            RecordError::DuplicateKey(key) => PushError::DuplicateKey { key },
-        })?;
+        let mut decoder = RecordDecoder::default();
+        let text = decoder
+            .read(json.as_bytes(), schema)
+            .map_err(|err| match err {
+                RecordError::NotObject(reason) => PushError::NotJsonObject { reason },
+                RecordError::UnknownKey(key) => PushError::UnknownColumn { key },
+                RecordError::DuplicateKey(key) => PushError::DuplicateKey { key },
+            })?;
         let inbox = self.inbox(route).await?;
         let ticket = inbox
             .enqueue(|row| {
-                let mut scratch = Vec::new();
-                for (column, raw) in schema.columns().iter().zip(&raws) {
-                    push_json(row, &column.name, &column.ty, *raw, &mut scratch).map_err(
-                        |what| {
-                            let prefix = format!("column `{}` ({}): ", column.name, column.ty);
-                            PushError::Value {
-                                column: column.name.clone(),
-                                ty: column.ty.clone(),
-                                what: what.strip_prefix(&prefix).unwrap_or(&what).to_owned(),
-                            }
-                        },
-                    )?;
-                }
-                Ok(())
+                decoder.push_values(text, schema, row).map_err(|err| {
+                    let column = &schema.columns()[err.column];
+                    let prefix = format!("column `{}` ({}): ", column.name, column.ty);
+                    PushError::Value {
+                        column: column.name.clone(),
+                        ty: column.ty.clone(),
+                        what: err
+                            .what
+                            .strip_prefix(&prefix)
+                            .unwrap_or(&err.what)
+                            .to_owned(),
+                    }
+                })
             })
             .await?;
         Ok(Receipt::new(inbox, ticket))
