@@ -7,7 +7,7 @@
 //!   `durability`: flush and fsync of a commit group; `stats`: its counters; `trees`: the sled
 //!   trees.
 //! - `codec`: keys and values; `segments`: payload segment files; `counters`: persisted counters;
-//!   `identity`: which pipeline a directory belongs to.
+//!   `identity`: which pipeline a directory belongs to, and the outbox's own identity.
 //! - `types`: the data exchanged with the store; `summary`: what `flow-worker status` shows;
 //!   `error`: [`StateError`].
 //!
@@ -66,9 +66,9 @@ pub use summary::{
     SinkPartitionSummary, SinkRunStatus, StateSummary, RECENT_DEAD_LETTERS,
 };
 pub use types::{
-    AckExtras, BatchStorage, CommitReceipt, CounterAdd, DeadLetter, EpochCommit, PayloadRef,
-    PipelineIdentity, SealedBatch, SinkEpochCommit, SinkPartition, StoreOptions, StoreStats,
-    StoredBatch, StoredBody, StoredCounter, StoredDeadLetter,
+    AckExtras, BatchStorage, CommitReceipt, CounterAdd, DeadLetter, EpochCommit, OutboxId,
+    PayloadRef, PipelineIdentity, SealedBatch, SinkEpochCommit, SinkPartition, StoreOptions,
+    StoreStats, StoredBatch, StoredBody, StoredCounter, StoredDeadLetter,
 };
 
 /// Internals that tests and benches outside this crate check against (feature `testing`).

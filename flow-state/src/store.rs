@@ -22,9 +22,9 @@ use crate::stats::StatCounters;
 use crate::summary::{self, StateSummary};
 use crate::trees::Trees;
 use crate::types::{
-    AckExtras, CommitReceipt, CounterAdd, DeadLetter, EpochCommit, PayloadRef, PipelineIdentity,
-    SealedBatch, SinkPartition, StoreOptions, StoreStats, StoredBatch, StoredCounter,
-    StoredDeadLetter,
+    AckExtras, CommitReceipt, CounterAdd, DeadLetter, EpochCommit, OutboxId, PayloadRef,
+    PipelineIdentity, SealedBatch, SinkPartition, StoreOptions, StoreStats, StoredBatch,
+    StoredCounter, StoredDeadLetter,
 };
 
 /// Handle to an open store. Cheap to clone; the committer thread stops (after pending requests,
@@ -152,7 +152,13 @@ impl StateStore {
                     }
                 }
             })?;
+        // Only a store sled creates now gets an identity: one it recovered was created before
+        // identities existed, and tokens derived without one may be pending in it.
+        let created = !db.was_recovered();
         let trees = Trees::open(db)?;
+        if created {
+            identity::create_outbox_id(&trees)?;
+        }
         let segments = Segments::open(dir, options.fsync, &referenced_segments(&trees)?)?;
         let durability = Durability::new(dir, options.fsync)?;
         let stats = Arc::new(StatCounters::default());
@@ -537,6 +543,12 @@ impl StateStore {
             partitions,
         };
         identity::claim(&self.inner.trees, &self.inner.dir, &wanted)
+    }
+
+    /// The identity of this outbox, drawn when the store was created; `None` for a store
+    /// created before outbox identities existed (see [`OutboxId`]).
+    pub fn outbox_id(&self) -> Result<Option<OutboxId>, StateError> {
+        identity::outbox_id(&self.inner.trees)
     }
 
     /// The pipeline this store was claimed by, if any.
