@@ -1,0 +1,148 @@
+//! Where the state directory is (issue 24 item 3), through the worker binary as users run it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn worker() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_flow-worker"))
+}
+
+/// A spec directory `spec/` holding `spec.yaml` (relative `state_dir: ./flow-state`, a
+/// generator of 300 messages into a debug sink) and an unrelated working directory `elsewhere/`.
+struct Layout {
+    _root: tempfile::TempDir,
+    spec_dir: PathBuf,
+    spec: PathBuf,
+    elsewhere: PathBuf,
+}
+
+fn layout() -> Layout {
+    let root = tempfile::tempdir().unwrap();
+    let spec_dir = root.path().join("spec");
+    let elsewhere = root.path().join("elsewhere");
+    std::fs::create_dir_all(&spec_dir).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let spec = spec_dir.join("spec.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "pipeline: rel\nstate_dir: ./flow-state\nepoch: {{max_messages: 100, max_duration_ms: 100}}\nsource:\n  class: generator\n  parameters: {{count: 300, payload_bytes: 8}}\nsinks:\n  - name: out\n    sink_class_name: DebugSink\n    input_stream_ids: [rows]\n    parameters: {{path: {}}}\n",
+            root.path().join("out.jsonl").display()
+        ),
+    )
+    .unwrap();
+    Layout {
+        _root: root,
+        spec_dir,
+        spec,
+        elsewhere,
+    }
+}
+
+fn run_in(cwd: &Path, spec: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    let output = worker()
+        .current_dir(cwd)
+        .arg("run")
+        .arg(spec)
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+fn lines_with<'a>(log: &'a str, needle: &str) -> Vec<&'a str> {
+    log.lines().filter(|line| line.contains(needle)).collect()
+}
+
+#[test]
+fn a_relative_state_dir_is_the_spec_files_from_any_working_directory() {
+    let l = layout();
+    let state = l.spec_dir.join("flow-state");
+    let (code, first) = run_in(&l.spec_dir, Path::new("spec.yaml"), &[]);
+    assert_eq!(code, Some(0), "{first}");
+    // One WARN for the pipeline (not one per partition), naming the absolute directory.
+    let fresh = format!(
+        "no earlier state at {}: reading from the beginning",
+        state.display()
+    );
+    let warned = lines_with(&first, &fresh);
+    assert_eq!(warned.len(), 1, "{first}");
+    assert!(warned[0].contains(" WARN "), "{first}");
+    let started = lines_with(&first, "pipeline started");
+    assert_eq!(started.len(), 1, "{first}");
+    assert!(
+        started[0].contains(&format!("state_dir={}", state.display())),
+        "{first}"
+    );
+    assert_eq!(
+        lines_with(&first, "pipeline finished pipeline=rel messages=300").len(),
+        1,
+        "{first}"
+    );
+
+    // The same spec from another working directory continues the same outbox: nothing is read
+    // or sent again, and no state directory appears where the worker was started.
+    let (code, second) = run_in(&l.elsewhere, &l.spec, &[]);
+    assert_eq!(code, Some(0), "{second}");
+    assert_eq!(
+        lines_with(&second, "pipeline finished pipeline=rel messages=0").len(),
+        1,
+        "{second}"
+    );
+    assert!(
+        lines_with(&second, "no earlier state").is_empty(),
+        "{second}"
+    );
+    assert!(!l.elsewhere.join("flow-state").exists());
+}
+
+#[test]
+fn state_dir_on_the_command_line_is_relative_to_the_working_directory() {
+    let l = layout();
+    let (code, log) = run_in(&l.elsewhere, &l.spec, &["--state-dir", "mine"]);
+    assert_eq!(code, Some(0), "{log}");
+    let state = l.elsewhere.join("mine");
+    assert!(state.join("db").exists());
+    assert!(!l.spec_dir.join("flow-state").exists());
+    assert_eq!(
+        lines_with(
+            &log,
+            &format!(
+                "no earlier state at {}: reading from the beginning",
+                state.display()
+            )
+        )
+        .len(),
+        1,
+        "{log}"
+    );
+}
+
+#[test]
+fn a_state_dir_where_earlier_versions_put_it_is_not_abandoned() {
+    let l = layout();
+    // What an earlier version made of `state_dir: ./flow-state` started from `elsewhere/`.
+    let (code, log) = run_in(&l.elsewhere, &l.spec, &["--state-dir", "flow-state"]);
+    assert_eq!(code, Some(0), "{log}");
+    let (code, log) = run_in(&l.elsewhere, &l.spec, &[]);
+    assert_eq!(code, Some(1), "{log}");
+    let (old, new) = (
+        l.elsewhere.join("flow-state"),
+        l.spec_dir.join("flow-state"),
+    );
+    let errors = lines_with(&log, "error: ");
+    assert_eq!(errors.len(), 1, "{log}");
+    assert!(
+        errors[0].contains(&format!(
+            "Starting on `{new}` would read the source from the beginning and send everything again. Move `{old}` to `{new}`, or pass --state-dir `{old}`",
+            new = new.display(),
+            old = old.display()
+        )),
+        "{log}"
+    );
+    assert!(!new.exists(), "nothing was created at the new place");
+}
