@@ -109,7 +109,9 @@ impl StateStore {
     /// Opens or creates the store in `dir` (blocking), with fsync on. Starts the committer thread.
     ///
     /// Fails with [`StateError::Locked`] when another process (a running worker) has the
-    /// directory open, and [`StateError::Open`] when sled cannot open or create it.
+    /// directory open, [`StateError::NotWritable`] when the directory cannot be written (sled
+    /// opens only for writing; [`StateStore::open_to_read`] reads such a directory), and
+    /// [`StateError::Open`] when sled cannot open or create it for another reason.
     ///
     /// ```
     /// use flow_state::{EpochCommit, StateStore};
@@ -142,14 +144,19 @@ impl StateStore {
             .open()
             .map_err(|source| {
                 if is_locked(dir) {
-                    StateError::Locked {
+                    return StateError::Locked {
                         dir: dir.to_path_buf(),
-                    }
-                } else {
-                    StateError::Open {
+                    };
+                }
+                match source {
+                    sled::Error::Io(io) if is_not_writable(&io) => StateError::NotWritable {
+                        dir: dir.to_path_buf(),
+                        source: io,
+                    },
+                    source => StateError::Open {
                         dir: dir.to_path_buf(),
                         source,
-                    }
+                    },
                 }
             })?;
         // Only a store sled creates now gets an identity: one it recovered was created before
@@ -578,6 +585,15 @@ impl StateStore {
     pub fn stats(&self) -> StoreStats {
         self.inner.stats.snapshot()
     }
+}
+
+/// Whether opening failed because the directory cannot be written, rather than because of what
+/// it holds: a read-only file system, or no write permission.
+fn is_not_writable(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+    )
 }
 
 /// Whether another process holds the lock sled takes on the store's `db` file, probed with a

@@ -24,12 +24,20 @@ pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
 /// The state summary: from the store itself, or from the running worker's snapshot while it
 /// holds the store.
 pub(crate) fn summary(state_dir: &Path) -> anyhow::Result<StateSummary> {
-    if !state_dir.join("db").exists() && !state_dir.join("conf").exists() {
+    if !crate::run::is_state_dir(state_dir) {
         anyhow::bail!("`{}` is not a flow state directory", state_dir.display());
     }
     let snapshot = snapshot_path(state_dir);
-    let summary = match StateStore::open(state_dir) {
-        Ok(store) => {
+    let summary = match StateStore::open_to_read(state_dir) {
+        Ok(read) => {
+            if read.copy().is_some() {
+                // sled opens only for writing: what is shown is a copy, not the directory.
+                eprintln!(
+                    "`{}` cannot be written (a read-only file system, or no write permission); showing a copy of it taken just now",
+                    state_dir.display()
+                );
+            }
+            let store = read.store();
             if snapshot.exists() {
                 // We hold the store's lock, so the worker that wrote the snapshot is gone.
                 eprintln!(
@@ -43,7 +51,7 @@ pub(crate) fn summary(state_dir: &Path) -> anyhow::Result<StateSummary> {
                     state_dir.display()
                 )
             })?;
-            store.close().context("closing the state store")?;
+            read.close().context("closing the state store")?;
             summary
         }
         // A running worker holds the lock and keeps a snapshot up to date.

@@ -1,8 +1,9 @@
-//! Where the state directory is (issue 24 item 3), through the worker binary as users run it.
+//! Where the state directory is (issue 24 item 3) and what the inspection commands do with one
+//! they cannot write (item 16), through the worker binary as users run it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 fn worker() -> Command {
     Command::new(env!("CARGO_BIN_EXE_flow-worker"))
@@ -145,4 +146,110 @@ fn a_state_dir_where_earlier_versions_put_it_is_not_abandoned() {
         "{log}"
     );
     assert!(!new.exists(), "nothing was created at the new place");
+}
+
+/// Runs the worker with `args` while `dir` cannot be written: as root (whom permissions do not
+/// stop) under a read-only bind mount of `dir` onto itself in a private mount namespace, else
+/// with its write permissions removed.
+fn worker_on_read_only(dir: &Path, args: &[&str]) -> Output {
+    let root = Command::new("id").arg("-u").output().unwrap();
+    if String::from_utf8_lossy(&root.stdout).trim() == "0" {
+        let script =
+            r#"mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" "$1" && shift && exec "$@""#;
+        let output = Command::new("unshare")
+            .args(["-m", "sh", "-c", script, "sh"])
+            .arg(dir)
+            .arg(env!("CARGO_BIN_EXE_flow-worker"))
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !stderr.contains("mount:") && !stderr.contains("unshare:"),
+            "this test needs `unshare -m` and bind mounts as root: {stderr}"
+        );
+        output
+    } else {
+        let chmod = |mode: &str| {
+            let status = Command::new("chmod")
+                .args(["-R", mode])
+                .arg(dir)
+                .status()
+                .unwrap();
+            assert!(status.success());
+        };
+        chmod("a-w");
+        let output = worker().args(args).output().unwrap();
+        chmod("u+w");
+        output
+    }
+}
+
+#[test]
+fn status_and_dead_letters_list_read_a_state_directory_they_cannot_write() {
+    let l = layout();
+    let (code, log) = run_in(&l.spec_dir, &l.spec, &[]);
+    assert_eq!(code, Some(0), "{log}");
+    let state = l.spec_dir.join("flow-state");
+    let dir = state.to_str().unwrap();
+    let copy_note =
+        format!("`{dir}` cannot be written (a read-only file system, or no write permission);");
+
+    let status = worker_on_read_only(&state, &["status", "--state-dir", dir]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&status.stdout),
+        String::from_utf8_lossy(&status.stderr),
+    );
+    assert_eq!(status.status.code(), Some(0), "{stdout}{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!("{copy_note} showing a copy of it taken just now")
+    );
+    assert!(stdout.starts_with("pipeline rel\n"), "{stdout}");
+    assert!(
+        stdout.contains("  0                           300\n"),
+        "{stdout}"
+    );
+
+    let list = worker_on_read_only(&state, &["dead-letters", "list", "--state-dir", dir]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&list.stdout),
+        String::from_utf8_lossy(&list.stderr),
+    );
+    assert_eq!(list.status.code(), Some(0), "{stdout}{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!("{copy_note} reading a copy of it taken just now")
+    );
+    assert_eq!(stdout, "0 dead letter(s)\n");
+
+    // What changes the directory fails, with the reason printed once.
+    for action in ["purge", "requeue"] {
+        let changed = worker_on_read_only(
+            &state,
+            &["dead-letters", action, "--yes", "--state-dir", dir],
+        );
+        let stderr = String::from_utf8_lossy(&changed.stderr);
+        assert_eq!(changed.status.code(), Some(1), "{stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{stderr}");
+        assert!(
+            lines[0].starts_with(&format!(
+                "error: dead-letters {action} changes the state directory, and the state directory {dir} cannot be opened for writing ("
+            )),
+            "{stderr}"
+        );
+        assert!(
+            lines[0].ends_with(
+                "needs it writable: run as a user that may write it, or on a read-write mount"
+            ),
+            "{stderr}"
+        );
+        let reason = if stderr.contains("Read-only file system") {
+            "Read-only file system"
+        } else {
+            "Permission denied"
+        };
+        assert_eq!(stderr.matches(reason).count(), 1, "{stderr}");
+    }
 }
