@@ -20,8 +20,10 @@ struct Layout {
 
 fn layout() -> Layout {
     let root = tempfile::tempdir().unwrap();
-    let spec_dir = root.path().join("spec");
-    let elsewhere = root.path().join("elsewhere");
+    // The worker logs canonical paths (the spec's directory, the working directory).
+    let base = std::fs::canonicalize(root.path()).unwrap();
+    let spec_dir = base.join("spec");
+    let elsewhere = base.join("elsewhere");
     std::fs::create_dir_all(&spec_dir).unwrap();
     std::fs::create_dir_all(&elsewhere).unwrap();
     let spec = spec_dir.join("spec.yaml");
@@ -29,7 +31,7 @@ fn layout() -> Layout {
         &spec,
         format!(
             "pipeline: rel\nstate_dir: ./flow-state\nepoch: {{max_messages: 100, max_duration_ms: 100}}\nsource:\n  class: generator\n  parameters: {{count: 300, payload_bytes: 8}}\nsinks:\n  - name: out\n    sink_class_name: DebugSink\n    input_stream_ids: [rows]\n    parameters: {{path: {}}}\n",
-            root.path().join("out.jsonl").display()
+            base.join("out.jsonl").display()
         ),
     )
     .unwrap();

@@ -348,9 +348,10 @@ impl PipelineSpec {
         }
     }
 
-    /// Reads and parses a spec file. A relative `state_dir` is resolved against the directory of
-    /// `path` (as named, symbolic links not followed) and made absolute: the outbox belongs to the
-    /// spec, not to the directory the worker happens to be started from.
+    /// Reads and parses a spec file. A relative `state_dir` is resolved against the directory
+    /// holding the file (its canonical path: a symbolic link to the file itself is not
+    /// followed), which makes it absolute: the outbox belongs to the spec, not to the directory
+    /// the worker happens to be started from.
     pub fn from_file(path: &Path) -> Result<PipelineSpec, SpecError> {
         let text = std::fs::read_to_string(path).map_err(|err| SpecError {
             violations: vec![Violation::new(
@@ -374,20 +375,25 @@ impl PipelineSpec {
     }
 }
 
-/// `state_dir` as written in the spec file at `spec_path`: a relative one is joined to the file's
-/// directory; both are made absolute (against the working directory, which a relative spec path
-/// is relative to). An empty one stays empty, for the caller to refuse.
+/// `state_dir` as written in the spec file at `spec_path`: a relative one is joined to the
+/// canonical path of the directory holding the file (so that every working directory logs the
+/// same path); an absolute one is kept as written. An empty one stays empty, for the caller to
+/// refuse.
 fn state_dir_of_spec_file(spec_path: &Path, state_dir: PathBuf) -> PathBuf {
-    if state_dir.as_os_str().is_empty() {
+    if state_dir.as_os_str().is_empty() || state_dir.is_absolute() {
         return state_dir;
     }
-    let joined = match spec_path.parent() {
-        Some(spec_dir) if state_dir.is_relative() => spec_dir.join(&state_dir),
-        _ => state_dir,
+    let spec_dir = match spec_path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
     };
-    // Fails only without a working directory; the joined path is then still the right one for
-    // the process as it is.
-    std::path::absolute(&joined).unwrap_or(joined)
+    // The file was just read, so its directory exists; should it vanish meanwhile, the path as
+    // named (made absolute) still names the same place for this process.
+    let spec_dir = std::fs::canonicalize(spec_dir)
+        .or_else(|_| std::path::absolute(spec_dir))
+        .unwrap_or_else(|_| spec_dir.to_path_buf());
+    // Collecting the components drops the `.` ones (`./flow-state`), never a `..`.
+    spec_dir.join(state_dir).components().collect()
 }
 
 /// The violation for text the YAML parser refused. An integer beyond 64 bits is valid YAML that
@@ -527,14 +533,9 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{e}"))
                 .state_dir
         };
-        assert_eq!(
-            write("rel.yaml", "./state"),
-            Some(dir.join("specs").join("./state"))
-        );
-        assert_eq!(
-            write("up.yaml", "../state"),
-            Some(dir.join("specs").join("../state"))
-        );
+        let specs = std::fs::canonicalize(dir.join("specs")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(write("rel.yaml", "./state"), Some(specs.join("state")));
+        assert_eq!(write("up.yaml", "../state"), Some(specs.join("../state")));
         assert_eq!(
             write("abs.yaml", "/srv/state"),
             Some(PathBuf::from("/srv/state"))
