@@ -169,7 +169,7 @@ pub fn main() -> ExitCode {
 /// The error and its causes, `: `-separated, each cause only when its text is not already part
 /// of what precedes it: our error types name their cause in their own message and expose it as
 /// `source` too, so anyhow's `{:#}` would print the same reason two or three times.
-fn error_text(err: &anyhow::Error) -> String {
+pub(crate) fn error_text(err: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in err.chain() {
         let part = cause.to_string();

@@ -150,27 +150,21 @@ fn a_state_dir_where_earlier_versions_put_it_is_not_abandoned() {
     assert!(!new.exists(), "nothing was created at the new place");
 }
 
-/// Runs the worker with `args` while `dir` cannot be written: as root (whom permissions do not
-/// stop) under a read-only bind mount of `dir` onto itself in a private mount namespace, else
-/// with its write permissions removed.
-fn worker_on_read_only(dir: &Path, args: &[&str]) -> Output {
+/// Runs `f` with a worker command for `args` that finds `dir` unwritable: as root (whom
+/// permissions do not stop) the command runs under a read-only bind mount of `dir` onto itself in
+/// a private mount namespace; otherwise `dir` loses its write permissions until `f` returns.
+fn with_read_only<T>(dir: &Path, args: &[&str], f: impl FnOnce(Command) -> T) -> T {
     let root = Command::new("id").arg("-u").output().unwrap();
     if String::from_utf8_lossy(&root.stdout).trim() == "0" {
         let script =
             r#"mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" "$1" && shift && exec "$@""#;
-        let output = Command::new("unshare")
+        let mut command = Command::new("unshare");
+        command
             .args(["-m", "sh", "-c", script, "sh"])
             .arg(dir)
             .arg(env!("CARGO_BIN_EXE_flow-worker"))
-            .args(args)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            !stderr.contains("mount:") && !stderr.contains("unshare:"),
-            "this test needs `unshare -m` and bind mounts as root: {stderr}"
-        );
-        output
+            .args(args);
+        f(command)
     } else {
         let chmod = |mode: &str| {
             let status = Command::new("chmod")
@@ -181,10 +175,23 @@ fn worker_on_read_only(dir: &Path, args: &[&str]) -> Output {
             assert!(status.success());
         };
         chmod("a-w");
-        let output = worker().args(args).output().unwrap();
+        let mut command = worker();
+        command.args(args);
+        let result = f(command);
         chmod("u+w");
-        output
+        result
     }
+}
+
+/// The output of the worker run with `args` while `dir` cannot be written.
+fn worker_on_read_only(dir: &Path, args: &[&str]) -> Output {
+    let output = with_read_only(dir, args, |mut command| command.output().unwrap());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stderr.contains("mount:") && !stderr.contains("unshare:"),
+        "this test needs `unshare -m` and bind mounts as root: {stderr}"
+    );
+    output
 }
 
 #[test]
@@ -224,6 +231,43 @@ fn status_and_dead_letters_list_read_a_state_directory_they_cannot_write() {
         format!("{copy_note} reading a copy of it taken just now")
     );
     assert_eq!(stdout, "0 dead letter(s)\n");
+
+    // `--watch` (off a terminal) says it once, not at every refresh.
+    let (frames, stderr) = with_read_only(
+        &state,
+        &[
+            "status",
+            "--state-dir",
+            dir,
+            "--watch",
+            "--json",
+            "--interval",
+            "1",
+        ],
+        |mut command| {
+            let mut child = command
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut lines =
+                std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+            let frames: Vec<String> = (0..3).map(|_| lines.next().unwrap().unwrap()).collect();
+            child.kill().unwrap();
+            let output = child.wait_with_output().unwrap();
+            (frames, String::from_utf8_lossy(&output.stderr).into_owned())
+        },
+    );
+    assert!(
+        frames
+            .iter()
+            .all(|f| f.starts_with("{\"pipelines\":{\"rel\"")),
+        "{frames:?}"
+    );
+    assert_eq!(
+        stderr.trim_end(),
+        format!("{copy_note} showing a copy of it taken just now")
+    );
 
     // What changes the directory fails, with the reason printed once.
     for action in ["purge", "requeue"] {
