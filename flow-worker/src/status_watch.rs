@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 
-use crate::cli::error_text;
+use crate::error_text::error_text;
 use crate::status::{read_summary, render};
 
 /// Clears the screen and moves the cursor home.
