@@ -19,6 +19,16 @@ pub enum StateError {
         #[source]
         source: sled::Error,
     },
+    /// The store's directory cannot be written (a read-only file system, or this user may not
+    /// write it), and sled opens only for writing.
+    #[error("the state directory {dir} cannot be opened for writing ({source}): it is on a read-only file system, or this user may not write it. `flow-worker status` and `flow-worker dead-letters list|export` read a copy of it; what changes it (run, drain, dead-letters requeue|purge) needs it writable: run as a user that may write it, or on a read-write mount")]
+    NotWritable {
+        /// The store's directory.
+        dir: PathBuf,
+        /// The operating system's refusal.
+        #[source]
+        source: std::io::Error,
+    },
     /// Another process holds the store's lock: a worker runs on this directory.
     #[error(
         "the state directory {dir} is in use by another process (is another worker running on it?)"
@@ -209,6 +219,10 @@ impl StateError {
                 reason,
             },
             StateError::Locked { dir } => StateError::Locked { dir: dir.clone() },
+            StateError::NotWritable { dir, source } => StateError::NotWritable {
+                dir: dir.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
             StateError::OtherPipeline { dir, found, wanted } => StateError::OtherPipeline {
                 dir: dir.clone(),
                 found: found.clone(),

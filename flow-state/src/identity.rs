@@ -2,16 +2,54 @@
 //! partition count on first use and refuses a different one: a renamed pipeline would send
 //! everything again under its new name, and fewer partitions would strand the committed but
 //! undelivered batches of the partitions dropped.
+//!
+//! The outbox identity ([`OutboxId`]) is drawn when sled creates the store and recorded at once;
+//! a store that sled recovered without one was created before identities existed and keeps none.
 
 use std::collections::BTreeSet;
 
 use crate::codec;
 use crate::error::StateError;
 use crate::trees::Trees;
-use crate::types::PipelineIdentity;
+use crate::types::{OutboxId, PipelineIdentity};
 
 /// Key of the record in sled's default tree: `partitions (be32) ++ pipeline name`.
 const IDENTITY_KEY: &[u8] = b"flow/pipeline-identity";
+
+/// Key of the outbox identity in sled's default tree: 8 bytes, big-endian.
+const OUTBOX_ID_KEY: &[u8] = b"flow/outbox-id";
+
+/// The outbox identity, if the store has one.
+pub(crate) fn outbox_id(trees: &Trees) -> Result<Option<OutboxId>, StateError> {
+    let value = trees
+        .db
+        .get(OUTBOX_ID_KEY)
+        .map_err(|e| StateError::sled("get", "outbox identity", e))?;
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let bytes: [u8; 8] = value.as_ref().try_into().map_err(|_| StateError::Decode {
+        what: "outbox identity",
+        key: String::from_utf8_lossy(OUTBOX_ID_KEY).into_owned(),
+        detail: format!("{} bytes, expected 8", value.len()),
+    })?;
+    Ok(Some(OutboxId(u64::from_be_bytes(bytes))))
+}
+
+/// Draws and durably records the identity of a store sled has just created (nothing in it yet,
+/// so no token was ever derived from its absence).
+pub(crate) fn create_outbox_id(trees: &Trees) -> Result<OutboxId, StateError> {
+    let id = OutboxId(rand::random());
+    trees
+        .db
+        .insert(OUTBOX_ID_KEY, &id.0.to_be_bytes())
+        .map_err(|e| StateError::sled("insert", "outbox identity", e))?;
+    trees
+        .db
+        .flush()
+        .map_err(|e| StateError::sled("flush", "outbox identity", e))?;
+    Ok(id)
+}
 
 /// The recorded identity, if any.
 pub(crate) fn recorded(trees: &Trees) -> Result<Option<PipelineIdentity>, StateError> {

@@ -7,7 +7,8 @@
 //!   `durability`: flush and fsync of a commit group; `stats`: its counters; `trees`: the sled
 //!   trees.
 //! - `codec`: keys and values; `segments`: payload segment files; `counters`: persisted counters;
-//!   `identity`: which pipeline a directory belongs to.
+//!   `identity`: which pipeline a directory belongs to, and the outbox's own identity;
+//!   `read_copy`: reading a directory this process cannot write, through a temporary copy.
 //! - `types`: the data exchanged with the store; `summary`: what `flow-worker status` shows;
 //!   `error`: [`StateError`].
 //!
@@ -49,6 +50,7 @@ mod durability;
 mod error;
 mod identity;
 mod prepare;
+mod read_copy;
 mod segments;
 mod stats;
 mod store;
@@ -59,6 +61,7 @@ mod types;
 
 pub use codec::SOURCE_OWNER;
 pub use error::StateError;
+pub use read_copy::ReadStore;
 pub use store::StateStore;
 pub use summary::{
     gave_up_value_name, BatchBody, BatchInfo, DeadLetterGroupSummary, DeadLetterInfo, ErrorRecord,
@@ -66,9 +69,9 @@ pub use summary::{
     SinkPartitionSummary, SinkRunStatus, StateSummary, RECENT_DEAD_LETTERS,
 };
 pub use types::{
-    AckExtras, BatchStorage, CommitReceipt, CounterAdd, DeadLetter, EpochCommit, PayloadRef,
-    PipelineIdentity, SealedBatch, SinkEpochCommit, SinkPartition, StoreOptions, StoreStats,
-    StoredBatch, StoredBody, StoredCounter, StoredDeadLetter,
+    AckExtras, BatchStorage, CommitReceipt, CounterAdd, DeadLetter, EpochCommit, OutboxId,
+    PayloadRef, PipelineIdentity, SealedBatch, SinkEpochCommit, SinkPartition, StoreOptions,
+    StoreStats, StoredBatch, StoredBody, StoredCounter, StoredDeadLetter,
 };
 
 /// Internals that tests and benches outside this crate check against (feature `testing`).

@@ -22,9 +22,9 @@ use crate::stats::StatCounters;
 use crate::summary::{self, StateSummary};
 use crate::trees::Trees;
 use crate::types::{
-    AckExtras, CommitReceipt, CounterAdd, DeadLetter, EpochCommit, PayloadRef, PipelineIdentity,
-    SealedBatch, SinkPartition, StoreOptions, StoreStats, StoredBatch, StoredCounter,
-    StoredDeadLetter,
+    AckExtras, CommitReceipt, CounterAdd, DeadLetter, EpochCommit, OutboxId, PayloadRef,
+    PipelineIdentity, SealedBatch, SinkPartition, StoreOptions, StoreStats, StoredBatch,
+    StoredCounter, StoredDeadLetter,
 };
 
 /// Handle to an open store. Cheap to clone; the committer thread stops (after pending requests,
@@ -109,7 +109,9 @@ impl StateStore {
     /// Opens or creates the store in `dir` (blocking), with fsync on. Starts the committer thread.
     ///
     /// Fails with [`StateError::Locked`] when another process (a running worker) has the
-    /// directory open, and [`StateError::Open`] when sled cannot open or create it.
+    /// directory open, [`StateError::NotWritable`] when the directory cannot be written (sled
+    /// opens only for writing; [`StateStore::open_to_read`] reads such a directory), and
+    /// [`StateError::Open`] when sled cannot open or create it for another reason.
     ///
     /// ```
     /// use flow_state::{EpochCommit, StateStore};
@@ -142,17 +144,28 @@ impl StateStore {
             .open()
             .map_err(|source| {
                 if is_locked(dir) {
-                    StateError::Locked {
+                    return StateError::Locked {
                         dir: dir.to_path_buf(),
-                    }
-                } else {
-                    StateError::Open {
+                    };
+                }
+                match source {
+                    sled::Error::Io(io) if is_not_writable(&io) => StateError::NotWritable {
+                        dir: dir.to_path_buf(),
+                        source: io,
+                    },
+                    source => StateError::Open {
                         dir: dir.to_path_buf(),
                         source,
-                    }
+                    },
                 }
             })?;
+        // Only a store sled creates now gets an identity: one it recovered was created before
+        // identities existed, and tokens derived without one may be pending in it.
+        let created = !db.was_recovered();
         let trees = Trees::open(db)?;
+        if created {
+            identity::create_outbox_id(&trees)?;
+        }
         let segments = Segments::open(dir, options.fsync, &referenced_segments(&trees)?)?;
         let durability = Durability::new(dir, options.fsync)?;
         let stats = Arc::new(StatCounters::default());
@@ -539,6 +552,12 @@ impl StateStore {
         identity::claim(&self.inner.trees, &self.inner.dir, &wanted)
     }
 
+    /// The identity of this outbox, drawn when the store was created; `None` for a store
+    /// created before outbox identities existed (see [`OutboxId`]).
+    pub fn outbox_id(&self) -> Result<Option<OutboxId>, StateError> {
+        identity::outbox_id(&self.inner.trees)
+    }
+
     /// The pipeline this store was claimed by, if any.
     pub fn identity(&self) -> Result<Option<PipelineIdentity>, StateError> {
         identity::recorded(&self.inner.trees)
@@ -566,6 +585,15 @@ impl StateStore {
     pub fn stats(&self) -> StoreStats {
         self.inner.stats.snapshot()
     }
+}
+
+/// Whether opening failed because the directory cannot be written, rather than because of what
+/// it holds: a read-only file system, or no write permission.
+fn is_not_writable(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+    )
 }
 
 /// Whether another process holds the lock sled takes on the store's `db` file, probed with a

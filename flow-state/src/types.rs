@@ -298,6 +298,22 @@ pub struct StoreStats {
     pub failed_requests: u64,
 }
 
+/// The identity of one outbox (one state directory): 64 random bits drawn when the store is
+/// first created and never changed. Two state directories of the same pipeline name have
+/// different ones, so what derives a name from it (the default deduplication-token namespace of
+/// the ClickHouse sinks) is never shared between them. A store created before outbox identities
+/// existed has none ([`crate::StateStore::outbox_id`] is `None`) and never gets one: the tokens
+/// it already used must stay what they were.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OutboxId(pub u64);
+
+impl std::fmt::Display for OutboxId {
+    /// 16 lowercase hex digits.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
 /// The pipeline a state directory belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PipelineIdentity {

@@ -160,7 +160,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", crate::error_text::error_text(&err));
             ExitCode::FAILURE
         }
     }

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use flow_core::{DeadRow, ExactBytes};
-use flow_state::{StateStore, StoredDeadLetter, SOURCE_OWNER};
+use flow_state::{ReadStore, StateError, StateStore, StoredDeadLetter, SOURCE_OWNER};
 use serde_json::{json, Value as Json};
 
 /// What `dead-letters` does.
@@ -36,20 +36,16 @@ pub fn dead_letters(
     sink: Option<&str>,
     yes: bool,
 ) -> anyhow::Result<ExitCode> {
-    if !state_dir.join("db").exists() && !state_dir.join("conf").exists() {
+    if !crate::run::is_state_dir(state_dir) {
         anyhow::bail!("`{}` is not a flow state directory", state_dir.display());
     }
-    let store = StateStore::open(state_dir).with_context(|| {
-        format!(
-            "opening the state directory `{}` (stop the worker that runs on it first)",
-            state_dir.display()
-        )
-    })?;
+    let read = open(state_dir, action)?;
+    let store = read.store();
     if let Some(sink) = sink {
         // A misspelt name would otherwise select nothing and answer "0 dead letter(s)" or
         // "removed 0", as if that sink had nothing set aside.
-        if let Err(err) = check_sink_known(&store, state_dir, sink) {
-            store.close().context("closing the state store")?;
+        if let Err(err) = check_sink_known(store, state_dir, sink) {
+            read.close().context("closing the state store")?;
             return Err(err);
         }
     }
@@ -59,11 +55,46 @@ pub fn dead_letters(
     let code = match action {
         Action::List => list(&letters),
         Action::Export => export(&letters)?,
-        Action::Requeue => requeue(&store, letters)?,
-        Action::Purge => purge(&store, &letters, yes)?,
+        Action::Requeue => requeue(store, letters)?,
+        Action::Purge => purge(store, &letters, yes)?,
     };
-    store.close().context("closing the state store")?;
+    read.close().context("closing the state store")?;
     Ok(code)
+}
+
+/// Opens the store for `action`: `list` and `export` read a directory they cannot write through a
+/// copy of it (said on stderr); `requeue` and `purge` change it, so they need it writable.
+fn open(state_dir: &Path, action: Action) -> anyhow::Result<ReadStore> {
+    let opened = match action {
+        Action::List | Action::Export => StateStore::open_to_read(state_dir),
+        Action::Requeue | Action::Purge => StateStore::open(state_dir).map(ReadStore::from),
+    };
+    match opened {
+        Ok(read) => {
+            if read.copy().is_some() {
+                eprintln!(
+                    "`{}` cannot be written (a read-only file system, or no write permission); reading a copy of it taken just now",
+                    state_dir.display()
+                );
+            }
+            Ok(read)
+        }
+        // The store's message names the directory, the reason and what to do.
+        Err(err @ StateError::NotWritable { .. }) => {
+            let verb = if action == Action::Purge {
+                "purge"
+            } else {
+                "requeue"
+            };
+            Err(anyhow::anyhow!(
+                "dead-letters {verb} changes the state directory, and {err}"
+            ))
+        }
+        Err(err) => Err(anyhow::Error::new(err).context(format!(
+            "opening the state directory `{}` (stop the worker that runs on it first)",
+            state_dir.display()
+        ))),
+    }
 }
 
 /// Refuses a `--sink` the store does not know, naming the sinks it does know; the source's owner

@@ -25,7 +25,7 @@ pub fn drain(
     let validated = registry.build(&spec)?;
     let state_dir = crate::run::resolve_state_dir(spec_path, state_dir, &validated)?;
     // A mistyped directory must not read as "nothing pending: change the topology".
-    if !state_dir.join("db").exists() && !state_dir.join("conf").exists() {
+    if !crate::run::is_state_dir(&state_dir) {
         bail!(
             "`{}` is not a flow state directory: nothing was ever committed there; pass the state directory of the pipeline to drain",
             state_dir.display()
@@ -38,6 +38,7 @@ pub fn drain(
         .build()
         .context("starting the tokio runtime")?;
     let outcome = runtime.block_on(async {
+        info!(pipeline = %spec.pipeline, state_dir = %state_dir.display(), "draining the outbox");
         let store = flow::open_state_store(&state_dir).await?;
         let pipeline = Pipeline::new(validated, store.clone());
         let signals = tokio::spawn(stop_on_signal(pipeline.control()));

@@ -4,7 +4,8 @@
 //! - `cli`: argument parsing, logging set-up and dispatch to one module per command.
 //! - the commands: `run` (with `progress`, its live progress line), `drain`, `status` (with
 //!   `status_watch`, `--watch`), `dead_letters`, `verify`.
-//! - `memory`: the jemalloc settings and memory reports of the worker's processes.
+//! - `error_text`: how an error is printed (each cause once); `memory`: the jemalloc settings and
+//!   memory reports of the worker's processes.
 //!
 //! `run` executes the pipeline until its finite sources are drained (or a signal stops it),
 //! `validate` reports every violation of a spec without connecting anywhere, `drain` delivers
@@ -21,6 +22,7 @@
 mod cli;
 mod dead_letters;
 mod drain;
+mod error_text;
 mod memory;
 mod progress;
 mod run;

@@ -32,6 +32,8 @@ pub fn run(
         .context("starting the tokio runtime")?;
     let outcome = runtime.block_on(async move {
         let store = flow::open_state_store(&state_dir).await?;
+        flow::warn_if_no_earlier_state(&store, &spec.pipeline, spec.partitions)
+            .context("reading the committed positions")?;
         let pipeline = Pipeline::new(validated, store.clone());
         let control = pipeline.control();
         let metrics = pipeline.metrics();
@@ -87,24 +89,75 @@ pub fn run(
     outcome
 }
 
-/// The state directory: `--state-dir`, else `state_dir` of the spec.
+/// The state directory, absolute: `--state-dir` (relative to the working directory: it is a path
+/// typed in the user's shell), else `state_dir` of the spec (which `PipelineSpec::from_file`
+/// resolved against the spec file's directory).
 pub(crate) fn resolve_state_dir(
     spec_path: &Path,
     state_dir: Option<&Path>,
     validated: &flow_core::ValidatedPipeline,
 ) -> anyhow::Result<PathBuf> {
-    let state_dir: PathBuf = match (state_dir, &validated.state_dir) {
-        (Some(dir), _) => dir.to_path_buf(),
-        (None, Some(dir)) => dir.clone(),
+    match (state_dir, &validated.state_dir) {
+        (Some(dir), _) => {
+            if dir.as_os_str().is_empty() {
+                bail!("--state-dir is an empty path; name a directory");
+            }
+            std::path::absolute(dir)
+                .with_context(|| format!("making --state-dir `{}` absolute", dir.display()))
+        }
+        (None, Some(dir)) => {
+            if dir.as_os_str().is_empty() {
+                bail!(
+                    "`state_dir` in {} is an empty path; name a directory",
+                    spec_path.display()
+                );
+            }
+            refuse_moved_state_dir(spec_path, dir)?;
+            Ok(dir.clone())
+        }
         (None, None) => bail!(
             "no state directory: set `state_dir` in {} or pass --state-dir",
             spec_path.display()
         ),
-    };
-    if state_dir.as_os_str().is_empty() {
-        bail!("--state-dir is an empty path; name a directory");
     }
-    Ok(state_dir)
+}
+
+/// Whether `dir` holds a state store (sled's files).
+pub(crate) fn is_state_dir(dir: &Path) -> bool {
+    dir.join("db").exists() || dir.join("conf").exists()
+}
+
+/// Refuses to start on an empty `resolved` directory when the spec's relative `state_dir`, read
+/// as earlier versions read it (against the working directory), names a directory that holds a
+/// store: that is this pipeline's outbox from before `state_dir` became relative to the spec
+/// file, and starting without it would read the source from the beginning and send everything
+/// again.
+fn refuse_moved_state_dir(spec_path: &Path, resolved: &Path) -> anyhow::Result<()> {
+    if is_state_dir(resolved) {
+        return Ok(());
+    }
+    // The spec as written: `from_file` already replaced a relative `state_dir`.
+    let text = std::fs::read_to_string(spec_path)
+        .with_context(|| format!("reading the spec file `{}`", spec_path.display()))?;
+    let Some(written) = PipelineSpec::from_yaml(&text)?
+        .state_dir
+        .filter(|dir| dir.is_relative())
+    else {
+        return Ok(());
+    };
+    let Ok(old) = std::path::absolute(&written) else {
+        return Ok(());
+    };
+    if old != resolved && is_state_dir(&old) {
+        bail!(
+            "`state_dir: {written}` of {spec} is relative to the spec file's directory, so it is `{new}`, which holds no state; but `{old}` (the same path relative to the working directory, where earlier versions put it) is a state directory. Starting on `{new}` would read the source from the beginning and send everything again. Move `{old}` to `{new}`, or pass --state-dir `{old}`, or write the absolute path in the spec",
+            written = written.display(),
+            spec = spec_path.display(),
+            new = resolved.display(),
+            old = old.display(),
+        );
+    }
+    Ok(())
 }
 
 /// SIGINT/SIGTERM: graceful stop (a second one exits at once; the outbox makes that safe).

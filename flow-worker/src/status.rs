@@ -22,14 +22,34 @@ pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 /// The state summary: from the store itself, or from the running worker's snapshot while it
-/// holds the store.
+/// holds the store. Says on stderr when it is read from a copy of the directory.
 pub(crate) fn summary(state_dir: &Path) -> anyhow::Result<StateSummary> {
-    if !state_dir.join("db").exists() && !state_dir.join("conf").exists() {
+    let (summary, copy_note) = read_summary(state_dir)?;
+    if let Some(note) = copy_note {
+        eprintln!("{note}");
+    }
+    Ok(summary)
+}
+
+/// The state summary, and the note to show when it was read from a copy of the directory (one
+/// this process cannot write): `--watch` shows that note in its header, which a redraw would
+/// otherwise wipe from the terminal.
+pub(crate) fn read_summary(state_dir: &Path) -> anyhow::Result<(StateSummary, Option<String>)> {
+    let mut copy_note = None;
+    if !crate::run::is_state_dir(state_dir) {
         anyhow::bail!("`{}` is not a flow state directory", state_dir.display());
     }
     let snapshot = snapshot_path(state_dir);
-    let summary = match StateStore::open(state_dir) {
-        Ok(store) => {
+    let summary = match StateStore::open_to_read(state_dir) {
+        Ok(read) => {
+            if read.copy().is_some() {
+                // sled opens only for writing: what is shown is a copy, not the directory.
+                copy_note = Some(format!(
+                    "`{}` cannot be written (a read-only file system, or no write permission); showing a copy of it taken just now",
+                    state_dir.display()
+                ));
+            }
+            let store = read.store();
             if snapshot.exists() {
                 // We hold the store's lock, so the worker that wrote the snapshot is gone.
                 eprintln!(
@@ -43,7 +63,7 @@ pub(crate) fn summary(state_dir: &Path) -> anyhow::Result<StateSummary> {
                     state_dir.display()
                 )
             })?;
-            store.close().context("closing the state store")?;
+            read.close().context("closing the state store")?;
             summary
         }
         // A running worker holds the lock and keeps a snapshot up to date.
@@ -68,7 +88,7 @@ pub(crate) fn summary(state_dir: &Path) -> anyhow::Result<StateSummary> {
             );
         }
     };
-    Ok(summary)
+    Ok((summary, copy_note))
 }
 
 fn read_snapshot(state_dir: &Path) -> anyhow::Result<StateSummary> {

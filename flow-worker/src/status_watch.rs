@@ -14,7 +14,8 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 
-use crate::status::{render, summary};
+use crate::error_text::error_text;
+use crate::status::{read_summary, render};
 
 /// Clears the screen and moves the cursor home.
 const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
@@ -22,25 +23,34 @@ const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
 pub fn watch(state_dir: &Path, json: bool, interval: Duration) -> anyhow::Result<ExitCode> {
     let terminal = std::io::stdout().is_terminal();
     // A wrong directory is reported once, not redrawn forever.
-    let mut frame = Some(summary(state_dir)?);
+    let mut frame = Some(read_summary(state_dir)?);
+    // Off a terminal the copy note goes to stderr once; on one it is part of every header.
+    let mut noted = false;
     loop {
         let now = humantime::format_rfc3339_seconds(SystemTime::now());
-        let text = match frame.take() {
-            Some(summary) if json && terminal => serde_json::to_string_pretty(&summary)? + "\n",
-            Some(summary) if json => serde_json::to_string(&summary)? + "\n",
-            Some(summary) => render(&summary, flow_core::delivery::now_ms()),
-            None => match summary(state_dir) {
-                Ok(summary) => {
-                    frame = Some(summary);
+        let (text, copy_note) = match frame.take() {
+            Some((summary, note)) if json && terminal => {
+                (serde_json::to_string_pretty(&summary)? + "\n", note)
+            }
+            Some((summary, note)) if json => (serde_json::to_string(&summary)? + "\n", note),
+            Some((summary, note)) => (render(&summary, flow_core::delivery::now_ms()), note),
+            None => match read_summary(state_dir) {
+                Ok(read) => {
+                    frame = Some(read);
                     continue;
                 }
-                Err(err) => format!("error: {err:#} (retrying)\n"),
+                Err(err) => (format!("error: {} (retrying)\n", error_text(&err)), None),
             },
         };
+        if let Some(note) = copy_note.as_ref().filter(|_| !terminal && !noted) {
+            eprintln!("{note}");
+            noted = true;
+        }
         let mut stdout = std::io::stdout().lock();
         let header = if terminal {
+            let note = copy_note.map_or_else(String::new, |note| format!("{note}\n"));
             format!(
-                "{CLEAR_SCREEN}{} every {} s, {now} (Ctrl-C to stop)\n\n",
+                "{CLEAR_SCREEN}{} every {} s, {now} (Ctrl-C to stop)\n{note}\n",
                 state_dir.display(),
                 interval.as_secs()
             )

@@ -24,7 +24,7 @@ use crate::error::HandleError;
 use crate::live_status::{read_state_dir, snapshot_path, LiveStatus};
 use crate::metrics_endpoint::MetricsEndpoint;
 use crate::metrics_snapshot::{MetricsParseError, MetricsSnapshot};
-use crate::store_lifecycle::{close_state_store, open_state_store};
+use crate::store_lifecycle::{close_state_store, open_state_store, warn_if_no_earlier_state};
 
 /// How often a running pipeline refreshes its status snapshot and the gauges of its metrics.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(2);
@@ -39,7 +39,11 @@ pub struct StartOptions {
 }
 
 impl StartOptions {
-    /// Options with the state directory `state_dir` (it wins over the spec's `state_dir`), the
+    /// Options with the state directory `state_dir` (it wins over the spec's `state_dir`; a
+    /// relative one is relative to the process's working directory at
+    /// [`PipelineHandle::start`], like a relative `state_dir` of a spec parsed from text or built
+    /// in code; [`PipelineSpec::from_file`] resolves the spec's against the spec file's
+    /// directory), the
     /// built-in plugins of [`crate::registry`] and no metrics endpoint beyond the spec's.
     pub fn new(state_dir: impl Into<PathBuf>) -> StartOptions {
         StartOptions::default().state_dir(state_dir)
@@ -105,11 +109,20 @@ impl PipelineHandle {
             .or_else(|| validated.state_dir.clone())
             .filter(|dir| !dir.as_os_str().is_empty())
             .ok_or(HandleError::NoStateDir)?;
+        // A relative directory is relative to the working directory now (the spec's, when it was
+        // read with `PipelineSpec::from_file`, is already absolute against the spec file's
+        // directory); made absolute once, so that the log names it and a later change of the
+        // process's working directory cannot move it.
+        let state_dir = std::path::absolute(&state_dir).unwrap_or(state_dir);
         let metrics_listen = options
             .metrics_listen
             .or(validated.metrics.map(|m| m.listen));
         let name = validated.name.clone();
         let store = open_state_store(&state_dir).await?;
+        if let Err(err) = warn_if_no_earlier_state(&store, &name, validated.partitions) {
+            // The run reads the same positions and stops with the same error.
+            warn!(pipeline = %name, state_dir = %state_dir.display(), error = %err, "cannot read the committed positions");
+        }
         let pipeline = Pipeline::new(validated, store.clone());
         let control = pipeline.control();
         let metrics = pipeline.metrics();

@@ -57,7 +57,9 @@ pub use live_status::{read_state_dir, snapshot_path, LiveStatus, StatusError};
 pub use metrics_endpoint::{MetricsEndpoint, MetricsEndpointError};
 pub use metrics_snapshot::{MetricSample, MetricsParseError, MetricsSnapshot};
 pub use registry::registry;
-pub use store_lifecycle::{close_state_store, open_state_store, StoreError, STORE_CLOSE_TIMEOUT};
+pub use store_lifecycle::{
+    close_state_store, open_state_store, warn_if_no_earlier_state, StoreError, STORE_CLOSE_TIMEOUT,
+};
 
 pub use flow_core::{
     Column, Epoch, EpochOutcome, EpochWrite, MessageBatch, MessageId, Metrics, PartitionEnd,

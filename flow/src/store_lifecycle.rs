@@ -1,13 +1,15 @@
 //! Opening and closing a pipeline's state store from async code, as the worker and a
 //! [`PipelineHandle`](crate::PipelineHandle) do: off the runtime threads (sled blocks), and
 //! closing with a bounded wait, since a committer blocked in the file system (a full disk) must
-//! not keep a program from ending when what was committed is durable anyway.
+//! not keep a program from ending when what was committed is durable anyway. A pipeline that
+//! finds no earlier state in its directory says so loudly: a state directory looked for in the
+//! wrong place reads as a first start and sends everything again.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flow_state::{StateError, StateStore};
-use tracing::error;
+use tracing::{error, warn};
 
 /// How long closing the state store may take before giving up on it.
 pub const STORE_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -58,6 +60,25 @@ pub async fn open_state_store(state_dir: &Path) -> Result<StateStore, StoreError
             dir: state_dir.to_path_buf(),
             source,
         })
+}
+
+/// Warns, one line for the whole pipeline, when `store` holds no committed position for any of
+/// the `partitions` partitions of `pipeline`: its source reads from the beginning. Returns
+/// whether it warned. On a first start that is expected; for a pipeline that ran before it means
+/// its state directory is elsewhere, and starting again would send everything again.
+pub fn warn_if_no_earlier_state(
+    store: &StateStore,
+    pipeline: &str,
+    partitions: u32,
+) -> Result<bool, StateError> {
+    for partition in 0..partitions {
+        if store.position(pipeline, partition)?.is_some() {
+            return Ok(false);
+        }
+    }
+    let dir = store.dir().display();
+    warn!(pipeline, state_dir = %dir, "no earlier state at {dir}: reading from the beginning. Expected on a first start; if pipeline `{pipeline}` ran before, its state directory is elsewhere: stop now and point `state_dir` (or --state-dir) at it, or everything is sent again");
+    Ok(true)
 }
 
 /// Closes `store` (every clone of it) off the runtime threads, giving up after

@@ -19,7 +19,7 @@ use std::thread;
 
 use flow_clickhouse::testing::RendezvousRouter;
 use flow_core::{Pipeline, PipelineSpec, RunReport, RuntimeError};
-use flow_state::StateStore;
+use flow_state::{OutboxId, StateStore};
 
 // ---------------------------------------------------------------------------------------------
 // The double.
@@ -382,10 +382,19 @@ fn unsharded_params(double: &Double, extra: &str) -> String {
 
 async fn run(yaml: &str) -> Result<RunReport, RuntimeError> {
     let dir = tempfile::tempdir().unwrap();
+    run_in(dir.path(), yaml).await.0
+}
+
+/// Runs `yaml` on the state directory `dir`; returns the result and the directory's outbox id.
+async fn run_in(
+    dir: &std::path::Path,
+    yaml: &str,
+) -> (Result<RunReport, RuntimeError>, Option<OutboxId>) {
     let registry = flow_worker::registry();
     let spec = PipelineSpec::from_yaml(yaml).expect("spec parses");
     let validated = registry.build(&spec).expect("spec validates");
-    let store = StateStore::open(dir.path()).unwrap();
+    let store = StateStore::open(dir).unwrap();
+    let outbox = store.outbox_id().unwrap();
     let result = tokio::time::timeout(
         std::time::Duration::from_secs(120),
         Pipeline::new(validated, store.clone()).run(),
@@ -393,7 +402,32 @@ async fn run(yaml: &str) -> Result<RunReport, RuntimeError> {
     .await
     .expect("the pipeline did not finish in time");
     store.close().unwrap();
-    result
+    (result, outbox)
+}
+
+/// `text` (a token, or a message quoting tokens) with the outbox id taken out of the default
+/// namespace `tokpipe.out.<16 hex digits>/`, leaving `tokpipe.out/`: every `run` starts a new
+/// state directory, hence a new id (`the_default_namespace_names_the_outbox` checks the ids).
+fn without_outbox_id(text: &str) -> String {
+    let marker = format!("{PIPELINE}.{SINK}.");
+    let (mut out, mut rest) = (String::new(), text);
+    while let Some(at) = rest.find(&marker) {
+        out.push_str(&rest[..at]);
+        out.push_str(&format!("{PIPELINE}.{SINK}"));
+        let after = &rest[at + marker.len()..];
+        let id = after
+            .get(..17)
+            .filter(|id| id.ends_with('/') && id[..16].bytes().all(|b| b.is_ascii_hexdigit()));
+        match id {
+            Some(_) => rest = &after[16..],
+            None => {
+                out.push('.');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The ids of the RowBinary rows of one insert body (the generator's six columns, in order).
@@ -449,7 +483,10 @@ async fn modern_server_gets_one_token_per_batch_named_by_its_last_message() {
     .await
     .unwrap();
     let inserts = double.inserts();
-    let tokens: Vec<&str> = inserts.iter().map(Insert::token).collect();
+    let tokens: Vec<String> = inserts
+        .iter()
+        .map(|i| without_outbox_id(i.token()))
+        .collect();
     assert_eq!(
         tokens,
         ["tokpipe.out/0-3", "tokpipe.out/0-7", "tokpipe.out/0-9"]
@@ -497,7 +534,7 @@ async fn tokens_of_two_epochs(double: &Double, beside_debug_sink: bool) -> Vec<(
     double
         .inserts()
         .iter()
-        .map(|insert| (insert.token().to_owned(), decode_ids(&insert.body)))
+        .map(|insert| (without_outbox_id(insert.token()), decode_ids(&insert.body)))
         .collect()
 }
 
@@ -571,7 +608,7 @@ async fn sharded_tokens_carry_the_shard_and_go_to_that_shard() {
     // two shards' lanes interleave freely.
     let got: Vec<(String, u16, Vec<u64>)> = inserts
         .iter()
-        .map(|i| (i.token().to_owned(), i.port, decode_ids(&i.body)))
+        .map(|i| (without_outbox_id(i.token()), i.port, decode_ids(&i.body)))
         .collect();
     for port in [pa, pb] {
         let of = |parts: &[(String, u16, Vec<u64>)]| -> Vec<(String, u16, Vec<u64>)> {
@@ -604,7 +641,10 @@ async fn async_insert_adds_wait_and_deduplicate_settings() {
         assert_eq!(insert.param("wait_for_async_insert"), Some("1"));
         assert_eq!(insert.param("async_insert_deduplicate"), Some("1"));
     }
-    let tokens: Vec<&str> = inserts.iter().map(Insert::token).collect();
+    let tokens: Vec<String> = inserts
+        .iter()
+        .map(|i| without_outbox_id(i.token()))
+        .collect();
     assert_eq!(
         tokens,
         ["tokpipe.out/0-3", "tokpipe.out/0-7", "tokpipe.out/0-9"]
@@ -633,6 +673,73 @@ async fn token_namespace_replaces_the_pipeline_and_sink_prefix() {
         .map(|i| i.token().to_owned())
         .collect();
     assert_eq!(tokens, ["team-a/v2.0-3", "team-a/v2.0-7", "team-a/v2.0-9"]);
+}
+
+/// Issue 24 item 4: the default namespace names the state directory's outbox, so two state
+/// directories of one pipeline name never send the same token for their different rows, while
+/// one directory keeps its namespace from run to run; a store created before outbox ids keeps
+/// the old `<pipeline>.<sink>/` (its pending batches carry tokens made with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_namespace_names_the_outbox() {
+    let yaml = |double: &Double, count: u64| {
+        spec(
+            "ClickHouseBatchingSink",
+            &unsharded_params(double, ""),
+            "{max_rows_per_batch: 4}",
+            count,
+        )
+    };
+    let tokens = |double: &Double| -> Vec<String> {
+        double
+            .inserts()
+            .iter()
+            .map(|i| i.token().to_owned())
+            .collect()
+    };
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let double_a = Double::start(Flavor::Modern, 1);
+    let (ran, id_a) = run_in(a.path(), &yaml(&double_a, 4)).await;
+    ran.unwrap();
+    let id_a = id_a.expect("a new state directory has an outbox id");
+    assert_eq!(tokens(&double_a), [format!("tokpipe.out.{id_a}/0-3")]);
+
+    // Another state directory, same pipeline, same messages: another namespace.
+    let double_b = Double::start(Flavor::Modern, 1);
+    let (ran, id_b) = run_in(b.path(), &yaml(&double_b, 4)).await;
+    ran.unwrap();
+    let id_b = id_b.expect("a new state directory has an outbox id");
+    assert_ne!(id_a, id_b);
+    assert_eq!(tokens(&double_b), [format!("tokpipe.out.{id_b}/0-3")]);
+
+    // The first directory again, with more messages: the same namespace as before.
+    let double_a2 = Double::start(Flavor::Modern, 1);
+    let (ran, again) = run_in(a.path(), &yaml(&double_a2, 8)).await;
+    ran.unwrap();
+    assert_eq!(again, Some(id_a));
+    assert_eq!(tokens(&double_a2), [format!("tokpipe.out.{id_a}/0-7")]);
+
+    // A store created before outbox ids (sled's files without one): the old default.
+    let old = tempfile::tempdir().unwrap();
+    sled::open(old.path()).unwrap().flush().unwrap();
+    let double_old = Double::start(Flavor::Modern, 1);
+    let (ran, none) = run_in(old.path(), &yaml(&double_old, 4)).await;
+    ran.unwrap();
+    assert_eq!(none, None);
+    assert_eq!(tokens(&double_old), ["tokpipe.out/0-3"]);
+
+    // An explicit namespace wins over the outbox id.
+    let c = tempfile::tempdir().unwrap();
+    let double_c = Double::start(Flavor::Modern, 1);
+    let explicit = spec(
+        "ClickHouseBatchingSink",
+        &unsharded_params(&double_c, ", token_namespace: 'team-a/v2.'"),
+        "{max_rows_per_batch: 4}",
+        4,
+    );
+    let (ran, id_c) = run_in(c.path(), &explicit).await;
+    ran.unwrap();
+    assert!(id_c.is_some());
+    assert_eq!(tokens(&double_c), ["team-a/v2.0-3"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -713,7 +820,7 @@ async fn too_many_parts_is_retried_with_the_same_token_and_bytes() {
         "two refused attempts, then the accepted one"
     );
     for insert in &inserts {
-        assert_eq!(insert.token(), "tokpipe.out/0-3");
+        assert_eq!(without_outbox_id(insert.token()), "tokpipe.out/0-3");
         assert_eq!(insert.body, inserts[0].body);
         assert_modern_insert(insert);
     }
@@ -738,7 +845,7 @@ async fn unknown_table_is_permanent_and_given_up_after_one_attempt() {
     .to_string();
     assert!(err.contains("Giving up insert into ClickHouse"), "{err}");
     assert!(
-        err.contains("after 1 attempt(s), token tokpipe.out/0-3"),
+        without_outbox_id(&err).contains("after 1 attempt(s), token tokpipe.out/0-3"),
         "{err}"
     );
     assert!(err.contains("code 60 UNKNOWN_TABLE"), "{err}");
@@ -770,7 +877,7 @@ async fn unclassified_code_is_tried_max_insert_attempts_times() {
     let inserts = double.inserts();
     assert_eq!(inserts.len(), 3);
     for insert in &inserts {
-        assert_eq!(insert.token(), "tokpipe.out/0-3");
+        assert_eq!(without_outbox_id(insert.token()), "tokpipe.out/0-3");
         assert_eq!(insert.body, inserts[0].body);
     }
 }
@@ -817,7 +924,7 @@ async fn lz4_retries_resend_identical_compressed_bytes() {
     assert_eq!(inserts.len(), 2);
     for insert in &inserts {
         assert_eq!(insert.param("decompress"), Some("1"));
-        assert_eq!(insert.token(), "tokpipe.out/0-3");
+        assert_eq!(without_outbox_id(insert.token()), "tokpipe.out/0-3");
         assert_eq!(insert.body, inserts[0].body);
     }
     // ClickHouse's compressed block framing: 16-byte checksum, then method byte 0x82 (LZ4).

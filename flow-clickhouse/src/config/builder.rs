@@ -224,7 +224,8 @@ impl ClickHouseSink {
         self
     }
 
-    /// `token_namespace`: the prefix of deduplication tokens (default `<pipeline>.<sink>/`).
+    /// `token_namespace`: the prefix of deduplication tokens (default
+    /// `<pipeline>.<sink>.<outbox id>/`, see [`crate::SinkParams::token_prefix`]).
     pub fn token_namespace(mut self, namespace: impl Into<String>) -> Self {
         self.parameters.token_namespace = Some(namespace.into());
         self

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 
 use flow_core::registry::parse_parameters;
 use flow_core::Violation;
+use flow_state::OutboxId;
 use serde::{Deserialize, Serialize};
 
 use crate::config::dynamic::ClickHouseDynamicParams;
@@ -136,7 +137,8 @@ pub struct ClickHouseParams {
     pub tls_ca_directory: Option<PathBuf>,
     /// Accept any server certificate (insecure; for tests only).
     pub tls_skip_verification: bool,
-    /// Our addition: the prefix of deduplication tokens; `None` means `<pipeline>.<sink>/`.
+    /// Our addition: the prefix of deduplication tokens; `None` means
+    /// `<pipeline>.<sink>.<outbox id>/` (see [`SinkParams::token_prefix`]).
     /// Must match `[A-Za-z0-9_./-]*`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_namespace: Option<String>,
@@ -211,7 +213,8 @@ pub struct SinkParams {
     pub host_selection_policy: HostSelectionPolicy,
     /// Columns whose values form the routing key; empty routes by message id.
     pub sharding_key_columns: Vec<String>,
-    /// The prefix of deduplication tokens; `None` means `<pipeline>.<sink>/`.
+    /// The prefix of deduplication tokens; `None` means the default of
+    /// [`SinkParams::token_prefix`].
     pub token_namespace: Option<String>,
     pub codec: Codec,
     pub on_bad_rows: OnBadRows,
@@ -221,12 +224,17 @@ pub struct SinkParams {
 }
 
 impl SinkParams {
-    /// The prefix of this sink's deduplication tokens: `token_namespace`, or
-    /// `<pipeline>.<sink>/` by default.
-    pub fn token_prefix(&self, pipeline: &str, sink: &str) -> String {
-        match &self.token_namespace {
-            Some(namespace) => namespace.clone(),
-            None => format!("{pipeline}.{sink}/"),
+    /// The prefix of this sink's deduplication tokens: `token_namespace`, or by default
+    /// `<pipeline>.<sink>.<outbox id>/` with the identity of the state directory's outbox, so that
+    /// two state directories of the same pipeline name never send the same token for different
+    /// rows. A store created before outbox identities existed (`outbox` is `None`) keeps the
+    /// default it always had, `<pipeline>.<sink>/`. Either way a replay sends the token stored
+    /// with its batch, never one derived again.
+    pub fn token_prefix(&self, pipeline: &str, sink: &str, outbox: Option<OutboxId>) -> String {
+        match (&self.token_namespace, outbox) {
+            (Some(namespace), _) => namespace.clone(),
+            (None, Some(outbox)) => format!("{pipeline}.{sink}.{outbox}/"),
+            (None, None) => format!("{pipeline}.{sink}/"),
         }
     }
 }
@@ -320,7 +328,8 @@ impl ClickHouseParams {
                     "parameters.token_namespace",
                     format!(
                         "`{namespace}` may only contain letters, digits, `_`, `.`, `/` and `-`; \
-                         rename it, or remove it to use the default `<pipeline>.<sink>/`"
+                         rename it, or remove it to use the default \
+                         `<pipeline>.<sink>.<outbox id>/`"
                     ),
                 ));
             }
@@ -1531,14 +1540,30 @@ mod tests {
     }
 
     #[test]
-    fn token_namespace_is_checked_and_defaults_to_pipeline_and_sink() {
+    fn token_namespace_is_checked_and_defaults_to_pipeline_sink_and_outbox() {
         let p = resolved(SinkClass::Batching, "{host: h, table: t}");
-        assert_eq!(p.token_prefix("quickstart", "events"), "quickstart.events/");
+        let (a, b) = (Some(OutboxId(0xa1)), Some(OutboxId(0xb2)));
+        // Two state directories of one pipeline name: two namespaces.
+        assert_eq!(
+            p.token_prefix("quickstart", "events", a),
+            "quickstart.events.00000000000000a1/"
+        );
+        assert_eq!(
+            p.token_prefix("quickstart", "events", b),
+            "quickstart.events.00000000000000b2/"
+        );
+        // A store without an identity (created before them) keeps the old default.
+        assert_eq!(
+            p.token_prefix("quickstart", "events", None),
+            "quickstart.events/"
+        );
         let p = resolved(
             SinkClass::Batching,
             "{host: h, table: t, token_namespace: 'team-a/v2.'}",
         );
-        assert_eq!(p.token_prefix("quickstart", "events"), "team-a/v2.");
+        for outbox in [a, b, None] {
+            assert_eq!(p.token_prefix("quickstart", "events", outbox), "team-a/v2.");
+        }
         let v = single(
             SinkClass::Batching,
             "{host: h, table: t, token_namespace: 'a:b'}",

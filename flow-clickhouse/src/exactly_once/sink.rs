@@ -40,7 +40,7 @@ pub fn build(
     let shared = build_shared(class, ctx, parameters, dynamic)?;
     let delivery = SinkDelivery::new(ctx.sink, shared.in_flight_budget());
     Ok(Arc::new(BatchingSinkFactory {
-        exactly_once: Arc::new(ExactlyOnce::new(&shared, ctx)),
+        exactly_once: Arc::new(ExactlyOnce::new(&shared)),
         shared,
         delivery,
     }))
@@ -54,11 +54,13 @@ struct BatchingSinkFactory {
 
 impl SinkFactory for BatchingSinkFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+        let token_prefix = ExactlyOnce::token_prefix(&self.shared, &ctx)?;
         self.shared.start_session_early(&ctx.shutdown);
         Ok(Box::new(OutboxSink::new(BatchingSink {
             shared: Arc::clone(&self.shared),
             delivery: Arc::clone(&self.delivery),
             exactly_once: Arc::clone(&self.exactly_once),
+            token_prefix,
             ctx,
             fingerprints_checked: false,
             cutter: BatchCutter::default(),
@@ -76,6 +78,8 @@ struct BatchingSink {
     shared: Arc<SinkShared>,
     delivery: Arc<SinkDelivery>,
     exactly_once: Arc<ExactlyOnce>,
+    /// The prefix of the tokens of newly sealed batches (pending ones keep their stored token).
+    token_prefix: String,
     ctx: SinkContext,
     /// Whether the persisted fingerprints were compared with (or replaced by) the current ones.
     fingerprints_checked: bool,
@@ -187,7 +191,8 @@ impl Sealer for BatchingSink {
             .map(|part| {
                 let name = self.shared.shard_name(part.shard);
                 let shard = self.shared.sharded.then_some(name);
-                let token = self.exactly_once.token(partition, part.last_offset, shard);
+                let token =
+                    ExactlyOnce::token(&self.token_prefix, partition, part.last_offset, shard);
                 SealedBatch {
                     target: target.clone(),
                     columns: columns.clone(),

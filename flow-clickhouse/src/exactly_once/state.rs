@@ -5,8 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use flow_core::registry::SinkBuildContext;
-use flow_core::SinkError;
+use flow_core::{SinkContext, SinkError};
 use tracing::error;
 
 use crate::delivery::insert::GiveUpReason;
@@ -16,29 +15,34 @@ use crate::server::session::WriterSession;
 
 /// Exactly-once state shared by every partition of one sink.
 pub struct ExactlyOnce {
-    token_prefix: String,
     routing_fingerprint: String,
     gave_up: Mutex<Option<GiveUpReason>>,
 }
 
 impl ExactlyOnce {
-    pub fn new(shared: &SinkShared, ctx: &SinkBuildContext<'_>) -> ExactlyOnce {
+    pub fn new(shared: &SinkShared) -> ExactlyOnce {
         let params = &shared.params;
         let routing_fingerprint = topology_fingerprint(
             &params.sharding_key_columns,
             shared.sharded.then_some(shared.router.shards()),
         );
         ExactlyOnce {
-            token_prefix: params.token_prefix(ctx.pipeline, ctx.sink),
             routing_fingerprint,
             gave_up: Mutex::new(None),
         }
     }
 
+    /// The token prefix of the sink partition in `ctx`: the default namespace names the outbox
+    /// of `ctx.store` (known only once the store is open, after the sink was built).
+    pub fn token_prefix(shared: &SinkShared, ctx: &SinkContext) -> Result<String, SinkError> {
+        let outbox = ctx.store.outbox_id()?;
+        Ok(shared.params.token_prefix(&ctx.pipeline, &ctx.sink, outbox))
+    }
+
     /// The token of the part of `partition` ending at `last_offset`:
     /// `<namespace><partition>-<last offset>[:<shard>]`.
-    pub fn token(&self, partition: u32, last_offset: u64, shard: Option<&str>) -> String {
-        let mut token = format!("{}{partition}-{last_offset}", self.token_prefix);
+    pub fn token(prefix: &str, partition: u32, last_offset: u64, shard: Option<&str>) -> String {
+        let mut token = format!("{prefix}{partition}-{last_offset}");
         if let Some(shard) = shard {
             token.push(':');
             token.push_str(shard);
@@ -121,7 +125,6 @@ mod tests {
         // Two partitions giving up at once: each fails with its own token; later writes quote
         // the first.
         let latch = ExactlyOnce {
-            token_prefix: String::new(),
             routing_fingerprint: String::new(),
             gave_up: Mutex::new(None),
         };

@@ -83,7 +83,8 @@ impl<S> PipelineSpecBuilder<S> {
         self
     }
 
-    /// `state_dir`: where the outbox lives.
+    /// `state_dir`: where the outbox lives; a relative one is relative to the process's working
+    /// directory (unlike one read by [`PipelineSpec::from_file`], which is the spec file's).
     pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.spec.state_dir = Some(dir.into());
         self

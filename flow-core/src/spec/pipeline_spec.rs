@@ -30,7 +30,10 @@ pub struct PipelineSpec {
     /// Independent partitions the source is read in, 1..=[`MAX_PARTITIONS`] (default 1).
     #[serde(default = "default_partitions")]
     pub partitions: u32,
-    /// Where the outbox lives, relative to the working directory (`--state-dir` wins).
+    /// Where the outbox lives (`--state-dir` wins). A relative path read by
+    /// [`PipelineSpec::from_file`] is made absolute against the spec file's directory, so a run
+    /// from another working directory finds the same outbox; in a spec parsed from text or built
+    /// in code it stays relative to the process's working directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<PathBuf>,
     /// When an epoch (one atomic commit per partition) ends.
@@ -345,7 +348,10 @@ impl PipelineSpec {
         }
     }
 
-    /// Reads and parses a spec file.
+    /// Reads and parses a spec file. A relative `state_dir` is resolved against the directory
+    /// holding the file (its canonical path: a symbolic link to the file itself is not
+    /// followed), which makes it absolute: the outbox belongs to the spec, not to the directory
+    /// the worker happens to be started from.
     pub fn from_file(path: &Path) -> Result<PipelineSpec, SpecError> {
         let text = std::fs::read_to_string(path).map_err(|err| SpecError {
             violations: vec![Violation::new(
@@ -353,7 +359,9 @@ impl PipelineSpec {
                 format!("cannot read the spec file `{}`: {err}", path.display()),
             )],
         })?;
-        PipelineSpec::from_yaml(&text)
+        let mut spec = PipelineSpec::from_yaml(&text)?;
+        spec.state_dir = spec.state_dir.map(|dir| state_dir_of_spec_file(path, dir));
+        Ok(spec)
     }
 
     /// The spec with every `dynamic_parameters` section blanked: two specs with the same static
@@ -365,6 +373,27 @@ impl PipelineSpec {
         }
         copy
     }
+}
+
+/// `state_dir` as written in the spec file at `spec_path`: a relative one is joined to the
+/// canonical path of the directory holding the file (so that every working directory logs the
+/// same path); an absolute one is kept as written. An empty one stays empty, for the caller to
+/// refuse.
+fn state_dir_of_spec_file(spec_path: &Path, state_dir: PathBuf) -> PathBuf {
+    if state_dir.as_os_str().is_empty() || state_dir.is_absolute() {
+        return state_dir;
+    }
+    let spec_dir = match spec_path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    // The file was just read, so its directory exists; should it vanish meanwhile, the path as
+    // named (made absolute) still names the same place for this process.
+    let spec_dir = std::fs::canonicalize(spec_dir)
+        .or_else(|_| std::path::absolute(spec_dir))
+        .unwrap_or_else(|_| spec_dir.to_path_buf());
+    // Collecting the components drops the `.` ones (`./flow-state`), never a `..`.
+    spec_dir.join(state_dir).components().collect()
 }
 
 /// The violation for text the YAML parser refused. An integer beyond 64 bits is valid YAML that
@@ -483,4 +512,40 @@ pub fn is_valid_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC: &str = "pipeline: p\nsource: {class: generator, parameters: {count: 1}}\nsinks: [{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {path: out.jsonl}}]\n";
+
+    /// Issue 24 item 3: the outbox belongs to the spec file, not to the working directory.
+    #[test]
+    fn a_relative_state_dir_of_a_spec_file_is_the_spec_files_directorys() {
+        let dir = std::env::temp_dir().join(format!("flow-spec-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("specs")).unwrap_or_else(|e| panic!("{e}"));
+        let write = |name: &str, state_dir: &str| {
+            let path = dir.join("specs").join(name);
+            std::fs::write(&path, format!("state_dir: {state_dir}\n{SPEC}"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            PipelineSpec::from_file(&path)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .state_dir
+        };
+        let specs = std::fs::canonicalize(dir.join("specs")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(write("rel.yaml", "./state"), Some(specs.join("state")));
+        assert_eq!(write("up.yaml", "../state"), Some(specs.join("../state")));
+        assert_eq!(
+            write("abs.yaml", "/srv/state"),
+            Some(PathBuf::from("/srv/state"))
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        // Parsed from text, no file is known: it stays relative (to the working directory).
+        let text = PipelineSpec::from_yaml(&format!("state_dir: ./state\n{SPEC}"));
+        assert_eq!(
+            text.map(|s| s.state_dir).ok().flatten(),
+            Some(PathBuf::from("./state"))
+        );
+    }
 }

@@ -51,7 +51,8 @@ pub struct ValidatedPipeline {
     pub name: String,
     /// Its partition count.
     pub partitions: u32,
-    /// The spec's `state_dir`, if any.
+    /// The spec's `state_dir`, if any (absolute when the spec was read by
+    /// [`PipelineSpec::from_file`](crate::PipelineSpec::from_file)).
     pub state_dir: Option<PathBuf>,
     /// When an epoch ends.
     pub epoch: EpochSettings,
