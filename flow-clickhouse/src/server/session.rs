@@ -237,9 +237,11 @@ impl WriterSession {
                     shard_first = Some((here.clone(), meta.clone()));
                 }
                 if let Some((there, reference)) = &first {
-                    if let Some(diff) = schema_difference(&reference.columns, &meta.columns) {
+                    if let Some(diff) =
+                        schema_difference(&reference.columns, there, &meta.columns, &here)
+                    {
                         return Err(refused(format!(
-                            "the schema on {here} differs from the one on {there}: {diff}. Make the tables identical (name, type, default kind and expression, in order)"
+                            "the table's schema differs between hosts: {diff}. Make the tables identical (name, type, default kind and expression, in order)"
                         )));
                     }
                 } else {
