@@ -14,6 +14,7 @@ use crate::config::guarantee::SinkClass;
 use crate::config::params::SinkParams;
 use crate::config::topology::{Endpoint, ShardIndex};
 use crate::encode::chtype::{check_mapping_on, ChType, ServerTypes};
+use crate::encode::readable::ReadableRanges;
 use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
 use crate::exactly_once::fingerprint::{
     endpoint_target_fingerprint, replicated_target_fingerprint, target_key,
@@ -163,6 +164,8 @@ impl WriterSession {
         };
         let mut target_fingerprints = BTreeMap::new();
         let mut dedup_windows = Vec::new();
+        // What every host that answered reads back of Date and DateTime (the oldest server's).
+        let mut ranges: Option<ReadableRanges> = None;
         // Every endpoint is probed at once (a start costs one round of queries, not one per
         // host); the answers are then checked in the order the spec lists the hosts.
         let probes = join_all(shards.iter().map(|shard| {
@@ -216,6 +219,11 @@ impl WriterSession {
                 };
                 let here = describe(&shard.name, endpoint);
                 capabilities = min_capabilities(capabilities, meta.capabilities);
+                let of_host = ReadableRanges::of_version(&meta.server_types.version);
+                ranges = Some(match ranges.take() {
+                    Some(so_far) => so_far.intersect(of_host),
+                    None => of_host,
+                });
                 if let Some((there, reference)) = &shard_first {
                     if reference.engine != meta.engine {
                         return Err(refused(format!(
@@ -325,7 +333,8 @@ impl WriterSession {
             capabilities,
             &reference.server_types,
         )
-        .map_err(refused)?;
+        .map_err(refused)?
+        .with_ranges(ranges.unwrap_or_else(|| ReadableRanges::of_version("")));
         let columns_guard = ColumnsGuard::new(
             ColumnsGuard::query(&params.database, &params.table),
             reference.columns.clone(),
