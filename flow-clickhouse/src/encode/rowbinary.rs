@@ -1456,4 +1456,80 @@ mod tests {
 }
 
 #[cfg(test)]
+mod widening_tests {
+    use flow_core::{Column, MessageBatch, MessageId, StreamSchema, StreamType, Value};
+
+    use super::*;
+
+    fn encode(stream: StreamType, value: Value<'_>, ty: ChType) -> Vec<u8> {
+        let mut batch =
+            MessageBatch::new(StreamSchema::new(vec![Column::new("c", stream)]).unwrap());
+        let mut writer = batch.start_row(MessageId::new(0, 0));
+        writer.push(value).unwrap();
+        writer.finish().unwrap();
+        let encoder = RowBinaryEncoder::new(vec![EncodedColumn {
+            name: "c".to_owned(),
+            stream_index: 0,
+            ty,
+        }]);
+        let mut out = Vec::new();
+        encoder.encode_row(&batch.row(0), &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_value_is_written_as_the_wider_column_it_was_widened_to() {
+        assert_eq!(
+            encode(
+                StreamType::Uint32,
+                Value::Uint(u32::MAX.into()),
+                ChType::UInt64
+            ),
+            u64::from(u32::MAX).to_le_bytes()
+        );
+        assert_eq!(
+            encode(
+                StreamType::Uint32,
+                Value::Uint(u32::MAX.into()),
+                ChType::Int64
+            ),
+            i64::from(u32::MAX).to_le_bytes()
+        );
+        assert_eq!(
+            encode(StreamType::Int8, Value::Int(-128), ChType::Int32),
+            (-128i32).to_le_bytes()
+        );
+        assert_eq!(
+            encode(StreamType::Uint64, Value::Uint(u64::MAX), ChType::Int128),
+            i128::from(u64::MAX).to_le_bytes()
+        );
+        // A float is the f64 of its f32: Float64 keeps it exactly.
+        let third = f32::from_bits(0x3eaa_aaab);
+        assert_eq!(
+            encode(
+                StreamType::Float,
+                Value::Float(third.into()),
+                ChType::Float64
+            ),
+            f64::from(third).to_le_bytes()
+        );
+        let mut packed = Vec::new();
+        write_leb128(2, &mut packed);
+        packed.extend_from_slice(&7u32.to_le_bytes());
+        packed.extend_from_slice(&u32::MAX.to_le_bytes());
+        let mut expected = vec![2];
+        expected.extend_from_slice(&7u64.to_le_bytes());
+        expected.extend_from_slice(&u64::from(u32::MAX).to_le_bytes());
+        assert_eq!(
+            encode(
+                StreamType::List(Box::new(StreamType::Uint32)),
+                Value::Packed(&packed),
+                ChType::Array(Box::new(ChType::UInt64))
+            ),
+            expected
+        );
+    }
+}
+
+#[cfg(test)]
 mod oracle_tests;
