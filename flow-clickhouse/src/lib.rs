@@ -4,8 +4,9 @@
 //! - `config/`: the spec's parameters validated into resolved values (`params`, `dynamic`),
 //!   the `topology` of endpoints, the `guarantee` of each [`SinkClass`] with its retry decision,
 //!   and the typed code `builder` ([`ClickHouseSink`]).
-//! - `encode/`: ClickHouse types (`chtype`), the RowBinary body (`rowbinary`), reading rows back
-//!   (`row_spans`), compression (`compress`) and shard routing (`routing`).
+//! - `encode/`: ClickHouse types (`chtype`), the dates a server reads back (`readable`), the
+//!   RowBinary body (`rowbinary`), reading rows back (`row_spans`), compression (`compress`) and
+//!   shard routing (`routing`).
 //! - `server/`: HTTP clients (`client`, `tls`, `protocol`), error classes (`classify`), the
 //!   writer session (`probe`, `session`, `late_hosts`, `columns_guard`, `dedup_window`).
 //! - `delivery/`: what every class shares: the per-sink state and its session wait

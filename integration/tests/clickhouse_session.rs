@@ -212,9 +212,9 @@ async fn schema_differing_between_shards_is_refused() {
     let text = refusal(&yaml, &t).await;
     assert_has(
         &text,
-        "the schema on host 127.0.0.1:18125 of shard `b` differs from the one on host \
-         127.0.0.1:18123 of shard `a`: column 2 is `x` String  \"\" there but `x` UInt8  \"\" \
-         here. Make the tables identical (name, type, default kind and expression, in order)",
+        "the table's schema differs between hosts: column 2 is `x` String on host \
+         127.0.0.1:18123 of shard `a` but `x` UInt8 on host 127.0.0.1:18125 of shard `b`. Make \
+         the tables identical (name, type, default kind and expression, in order)",
     );
     drop((on_a, on_b));
 }

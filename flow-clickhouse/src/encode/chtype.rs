@@ -418,8 +418,10 @@ impl ServerTypes {
 /// `LowCardinality(T)` is written as T. Per-value checks (ranges, precision, enum names, IP and
 /// UUID text) happen when rows are encoded.
 ///
-/// The error explains the fix, e.g. "column `user_id`: the stream has uint32 but the table has
-/// UInt64; declare the stream column as uint64 or change the table column to UInt32"; when the
+/// A wider integer column that holds every value of the stream's type fits too (see
+/// [`is_widening`]). The error explains the fix, e.g. "column `user_id`: the stream has uint64
+/// but the table has UInt32; declare the stream column as uint32 or change the table column to
+/// UInt64"; when the
 /// fitting column type is one the server lacks, it says so with the server's version.
 #[cfg(any(test, feature = "testing"))]
 pub fn check_mapping(column: &str, stream: &StreamType, table: &ChType) -> Result<(), String> {
@@ -449,12 +451,7 @@ pub fn check_mapping_on(
     if fits(stream, table) {
         return Ok(());
     }
-    let table_fix = natural_type(stream.inner());
-    let table_fix = if table.is_nullable() && !table_fix.starts_with("Nullable") {
-        format!("Nullable({table_fix})")
-    } else {
-        table_fix
-    };
+    let table_fix = fitting_table_type(stream, table);
     let stream_fix = stream_spelling(table, stream.is_optional());
     let mut message = format!(
         "column `{column}`: the stream has {stream} but the table has {table}; declare the \
@@ -472,6 +469,29 @@ pub fn check_mapping_on(
         ));
     }
     Err(message)
+}
+
+/// The column type `stream` is written to naturally, Nullable where `table` is.
+fn fitting_table_type(stream: &StreamType, table: &ChType) -> String {
+    let natural = natural_type(stream.inner());
+    if table.is_nullable() && !natural.starts_with("Nullable") {
+        format!("Nullable({natural})")
+    } else {
+        natural
+    }
+}
+
+/// The column type to `MODIFY COLUMN` a `table` column to so that `stream` fits it, when the
+/// server has that type (`None` when it lacks one of its families).
+pub(crate) fn type_to_alter_to(
+    stream: &StreamType,
+    table: &ChType,
+    server: &ServerTypes,
+) -> Option<String> {
+    let fix = fitting_table_type(stream, table);
+    let mut families = Vec::new();
+    ChType::parse(&fix).families(&mut families);
+    (!families.iter().any(|family| server.lacks(family))).then_some(fix)
 }
 
 fn contains_unsupported(ty: &ChType) -> bool {
@@ -504,6 +524,79 @@ pub(crate) fn fits(stream: &StreamType, table: &ChType) -> bool {
 }
 
 fn scalar_fits(stream: &StreamType, table: &ChType) -> bool {
+    is_widening(stream, table) || exact_fit(stream, table)
+}
+
+/// Whether `table` is a wider column than `stream`'s own type that holds every value of
+/// `stream` and that the encoder writes exactly (a table column widened by `MODIFY COLUMN`
+/// under a stream whose types are fixed, e.g. a generator's): an unsigned integer into a wider
+/// unsigned or signed one, a signed one into a wider signed one, `float` into `Float64`. The
+/// encoder converts each value to the column's width (`narrow`, 128/256-bit integers from any
+/// 64-bit value; a `float` travels as the f64 of its f32, so Float64 keeps it bit for bit).
+/// `date` into `DateTime` is not among them: days would have to become seconds.
+pub(crate) fn is_widening(stream: &StreamType, table: &ChType) -> bool {
+    use ChType as C;
+    use StreamType as S;
+    matches!(
+        (stream, table),
+        (
+            S::Uint8,
+            C::UInt16
+                | C::UInt32
+                | C::UInt64
+                | C::UInt128
+                | C::UInt256
+                | C::Int16
+                | C::Int32
+                | C::Int64
+                | C::Int128
+                | C::Int256
+        ) | (
+            S::Uint16,
+            C::UInt32
+                | C::UInt64
+                | C::UInt128
+                | C::UInt256
+                | C::Int32
+                | C::Int64
+                | C::Int128
+                | C::Int256
+        ) | (
+            S::Uint32,
+            C::UInt64 | C::UInt128 | C::UInt256 | C::Int64 | C::Int128 | C::Int256
+        ) | (S::Uint64, C::UInt128 | C::UInt256 | C::Int128 | C::Int256)
+            | (
+                S::Int8,
+                C::Int16 | C::Int32 | C::Int64 | C::Int128 | C::Int256
+            )
+            | (S::Int16, C::Int32 | C::Int64 | C::Int128 | C::Int256)
+            | (S::Int32, C::Int64 | C::Int128 | C::Int256)
+            | (S::Int64, C::Int128 | C::Int256)
+            | (S::Float, C::Float64)
+    )
+}
+
+/// The column type `stream` was written to before `table` was widened from it (see
+/// [`is_widening`]), wrappers and arrays kept: `Nullable(UInt64)` for `optional<uint32>` gives
+/// `Nullable(UInt32)`. `None` when no widening is involved, or only inside a tuple or map.
+pub(crate) fn narrowed(stream: &StreamType, table: &ChType) -> Option<ChType> {
+    match (stream, table) {
+        (_, ChType::LowCardinality(inner)) => {
+            narrowed(stream, inner).map(|t| ChType::LowCardinality(Box::new(t)))
+        }
+        (_, ChType::Nullable(inner)) => {
+            narrowed(stream.inner(), inner).map(|t| ChType::Nullable(Box::new(t)))
+        }
+        (StreamType::Optional(item), _) => narrowed(item, table),
+        (StreamType::List(item), ChType::Array(inner)) => {
+            narrowed(item, inner).map(|t| ChType::Array(Box::new(t)))
+        }
+        (s, t) if is_widening(s, t) => Some(ChType::parse(&natural_type(s))),
+        _ => None,
+    }
+}
+
+fn exact_fit(stream: &StreamType, table: &ChType) -> bool {
     matches!(
         (stream, table),
         (StreamType::Int8, ChType::Int8)
@@ -884,7 +977,6 @@ mod tests {
         }
         for (s, t) in [
             ("decimal(9,4)", "Decimal(18, 2)"),
-            ("list<uint32>", "Array(UInt64)"),
             ("tuple<uint8>", "Tuple(UInt8, String)"),
             ("dict<uint8,uint8>", "Map(String, UInt8)"),
             ("int128", "Int64"),
@@ -1001,10 +1093,10 @@ mod tests {
     #[test]
     fn check_mapping_rejects_width_mismatch_with_the_fix() {
         assert_eq!(
-            check_mapping("user_id", &StreamType::Uint32, &ChType::UInt64),
+            check_mapping("user_id", &StreamType::Uint64, &ChType::UInt32),
             Err(
-                "column `user_id`: the stream has uint32 but the table has UInt64; declare the \
-                 stream column as uint64 or change the table column to UInt32"
+                "column `user_id`: the stream has uint64 but the table has UInt32; declare the \
+                 stream column as uint32 or change the table column to UInt64"
                     .to_owned()
             )
         );
@@ -1015,6 +1107,58 @@ mod tests {
                  column as uint64 or change the table column to Int64"
                     .to_owned()
             )
+        );
+    }
+
+    #[test]
+    fn a_column_widened_so_that_it_holds_every_stream_value_fits_and_names_its_narrow_type() {
+        for (s, t, was) in [
+            ("uint32", "UInt64", "UInt32"),
+            ("uint8", "UInt16", "UInt8"),
+            ("uint16", "Int32", "UInt16"),
+            ("uint32", "Int64", "UInt32"),
+            ("uint64", "UInt128", "UInt64"),
+            ("uint64", "Int128", "UInt64"),
+            ("int8", "Int64", "Int8"),
+            ("int32", "Int64", "Int32"),
+            ("int64", "Int256", "Int64"),
+            ("float", "Float64", "Float32"),
+            ("optional<uint32>", "Nullable(UInt64)", "Nullable(UInt32)"),
+            ("uint32", "Nullable(UInt64)", "Nullable(UInt32)"),
+            ("uint32", "LowCardinality(UInt64)", "LowCardinality(UInt32)"),
+            ("list<uint32>", "Array(UInt64)", "Array(UInt32)"),
+        ] {
+            let (stream, table) = (stream(s), ChType::parse(t));
+            assert_eq!(check_mapping("c", &stream, &table), Ok(()), "{s} -> {t}");
+            assert_eq!(
+                narrowed(&stream, &table)
+                    .map(|ty| ty.to_string())
+                    .as_deref(),
+                Some(was),
+                "{s} -> {t}"
+            );
+        }
+        // What a stream value might not fit, or the encoder could not write exactly.
+        for (s, t) in [
+            ("uint64", "UInt32"),
+            ("uint64", "Int64"),
+            ("uint32", "Int32"),
+            ("int8", "UInt16"),
+            ("int32", "UInt64"),
+            ("double", "Float32"),
+            ("uint32", "Float64"),
+            ("date", "DateTime"),
+            ("uint8", "Bool"),
+        ] {
+            assert!(
+                check_mapping("c", &stream(s), &ChType::parse(t)).is_err(),
+                "{s} -> {t}"
+            );
+        }
+        assert_eq!(narrowed(&stream("uint32"), &ChType::UInt32), None);
+        assert_eq!(
+            narrowed(&stream("tuple<uint32>"), &ChType::parse("Tuple(UInt64)")),
+            None
         );
     }
 

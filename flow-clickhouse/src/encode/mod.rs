@@ -1,7 +1,8 @@
-//! Encoding: ClickHouse types, RowBinary bodies, reading rows back, compression, shard routing.
+//! Encoding: ClickHouse types, the date ranges a server reads back, RowBinary bodies, reading rows back, compression, shard routing.
 
 pub(crate) mod chtype;
 pub(crate) mod compress;
+pub(crate) mod readable;
 pub(crate) mod routing;
 pub(crate) mod row_spans;
 pub(crate) mod rowbinary;

@@ -21,6 +21,7 @@ use flow_core::{
 };
 
 use crate::encode::chtype::ChType;
+use crate::encode::readable::ReadableRanges;
 
 /// One column to encode: where its value is in the stream row and the table type to encode it as.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +41,9 @@ pub struct RowBinaryEncoder {
     columns: Vec<EncodedColumn>,
     /// See [`RowBinaryEncoder::plan_fingerprint`]; fixed with the columns.
     plan: String,
+    /// The `Date` and `DateTime` values the servers read back; not part of the plan, since it
+    /// refuses values but never changes the bytes of one it accepts.
+    ranges: ReadableRanges,
 }
 
 /// Why a row could not be encoded.
@@ -61,7 +65,18 @@ impl RowBinaryEncoder {
             .collect::<Vec<_>>()
             .join(", ");
         let plan = format!("{:016x}", xxhash_rust::xxh64::xxh64(plan.as_bytes(), 0));
-        RowBinaryEncoder { columns, plan }
+        RowBinaryEncoder {
+            columns,
+            plan,
+            ranges: ReadableRanges::unchecked(),
+        }
+    }
+
+    /// The same encoder, refusing `Date` and `DateTime` values outside `ranges` (what the
+    /// servers probed at the session start read back).
+    pub fn with_ranges(mut self, ranges: ReadableRanges) -> RowBinaryEncoder {
+        self.ranges = ranges;
+        self
     }
 
     /// The table column names in encoding order, for the `INSERT INTO t (names...)` clause.
@@ -91,7 +106,7 @@ impl RowBinaryEncoder {
         for column in &self.columns {
             let result = if column.stream_index < row.len() {
                 let index = column.stream_index;
-                encode_value(&column.ty, row, index, row.get(index), out)
+                encode_value(&column.ty, &self.ranges, row, index, row.get(index), out)
             } else {
                 Err(Reason::StreamIndex {
                     index: column.stream_index,
@@ -169,6 +184,7 @@ fn malformed<'t>(err: PackedError) -> Reason<'t> {
 /// packed value: cell values carry what the encoding needs in their kind.
 fn encode_value<'t>(
     ty: &'t ChType,
+    ranges: &'t ReadableRanges,
     row: &Row<'_>,
     index: usize,
     value: Value<'_>,
@@ -181,9 +197,11 @@ fn encode_value<'t>(
                 return Ok(());
             }
             out.push(0);
-            return encode_value(inner, row, index, value, out);
+            return encode_value(inner, ranges, row, index, value, out);
         }
-        ChType::LowCardinality(inner) => return encode_value(inner, row, index, value, out),
+        ChType::LowCardinality(inner) => {
+            return encode_value(inner, ranges, row, index, value, out)
+        }
         ChType::Unsupported(_) => return Err(Reason::Unsupported(ty)),
         _ => {}
     }
@@ -191,46 +209,47 @@ fn encode_value<'t>(
         Value::Null => Err(Reason::Null(ty)),
         Value::Packed(bytes) => {
             let mut reader = PackedReader::new(bytes);
-            encode_packed(ty, row.column_type(index).inner(), &mut reader, out)
+            encode_packed(ty, ranges, row.column_type(index).inner(), &mut reader, out)
         }
-        value => encode_scalar(ty, None, value, out),
+        value => encode_scalar(ty, ranges, None, value, out),
     }
 }
 
 /// Writes one packed value of `stream` as `ty`, walking both types together.
 fn encode_packed<'t>(
     ty: &'t ChType,
+    ranges: &'t ReadableRanges,
     stream: &StreamType,
     reader: &mut PackedReader<'_>,
     out: &mut Vec<u8>,
 ) -> Result<(), Reason<'t>> {
     match (ty, stream) {
-        (ChType::LowCardinality(inner), _) => encode_packed(inner, stream, reader, out),
+        (ChType::LowCardinality(inner), _) => encode_packed(inner, ranges, stream, reader, out),
         (ChType::Nullable(inner), StreamType::Optional(item)) => {
             if reader.byte().map_err(malformed)? == 1 {
                 out.push(1);
                 Ok(())
             } else {
                 out.push(0);
-                encode_packed(inner, item, reader, out)
+                encode_packed(inner, ranges, item, reader, out)
             }
         }
         (ChType::Nullable(inner), _) => {
             out.push(0);
-            encode_packed(inner, stream, reader, out)
+            encode_packed(inner, ranges, stream, reader, out)
         }
         (_, StreamType::Optional(item)) => {
             if reader.byte().map_err(malformed)? == 1 {
                 Err(Reason::Null(ty))
             } else {
-                encode_packed(ty, item, reader, out)
+                encode_packed(ty, ranges, item, reader, out)
             }
         }
         (ChType::Array(inner), StreamType::List(item)) => {
             let count = reader.leb128().map_err(malformed)?;
             write_leb128(count, out);
             for _ in 0..count {
-                encode_packed(inner, item, reader, out)?;
+                encode_packed(inner, ranges, item, reader, out)?;
             }
             Ok(())
         }
@@ -238,14 +257,14 @@ fn encode_packed<'t>(
             let count = reader.leb128().map_err(malformed)?;
             write_leb128(count, out);
             for _ in 0..count {
-                encode_packed(key_ty, key, reader, out)?;
-                encode_packed(value_ty, value, reader, out)?;
+                encode_packed(key_ty, ranges, key, reader, out)?;
+                encode_packed(value_ty, ranges, value, reader, out)?;
             }
             Ok(())
         }
         (ChType::Tuple(types), StreamType::Tuple(items)) if types.len() == items.len() => {
             for (item_ty, item) in types.iter().zip(items) {
-                encode_packed(item_ty, item, reader, out)?;
+                encode_packed(item_ty, ranges, item, reader, out)?;
             }
             Ok(())
         }
@@ -257,7 +276,7 @@ fn encode_packed<'t>(
         }
         (_, item) => {
             let value = read_item(item, reader).map_err(malformed)?;
-            encode_scalar(ty, Some(item), value, out)
+            encode_scalar(ty, ranges, Some(item), value, out)
         }
     }
 }
@@ -303,6 +322,7 @@ const DATETIME64_SECONDS: (i64, i64) = (-2_208_988_800, 10_413_791_999);
 #[inline(always)]
 fn encode_scalar<'t>(
     ty: &'t ChType,
+    ranges: &'t ReadableRanges,
     stream: Option<&StreamType>,
     value: Value<'_>,
     out: &mut Vec<u8>,
@@ -321,10 +341,23 @@ fn encode_scalar<'t>(
             out.push(u8::from(value == Value::Bool(true)))
         }
         ChType::UInt8 => out.extend_from_slice(&narrow::<u8>(ty, value)?.to_le_bytes()),
-        ChType::UInt16 | ChType::Date => {
-            out.extend_from_slice(&narrow::<u16>(ty, value)?.to_le_bytes())
+        ChType::UInt16 => out.extend_from_slice(&narrow::<u16>(ty, value)?.to_le_bytes()),
+        // Stored as any u16 / u32, but read back as another date outside the server's range.
+        ChType::Date => {
+            let days = narrow::<u16>(ty, value)?;
+            if !ranges.date_fits(days) {
+                return Err(Reason::Value(ranges.date_refusal(days)));
+            }
+            out.extend_from_slice(&days.to_le_bytes())
         }
-        ChType::UInt32 | ChType::DateTime | ChType::IPv4 if !matches!(value, Value::Bytes(_)) => {
+        ChType::DateTime if !matches!(value, Value::Bytes(_)) => {
+            let seconds = narrow::<u32>(ty, value)?;
+            if !ranges.datetime_fits(seconds) {
+                return Err(Reason::Value(ranges.datetime_refusal(seconds)));
+            }
+            out.extend_from_slice(&seconds.to_le_bytes())
+        }
+        ChType::UInt32 | ChType::IPv4 if !matches!(value, Value::Bytes(_)) => {
             out.extend_from_slice(&narrow::<u32>(ty, value)?.to_le_bytes())
         }
         ChType::UInt64 => out.extend_from_slice(&narrow::<u64>(ty, value)?.to_le_bytes()),
@@ -1304,6 +1337,197 @@ mod tests {
             "column `b`: stream column index 3 is outside the row of 1 values"
         );
         assert!(out.is_empty());
+    }
+
+    /// Encodes `value` of `stream` as `ty` for the servers of `version`.
+    fn encode_for(
+        version: &str,
+        stream: StreamType,
+        value: Value<'_>,
+        ty: ChType,
+    ) -> Result<Vec<u8>, String> {
+        let batch = one_row(&[(stream, value)]);
+        let encoder = RowBinaryEncoder::new(vec![EncodedColumn {
+            name: "c".to_owned(),
+            stream_index: 0,
+            ty,
+        }])
+        .with_ranges(ReadableRanges::of_version(version));
+        let mut out = Vec::new();
+        match encoder.encode_row(&batch.row(0), &mut out) {
+            Ok(()) => Ok(out),
+            Err(err) => {
+                assert!(out.is_empty());
+                Err(err.to_string())
+            }
+        }
+    }
+
+    #[test]
+    fn dates_and_times_the_server_would_read_back_as_others_are_refused_by_version() {
+        // 18.16 reads Date back only up to 2106-02-07 and shows 2149-06-06 as 1970-01-01.
+        assert_eq!(
+            encode_for(
+                "18.16.1",
+                StreamType::Date,
+                Value::Uint(49_710),
+                ChType::Date
+            ),
+            Ok(49_710u16.to_le_bytes().to_vec())
+        );
+        assert_eq!(
+            encode_for(
+                "18.16.1",
+                StreamType::Date,
+                Value::Uint(65_535),
+                ChType::Date
+            ),
+            Err(
+                "column `c`: 2149-06-06 (day 65535) is outside the Date range ClickHouse 18.16.1 \
+                 reads back (1970-01-02 ..= 2106-02-07): it would be stored and read back as \
+                 another date. Correct the value at the source, or upgrade the server (21.4 and \
+                 later read Date up to 2149-06-06)"
+                    .to_owned()
+            )
+        );
+        assert!(encode_for("18.16.1", StreamType::Date, Value::Uint(0), ChType::Date).is_err());
+        assert!(encode_for(
+            "18.16.1",
+            opt(StreamType::Date),
+            Value::Uint(49_711),
+            nullable(ChType::Date)
+        )
+        .unwrap_err()
+        .starts_with("column `c`: 2106-02-08 (day 49711) is outside the Date range"));
+        let max = Value::Uint(u32::MAX.into());
+        assert!(
+            encode_for("18.16.1", StreamType::Datetime, max, ChType::DateTime)
+                .unwrap_err()
+                .starts_with(
+                    "column `c`: 4294967295 (2106-02-07 06:28:15 UTC) is outside the DateTime \
+                     range ClickHouse 18.16.1 reads back in every time zone"
+                )
+        );
+        assert_eq!(
+            encode_for(
+                "18.16.1",
+                StreamType::Datetime,
+                Value::Uint(1_700_000_000),
+                ChType::DateTime
+            ),
+            Ok(1_700_000_000u32.to_le_bytes().to_vec())
+        );
+        // Inside a list, too.
+        let mut packed = Vec::new();
+        write_leb128(2, &mut packed);
+        packed.extend_from_slice(&1u16.to_le_bytes());
+        packed.extend_from_slice(&65_535u16.to_le_bytes());
+        assert!(encode_for(
+            "18.16.1",
+            StreamType::List(Box::new(StreamType::Date)),
+            Value::Packed(&packed),
+            ChType::Array(Box::new(ChType::Date))
+        )
+        .unwrap_err()
+        .contains("2149-06-06 (day 65535) is outside the Date range"));
+        // From 21.4 on every u16 and u32 reads back.
+        assert_eq!(
+            encode_for(
+                "23.8.2.7",
+                StreamType::Date,
+                Value::Uint(65_535),
+                ChType::Date
+            ),
+            Ok(65_535u16.to_le_bytes().to_vec())
+        );
+        assert_eq!(
+            encode_for("23.8.2.7", StreamType::Datetime, max, ChType::DateTime),
+            Ok(u32::MAX.to_le_bytes().to_vec())
+        );
+        // UInt16 / UInt32 columns are not dates.
+        assert!(encode_for(
+            "18.16.1",
+            StreamType::Uint16,
+            Value::Uint(65_535),
+            ChType::UInt16
+        )
+        .is_ok());
+    }
+}
+
+#[cfg(test)]
+mod widening_tests {
+    use flow_core::{Column, MessageBatch, MessageId, StreamSchema, StreamType, Value};
+
+    use super::*;
+
+    fn encode(stream: StreamType, value: Value<'_>, ty: ChType) -> Vec<u8> {
+        let mut batch =
+            MessageBatch::new(StreamSchema::new(vec![Column::new("c", stream)]).unwrap());
+        let mut writer = batch.start_row(MessageId::new(0, 0));
+        writer.push(value).unwrap();
+        writer.finish().unwrap();
+        let encoder = RowBinaryEncoder::new(vec![EncodedColumn {
+            name: "c".to_owned(),
+            stream_index: 0,
+            ty,
+        }]);
+        let mut out = Vec::new();
+        encoder.encode_row(&batch.row(0), &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_value_is_written_as_the_wider_column_it_was_widened_to() {
+        assert_eq!(
+            encode(
+                StreamType::Uint32,
+                Value::Uint(u32::MAX.into()),
+                ChType::UInt64
+            ),
+            u64::from(u32::MAX).to_le_bytes()
+        );
+        assert_eq!(
+            encode(
+                StreamType::Uint32,
+                Value::Uint(u32::MAX.into()),
+                ChType::Int64
+            ),
+            i64::from(u32::MAX).to_le_bytes()
+        );
+        assert_eq!(
+            encode(StreamType::Int8, Value::Int(-128), ChType::Int32),
+            (-128i32).to_le_bytes()
+        );
+        assert_eq!(
+            encode(StreamType::Uint64, Value::Uint(u64::MAX), ChType::Int128),
+            i128::from(u64::MAX).to_le_bytes()
+        );
+        // A float is the f64 of its f32: Float64 keeps it exactly.
+        let third = f32::from_bits(0x3eaa_aaab);
+        assert_eq!(
+            encode(
+                StreamType::Float,
+                Value::Float(third.into()),
+                ChType::Float64
+            ),
+            f64::from(third).to_le_bytes()
+        );
+        let mut packed = Vec::new();
+        write_leb128(2, &mut packed);
+        packed.extend_from_slice(&7u32.to_le_bytes());
+        packed.extend_from_slice(&u32::MAX.to_le_bytes());
+        let mut expected = vec![2];
+        expected.extend_from_slice(&7u64.to_le_bytes());
+        expected.extend_from_slice(&u64::from(u32::MAX).to_le_bytes());
+        assert_eq!(
+            encode(
+                StreamType::List(Box::new(StreamType::Uint32)),
+                Value::Packed(&packed),
+                ChType::Array(Box::new(ChType::UInt64))
+            ),
+            expected
+        );
     }
 }
 

@@ -82,8 +82,9 @@ impl Requeue<'_> {
                 return Err(self.mismatch(
                     &stored,
                     &format!(
-                        "its stored rows were encoded with plan {} and the table's columns now give plan {plan} (a column was added, removed or changed type)",
-                        stored.batch.plan
+                        "its stored rows were encoded with plan {} and the table's columns now give plan {plan}: {}",
+                        stored.batch.plan,
+                        self.session.plan_change(&stored.batch.plan)
                     ),
                 ));
             }
@@ -136,8 +137,10 @@ impl Requeue<'_> {
                 return Err(self.mismatch(
                     stored,
                     &format!(
-                        "it was encoded with plan {} and the table's columns now give plan {} (a column was added, removed or changed type)",
-                        stored.batch.plan, plan
+                        "it was encoded with plan {} and the table's columns now give plan {}: {}",
+                        stored.batch.plan,
+                        plan,
+                        self.session.plan_change(&stored.batch.plan)
                     ),
                 ));
             }

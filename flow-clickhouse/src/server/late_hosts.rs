@@ -305,7 +305,12 @@ async fn admit(host: &LateHost, check: &LateCheck) -> Result<EndpointMetadata, N
 
 /// What every admitted host must have: the columns and capabilities the session planned for.
 fn check_table(meta: &EndpointMetadata, check: &LateCheck) -> Result<(), NotYet> {
-    if let Some(diff) = schema_difference(&check.columns, &meta.columns) {
+    if let Some(diff) = schema_difference(
+        &check.columns,
+        "the hosts the session started with",
+        &meta.columns,
+        "this host",
+    ) {
         return Err(NotYet::Mismatch(format!(
             "its schema differs from the one the sink writes: {diff}"
         )));

@@ -396,24 +396,40 @@ fn engine_kind(
     }
 }
 
-pub(crate) fn schema_difference(a: &[ColumnMeta], b: &[ColumnMeta]) -> Option<String> {
+/// The first difference between the columns `a` on `a_where` and `b` on `b_where` (each a host
+/// and its shard, as [`crate::server::session`] describes them), naming both sides: `` column 2
+/// is `x` String on host A of shard `a` but `x` UInt8 on host B of shard `b` ``. A column's
+/// default is shown only when it has one.
+pub(crate) fn schema_difference(
+    a: &[ColumnMeta],
+    a_where: &str,
+    b: &[ColumnMeta],
+    b_where: &str,
+) -> Option<String> {
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         if x != y {
             return Some(format!(
-                "column {} is `{}` {} {} {:?} there but `{}` {} {} {:?} here",
+                "column {} is {} on {a_where} but {} on {b_where}",
                 i + 1,
-                x.name,
-                x.type_text,
-                x.default_kind,
-                x.default_expression,
-                y.name,
-                y.type_text,
-                y.default_kind,
-                y.default_expression
+                show_column(x),
+                show_column(y)
             ));
         }
     }
-    (a.len() != b.len()).then(|| format!("{} columns there, {} here", a.len(), b.len()))
+    (a.len() != b.len())
+        .then(|| format!("{} columns on {a_where}, {} on {b_where}", a.len(), b.len()))
+}
+
+/// `` `name` Type ``, then ` DEFAULT expr` (or MATERIALIZED, ALIAS) when the column has one.
+pub(crate) fn show_column(c: &ColumnMeta) -> String {
+    if c.default_kind.is_empty() {
+        format!("`{}` {}", c.name, c.type_text)
+    } else {
+        format!(
+            "`{}` {} {} {}",
+            c.name, c.type_text, c.default_kind, c.default_expression
+        )
+    }
 }
 
 fn server_types_of(row: &serde_json::Map<String, serde_json::Value>) -> ServerTypes {
@@ -437,23 +453,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn schema_difference_names_the_first_differing_column() {
-        let col = |name: &str, ty: &str| ColumnMeta {
+    fn schema_difference_names_both_sides_and_shows_a_default_only_when_there_is_one() {
+        let col = |name: &str, ty: &str, kind: &str, expr: &str| ColumnMeta {
             name: name.to_owned(),
             type_text: ty.to_owned(),
-            default_kind: String::new(),
-            default_expression: String::new(),
+            default_kind: kind.to_owned(),
+            default_expression: expr.to_owned(),
         };
-        let a = vec![col("id", "UInt64"), col("x", "String")];
-        let b = vec![col("id", "UInt64"), col("x", "UInt8")];
-        assert_eq!(
-            schema_difference(&a, &b).unwrap(),
-            "column 2 is `x` String  \"\" there but `x` UInt8  \"\" here"
+        let (on_a, on_b) = (
+            "host 127.0.0.1:18123 of shard `a`",
+            "host 127.0.0.1:18125 of shard `b`",
         );
-        assert_eq!(schema_difference(&a, &a), None);
+        let a = vec![
+            col("id", "UInt64", "", ""),
+            col("user_id", "UInt64", "", ""),
+        ];
+        let b = vec![
+            col("id", "UInt64", "", ""),
+            col("user_id", "UInt32", "", ""),
+        ];
         assert_eq!(
-            schema_difference(&a, &a[..1]).unwrap(),
-            "2 columns there, 1 here"
+            schema_difference(&a, on_a, &b, on_b).unwrap(),
+            "column 2 is `user_id` UInt64 on host 127.0.0.1:18123 of shard `a` but `user_id` \
+             UInt32 on host 127.0.0.1:18125 of shard `b`"
+        );
+        let defaulted = vec![
+            col("id", "UInt64", "", ""),
+            col("user_id", "UInt64", "DEFAULT", "0"),
+        ];
+        assert_eq!(
+            schema_difference(&a, on_a, &defaulted, on_b).unwrap(),
+            "column 2 is `user_id` UInt64 on host 127.0.0.1:18123 of shard `a` but `user_id` \
+             UInt64 DEFAULT 0 on host 127.0.0.1:18125 of shard `b`"
+        );
+        assert_eq!(schema_difference(&a, on_a, &a, on_b), None);
+        assert_eq!(
+            schema_difference(&a, on_a, &a[..1], on_b).unwrap(),
+            "2 columns on host 127.0.0.1:18123 of shard `a`, 1 on host 127.0.0.1:18125 of shard `b`"
         );
     }
 }

@@ -13,7 +13,8 @@ use crate::config::dynamic::ClickHouseDynamicParams;
 use crate::config::guarantee::SinkClass;
 use crate::config::params::SinkParams;
 use crate::config::topology::{Endpoint, ShardIndex};
-use crate::encode::chtype::{check_mapping_on, ChType, ServerTypes};
+use crate::encode::chtype::{check_mapping_on, narrowed, type_to_alter_to, ChType, ServerTypes};
+use crate::encode::readable::ReadableRanges;
 use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
 use crate::exactly_once::fingerprint::{
     endpoint_target_fingerprint, replicated_target_fingerprint, target_key,
@@ -87,6 +88,9 @@ pub struct WriterSession {
     partitions: u32,
     /// The columns every INSERT is checked against (those the encoder was planned for).
     pub columns_guard: ColumnsGuard,
+    /// The table columns wider than their stream column's own type (see
+    /// [`crate::encode::chtype::is_widening`]), for [`WriterSession::plan_change`].
+    widened: Vec<Widened>,
     /// Checks the hosts that were unreachable at the start, until each is admitted.
     _late_hosts: Option<LateHosts>,
     /// The target fingerprints of the shards none of whose hosts answered at the start, as
@@ -163,6 +167,8 @@ impl WriterSession {
         };
         let mut target_fingerprints = BTreeMap::new();
         let mut dedup_windows = Vec::new();
+        // What every host that answered reads back of Date and DateTime (the oldest server's).
+        let mut ranges: Option<ReadableRanges> = None;
         // Every endpoint is probed at once (a start costs one round of queries, not one per
         // host); the answers are then checked in the order the spec lists the hosts.
         let probes = join_all(shards.iter().map(|shard| {
@@ -216,6 +222,11 @@ impl WriterSession {
                 };
                 let here = describe(&shard.name, endpoint);
                 capabilities = min_capabilities(capabilities, meta.capabilities);
+                let of_host = ReadableRanges::of_version(&meta.server_types.version);
+                ranges = Some(match ranges.take() {
+                    Some(so_far) => so_far.intersect(of_host),
+                    None => of_host,
+                });
                 if let Some((there, reference)) = &shard_first {
                     if reference.engine != meta.engine {
                         return Err(refused(format!(
@@ -237,9 +248,11 @@ impl WriterSession {
                     shard_first = Some((here.clone(), meta.clone()));
                 }
                 if let Some((there, reference)) = &first {
-                    if let Some(diff) = schema_difference(&reference.columns, &meta.columns) {
+                    if let Some(diff) =
+                        schema_difference(&reference.columns, there, &meta.columns, &here)
+                    {
                         return Err(refused(format!(
-                            "the schema on {here} differs from the one on {there}: {diff}. Make the tables identical (name, type, default kind and expression, in order)"
+                            "the table's schema differs between hosts: {diff}. Make the tables identical (name, type, default kind and expression, in order)"
                         )));
                     }
                 } else {
@@ -323,7 +336,19 @@ impl WriterSession {
             capabilities,
             &reference.server_types,
         )
-        .map_err(refused)?;
+        .map_err(refused)?
+        .with_ranges(ranges.unwrap_or_else(|| ReadableRanges::of_version("")));
+        let widened = widened_columns(&encoder, stream);
+        for column in &widened {
+            info!(
+                database = %params.database,
+                table = %params.table,
+                column = %column.name,
+                stream_type = %column.was,
+                table_type = %column.now,
+                "the table column is wider than the stream's type: every value is written as the table's type"
+            );
+        }
         let columns_guard = ColumnsGuard::new(
             ColumnsGuard::query(&params.database, &params.table),
             reference.columns.clone(),
@@ -377,8 +402,101 @@ impl WriterSession {
             dedup_windows,
             partitions,
             columns_guard,
+            widened,
         })
     }
+
+    /// Why a pending batch encoded with plan `stored` cannot be sent under this session's plan,
+    /// and how to proceed. RowBinary carries no types: the batch's bytes would be read as the
+    /// table's types now. A batch encoded before a column was widened is not re-encoded either:
+    /// a server without `insert_deduplication_token` (18.16) deduplicates by the stored block's
+    /// content, which differs between the two types, so a re-encoded replay of a part that
+    /// already landed would land twice. It is delivered after the column is narrowed back.
+    pub fn plan_change(&self, stored: &str) -> String {
+        plan_change(
+            &self.encoder,
+            &self.widened,
+            &quote_table(&self.database, &self.table),
+            stored,
+        )
+    }
+}
+
+/// [`WriterSession::plan_change`] of a session with `encoder` and `widened` columns writing to
+/// `table` (quoted).
+fn plan_change(
+    encoder: &RowBinaryEncoder,
+    widened: &[Widened],
+    table: &str,
+    stored: &str,
+) -> String {
+    // The plans the batch may have been encoded with before the widenings: each one alone,
+    // then all of them.
+    let mut candidates: Vec<Vec<&Widened>> = widened.iter().map(|w| vec![w]).collect();
+    if widened.len() > 1 {
+        candidates.push(widened.iter().collect());
+    }
+    for undone in candidates {
+        let columns = encoder
+            .columns()
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                if let Some(w) = undone.iter().find(|w| w.name == c.name) {
+                    c.ty = w.was.clone();
+                }
+                c
+            })
+            .collect();
+        if RowBinaryEncoder::new(columns).plan_fingerprint() != stored {
+            continue;
+        }
+        let what = undone
+            .iter()
+            .map(|w| format!("`{}` from {} to {}", w.name, w.was, w.now))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let back = undone
+            .iter()
+            .map(|w| {
+                format!(
+                    "ALTER TABLE {table} MODIFY COLUMN {} {}",
+                    quote_ident(&w.name),
+                    w.was
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        return format!(
+            "the table widened {what} after the batch was encoded; its bytes would be read as the wider type, and a re-encoded replay could not be recognised by the server as the part it may already hold. To deliver it: `{back}` on every host, run the worker until `flow-worker status` shows no pending batch, then widen the column again (the sink writes the stream's values into the wider column)"
+        );
+    }
+    "a column was added, removed or changed type since the batch was encoded; restore the table's columns it was encoded for, run the worker until `flow-worker status` shows no pending batch, then change the table".to_owned()
+}
+
+/// A table column wider than its stream column's type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Widened {
+    name: String,
+    /// The column type the stream's type is written to without a widening.
+    was: ChType,
+    /// The table's type.
+    now: ChType,
+}
+
+fn widened_columns(encoder: &RowBinaryEncoder, stream: &StreamSchema) -> Vec<Widened> {
+    encoder
+        .columns()
+        .iter()
+        .filter_map(|c| {
+            let column = stream.columns().get(c.stream_index)?;
+            Some(Widened {
+                name: c.name.clone(),
+                was: narrowed(&column.ty, &c.ty)?,
+                now: c.ty.clone(),
+            })
+        })
+        .collect()
 }
 
 fn describe(shard: &str, endpoint: &EndpointClient) -> String {
@@ -417,7 +535,16 @@ fn plan_columns(
         }
         let ty = ChType::parse(&target.type_text);
         if let Err(reason) = check_mapping_on(&column.name, &column.ty, &ty, server_types) {
-            problems.push(reason);
+            // A generator's types (or a source schema others rely on) cannot change: say how
+            // to change the table instead.
+            problems.push(match type_to_alter_to(&column.ty, &ty, server_types) {
+                Some(fix) => format!(
+                    "{reason}. Where the stream's types are fixed by its source (a generator), change the table: `ALTER TABLE {} MODIFY COLUMN {} {fix}` on every host, then restart",
+                    quote_table(&params.database, &params.table),
+                    quote_ident(&column.name),
+                ),
+                None => reason,
+            });
             continue;
         }
         plan.push(EncodedColumn {
@@ -484,7 +611,70 @@ fn check_dedup_window(
 
 #[cfg(test)]
 mod tests {
+    use flow_core::StreamType;
+
     use super::*;
+
+    fn column(name: &str, stream_index: usize, ty: &str) -> EncodedColumn {
+        EncodedColumn {
+            name: name.to_owned(),
+            stream_index,
+            ty: ChType::parse(ty),
+        }
+    }
+
+    #[test]
+    fn a_batch_encoded_before_a_widening_is_named_with_the_alter_that_delivers_it() {
+        let before = RowBinaryEncoder::new(vec![
+            column("id", 0, "UInt64"),
+            column("partition", 1, "UInt32"),
+            column("user_id", 3, "UInt32"),
+        ]);
+        let now = RowBinaryEncoder::new(vec![
+            column("id", 0, "UInt64"),
+            column("partition", 1, "UInt64"),
+            column("user_id", 3, "UInt64"),
+        ]);
+        let stream = StreamSchema::new(vec![
+            flow_core::Column::new("id", StreamType::Uint64),
+            flow_core::Column::new("partition", StreamType::Uint32),
+            flow_core::Column::new("offset", StreamType::Uint64),
+            flow_core::Column::new("user_id", StreamType::Uint32),
+        ])
+        .unwrap();
+        let widened = widened_columns(&now, &stream);
+        assert_eq!(widened.len(), 2);
+        let table = "`default`.`t`";
+        // Both widened since the batch was encoded.
+        assert_eq!(
+            plan_change(&now, &widened, table, before.plan_fingerprint()),
+            "the table widened `partition` from UInt32 to UInt64, `user_id` from UInt32 to \
+             UInt64 after the batch was encoded; its bytes would be read as the wider type, and \
+             a re-encoded replay could not be recognised by the server as the part it may \
+             already hold. To deliver it: `ALTER TABLE `default`.`t` MODIFY COLUMN `partition` \
+             UInt32; ALTER TABLE `default`.`t` MODIFY COLUMN `user_id` UInt32` on every host, \
+             run the worker until `flow-worker status` shows no pending batch, then widen the \
+             column again (the sink writes the stream's values into the wider column)"
+        );
+        // Only one of them.
+        let one = RowBinaryEncoder::new(vec![
+            column("id", 0, "UInt64"),
+            column("partition", 1, "UInt32"),
+            column("user_id", 3, "UInt64"),
+        ]);
+        assert!(
+            plan_change(&now, &widened, table, one.plan_fingerprint()).starts_with(
+                "the table widened `partition` from UInt32 to UInt64 after the batch was encoded"
+            )
+        );
+        // Any other change.
+        assert_eq!(
+            plan_change(&now, &widened, table, "0123456789abcdef"),
+            "a column was added, removed or changed type since the batch was encoded; restore \
+             the table's columns it was encoded for, run the worker until `flow-worker status` \
+             shows no pending batch, then change the table"
+        );
+    }
 
     #[test]
     fn non_deterministic_defaults_are_recognised() {

@@ -1,0 +1,198 @@
+//! A table column widened by `MODIFY COLUMN` under a generator (issue 24 item 9). The
+//! generator's types are fixed (`partition` is uint32), so "declare the stream column as
+//! uint64" could not be followed: now a column wider than the stream's type that holds every
+//! value of it is accepted and written as its own type. Batches sealed before the widening are
+//! not sent under the new type (their bytes would be read as UInt64, and 18.16 could not
+//! recognise a re-encoded replay of a part that landed): the restart names the ALTER that
+//! delivers them, and following it loses and doubles nothing. A narrowing is refused with the
+//! ALTER that fixes the table.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use flow_integration::worker::*;
+use flow_integration::*;
+
+const WIDENED: &str =
+    "id UInt64, partition UInt64, offset UInt64, user_id UInt64, ts DateTime, payload String";
+
+fn spec(pipeline: &str, table: &str, per_partition: u64, rate: u64) -> GeneratorSpec {
+    GeneratorSpec::new(
+        pipeline,
+        "ClickHouseBatchingSink",
+        format!(
+            "{{hosts: ['{}', '{}'], database: default, table: {table}}}",
+            A1.http_addr(),
+            A2.http_addr()
+        ),
+    )
+    .partitions(2)
+    .epoch(500, 200)
+    .count(per_partition)
+    .rate(rate)
+    .dynamic("{max_rows_per_batch: 500}")
+}
+
+/// Rows whose `partition` or `user_id` is not the generator's (`id % 2`, `id % 1000`).
+fn wrong_rows(qualified: &str) -> u64 {
+    query_u64(
+        A1.http_port,
+        &format!(
+            "SELECT count() FROM {qualified} WHERE partition != id % 2 OR user_id != id % 1000"
+        ),
+    )
+    .unwrap()
+}
+
+/// Alters `partition` to `ty` on a1 and waits until both replicas describe it so.
+fn alter_partition(qualified: &str, ty: &str) {
+    exec(
+        A1.http_port,
+        &format!("ALTER TABLE {qualified} MODIFY COLUMN partition {ty}"),
+    )
+    .unwrap();
+    for node in SHARD_A {
+        wait_until(Duration::from_secs(60), || {
+            Ok(query_text(
+                node.http_port,
+                &format!("SELECT type FROM system.columns WHERE database = 'default' AND table = '{}' AND name = 'partition' FORMAT TSV", qualified.trim_start_matches("default.")),
+            )?
+            .trim()
+                == ty)
+        })
+        .unwrap();
+    }
+}
+
+#[test]
+fn a_generator_writes_into_a_column_widened_from_its_type() {
+    wait_for_cluster(Duration::from_secs(60)).unwrap();
+    let t = unique_name("it_widened");
+    let table = ReplicatedTable::create("default", &t, WIDENED, "id", &SHARD_A).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let spec_path = dir.path().join("spec.yaml");
+    std::fs::write(&spec_path, spec("widened", &t, 1_000, 0).yaml()).unwrap();
+    let out = run_spec(
+        worker_bin!(),
+        &spec_path,
+        &dir.path().join("state"),
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let qualified = table.qualified();
+    assert_eq!(count_uniq(A1, &qualified).unwrap(), (2_000, 2_000));
+    assert_eq!(wrong_rows(&qualified), 0);
+}
+
+#[test]
+fn a_narrowed_column_is_refused_with_the_alter_that_fixes_the_table() {
+    wait_for_cluster(Duration::from_secs(60)).unwrap();
+    let t = unique_name("it_narrowed");
+    let table = ReplicatedTable::create(
+        "default",
+        &t,
+        "id UInt64, partition UInt16, offset UInt64, user_id UInt64, ts DateTime, payload String",
+        "id",
+        &SHARD_A,
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let spec_path = dir.path().join("spec.yaml");
+    std::fs::write(&spec_path, spec("narrowed", &t, 100, 0).yaml()).unwrap();
+    let out = run_spec(
+        worker_bin!(),
+        &spec_path,
+        &dir.path().join("state"),
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let expected = format!(
+        "column `partition`: the stream has uint32 but the table has UInt16; declare the stream \
+         column as uint16 or change the table column to UInt32. Where the stream's types are \
+         fixed by its source (a generator), change the table: `ALTER TABLE `default`.`{t}` \
+         MODIFY COLUMN `partition` UInt32` on every host, then restart"
+    );
+    assert!(out.stderr.contains(&expected), "{}", out.stderr);
+    assert_eq!(count_uniq(A1, &table.qualified()).unwrap(), (0, 0));
+}
+
+#[test]
+fn batches_sealed_before_a_widening_are_delivered_after_the_alter_the_restart_names() {
+    const PER_PARTITION: u64 = 30_000;
+    wait_for_cluster(Duration::from_secs(60)).unwrap();
+    let t = unique_name("it_widen_replay");
+    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
+    let qualified = table.qualified();
+    let dir = tempfile::tempdir().unwrap();
+    let spec_path = dir.path().join("spec.yaml");
+    std::fs::write(
+        &spec_path,
+        spec("widen_replay", &t, PER_PARTITION, 2_000).yaml(),
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    let log = dir.path().join("worker.log");
+    let mut worker = Worker::spawn(worker_bin!(), &spec_path, &state, log.clone()).unwrap();
+    wait_until(Duration::from_secs(60), || {
+        Ok(count_uniq(A1, &qualified)?.0 >= 2_000)
+    })
+    .unwrap();
+    // Widened under the running sink: the columns guard stops it, its batches kept.
+    alter_partition(&qualified, "UInt64");
+    let guard = "column 2 was `partition` UInt32, is now `partition` UInt64";
+    wait_until(Duration::from_secs(60), || {
+        Ok(std::fs::read_to_string(&log)?.contains(guard))
+    })
+    .unwrap_or_else(|err| panic!("{err:#}: no `{guard}` in the log\n{}", worker.log_tail()));
+    if worker.running() {
+        worker.kill_9().unwrap();
+    }
+    let pending = pipeline_status(worker_bin!(), &state, "widen_replay")
+        .unwrap()
+        .unwrap()
+        .batches();
+    assert!(pending > 0, "batches kept");
+    let landed_before = count_uniq(A1, &qualified).unwrap();
+
+    // The restart accepts the wider column but not the batches encoded for UInt32.
+    let out = run_spec(worker_bin!(), &spec_path, &state, Duration::from_secs(120)).unwrap();
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let named = format!(
+        "the table widened `partition` from UInt32 to UInt64 after the batch was encoded; its \
+         bytes would be read as the wider type, and a re-encoded replay could not be recognised \
+         by the server as the part it may already hold. To deliver it: `ALTER TABLE \
+         `default`.`{t}` MODIFY COLUMN `partition` UInt32` on every host, run the worker until \
+         `flow-worker status` shows no pending batch, then widen the column again"
+    );
+    assert!(out.stderr.contains(&named), "{}", out.stderr);
+    assert_eq!(
+        count_uniq(A1, &qualified).unwrap(),
+        landed_before,
+        "nothing sent"
+    );
+
+    // Following the message: narrow back, deliver everything, widen again.
+    alter_partition(&qualified, "UInt32");
+    let out = run_spec(worker_bin!(), &spec_path, &state, Duration::from_secs(180)).unwrap();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    alter_partition(&qualified, "UInt64");
+    let out = run_spec(worker_bin!(), &spec_path, &state, Duration::from_secs(120)).unwrap();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    sync_when_writable(A1, "default", &t, Duration::from_secs(60)).unwrap();
+    assert_eq!(
+        count_uniq(A1, &qualified).unwrap(),
+        (2 * PER_PARTITION, 2 * PER_PARTITION),
+        "every id once"
+    );
+    assert_eq!(wrong_rows(&qualified), 0);
+    assert_eq!(
+        pipeline_status(worker_bin!(), &state, "widen_replay")
+            .unwrap()
+            .unwrap()
+            .batches(),
+        0
+    );
+}
