@@ -65,6 +65,20 @@ pub trait AttemptLog: Send + Sync {
     async fn unanswered(&self, error: &ClassifiedError) -> Result<(), SinkError>;
     /// Whether the part must not be sent again ([`crate::delivery::backlog_age::expired`]).
     fn expired(&self) -> Option<Expired>;
+    /// The table's columns changed around an attempt: after it stored the part (`landed`), or
+    /// before one (nothing sent then, but an earlier unanswered attempt may have landed). Where
+    /// the part may be in the table, this is recorded durably so that it is checked against the
+    /// table before it is sent again ([`crate::exactly_once::landed`]).
+    async fn columns_changed(&self, error: &ClassifiedError, landed: bool)
+        -> Result<(), SinkError>;
+}
+
+/// Whether a failure of the columns guard's check before an INSERT is the columns' change
+/// itself rather than a failure to read them: the guard reports a change as a permanent error
+/// without a server code, the one kind of error nothing else builds (a server's answer carries
+/// its code; the client's own failures are retryable or unclassified).
+fn is_columns_change(error: &ClassifiedError) -> bool {
+    error.class == ErrorClass::Permanent && error.code.is_none()
 }
 
 /// An INSERT the sink's guarantee allows no further attempt for.
@@ -237,10 +251,17 @@ pub async fn insert_part(
                     )
                     .await
             }
-            Err(error) => Err(InsertError {
-                error,
-                unanswered: false,
-            }),
+            Err(error) => {
+                if let (true, Some(log)) = (is_columns_change(&error), attempt_log) {
+                    log.columns_changed(&error, false)
+                        .await
+                        .map_err(InsertFailure::State)?;
+                }
+                Err(InsertError {
+                    error,
+                    unanswered: false,
+                })
+            }
         };
         let err = match result {
             Ok(()) => {
@@ -248,6 +269,13 @@ pub async fn insert_part(
                     .after_insert(endpoint, dynamic.write_timeout, token, shard_name)
                     .await
                 {
+                    // The INSERT succeeded: the part is in the table, perhaps under the new
+                    // columns, where a resend is no replay.
+                    if let Some(log) = attempt_log {
+                        log.columns_changed(&error, true)
+                            .await
+                            .map_err(InsertFailure::State)?;
+                    }
                     return Err(InsertFailure::GaveUp(GaveUp {
                         give_up: on_failure_of(shared, error.class).give_up,
                         error,
