@@ -498,3 +498,27 @@ fn insert_settings(
     }
     settings
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_guards_report_of_a_change_counts_as_a_columns_change() {
+        let change = ClassifiedError {
+            class: ErrorClass::Permanent,
+            code: None,
+            message: "the table's columns changed since the writer session started".into(),
+        };
+        assert!(is_columns_change(&change));
+        // Failing to read the columns: the server's answer (a detached table), the network, or
+        // an answer the client could not make sense of.
+        for failure in [
+            ClassifiedError::from_server(Some(60), "Table default.t doesn't exist"),
+            ClassifiedError::network("connection refused"),
+            ClassifiedError::from_server(None, "502 Bad Gateway"),
+        ] {
+            assert!(!is_columns_change(&failure), "{failure}");
+        }
+    }
+}
