@@ -119,3 +119,70 @@ fn at_most_once_fails_over_from_a_replica_whose_table_is_detached_and_sends_no_r
         );
     }
 }
+
+#[test]
+fn a_replica_whose_table_is_detached_at_the_start_is_left_out_and_the_pipeline_completes() {
+    require_cluster().unwrap();
+    let name = unique_name("detach_at_start");
+    let table =
+        ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
+    let qualified = table.qualified();
+    let _attach = AttachAgain {
+        node: A1,
+        qualified: qualified.clone(),
+    };
+    exec(A1.http_port, &format!("DETACH TABLE {qualified}")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("spec.yaml");
+    let parameters = format!(
+        "{{hosts: ['{}', '{}'], table: {name}}}",
+        A1.http_addr(),
+        A2.http_addr()
+    );
+    std::fs::write(
+        &spec,
+        GeneratorSpec::new("detach_at_start", "ClickHouseBatchingSink", parameters)
+            .partitions(PARTITIONS)
+            .epoch(500, 200)
+            .count(PER_PARTITION)
+            .rate(1_500)
+            .dynamic("{max_rows_per_batch: 500, retry_backoff: 100ms}")
+            .yaml(),
+    )
+    .unwrap();
+    let output = run_spec(
+        worker_bin!(),
+        &spec,
+        &dir.path().join("state"),
+        Duration::from_secs(90),
+    )
+    .unwrap();
+    assert_eq!(output.code, Some(0), "{}", output.stderr);
+    let warning = format!(
+        "a host refuses the table that its shard's other hosts answer with: the sink writes to those and admits this one once it answers with the same table. Fix that host (e.g. ATTACH or create the table there) database=default table={name} shard= host={}",
+        A1.http_addr()
+    );
+    assert!(
+        output.stderr.contains(&warning),
+        "no `{warning}` in\n{}",
+        output.stderr
+    );
+    assert!(
+        output
+            .stderr
+            .contains("the table does not exist on 127.0.0.1:18123"),
+        "{}",
+        output.stderr
+    );
+    exec(A1.http_port, &format!("ATTACH TABLE {qualified}")).unwrap();
+    let total = PARTITIONS * PER_PARTITION;
+    for node in SHARD_A {
+        sync_when_writable(node, "default", &name, Duration::from_secs(60)).unwrap();
+        assert_eq!(
+            count_uniq(node, &qualified).unwrap(),
+            (total, total),
+            "on {}",
+            node.name
+        );
+    }
+}
