@@ -13,7 +13,8 @@
 //!   (`sink_state`), epochs cut into parts (`cutter`), the INSERT (`insert`, `backoff`), the
 //!   backlog age (`backlog_age`) and refused parts delivered in halves (`split`).
 //! - `exactly_once/`: the exactly-once classes: the sink, its state, the per-partition
-//!   `deliverer`, batches `rebuild`-t from the source, topology `fingerprint`s.
+//!   `deliverer`, batches `rebuild`-t from the source, topology `fingerprint`s, and the check
+//!   whether a part sent while the table's columns changed `landed` (by message id).
 //! - `at_least_once.rs`, `at_most_once.rs`: the other two classes.
 //! - `verify.rs`: checks that the replicas of every shard hold the same rows.
 //!

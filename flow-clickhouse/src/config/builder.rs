@@ -250,6 +250,14 @@ impl ClickHouseSink {
         self
     }
 
+    /// `message_id_column` (exactly-once classes only): the input column (an integer type) whose
+    /// value identifies each message, with which a part sent while the table's columns changed is
+    /// looked up on the replicas before it is sent again.
+    pub fn message_id_column(mut self, column: impl Into<String>) -> Self {
+        self.parameters.message_id_column = Some(column.into());
+        self
+    }
+
     // Dynamic parameters.
 
     /// `write_timeout`: timeout of one HTTP request.
@@ -444,8 +452,9 @@ mod tests {
                     .table("events")
                     .sharding_key_columns(["user_id"])
                     .on_expired_backlog(OnExpiredBacklog::Send)
+                    .message_id_column("id")
                     .max_rows_per_batch(50_000),
-                "{shard_hosts: {a: ['127.0.0.1:18123', '127.0.0.1:18124'], b: ['127.0.0.1:18125', '127.0.0.1:18126']}, table: events, sharding_key_columns: [user_id], on_expired_backlog: send}",
+                "{shard_hosts: {a: ['127.0.0.1:18123', '127.0.0.1:18124'], b: ['127.0.0.1:18125', '127.0.0.1:18126']}, table: events, sharding_key_columns: [user_id], on_expired_backlog: send, message_id_column: id}",
                 "{max_rows_per_batch: 50000}",
             ),
             (

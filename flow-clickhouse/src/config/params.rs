@@ -150,6 +150,14 @@ pub struct ClickHouseParams {
     /// Exactly-once classes only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub on_expired_backlog: Option<OnExpiredBacklog>,
+    /// Exactly-once classes only: the input column (an integer type) whose value identifies each
+    /// message, so that a part that may have landed under other columns is checked against the
+    /// table's replicas instead of being sent again blindly.
+    #[serde(
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub message_id_column: Option<String>,
 }
 
 impl Default for ClickHouseParams {
@@ -174,6 +182,7 @@ impl Default for ClickHouseParams {
             at_most_once_strategy: None,
             on_bad_rows: OnBadRows::Stop,
             on_expired_backlog: None,
+            message_id_column: None,
         }
     }
 }
@@ -219,6 +228,9 @@ pub struct SinkParams {
     pub codec: Codec,
     pub on_bad_rows: OnBadRows,
     pub on_expired_backlog: Option<OnExpiredBacklog>,
+    /// The input column carrying each message's id (exactly-once classes; checked against the
+    /// stream when the sink is built).
+    pub message_id_column: Option<String>,
     /// `at_most_once_strategy.enabled`: the bounded lossy in-memory queue.
     pub at_most_once_queue: bool,
 }
@@ -293,6 +305,7 @@ impl ClickHouseParams {
                 codec: self.codec,
                 on_bad_rows: self.on_bad_rows,
                 on_expired_backlog: self.on_expired_backlog,
+                message_id_column: self.message_id_column.clone(),
                 at_most_once_queue: self
                     .at_most_once_strategy
                     .as_ref()
@@ -340,6 +353,15 @@ impl ClickHouseParams {
                 format!(
                     "{class} keeps no backlog of sent batches, so it has nothing to expire; \
                      remove on_expired_backlog, or use an exactly-once class"
+                ),
+            ));
+        }
+        if self.message_id_column.is_some() && !class.is_exactly_once() {
+            v.push(Violation::new(
+                "parameters.message_id_column",
+                format!(
+                    "{class} keeps no pending parts to check against the table, so it has no use \
+                     for message_id_column; remove it, or use an exactly-once class"
                 ),
             ));
         }
@@ -1680,6 +1702,30 @@ at_most_once_strategy: {enabled: true}
     fn null_sections_mean_defaults_and_non_mappings_are_rejected() {
         let v = violations(SinkClass::Batching, "[a, b]", "5");
         assert_eq!(paths(&v), ["parameters", "dynamic_parameters"]);
+    }
+
+    #[test]
+    fn message_id_column_is_read_for_exactly_once_and_refused_elsewhere() {
+        let (params, _) = parse(
+            SinkClass::Batching,
+            &yaml("{host: h, table: t, message_id_column: id}"),
+            &yaml("{}"),
+        )
+        .unwrap();
+        assert_eq!(params.message_id_column.as_deref(), Some("id"));
+        let v = parse(
+            SinkClass::AtMostOnce,
+            &yaml("{host: h, table: t, message_id_column: id}"),
+            &yaml("{}"),
+        )
+        .unwrap_err();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].path, "parameters.message_id_column");
+        assert_eq!(
+            v[0].message,
+            "AtMostOnceClickHouseSink keeps no pending parts to check against the table, so it \
+             has no use for message_id_column; remove it, or use an exactly-once class"
+        );
     }
 
     #[test]

@@ -18,8 +18,8 @@ use crate::config::topology::ShardIndex;
 use crate::delivery::backlog_age::Expired;
 use crate::delivery::cutter::Part;
 use crate::delivery::sink_state::SinkShared;
-use crate::server::classify::{log_unknown, ClassifiedError, ErrorClass};
-use crate::server::client::{InsertError, ShardClients};
+use crate::server::classify::{is_replica_local, log_unknown, ClassifiedError, ErrorClass};
+use crate::server::client::{EndpointClient, InsertError, ShardClients};
 use crate::server::session::WriterSession;
 
 /// How one INSERT ended without success.
@@ -65,6 +65,20 @@ pub trait AttemptLog: Send + Sync {
     async fn unanswered(&self, error: &ClassifiedError) -> Result<(), SinkError>;
     /// Whether the part must not be sent again ([`crate::delivery::backlog_age::expired`]).
     fn expired(&self) -> Option<Expired>;
+    /// The table's columns changed around an attempt: after it stored the part (`landed`), or
+    /// before one (nothing sent then, but an earlier unanswered attempt may have landed). Where
+    /// the part may be in the table, this is recorded durably so that it is checked against the
+    /// table before it is sent again ([`crate::exactly_once::landed`]).
+    async fn columns_changed(&self, error: &ClassifiedError, landed: bool)
+        -> Result<(), SinkError>;
+}
+
+/// Whether a failure of the columns guard's check before an INSERT is the columns' change
+/// itself rather than a failure to read them: the guard reports a change as a permanent error
+/// without a server code, the one kind of error nothing else builds (a server's answer carries
+/// its code; the client's own failures are retryable or unclassified).
+fn is_columns_change(error: &ClassifiedError) -> bool {
+    error.class == ErrorClass::Permanent && error.code.is_none()
 }
 
 /// An INSERT the sink's guarantee allows no further attempt for.
@@ -205,13 +219,16 @@ pub async fn insert_part(
     };
     let shard_name = shard.name.as_str();
     let mut attempts = 0u32;
+    // The replicas that refused this part with a replica-local error ([`is_replica_local`]):
+    // skipped for the rest of this insert, whatever the shared cursor says.
+    let mut refused_here: Vec<usize> = Vec::new();
     loop {
         if let Some(expired) = attempt_log.and_then(|log| log.expired()) {
             return Err(InsertFailure::Expired(expired));
         }
         let dynamic = shared.dynamic();
         let settings = insert_settings(session, token, dynamic.async_insert);
-        let Some(endpoint) = shard.current() else {
+        let Some(endpoint) = next_endpoint(shard, &refused_here) else {
             // No host of the shard has answered since the session started: nothing to try yet
             // (`late_hosts` admits one once it answers).
             tokio::select! {
@@ -234,10 +251,17 @@ pub async fn insert_part(
                     )
                     .await
             }
-            Err(error) => Err(InsertError {
-                error,
-                unanswered: false,
-            }),
+            Err(error) => {
+                if let (true, Some(log)) = (is_columns_change(&error), attempt_log) {
+                    log.columns_changed(&error, false)
+                        .await
+                        .map_err(InsertFailure::State)?;
+                }
+                Err(InsertError {
+                    error,
+                    unanswered: false,
+                })
+            }
         };
         let err = match result {
             Ok(()) => {
@@ -245,6 +269,13 @@ pub async fn insert_part(
                     .after_insert(endpoint, dynamic.write_timeout, token, shard_name)
                     .await
                 {
+                    // The INSERT succeeded: the part is in the table, perhaps under the new
+                    // columns, where a resend is no replay.
+                    if let Some(log) = attempt_log {
+                        log.columns_changed(&error, true)
+                            .await
+                            .map_err(InsertFailure::State)?;
+                    }
                     return Err(InsertFailure::GaveUp(GaveUp {
                         give_up: on_failure_of(shared, error.class).give_up,
                         error,
@@ -272,6 +303,41 @@ pub async fn insert_part(
                 &endpoint.endpoint.to_string(),
             );
         }
+        if is_replica_local(&err) && !answered {
+            if let Some(index) = shard
+                .endpoints
+                .iter()
+                .position(|e| std::ptr::eq(e, endpoint))
+            {
+                refused_here.push(index);
+            }
+            if next_endpoint(shard, &refused_here).is_some() {
+                // That host's refusal, not the shard's: the same bytes (and token) go to the next
+                // replica at once. It answered, so nothing of the part was stored there: even
+                // at-most-once sends the rows no more than once.
+                count_failure(metrics, shard_name, &err, true)
+                    .await
+                    .map_err(InsertFailure::State)?;
+                shard.advance();
+                warn!(
+                    database = %session.database,
+                    table = %session.table,
+                    shard = %shard_name,
+                    endpoint = %endpoint.endpoint,
+                    token = token.unwrap_or(""),
+                    attempt = attempts,
+                    error = %err,
+                    "replica {} refused the insert with an error about that host only (its table or database is missing or detached there, it is read-only, or its users differ); the part goes to the next replica of the shard. Fix that host (e.g. `ATTACH TABLE {}.{}` on it, or its users and grants): later parts try it again",
+                    endpoint.endpoint, session.database, session.table
+                );
+                continue;
+            }
+        }
+        let err = if refused_here.len() > 1 && is_replica_local(&err) {
+            every_replica_refused(shard, err)
+        } else {
+            err
+        };
         let on_failure = on_failure_of(shared, err.class);
         // Fail over whether or not this part is retried: where the guarantee allows one attempt,
         // the next part must not go to the host that just failed (at-most-once would lose every
@@ -314,6 +380,42 @@ pub async fn insert_part(
             _ = tokio::time::sleep(pause) => {}
             _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
         }
+    }
+}
+
+/// The endpoint for the next attempt: the shard's current one, or the next admitted one that has
+/// not refused this part with a replica-local error; `None` when no such host is left (or none
+/// is admitted yet).
+fn next_endpoint<'s>(shard: &'s ShardClients, refused: &[usize]) -> Option<&'s EndpointClient> {
+    let current = shard.current()?;
+    let len = shard.endpoints.len();
+    let start = shard
+        .endpoints
+        .iter()
+        .position(|e| std::ptr::eq(e, current))
+        .unwrap_or(0);
+    (0..len)
+        .map(|step| (start + step) % len)
+        .filter(|index| !refused.contains(index))
+        .map(|index| &shard.endpoints[index])
+        .find(|endpoint| endpoint.admitted.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// The last replica-local refusal, reworded once every replica of `shard` refused the part: it
+/// is the shard's now, and permanent for the sink.
+fn every_replica_refused(shard: &ShardClients, err: ClassifiedError) -> ClassifiedError {
+    let hosts: Vec<String> = shard
+        .endpoints
+        .iter()
+        .map(|e| e.endpoint.to_string())
+        .collect();
+    ClassifiedError {
+        message: format!(
+            "every replica of the shard refused the insert ({}); the last said: {}",
+            hosts.join(", "),
+            err.message
+        ),
+        ..err
     }
 }
 
@@ -395,4 +497,28 @@ fn insert_settings(
         }
     }
     settings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_guards_report_of_a_change_counts_as_a_columns_change() {
+        let change = ClassifiedError {
+            class: ErrorClass::Permanent,
+            code: None,
+            message: "the table's columns changed since the writer session started".into(),
+        };
+        assert!(is_columns_change(&change));
+        // Failing to read the columns: the server's answer (a detached table), the network, or
+        // an answer the client could not make sense of.
+        for failure in [
+            ClassifiedError::from_server(Some(60), "Table default.t doesn't exist"),
+            ClassifiedError::network("connection refused"),
+            ClassifiedError::from_server(None, "502 Bad Gateway"),
+        ] {
+            assert!(!is_columns_change(&failure), "{failure}");
+        }
+    }
 }

@@ -60,6 +60,7 @@ pub fn build_shared(
         )]);
     };
     let key_columns = key_columns(&params, stream)?;
+    check_message_id_column(&params, stream)?;
     Ok(Arc::new(SinkShared {
         class,
         router: RendezvousRouter::new(&params.topology.shard_names()),
@@ -91,6 +92,38 @@ fn key_columns(params: &SinkParams, stream: &StreamSchema) -> BuildResult<Vec<us
         return Err(violations);
     }
     Ok(key_columns)
+}
+
+/// `message_id_column` must name an input column of an integer type: its values bound a part's
+/// ids in the checks of [`crate::exactly_once::landed`].
+fn check_message_id_column(params: &SinkParams, stream: &StreamSchema) -> BuildResult<()> {
+    use flow_core::StreamType as T;
+    let Some(name) = &params.message_id_column else {
+        return Ok(());
+    };
+    let path = "parameters.message_id_column";
+    let Some(index) = stream.index_of(name) else {
+        let names: Vec<&str> = stream.columns().iter().map(|c| c.name.as_str()).collect();
+        return Err(vec![Violation::new(
+            path,
+            format!(
+                "`{name}` is not a column of the input stream (its columns: {}); name the column that carries the message id",
+                names.join(", ")
+            ),
+        )]);
+    };
+    let ty = &stream.columns()[index].ty;
+    match ty {
+        T::Int8 | T::Int16 | T::Int32 | T::Int64 | T::Uint8 | T::Uint16 | T::Uint32 | T::Uint64 => {
+            Ok(())
+        }
+        other => Err(vec![Violation::new(
+            path,
+            format!(
+                "`{name}` is of type {other}, but a message id column must be an integer (int8..int64, uint8..uint64); name an integer column that identifies each message, or remove message_id_column"
+            ),
+        )]),
+    }
 }
 
 impl SinkShared {
@@ -251,5 +284,45 @@ pub(crate) async fn wait_for_session(
             }
             Err(err) => return Err(SessionWait::Refused(err.into_sink_error())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flow_core::{Column, StreamType};
+
+    fn params(column: &str) -> SinkParams {
+        let parameters: serde_yaml::Value = serde_yaml::from_str(&format!(
+            "{{host: h, table: t, message_id_column: {column}}}"
+        ))
+        .unwrap();
+        params::parse(SinkClass::Batching, &parameters, &serde_yaml::Value::Null)
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn message_id_column_must_be_an_integer_column_of_the_stream() {
+        let stream = StreamSchema::new(vec![
+            Column::new("id", StreamType::Uint64),
+            Column::new("name", StreamType::String),
+        ])
+        .unwrap();
+        assert!(check_message_id_column(&params("id"), &stream).is_ok());
+        let v = check_message_id_column(&params("nosuch"), &stream).unwrap_err();
+        assert_eq!(v[0].path, "parameters.message_id_column");
+        assert_eq!(
+            v[0].message,
+            "`nosuch` is not a column of the input stream (its columns: id, name); name the column that carries the message id"
+        );
+        let v = check_message_id_column(&params("name"), &stream).unwrap_err();
+        assert!(
+            v[0].message.starts_with(
+                "`name` is of type string, but a message id column must be an integer"
+            ),
+            "{}",
+            v[0].message
+        );
     }
 }

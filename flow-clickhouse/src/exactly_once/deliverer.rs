@@ -7,7 +7,10 @@
 //! - entries an attempt sent without getting a verdict back, which may have landed: once such an
 //!   entry is older than its shard's deduplication window it is not sent again (the server would
 //!   no longer recognise it) but set aside as dead letters, unless `on_expired_backlog: send`
-//!   ([`crate::delivery::backlog_age::expired`]).
+//!   ([`crate::delivery::backlog_age::expired`]);
+//! - entries sent while the table's columns changed, which may be in the table under other
+//!   columns: before such an entry is sent again, the replicas of its shard are asked whether its
+//!   message ids are there ([`crate::exactly_once::landed`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -19,6 +22,7 @@ use flow_state::{
     AckExtras, CounterAdd, ErrorRecord, SealedBatch, SinkPartition, StateError, StateStore,
     StoredBody,
 };
+use futures_util::future::join_all;
 use tokio::sync::watch;
 use tracing::warn;
 
@@ -29,13 +33,17 @@ use crate::delivery::insert::{
 };
 use crate::delivery::sink_state::SinkShared;
 use crate::delivery::split::{
-    marker_prefix, refusal_from_marker, RefusedPart, SplitOutcome, SplitPart,
+    marker_name, marker_prefix, refusal_from_marker, RefusedPart, SplitOutcome, SplitPart,
 };
 use crate::encode::compress::is_framed;
 use crate::exactly_once::fingerprint::target_key;
+use crate::exactly_once::landed::{
+    changed_marker, changed_prefix, decide, no_id_column, part_ids, partly_present,
+    presence_queries, Presence, ReplicaAnswer, Verdict,
+};
 use crate::exactly_once::rebuild::Requeue;
 use crate::exactly_once::state::ExactlyOnce;
-use crate::server::classify::{is_row_rejection, ClassifiedError};
+use crate::server::classify::{is_row_rejection, ClassifiedError, ErrorClass};
 use crate::server::late_hosts::LateTarget;
 use crate::server::session::WriterSession;
 
@@ -46,6 +54,8 @@ pub struct PartitionMarks {
     split: BTreeMap<u64, ClassifiedError>,
     /// Entries an attempt sent without an answer, with that attempt's error.
     unanswered: BTreeMap<u64, String>,
+    /// Entries sent while the table's columns changed, with the guard's report.
+    changed: BTreeMap<u64, String>,
 }
 
 impl PartitionMarks {
@@ -66,7 +76,15 @@ impl PartitionMarks {
             .into_iter()
             .map(|(seq, value)| (seq, String::from_utf8_lossy(&value).into_owned()))
             .collect();
-        Ok(PartitionMarks { split, unanswered })
+        let changed = by_seq(&changed_prefix(key.partition))?
+            .into_iter()
+            .map(|(seq, value)| (seq, String::from_utf8_lossy(&value).into_owned()))
+            .collect();
+        Ok(PartitionMarks {
+            split,
+            unanswered,
+            changed,
+        })
     }
 }
 
@@ -83,8 +101,12 @@ pub struct ClickHouseDeliverer {
     metrics: SinkMetrics,
 }
 
-/// Between two warnings about a late shard answering with another table.
+/// Between two warnings about a late shard answering with another table (or a replica not
+/// answering the check of a part sent while the columns changed).
 const LATE_MISMATCH_WARNING_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The shortest pause between two checks of a part's ids on replicas that do not all answer.
+const MIN_CHECK_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
 
 impl ClickHouseDeliverer {
     pub fn new(
@@ -147,21 +169,32 @@ impl ClickHouseDeliverer {
         self.shared.params.on_bad_rows == OnBadRows::DeadLetter && is_row_rejection(error)
     }
 
-    /// Acknowledges entry `seq` with its delivery counters, dropping its unanswered-attempt
-    /// record in the same step.
+    /// Acknowledges entry `seq` with its delivery counters, dropping its unanswered-attempt and
+    /// changed-columns records in the same step.
     async fn acknowledge(
         &self,
         key: &SinkPartition,
         seq: u64,
         batch: &SealedBatch,
     ) -> Result<(), SinkError> {
-        let unanswered = self.marks().unanswered.remove(&seq).is_some();
+        let mut removed = Vec::new();
+        {
+            let mut marks = self.marks();
+            if marks.unanswered.remove(&seq).is_some() {
+                removed.push(unanswered_marker(key.partition, seq));
+            }
+            if marks.changed.remove(&seq).is_some() {
+                removed.push(changed_marker(key.partition, seq));
+            }
+            // A part found in the table whole by the changed-columns check may have been
+            // marked for splitting by an earlier run.
+            if marks.split.remove(&seq).is_some() {
+                removed.push(marker_name(key.partition, seq));
+            }
+        }
         let counters = self.delivered(batch, 0);
         let extras = AckExtras {
-            removed_sink_values: match unanswered {
-                true => vec![unanswered_marker(key.partition, seq)],
-                false => Vec::new(),
-            },
+            removed_sink_values: removed,
             counters: counters.clone(),
             ..AckExtras::default()
         };
@@ -229,6 +262,142 @@ impl ClickHouseDeliverer {
                 _ = stop.wait_for(|s| *s) => return Ok(false),
             }
         }
+    }
+
+    /// Whether entry `seq`, sent while the table's columns changed, is sent again: its shard's
+    /// replicas are asked for its message ids ([`crate::exactly_once::landed`]). All there: it
+    /// is acknowledged without a resend (`Ok(false)`); none: its marks are dropped and it is
+    /// sent (`Ok(true)`); some, or no `message_id_column` to ask with: the sink gives up with
+    /// the check to run. A replica that cannot answer while none shows the part is asked again.
+    async fn send_after_columns_changed(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        session: &WriterSession,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<bool, SinkError> {
+        let stopped_by = |reason: String| GiveUpReason {
+            context: format!(
+                "Not sending a part again into ClickHouse: {}.{} shard `{}`, token {}",
+                session.database, session.table, batch.shard, batch.token
+            ),
+            error: ClassifiedError {
+                class: ErrorClass::Permanent,
+                code: None,
+                message: reason,
+            },
+        };
+        let Some(column) = self.shared.params.message_id_column.as_deref() else {
+            let reason = no_id_column(session, batch, key.partition);
+            return Err(self.give_up(&batch.shard, stopped_by(reason)).await);
+        };
+        let Some(shard) = session
+            .shard_index(&batch.shard)
+            .and_then(|index| session.shards.get(index.0))
+        else {
+            // Not configured any more: the send reports it.
+            return Ok(true);
+        };
+        let ids = match part_ids(session, batch, column) {
+            Ok(ids) => ids,
+            Err(reason) => {
+                let reason = format!(
+                    "the part was sent while the table's columns changed and must be checked against the table before it is sent again, but its `{column}` values cannot be read back ({reason}). Check the state directory's integrity (flow-worker status)"
+                );
+                return Err(self.give_up(&batch.shard, stopped_by(reason)).await);
+            }
+        };
+        let queries = presence_queries(&session.database, &session.table, column, &ids);
+        let part = Presence::of_part(&ids);
+        let mut stop = stop.clone();
+        let mut warned: Option<std::time::Instant> = None;
+        loop {
+            let timeout = self.shared.dynamic().write_timeout;
+            let answers: Vec<ReplicaAnswer> = join_all(shard.endpoints.iter().map(|endpoint| {
+                let queries = &queries;
+                async move {
+                    let mut presence = Presence::default();
+                    for query in queries {
+                        let rows = endpoint
+                            .query_json(query, timeout)
+                            .await
+                            .map_err(|err| err.to_string())?;
+                        rows.first()
+                            .and_then(|row| presence.add(row))
+                            .ok_or_else(|| format!("no count in the answer to `{query}`"))?;
+                    }
+                    Ok(presence)
+                }
+            }))
+            .await
+            .into_iter()
+            .zip(&shard.endpoints)
+            .map(|(answer, endpoint)| (endpoint.endpoint.to_string(), answer))
+            .collect();
+            match decide(part, &answers) {
+                Verdict::Landed { host } => {
+                    warn!(
+                        pipeline = %key.pipeline,
+                        sink = %key.sink,
+                        partition = key.partition,
+                        shard = %batch.shard,
+                        token = %batch.token,
+                        rows = batch.rows,
+                        host = %host,
+                        "a part sent while the table's columns changed is in the table already (every one of its `{column}` ids, once): acknowledged without sending it again"
+                    );
+                    self.acknowledge(key, seq, batch).await?;
+                    return Ok(false);
+                }
+                Verdict::Absent => {
+                    self.drop_columns_changed(key, seq).await?;
+                    return Ok(true);
+                }
+                Verdict::Partly { host, presence } => {
+                    let reason = partly_present(session, batch, column, &ids, &host, presence);
+                    return Err(self.give_up(&batch.shard, stopped_by(reason)).await);
+                }
+                Verdict::Unanswered { host, error } => {
+                    if warned.is_none_or(|at| at.elapsed() >= LATE_MISMATCH_WARNING_EVERY) {
+                        warned = Some(std::time::Instant::now());
+                        warn!(
+                            pipeline = %key.pipeline,
+                            sink = %key.sink,
+                            partition = key.partition,
+                            shard = %batch.shard,
+                            token = %batch.token,
+                            host = %host,
+                            error = %error,
+                            "a part sent while the table's columns changed must be checked on every replica of its shard before it is sent again, and this one does not answer (it may hold the part not yet replicated); asking again. Bring the host back"
+                        );
+                    }
+                    let pause = self.shared.dynamic().retry_backoff.max(MIN_CHECK_PAUSE);
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = stop.wait_for(|s| *s) => return Ok(false),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drops entry `seq`'s changed-columns and unanswered-attempt records: the replicas showed
+    /// that no attempt landed.
+    async fn drop_columns_changed(&self, key: &SinkPartition, seq: u64) -> Result<(), SinkError> {
+        let (pipeline, sink) = (&key.pipeline, &key.sink);
+        for name in [
+            changed_marker(key.partition, seq),
+            unanswered_marker(key.partition, seq),
+        ] {
+            self.store
+                .set_sink_value(pipeline, sink, &name, None)
+                .await?;
+        }
+        let mut marks = self.marks();
+        marks.changed.remove(&seq);
+        marks.unanswered.remove(&seq);
+        Ok(())
     }
 
     fn late_checked(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
@@ -350,6 +519,28 @@ impl AttemptLog for EntryAttempts<'_> {
         Ok(())
     }
 
+    async fn columns_changed(
+        &self,
+        error: &ClassifiedError,
+        landed: bool,
+    ) -> Result<(), SinkError> {
+        let deliverer = self.deliverer;
+        let may_be_there = landed || deliverer.marks().unanswered.contains_key(&self.seq);
+        if !may_be_there || deliverer.marks().changed.contains_key(&self.seq) {
+            return Ok(());
+        }
+        let text = error.message.clone();
+        let name = changed_marker(self.key.partition, self.seq);
+        let (pipeline, sink) = (&self.key.pipeline, &self.key.sink);
+        let value = Some(text.clone().into_bytes());
+        deliverer
+            .store
+            .set_sink_value(pipeline, sink, &name, value)
+            .await?;
+        deliverer.marks().changed.insert(self.seq, text);
+        Ok(())
+    }
+
     fn expired(&self) -> Option<Expired> {
         let policy = self.deliverer.shared.params.on_expired_backlog;
         if policy.unwrap_or_default() == OnExpiredBacklog::Send {
@@ -420,6 +611,17 @@ impl BatchDeliverer for ClickHouseDeliverer {
         if !self
             .late_target_fits(key, &batch.shard, &session, stop)
             .await?
+        {
+            return Ok(());
+        }
+        // With `insert_deduplication_token` the token, not the content, identifies a replay:
+        // a resend under other columns is still dropped, so there is nothing to check.
+        let changed = self.marks().changed.contains_key(&seq)
+            && !session.capabilities.insert_deduplication_token;
+        if changed
+            && !self
+                .send_after_columns_changed(key, seq, batch, &session, stop)
+                .await?
         {
             return Ok(());
         }

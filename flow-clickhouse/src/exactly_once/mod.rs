@@ -2,6 +2,7 @@
 
 pub(crate) mod deliverer;
 pub(crate) mod fingerprint;
+pub(crate) mod landed;
 pub(crate) mod rebuild;
 pub(crate) mod sink;
 pub(crate) mod state;

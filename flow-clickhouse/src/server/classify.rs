@@ -123,6 +123,14 @@ pub const TARGET_CODES: &[u32] = &[
     7, 16, 20, 47, 60, 62, 80, 81, 115, 164, 192, 193, 194, 195, 291, 392, 497, 516,
 ];
 
+/// Permanent codes that are about the host that answered, not about the shard's table: a replica
+/// whose table or database is detached or missing there (60, 81), a host configured read-only
+/// for our user (164), or one whose users or grants differ (192-195, 291, 516). Another replica of
+/// the same shard may take the same INSERT; only when every replica of the shard refuses is the
+/// refusal permanent for the sink ([`is_replica_local`]). Each of them refuses the query before a
+/// row is read, so a refused attempt stored nothing and a failover cannot double a row.
+pub const REPLICA_LOCAL_CODES: &[u32] = &[60, 81, 164, 192, 193, 194, 195, 291, 516];
+
 /// Names of a few frequent codes that are deliberately unclassified, for readable logs.
 const OTHER_NAMED_CODES: &[(u32, &str)] = &[
     (32, "ATTEMPT_TO_READ_AFTER_EOF"),
@@ -163,6 +171,16 @@ pub fn is_row_rejection(err: &ClassifiedError) -> bool {
         Some(code) => err.class != ErrorClass::Retryable && !TARGET_CODES.contains(&code),
         None => false,
     }
+}
+
+/// Whether a failure is one replica's refusal rather than the shard's: the server answered with a
+/// permanent code of [`REPLICA_LOCAL_CODES`]. The insert fails over to the shard's other replicas
+/// (`crate::delivery::insert`); a failure without a code is never replica-local.
+pub fn is_replica_local(err: &ClassifiedError) -> bool {
+    err.class == ErrorClass::Permanent
+        && err
+            .code
+            .is_some_and(|code| REPLICA_LOCAL_CODES.contains(&code))
 }
 
 /// The symbolic name of a code we know, e.g. 242 => `TABLE_IS_READ_ONLY`.
@@ -352,6 +370,28 @@ mod tests {
         assert!(!is_row_rejection(&ClassifiedError::from_server(
             None, "cut"
         )));
+    }
+
+    #[test]
+    fn a_missing_table_or_database_or_a_read_only_host_is_replica_local_and_nothing_else_is() {
+        let coded = |code| ClassifiedError::from_server(Some(code), "x");
+        for code in [60, 81, 164, 192, 193, 194, 195, 291, 516] {
+            assert!(is_replica_local(&coded(code)), "{code}");
+        }
+        // The rows (395, 53), the table's columns (16), a transient read-only replica (242,
+        // retried anyway), an unclassified code, or no code at all (the columns guard).
+        for code in [395, 53, 16, 242, 319, 62] {
+            assert!(!is_replica_local(&coded(code)), "{code}");
+        }
+        assert!(!is_replica_local(&ClassifiedError {
+            class: ErrorClass::Permanent,
+            code: None,
+            message: "the table's columns changed".into()
+        }));
+        // Every replica-local code is a permanent one.
+        for code in REPLICA_LOCAL_CODES {
+            assert_eq!(classify_code(*code), ErrorClass::Permanent, "{code}");
+        }
     }
 
     /// The tables of the reference document, verbatim.

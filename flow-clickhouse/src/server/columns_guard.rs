@@ -103,7 +103,7 @@ impl ColumnsGuard {
                 Ok(())
             }
             Ok(Some(diff)) => Err(changed(format!(
-                "the table's columns changed while {} was being inserted ({diff}): the server may have stored its rows with the new types. Check those rows, delete them if garbled, then restart the worker (the part is still pending and is sent again)",
+                "the table's columns changed while {} was being inserted ({diff}): the INSERT succeeded, so its rows are in the table, perhaps stored with the new columns; check them and delete them if garbled. Reverting the change does not make a resend safe: under other columns the part is another block, which the server does not recognise as a replay. The exactly-once classes keep the part pending and, on the next start, ask the shard's replicas for its message ids (`message_id_column`) before sending it again",
                 match token {
                     Some(token) => format!("the part with token {token}"),
                     None => format!("a part of shard `{shard}`"),

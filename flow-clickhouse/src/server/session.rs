@@ -19,6 +19,7 @@ use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
 use crate::exactly_once::fingerprint::{
     endpoint_target_fingerprint, replicated_target_fingerprint, target_key,
 };
+use crate::server::classify::{ClassifiedError, ErrorClass};
 use crate::server::client::{build_shards, quote_ident, quote_table, EndpointClient, ShardClients};
 use crate::server::columns_guard::{ColumnMeta, ColumnsGuard};
 use crate::server::dedup_window::DedupWindows;
@@ -215,6 +216,27 @@ impl WriterSession {
                 let meta = match probed {
                     Ok(meta) => meta,
                     Err(SessionError::Unreachable { cause, .. }) if answered => {
+                        late_here.push((endpoint.clone(), cause));
+                        continue;
+                    }
+                    // One replica refusing what another host of its shard accepts (its table
+                    // detached or missing there, say) is that host's failure, as it is for an
+                    // insert (`crate::delivery::insert`): the session starts on the others and
+                    // `late_hosts` admits this one once it answers with the same table.
+                    Err(SessionError::Refused { reason, .. }) if answered => {
+                        warn!(
+                            database = %params.database,
+                            table = %params.table,
+                            shard = %shard.name,
+                            host = %endpoint.endpoint,
+                            reason = %reason,
+                            "a host refuses the table that its shard's other hosts answer with: the sink writes to those and admits this one once it answers with the same table. Fix that host (e.g. ATTACH or create the table there)"
+                        );
+                        let cause = ClassifiedError {
+                            class: ErrorClass::Permanent,
+                            code: None,
+                            message: reason,
+                        };
                         late_here.push((endpoint.clone(), cause));
                         continue;
                     }
