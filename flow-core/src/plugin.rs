@@ -50,6 +50,14 @@ pub trait SourceFactory: Send + Sync {
     fn min_epoch_duration(&self) -> Option<(Duration, String)> {
         None
     }
+
+    /// What keeps `partition` from reading right now while the source waits for it to pass (a
+    /// broker stream that disappeared), for `status` and the metrics; `None` (the default) while
+    /// nothing does. A failure waiting cannot cure stops the partition instead.
+    fn unavailable(&self, partition: u32) -> Option<String> {
+        let _ = partition;
+        None
+    }
 }
 
 /// How a partition ended.

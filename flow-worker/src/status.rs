@@ -7,16 +7,37 @@ use std::process::ExitCode;
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use flow::snapshot_path;
+use flow::{snapshot_path, SOURCE_UNAVAILABLE};
 use flow_core::{SinkCount, SinkCounter};
 use flow_state::{SinkPartitionSummary, StateError, StateStore, StateSummary};
 
+/// Per pipeline and partition, what keeps a running worker's source from reading while it waits
+/// (a broker stream that disappeared), as its snapshot names it under [`SOURCE_UNAVAILABLE`].
+type Unavailable = BTreeMap<String, BTreeMap<u32, String>>;
+
+/// What a running worker's snapshot holds beside the store's summary.
+#[derive(Default, serde::Deserialize)]
+struct SnapshotExtra {
+    #[serde(default)]
+    source_unavailable: Unavailable,
+}
+
 pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
-    let summary = summary(state_dir)?;
+    let (summary, unavailable) = live_summary(state_dir)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        let mut value = serde_json::to_value(&summary)?;
+        if let (false, Some(object)) = (unavailable.is_empty(), value.as_object_mut()) {
+            object.insert(
+                SOURCE_UNAVAILABLE.to_owned(),
+                serde_json::to_value(&unavailable)?,
+            );
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        print!("{}", render(&summary, flow_core::delivery::now_ms()));
+        print!(
+            "{}",
+            render_live(&summary, &unavailable, flow_core::delivery::now_ms())
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -24,6 +45,12 @@ pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
 /// The state summary: from the store itself, or from the running worker's snapshot while it
 /// holds the store.
 pub(crate) fn summary(state_dir: &Path) -> anyhow::Result<StateSummary> {
+    live_summary(state_dir).map(|(summary, _)| summary)
+}
+
+/// The state summary, and what keeps a running worker's sources from reading (nothing when no
+/// worker runs).
+fn live_summary(state_dir: &Path) -> anyhow::Result<(StateSummary, Unavailable)> {
     if !state_dir.join("db").exists() && !state_dir.join("conf").exists() {
         anyhow::bail!("`{}` is not a flow state directory", state_dir.display());
     }
@@ -44,7 +71,7 @@ pub(crate) fn summary(state_dir: &Path) -> anyhow::Result<StateSummary> {
                 )
             })?;
             store.close().context("closing the state store")?;
-            summary
+            (summary, Unavailable::new())
         }
         // A running worker holds the lock and keeps a snapshot up to date.
         Err(StateError::Locked { .. }) => read_snapshot(state_dir).with_context(|| {
@@ -71,7 +98,7 @@ pub(crate) fn summary(state_dir: &Path) -> anyhow::Result<StateSummary> {
     Ok(summary)
 }
 
-fn read_snapshot(state_dir: &Path) -> anyhow::Result<StateSummary> {
+fn read_snapshot(state_dir: &Path) -> anyhow::Result<(StateSummary, Unavailable)> {
     let path = snapshot_path(state_dir);
     let bytes = std::fs::read(&path).with_context(|| format!("reading `{}`", path.display()))?;
     let age = std::fs::metadata(&path)
@@ -86,7 +113,11 @@ fn read_snapshot(state_dir: &Path) -> anyhow::Result<StateSummary> {
         "a running worker holds `{}`; showing its snapshot (age {age}, refreshed every 2 s)",
         state_dir.display()
     );
-    serde_json::from_slice(&bytes).with_context(|| format!("parsing `{}`", path.display()))
+    let summary =
+        serde_json::from_slice(&bytes).with_context(|| format!("parsing `{}`", path.display()))?;
+    let extra: SnapshotExtra =
+        serde_json::from_slice(&bytes).with_context(|| format!("parsing `{}`", path.display()))?;
+    Ok((summary, extra.source_unavailable))
 }
 
 /// Built-in sources encode positions as big-endian u64 words; show those as numbers.
@@ -107,6 +138,11 @@ fn position_text(hex: &str) -> String {
 
 /// The status table; ages are measured at `now_ms` (ms since the Unix epoch).
 pub fn render(summary: &StateSummary, now_ms: u64) -> String {
+    render_live(summary, &Unavailable::new(), now_ms)
+}
+
+/// The status table with a line per partition whose source cannot read and waits.
+fn render_live(summary: &StateSummary, unavailable: &Unavailable, now_ms: u64) -> String {
     let mut out = String::new();
     if summary.pipelines.is_empty() {
         out.push_str("no pipeline has committed anything in this state directory\n");
@@ -130,6 +166,9 @@ pub fn render(summary: &StateSummary, now_ms: u64) -> String {
                 partition,
                 position_text(&position.hex)
             );
+        }
+        for (partition, what) in unavailable.get(name).into_iter().flatten() {
+            let _ = writeln!(out, "  partition {partition}: source unavailable: {what}");
         }
         for group in &pipeline.source_dead_letters {
             let _ = writeln!(
@@ -351,6 +390,28 @@ mod tests {
             render(&summary, 0),
             "pipeline p\n  partition              position  lag (messages)\n  0                         50000              12\n  1                             7               -\n"
         );
+    }
+
+    #[test]
+    fn a_partition_whose_source_waits_is_named_with_the_reason() {
+        let mut summary = StateSummary::default();
+        let pipeline = summary.pipelines.entry("p".to_owned()).or_default();
+        for partition in [0, 1] {
+            pipeline
+                .positions
+                .insert(partition, flow_state::PositionInfo::of(&7u64.to_be_bytes()));
+        }
+        let unavailable = Unavailable::from([(
+            "p".to_owned(),
+            BTreeMap::from([(1, "stream `S` no longer exists".to_owned())]),
+        )]);
+        assert_eq!(
+            render_live(&summary, &unavailable, 0),
+            "pipeline p\n  partition              position\n  0                             7\n  1                             7\n  partition 1: source unavailable: stream `S` no longer exists\n"
+        );
+        // A snapshot without the key (nothing waits, or an older worker) reads as nothing.
+        let extra: Result<SnapshotExtra, _> = serde_json::from_str(r#"{"pipelines": {}}"#);
+        assert!(extra.is_ok_and(|e| e.source_unavailable.is_empty()));
     }
 
     #[test]
