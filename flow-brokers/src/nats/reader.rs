@@ -584,7 +584,88 @@ fn subject_matches(pattern: &str, subject: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::subject_matches;
+    use flow_core::sources::{BrokerFormat, OnBadRecord};
+
+    use super::super::auth::connect_options;
+    use super::*;
+
+    fn partition(position: Option<&[u8]>) -> NatsPartition {
+        let decoder = BrokerDecoder::new(
+            0,
+            BrokerDecoder::schema_of(BrokerFormat::Raw, None, "subject", false)
+                .unwrap_or_else(|v| panic!("{v}")),
+            BrokerFormat::Raw,
+            OnBadRecord::Stop,
+            false,
+        );
+        let connect = connect_options(None, &[]).unwrap_or_else(|v| panic!("{v:?}"));
+        let jetstream = JetStream::new(
+            vec!["nats://127.0.0.1:1".into()],
+            "EVENTS".into(),
+            vec!["events.0".into()],
+            connect,
+            10,
+        );
+        let position = position.map(NatsPosition::decode).transpose();
+        let position = position.unwrap_or_else(|e| panic!("{e}"));
+        NatsPartition {
+            shared: Arc::clone(&jetstream.shared),
+            partition: 0,
+            subject: "events.0".into(),
+            decoder,
+            max_per_pull: 10,
+            last: position.map_or(0, |p| p.last),
+            identity: position.and_then(|p| p.identity),
+            without_identity: position.is_some_and(|p| p.identity.is_none() && p.last > 0),
+            started: false,
+            consumer: None,
+            idle: false,
+            lag: None,
+            trouble: TroubleWait::default(),
+        }
+    }
+
+    const OLD: StreamIdentity = StreamIdentity {
+        created_ns: 1_764_763_200_000_000_000,
+        first_sequence: 1,
+    };
+
+    #[test]
+    fn an_old_position_adopts_the_stream_identity_and_a_later_re_creation_stops_the_partition() {
+        // Committed by an older flow: the sequence alone.
+        let mut reader = partition(Some(&100u64.to_be_bytes()));
+        assert!(reader.check_identity(OLD).is_ok());
+        let committed = reader.position().position;
+        assert_eq!(
+            NatsPosition::decode(&committed).ok(),
+            Some(NatsPosition {
+                last: 100,
+                identity: Some(OLD)
+            }),
+            "the identity is committed with the next epoch"
+        );
+        // Retention moved the first sequence: the same stream.
+        assert!(reader
+            .check_identity(StreamIdentity {
+                first_sequence: 40,
+                ..OLD
+            })
+            .is_ok());
+        // The next run, on a stream created again.
+        let mut reader = partition(Some(&committed));
+        let err = reader
+            .check_identity(StreamIdentity {
+                created_ns: 1_764_763_260_500_000_000,
+                first_sequence: 1,
+            })
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert_eq!(
+            err,
+            "stream `EVENTS` was deleted and created again: partition 0 committed sequence 100 of the stream, but it was created at 2025-12-03T12:00:00.000000000Z, and the stream of that name now was created at 2025-12-03T12:01:00.500000000Z; its sequences name other messages, and reading on at 101 would skip the new stream's first 100 message(s). To read the new stream from its beginning, start the pipeline with a new state directory (batches this one holds undelivered, which `flow-worker status` lists, cannot be rebuilt from the new stream); to keep this state directory, restore the old stream"
+        );
+    }
 
     #[test]
     fn subject_patterns_take_exactly_their_subjects() {
