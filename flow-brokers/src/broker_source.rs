@@ -110,6 +110,11 @@ pub(crate) trait Broker: Send + Sync + 'static {
         let _ = partition;
         None
     }
+
+    /// Whether two positions stand at the same place ([`SourceFactory::same_position`]).
+    fn same_position(&self, a: &[u8], b: &[u8]) -> bool {
+        a == b
+    }
 }
 
 /// The factory of a broker source: one reader per flow partition, each on its own target.
@@ -145,6 +150,10 @@ impl<B: Broker> SourceFactory for BrokerFactory<B> {
 
     fn unavailable(&self, partition: u32) -> Option<String> {
         self.broker.unavailable(partition)
+    }
+
+    fn same_position(&self, a: &[u8], b: &[u8]) -> bool {
+        self.broker.same_position(a, b)
     }
 
     fn open_partition(

@@ -56,6 +56,19 @@ impl Broker for KafkaTopic {
         format!("no Kafka partition is configured for flow partition {partition}")
     }
 
+    /// The same offset, whatever identity each position carries: a reader opened at a position
+    /// committed without one adopts the topic's, and the low watermark in it is as each reader
+    /// last saw it, so a replay must stop at the committed offset however it was written.
+    fn same_position(&self, a: &[u8], b: &[u8]) -> bool {
+        if a.is_empty() || b.is_empty() {
+            return a == b;
+        }
+        match (KafkaPosition::decode(a), KafkaPosition::decode(b)) {
+            (Ok(a), Ok(b)) => a.next == b.next,
+            _ => a == b,
+        }
+    }
+
     fn open(
         &self,
         partition: u32,
@@ -533,6 +546,23 @@ mod tests {
             .is_err_and(|e| matches!(e, KafkaSourceError::Reset { high: 500, .. })));
         assert!(reader(Some(100)).check_range(100, 500).is_ok());
         assert!(reader(None).check_range(100, 500).is_ok());
+    }
+
+    #[test]
+    fn positions_at_one_offset_are_the_same_place_whatever_identity_they_carry() {
+        let topic = KafkaTopic::new(ClientConfig::new(), "t".into(), false);
+        let at = |next, identity| KafkaPosition { next, identity }.encode();
+        let seen = |low| {
+            Some(TopicIdentity {
+                low,
+                last_timestamp_ms: 1_764_763_200_000,
+            })
+        };
+        assert!(topic.same_position(&at(100, None), &at(100, seen(0))));
+        assert!(topic.same_position(&at(100, seen(0)), &at(100, seen(20))));
+        assert!(!topic.same_position(&at(100, seen(0)), &at(101, seen(0))));
+        assert!(!topic.same_position(&[], &at(0, None)));
+        assert!(topic.same_position(&[], &[]));
     }
 
     #[test]

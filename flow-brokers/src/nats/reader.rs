@@ -193,6 +193,16 @@ impl Broker for JetStream {
         ))
     }
 
+    /// The same sequence, whatever identity each position carries: a reader opened at a position
+    /// committed without one adopts the stream's, and the first sequence in it is as each reader
+    /// last saw it, so a replay must stop at the committed sequence however it was written.
+    fn same_position(&self, a: &[u8], b: &[u8]) -> bool {
+        match (NatsPosition::decode(a), NatsPosition::decode(b)) {
+            (Ok(a), Ok(b)) => a.last == b.last,
+            _ => a == b,
+        }
+    }
+
     /// Every partition of the source waits while its stream is missing.
     fn unavailable(&self, _partition: u32) -> Option<String> {
         let shared = &self.shared;
@@ -623,6 +633,26 @@ mod tests {
             lag: None,
             trouble: TroubleWait::default(),
         }
+    }
+
+    #[test]
+    fn positions_at_one_sequence_are_the_same_place_whatever_identity_they_carry() {
+        let reader = partition(None);
+        let jetstream = JetStream {
+            shared: Arc::clone(&reader.shared),
+            max_per_pull: 10,
+        };
+        let at = |last, identity| NatsPosition { last, identity }.encode();
+        let later = StreamIdentity {
+            first_sequence: 40,
+            ..OLD
+        };
+        // A replay from a position an older flow committed stops at the committed sequence
+        // whichever form each side has, and whatever first sequence each reader saw.
+        assert!(jetstream.same_position(&at(100, None), &at(100, Some(OLD))));
+        assert!(jetstream.same_position(&at(100, Some(OLD)), &at(100, Some(later))));
+        assert!(!jetstream.same_position(&at(100, Some(OLD)), &at(101, Some(OLD))));
+        assert!(!jetstream.same_position(&at(100, None), &[0; 16]));
     }
 
     const OLD: StreamIdentity = StreamIdentity {
