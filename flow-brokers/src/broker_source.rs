@@ -104,6 +104,17 @@ pub(crate) trait Broker: Send + Sync + 'static {
     fn min_epoch_duration(&self) -> Option<(Duration, String)> {
         None
     }
+
+    /// What keeps `partition` from reading while it waits ([`SourceFactory::unavailable`]).
+    fn unavailable(&self, partition: u32) -> Option<String> {
+        let _ = partition;
+        None
+    }
+
+    /// Whether two positions stand at the same place ([`SourceFactory::same_position`]).
+    fn same_position(&self, a: &[u8], b: &[u8]) -> bool {
+        a == b
+    }
 }
 
 /// The factory of a broker source: one reader per flow partition, each on its own target.
@@ -135,6 +146,14 @@ impl<B: Broker> SourceFactory for BrokerFactory<B> {
 
     fn min_epoch_duration(&self) -> Option<(Duration, String)> {
         self.broker.min_epoch_duration()
+    }
+
+    fn unavailable(&self, partition: u32) -> Option<String> {
+        self.broker.unavailable(partition)
+    }
+
+    fn same_position(&self, a: &[u8], b: &[u8]) -> bool {
+        self.broker.same_position(a, b)
     }
 
     fn open_partition(
@@ -177,5 +196,48 @@ impl TroubleWait {
             warn();
         }
         tokio::time::sleep_until(deadline.min(now + TROUBLE_PAUSE)).await;
+    }
+}
+
+/// `nanos` since the Unix epoch as RFC 3339 UTC text (`2025-12-03T12:00:00.000000000Z`), for
+/// messages that name a broker's times.
+pub(crate) fn utc_text(nanos: u64) -> String {
+    let seconds = nanos / 1_000_000_000;
+    let (days, of_day) = (seconds / 86_400, seconds % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let mp = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
+        of_day / 3_600,
+        of_day % 3_600 / 60,
+        of_day % 60,
+        nanos % 1_000_000_000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc_text;
+
+    #[test]
+    fn utc_text_of_known_instants() {
+        assert_eq!(utc_text(0), "1970-01-01T00:00:00.000000000Z");
+        assert_eq!(
+            utc_text(951_827_696_000_000_007),
+            "2000-02-29T12:34:56.000000007Z"
+        );
+        assert_eq!(
+            utc_text(1_764_763_260_500_000_000),
+            "2025-12-03T12:01:00.500000000Z"
+        );
     }
 }

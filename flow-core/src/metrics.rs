@@ -209,6 +209,7 @@ struct SourceFamilies {
     dead_letters: Family<PartitionLabels, Counter>,
     commit_seconds: HistogramFamily<PartitionLabels>,
     lag: Family<PartitionLabels, Gauge>,
+    unavailable: Family<PartitionLabels, Gauge>,
 }
 
 /// The families of the sink side.
@@ -321,6 +322,18 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// Sets `flow_source_unavailable` of `partition`: whether its source cannot read and waits.
+    pub fn observe_source_unavailable(&self, pipeline: &str, partition: u32, unavailable: bool) {
+        let labels = PartitionLabels {
+            pipeline: pipeline.to_owned(),
+            partition,
+        };
+        self.source
+            .unavailable
+            .get_or_create(&labels)
+            .set(i64::from(unavailable));
+    }
+
     /// Sets the backlog gauges from the store's summary of `pipeline` (ages at `now_ms`), and the
     /// lag of each partition that reports one.
     pub fn observe_summary(&self, pipeline: &str, summary: &PipelineSummary, now_ms: u64) {
@@ -393,6 +406,7 @@ impl SourceFamilies {
             dead_letters: Family::default(),
             commit_seconds: Family::new_with_constructor(latency_histogram),
             lag: Family::default(),
+            unavailable: Family::default(),
         };
         registry.register(
             "flow_source_messages",
@@ -418,6 +432,11 @@ impl SourceFamilies {
             "flow_source_lag_messages",
             "Messages the broker holds beyond the partition's position (broker sources)",
             families.lag.clone(),
+        );
+        registry.register(
+            "flow_source_unavailable",
+            "1 while the partition's source cannot read and waits (a broker stream that disappeared), 0 otherwise",
+            families.unavailable.clone(),
         );
         families
     }

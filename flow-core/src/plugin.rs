@@ -50,6 +50,23 @@ pub trait SourceFactory: Send + Sync {
     fn min_epoch_duration(&self) -> Option<(Duration, String)> {
         None
     }
+
+    /// What keeps `partition` from reading right now while the source waits for it to pass (a
+    /// broker stream that disappeared), for `status` and the metrics; `None` (the default) while
+    /// nothing does. A failure waiting cannot cure stops the partition instead.
+    fn unavailable(&self, partition: u32) -> Option<String> {
+        let _ = partition;
+        None
+    }
+
+    /// Whether positions `a` and `b` stand at the same place of the source, where a replay
+    /// stops at the committed position. The default compares the bytes; a source whose
+    /// positions also carry what it learned on the way (a broker stream's identity, which one
+    /// reader adopts for a position an older version committed and another reader does not)
+    /// compares only where they stand.
+    fn same_position(&self, a: &[u8], b: &[u8]) -> bool {
+        a == b
+    }
 }
 
 /// How a partition ended.

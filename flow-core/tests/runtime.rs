@@ -1648,3 +1648,184 @@ async fn slices_of_an_epoch_vetoed_before_a_sink_ended_it_are_never_ended_and_re
     assert_eq!(pieces.iter().map(|p| p.1).sum::<usize>(), 40_000);
     assert_eq!(position(&run.store, 0), Some(50_000));
 }
+
+// ---------------------------------------------------------------------------------------------
+// A replay stops at the committed position as the source compares positions.
+
+/// A replayable source class `Stamped` (parameters `{count}`): one message per read, ids 1..=count,
+/// then nothing (never exhausted before `count`, exhausted at it). Its positions are
+/// `[sequence, stamp]`, the stamp different for every reader opened (as a broker position
+/// carries what each reader saw of its stream); `same_position` compares the sequence alone.
+fn register_stamped_source(registry: &mut Registry) {
+    use flow_core::registry::SourceBuildContext;
+    use flow_core::{
+        Column, MessageId, ReadLimits, Source, SourceFactory, SourceOutput, SourceRead,
+        StreamSchema, StreamType, Value,
+    };
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Readers opened in this process, over every run: each reader's stamp.
+    static OPENED: AtomicU64 = AtomicU64::new(1000);
+    struct Factory {
+        count: u64,
+        schema: Arc<StreamSchema>,
+    }
+    struct Reader {
+        count: u64,
+        sequence: u64,
+        stamp: u64,
+    }
+    fn encode(sequence: u64, stamp: u64) -> Vec<u8> {
+        [sequence.to_be_bytes(), stamp.to_be_bytes()].concat()
+    }
+    impl SourceFactory for Factory {
+        fn stream_id(&self) -> &str {
+            "rows"
+        }
+        fn schema(&self) -> Arc<StreamSchema> {
+            Arc::clone(&self.schema)
+        }
+        fn replayable(&self) -> bool {
+            true
+        }
+        fn same_position(&self, a: &[u8], b: &[u8]) -> bool {
+            a.get(..8) == b.get(..8)
+        }
+        fn open_partition(
+            &self,
+            _partition: u32,
+            position: Option<&[u8]>,
+        ) -> Result<Box<dyn Source>, SourceError> {
+            let sequence = position
+                .and_then(|p| p.get(..8))
+                .map_or(0, |w| u64::from_be_bytes(w.try_into().unwrap()));
+            Ok(Box::new(Reader {
+                count: self.count,
+                sequence,
+                stamp: OPENED.fetch_add(1, Ordering::Relaxed),
+            }))
+        }
+    }
+    #[async_trait]
+    impl Source for Reader {
+        async fn read(
+            &mut self,
+            out: &mut SourceOutput<'_>,
+            limits: ReadLimits,
+        ) -> Result<SourceRead, SourceError> {
+            if self.sequence < self.count && limits.max_messages > 0 {
+                self.sequence += 1;
+                let mut row = out.batch.start_row(MessageId::new(0, self.sequence));
+                row.push(Value::Uint(self.sequence)).unwrap();
+                row.finish().unwrap();
+            }
+            Ok(SourceRead {
+                position: encode(self.sequence, self.stamp),
+                exhausted: self.sequence >= self.count,
+                lag: None,
+            })
+        }
+    }
+    registry.register_source(
+        "Stamped",
+        Arc::new(
+            |_ctx: &SourceBuildContext<'_>,
+             parameters: &serde_yaml::Value|
+             -> BuildResult<Arc<dyn SourceFactory>> {
+                let count = parameters["count"].as_u64().unwrap();
+                let schema =
+                    StreamSchema::new(vec![Column::new("id", StreamType::Uint64)]).unwrap();
+                Ok(Arc::new(Factory { count, schema }))
+            },
+        ),
+    );
+}
+
+/// A sink class `ReplaysOnOpen`: when opened with `parameters.replay_from` set, replays from
+/// `[replay_from, 99]` to the committed position and records the ids it got in `seen`.
+fn register_replaying_sink(registry: &mut Registry, seen: Arc<Mutex<Option<Vec<u64>>>>) {
+    struct Factory {
+        from: Option<u64>,
+        seen: Arc<Mutex<Option<Vec<u64>>>>,
+    }
+    struct Replaying {
+        ctx: SinkContext,
+        from: Option<u64>,
+        seen: Arc<Mutex<Option<Vec<u64>>>>,
+    }
+    impl SinkFactory for Factory {
+        fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+            Ok(Box::new(Replaying {
+                ctx,
+                from: self.from,
+                seen: Arc::clone(&self.seen),
+            }))
+        }
+    }
+    #[async_trait]
+    impl Sink for Replaying {
+        async fn open(&mut self) -> Result<(), SinkError> {
+            let (Some(from), Some(replay)) = (self.from, self.ctx.replay.clone()) else {
+                return Ok(());
+            };
+            let from = [from.to_be_bytes(), 99u64.to_be_bytes()].concat();
+            let replay_error = |e| SinkError::Replay(Box::new(e));
+            let mut reader = replay.open(Some(&from)).await.map_err(replay_error)?;
+            let mut ids = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                while let Some(inputs) = reader.next().await.map_err(replay_error)? {
+                    ids.extend(inputs[0].ids().iter().map(|id| id.offset));
+                }
+                Ok::<(), SinkError>(())
+            });
+            read.await.expect("the replay ends")?;
+            *self.seen.lock().unwrap() = Some(ids);
+            Ok(())
+        }
+        async fn write_epoch(&mut self, _epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+            Ok(EpochOutcome::Commit(EpochWrite::default()))
+        }
+    }
+    registry.register_sink(
+        "ReplaysOnOpen",
+        Arc::new(
+            move |_ctx: &SinkBuildContext<'_>,
+                  parameters: &serde_yaml::Value,
+                  _dynamic: &serde_yaml::Value|
+                  -> BuildResult<Arc<dyn SinkFactory>> {
+                Ok(Arc::new(Factory {
+                    from: parameters["replay_from"].as_u64(),
+                    seen: Arc::clone(&seen),
+                }))
+            },
+        ),
+    );
+}
+
+#[tokio::test]
+async fn a_replay_stops_at_the_committed_position_that_the_source_calls_the_same_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let seen = Arc::new(Mutex::new(None));
+    let mut registry = Registry::new();
+    register_stamped_source(&mut registry);
+    register_replaying_sink(&mut registry, Arc::clone(&seen));
+    let yaml = |count: u64, replay_from: &str| {
+        format!(
+            "pipeline: {PIPELINE}\npartitions: 1\nepoch: {{max_messages: 2, max_duration_ms: 60000}}\n\
+             source: {{class: Stamped, parameters: {{count: {count}}}}}\n\
+             sinks:\n  - {{name: out, sink_class_name: ReplaysOnOpen, input_stream_ids: [rows], parameters: {{{replay_from}}}}}\n"
+        )
+    };
+    let store = open_store(dir.path());
+    // Committed: sequence 5, stamped by the reader of this run.
+    run_yaml(&registry, &yaml(5, ""), &store).await.unwrap();
+    store.close().unwrap();
+    // The next run (the stream grew to 10) replays from sequence 2 with a reader of its own
+    // stamp: it must stop at sequence 5, not read on to the end.
+    let store = open_store(dir.path());
+    run_yaml(&registry, &yaml(10, "replay_from: 2"), &store)
+        .await
+        .unwrap();
+    assert_eq!(seen.lock().unwrap().clone(), Some(vec![3, 4, 5]));
+    store.close().unwrap();
+}

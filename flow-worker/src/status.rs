@@ -7,40 +7,67 @@ use std::process::ExitCode;
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use flow::snapshot_path;
+use flow::{snapshot_path, SOURCE_UNAVAILABLE};
 use flow_core::{SinkCount, SinkCounter};
 use flow_state::{SinkPartitionSummary, StateError, StateStore, StateSummary};
 
+/// Per pipeline and partition, what keeps a running worker's source from reading while it waits
+/// (a broker stream that disappeared), as its snapshot names it under [`SOURCE_UNAVAILABLE`].
+type Unavailable = BTreeMap<String, BTreeMap<u32, String>>;
+
+/// What a running worker's snapshot holds beside the store's summary.
+#[derive(Default, serde::Deserialize)]
+struct SnapshotExtra {
+    #[serde(default)]
+    source_unavailable: Unavailable,
+}
+
 pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
-    let summary = summary(state_dir)?;
+    let (summary, unavailable) = live_summary(state_dir)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        let mut value = serde_json::to_value(&summary)?;
+        if let (false, Some(object)) = (unavailable.is_empty(), value.as_object_mut()) {
+            object.insert(
+                SOURCE_UNAVAILABLE.to_owned(),
+                serde_json::to_value(&unavailable)?,
+            );
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        print!("{}", render(&summary, flow_core::delivery::now_ms()));
+        print!(
+            "{}",
+            render_live(&summary, &unavailable, flow_core::delivery::now_ms())
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// The state summary: from the store itself, or from the running worker's snapshot while it
-/// holds the store. Says on stderr when it is read from a copy of the directory.
-pub(crate) fn summary(state_dir: &Path) -> anyhow::Result<StateSummary> {
-    let (summary, copy_note) = read_summary(state_dir)?;
+/// The state summary (from the store itself, or from the running worker's snapshot while it
+/// holds the store) and what keeps a running worker's sources from reading (nothing when no
+/// worker runs); says on stderr when it is read from a copy of the directory.
+fn live_summary(state_dir: &Path) -> anyhow::Result<(StateSummary, Unavailable)> {
+    let (summary, unavailable, copy_note) = read_state(state_dir)?;
     if let Some(note) = copy_note {
         eprintln!("{note}");
     }
-    Ok(summary)
+    Ok((summary, unavailable))
 }
 
 /// The state summary, and the note to show when it was read from a copy of the directory (one
 /// this process cannot write): `--watch` shows that note in its header, which a redraw would
 /// otherwise wipe from the terminal.
 pub(crate) fn read_summary(state_dir: &Path) -> anyhow::Result<(StateSummary, Option<String>)> {
+    read_state(state_dir).map(|(summary, _, copy_note)| (summary, copy_note))
+}
+
+/// The summary, what keeps sources from reading, and the copy note ([`read_summary`]).
+fn read_state(state_dir: &Path) -> anyhow::Result<(StateSummary, Unavailable, Option<String>)> {
     let mut copy_note = None;
     if !crate::run::is_state_dir(state_dir) {
         anyhow::bail!("`{}` is not a flow state directory", state_dir.display());
     }
     let snapshot = snapshot_path(state_dir);
-    let summary = match StateStore::open_to_read(state_dir) {
+    let (summary, unavailable) = match StateStore::open_to_read(state_dir) {
         Ok(read) => {
             if read.copy().is_some() {
                 // sled opens only for writing: what is shown is a copy, not the directory.
@@ -64,7 +91,7 @@ pub(crate) fn read_summary(state_dir: &Path) -> anyhow::Result<(StateSummary, Op
                 )
             })?;
             read.close().context("closing the state store")?;
-            summary
+            (summary, Unavailable::new())
         }
         // A running worker holds the lock and keeps a snapshot up to date.
         Err(StateError::Locked { .. }) => read_snapshot(state_dir).with_context(|| {
@@ -88,10 +115,10 @@ pub(crate) fn read_summary(state_dir: &Path) -> anyhow::Result<(StateSummary, Op
             );
         }
     };
-    Ok((summary, copy_note))
+    Ok((summary, unavailable, copy_note))
 }
 
-fn read_snapshot(state_dir: &Path) -> anyhow::Result<StateSummary> {
+fn read_snapshot(state_dir: &Path) -> anyhow::Result<(StateSummary, Unavailable)> {
     let path = snapshot_path(state_dir);
     let bytes = std::fs::read(&path).with_context(|| format!("reading `{}`", path.display()))?;
     let age = std::fs::metadata(&path)
@@ -106,7 +133,11 @@ fn read_snapshot(state_dir: &Path) -> anyhow::Result<StateSummary> {
         "a running worker holds `{}`; showing its snapshot (age {age}, refreshed every 2 s)",
         state_dir.display()
     );
-    serde_json::from_slice(&bytes).with_context(|| format!("parsing `{}`", path.display()))
+    let summary =
+        serde_json::from_slice(&bytes).with_context(|| format!("parsing `{}`", path.display()))?;
+    let extra: SnapshotExtra =
+        serde_json::from_slice(&bytes).with_context(|| format!("parsing `{}`", path.display()))?;
+    Ok((summary, extra.source_unavailable))
 }
 
 /// Built-in sources encode positions as big-endian u64 words; show those as numbers.
@@ -127,6 +158,11 @@ fn position_text(hex: &str) -> String {
 
 /// The status table; ages are measured at `now_ms` (ms since the Unix epoch).
 pub fn render(summary: &StateSummary, now_ms: u64) -> String {
+    render_live(summary, &Unavailable::new(), now_ms)
+}
+
+/// The status table with a line per partition whose source cannot read and waits.
+fn render_live(summary: &StateSummary, unavailable: &Unavailable, now_ms: u64) -> String {
     let mut out = String::new();
     if summary.pipelines.is_empty() {
         out.push_str("no pipeline has committed anything in this state directory\n");
@@ -150,6 +186,9 @@ pub fn render(summary: &StateSummary, now_ms: u64) -> String {
                 partition,
                 position_text(&position.hex)
             );
+        }
+        for (partition, what) in unavailable.get(name).into_iter().flatten() {
+            let _ = writeln!(out, "  partition {partition}: source unavailable: {what}");
         }
         for group in &pipeline.source_dead_letters {
             let _ = writeln!(
@@ -371,6 +410,28 @@ mod tests {
             render(&summary, 0),
             "pipeline p\n  partition              position  lag (messages)\n  0                         50000              12\n  1                             7               -\n"
         );
+    }
+
+    #[test]
+    fn a_partition_whose_source_waits_is_named_with_the_reason() {
+        let mut summary = StateSummary::default();
+        let pipeline = summary.pipelines.entry("p".to_owned()).or_default();
+        for partition in [0, 1] {
+            pipeline
+                .positions
+                .insert(partition, flow_state::PositionInfo::of(&7u64.to_be_bytes()));
+        }
+        let unavailable = Unavailable::from([(
+            "p".to_owned(),
+            BTreeMap::from([(1, "stream `S` no longer exists".to_owned())]),
+        )]);
+        assert_eq!(
+            render_live(&summary, &unavailable, 0),
+            "pipeline p\n  partition              position\n  0                             7\n  1                             7\n  partition 1: source unavailable: stream `S` no longer exists\n"
+        );
+        // A snapshot without the key (nothing waits, or an older worker) reads as nothing.
+        let extra: Result<SnapshotExtra, _> = serde_json::from_str(r#"{"pipelines": {}}"#);
+        assert!(extra.is_ok_and(|e| e.source_unavailable.is_empty()));
     }
 
     #[test]

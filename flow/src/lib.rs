@@ -53,7 +53,7 @@ mod store_lifecycle;
 pub use config::ConfigError;
 pub use error::HandleError;
 pub use handle::{PipelineHandle, StartOptions};
-pub use live_status::{read_state_dir, snapshot_path, LiveStatus, StatusError};
+pub use live_status::{read_state_dir, snapshot_path, LiveStatus, StatusError, SOURCE_UNAVAILABLE};
 pub use metrics_endpoint::{MetricsEndpoint, MetricsEndpointError};
 pub use metrics_snapshot::{MetricSample, MetricsParseError, MetricsSnapshot};
 pub use registry::registry;

@@ -3,8 +3,10 @@
 //! what only the running process knows (each partition's source lag, what each sink saw since the
 //! start). Reading it also refreshes the backlog and lag gauges of the metrics, so that the worker's
 //! snapshot task and a [`PipelineHandle`](crate::PipelineHandle) keep `/metrics` current the same
-//! way.
+//! way. The snapshot also names, under [`SOURCE_UNAVAILABLE`], the partitions whose source cannot
+//! read and waits (a broker stream that disappeared).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -40,6 +42,11 @@ pub enum StatusError {
     #[error("encoding the status snapshot: {0}")]
     Encode(#[source] serde_json::Error),
 }
+
+/// The key of the status snapshot under which a running worker names, per pipeline and
+/// partition, what keeps the partition's source from reading ([`LiveStatus::source_unavailable`]);
+/// absent while nothing does. The store's summary has no such field: it is a live figure.
+pub const SOURCE_UNAVAILABLE: &str = "source_unavailable";
 
 /// The file a running pipeline refreshes with its status, which `flow-worker status` shows while
 /// the pipeline holds the store's lock.
@@ -89,6 +96,9 @@ impl LiveStatus {
         if let Some(running) = summary.pipelines.get_mut(&self.pipeline) {
             for (&partition, position) in &mut running.positions {
                 position.lag = self.control.source_lag(partition);
+                let unavailable = self.control.source_unavailable(partition).is_some();
+                self.metrics
+                    .observe_source_unavailable(&self.pipeline, partition, unavailable);
             }
             let now_ms = flow_core::delivery::now_ms();
             self.metrics
@@ -98,10 +108,36 @@ impl LiveStatus {
         Ok(summary)
     }
 
-    /// Writes `summary` to the [`snapshot_path`] of the store's directory, atomically (a
-    /// temporary file, then a rename), off the runtime threads.
+    /// What keeps each partition of `summary`'s running pipeline from reading right now while
+    /// its source waits, by partition; empty while nothing does.
+    pub fn source_unavailable(&self, summary: &StateSummary) -> BTreeMap<u32, String> {
+        summary
+            .pipelines
+            .get(&self.pipeline)
+            .map(|running| {
+                running
+                    .positions
+                    .keys()
+                    .filter_map(|&p| self.control.source_unavailable(p).map(|what| (p, what)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Writes `summary` (with [`SOURCE_UNAVAILABLE`] when a partition's source waits) to the
+    /// [`snapshot_path`] of the store's directory, atomically (a temporary file, then a rename),
+    /// off the runtime threads.
     pub async fn write_snapshot(&self, summary: &StateSummary) -> Result<(), StatusError> {
-        let bytes = serde_json::to_vec(summary).map_err(StatusError::Encode)?;
+        let mut value = serde_json::to_value(summary).map_err(StatusError::Encode)?;
+        let unavailable = self.source_unavailable(summary);
+        if let (false, Some(object)) = (unavailable.is_empty(), value.as_object_mut()) {
+            let by_pipeline = BTreeMap::from([(self.pipeline.clone(), unavailable)]);
+            object.insert(
+                SOURCE_UNAVAILABLE.to_owned(),
+                serde_json::to_value(by_pipeline).map_err(StatusError::Encode)?,
+            );
+        }
+        let bytes = serde_json::to_vec(&value).map_err(StatusError::Encode)?;
         let path = snapshot_path(self.store.dir());
         tokio::task::spawn_blocking(move || {
             let temporary = path.with_extension("json.tmp");

@@ -39,7 +39,7 @@ pub enum KafkaSourceError {
         low: u64,
     },
     /// The partition ends below the committed position: the topic was deleted and created again.
-    #[error("topic `{topic}` partition {kafka_partition} ends at offset {high}, below flow partition {partition}'s committed position {position}: the topic was deleted and created again, so its offsets no longer name the messages flow committed. Use a new state directory for the new topic")]
+    #[error("topic `{topic}` partition {kafka_partition} ends at offset {high}, below flow partition {partition}'s committed position {position}: the topic was deleted and created again, so its offsets no longer name the messages flow committed. {RESET_REMEDY}")]
     Reset {
         /// The topic.
         topic: String,
@@ -52,7 +52,24 @@ pub enum KafkaSourceError {
         /// The partition's high watermark (the offset after its last message).
         high: u64,
     },
+    /// The topic under the source's name is not the one the committed position counts in.
+    #[error("topic `{topic}` was deleted and created again: flow partition {partition} committed offset {position} of partition {kafka_partition}, but {change}; its offsets name other messages, and reading on at {position} would skip the new topic's first {position} message(s). {RESET_REMEDY}")]
+    Recreated {
+        /// The topic.
+        topic: String,
+        /// The Kafka partition.
+        kafka_partition: i32,
+        /// The flow partition reading it.
+        partition: u32,
+        /// The committed position (the next offset to read).
+        position: u64,
+        /// What differs: the low watermark, or the timestamp of the last message read.
+        change: String,
+    },
 }
+
+/// What a partition whose topic was created again is told to do.
+const RESET_REMEDY: &str = "To read the new topic from its beginning, start the pipeline with a new state directory (batches this one holds undelivered, which `flow-worker status` lists, cannot be rebuilt from the new topic)";
 
 impl KafkaSourceError {
     /// Waiting cannot cure these: the partition stops.
@@ -61,6 +78,7 @@ impl KafkaSourceError {
             self,
             KafkaSourceError::Gap { .. }
                 | KafkaSourceError::Reset { .. }
+                | KafkaSourceError::Recreated { .. }
                 | KafkaSourceError::Client { .. }
         )
     }

@@ -9,11 +9,13 @@
 //! offsets lost. A `group_id`, when given, receives the read position now and then, for monitoring
 //! tools only; flow never reads it back.
 //!
-//! `params`: the parameters and their validation; `reader`: one partition's reader; `error`:
+//! `params`: the parameters and their validation; `reader`: one partition's reader; `position`:
+//! the committed position and the topic's identity in it; `error`:
 //! [`KafkaSourceError`].
 
 mod error;
 mod params;
+mod position;
 mod reader;
 
 pub use error::KafkaSourceError;

@@ -5,9 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flow_core::sources::{
-    decode_broker_position, encode_broker_position, BrokerDecoder, BrokerRecord,
-};
+use flow_core::sources::{BrokerDecoder, BrokerRecord};
 use flow_core::{ReadLimits, Source, SourceError, SourceOutput, SourceRead};
 use futures_util::FutureExt;
 use rdkafka::config::ClientConfig;
@@ -16,9 +14,10 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::error::KafkaSourceError;
+use super::position::{KafkaPosition, TopicIdentity};
 use crate::broker_source::{Broker, TroubleWait};
 
 /// How long a watermark query may take.
@@ -57,6 +56,19 @@ impl Broker for KafkaTopic {
         format!("no Kafka partition is configured for flow partition {partition}")
     }
 
+    /// The same offset, whatever identity each position carries: a reader opened at a position
+    /// committed without one adopts the topic's, and the low watermark in it is as each reader
+    /// last saw it, so a replay must stop at the committed offset however it was written.
+    fn same_position(&self, a: &[u8], b: &[u8]) -> bool {
+        if a.is_empty() || b.is_empty() {
+            return a == b;
+        }
+        match (KafkaPosition::decode(a), KafkaPosition::decode(b)) {
+            (Ok(a), Ok(b)) => a.next == b.next,
+            _ => a == b,
+        }
+    }
+
     fn open(
         &self,
         partition: u32,
@@ -65,9 +77,9 @@ impl Broker for KafkaTopic {
         position: Option<&[u8]>,
     ) -> Result<Box<dyn Source>, SourceError> {
         // An empty position: committed before the partition's first message.
-        let next = position
+        let position = position
             .filter(|p| !p.is_empty())
-            .map(decode_broker_position)
+            .map(KafkaPosition::decode)
             .transpose()?;
         Ok(Box::new(KafkaPartition {
             config: Arc::clone(&self.config),
@@ -76,7 +88,10 @@ impl Broker for KafkaTopic {
             partition,
             decoder,
             monitoring_group: self.monitoring_group,
-            next,
+            next: position.map(|p| p.next),
+            identity: position.and_then(|p| p.identity),
+            without_identity: position.is_some_and(|p| p.identity.is_none()),
+            verify: None,
             consumer: None,
             high: None,
             watermarks_at: None,
@@ -96,6 +111,13 @@ struct KafkaPartition {
     /// The offset of the next message to read: the position. `None` before the first message
     /// of a partition never read: reading starts at the earliest offset the broker holds.
     next: Option<u64>,
+    /// The topic `next` counts in, committed with it; `None` until the first watermarks.
+    identity: Option<TopicIdentity>,
+    /// The committed position came without an identity (an older flow wrote it).
+    without_identity: bool,
+    /// The offset (the position − 1) whose message the consumer was assigned at to compare its
+    /// timestamp with the one read there; the message itself is not appended again.
+    verify: Option<u64>,
     consumer: Option<Arc<StreamConsumer>>,
     /// The partition's high watermark (the offset the next produced message gets), last asked.
     high: Option<u64>,
@@ -140,7 +162,16 @@ enum ReadError {
 impl KafkaPartition {
     fn position(&self) -> SourceRead {
         SourceRead {
-            position: self.next.map(encode_broker_position).unwrap_or_default(),
+            position: self
+                .next
+                .map(|next| {
+                    KafkaPosition {
+                        next,
+                        identity: self.identity,
+                    }
+                    .encode()
+                })
+                .unwrap_or_default(),
             exhausted: false,
             lag: self
                 .high
@@ -182,6 +213,9 @@ impl KafkaPartition {
             };
             match received {
                 Ok(message) => {
+                    if self.verified(&message).map_err(ReadError::Broker)? {
+                        continue;
+                    }
                     if self.append(&message, out).map_err(ReadError::Record)? {
                         appended += 1;
                     }
@@ -194,8 +228,9 @@ impl KafkaPartition {
         Ok(())
     }
 
-    /// A consumer with the partition assigned at the position (the earliest offset before any).
-    async fn assign(&self) -> Result<Arc<StreamConsumer>, KafkaSourceError> {
+    /// A consumer with the partition assigned at the position (the earliest offset before any),
+    /// or at the message before it when its timestamp is known, to tell the topic is the same.
+    async fn assign(&mut self) -> Result<Arc<StreamConsumer>, KafkaSourceError> {
         let consumer: StreamConsumer =
             self.config
                 .create()
@@ -208,13 +243,20 @@ impl KafkaPartition {
                     source,
                 })?;
         let consumer = Arc::new(consumer);
-        // Before the first read: the broker must still hold the position.
-        self.watermarks(&consumer)
-            .await
-            .and_then(|(low, high)| self.check_range(low, high))?;
-        let offset = match self.next {
-            Some(next) => Offset::Offset(i64::try_from(next).unwrap_or(i64::MAX)),
-            None => Offset::Beginning,
+        // Before the first read: the broker must still hold the position, in the same topic.
+        let (low, high) = self.watermarks(&consumer).await?;
+        self.check_range(low, high)?;
+        self.check_low(low)?;
+        let known_timestamp = self.identity.is_some_and(|i| i.last_timestamp_ms != 0);
+        self.verify = match self.next {
+            Some(next) if next > low && known_timestamp => Some(next - 1),
+            _ => None,
+        };
+        let offset = match (self.verify, self.next) {
+            (Some(start), _) | (None, Some(start)) => {
+                Offset::Offset(i64::try_from(start).unwrap_or(i64::MAX))
+            }
+            (None, None) => Offset::Beginning,
         };
         let mut assignment = TopicPartitionList::with_capacity(1);
         assignment
@@ -235,7 +277,69 @@ impl KafkaPartition {
         let (low, high) = self.watermarks(consumer).await?;
         self.watermarks_at = Some(Instant::now());
         self.high = Some(high);
-        self.check_range(low, high)
+        self.check_range(low, high)?;
+        self.check_low(low)
+    }
+
+    /// Refuses a low watermark below the one seen (the topic was created again); adopts the
+    /// identity when the position has none yet.
+    fn check_low(&mut self, low: u64) -> Result<(), KafkaSourceError> {
+        match &mut self.identity {
+            Some(known) => {
+                if let Some(change) = known.low_change(low) {
+                    return Err(self.recreated(change));
+                }
+                known.low = low;
+            }
+            None => {
+                if self.without_identity {
+                    info!(
+                        partition = self.partition,
+                        topic = %self.topic,
+                        kafka_partition = self.kafka_partition,
+                        position = ?self.next,
+                        "the committed position of flow partition {} was written without the topic's identity; adopting low watermark {low} of topic `{}` partition {}, committed with the next epoch: from then on a topic deleted and created again stops the partition. A re-creation before this run cannot be told apart",
+                        self.partition,
+                        self.topic,
+                        self.kafka_partition
+                    );
+                }
+                self.identity = Some(TopicIdentity {
+                    low,
+                    last_timestamp_ms: 0,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `true` for the message assigned to be compared with the one read at the position − 1
+    /// (not appended again); refuses it when its timestamp differs: another topic.
+    fn verified(&mut self, message: &BorrowedMessage<'_>) -> Result<bool, KafkaSourceError> {
+        let Some(offset) = self.verify.take() else {
+            return Ok(false);
+        };
+        if u64::try_from(message.offset()) != Ok(offset) {
+            // Not there any more (compacted away): nothing to compare with.
+            return Ok(false);
+        }
+        let change = self
+            .identity
+            .and_then(|known| known.timestamp_change(offset, timestamp_ms(message)));
+        match change {
+            Some(change) => Err(self.recreated(change)),
+            None => Ok(true),
+        }
+    }
+
+    fn recreated(&self, change: String) -> KafkaSourceError {
+        KafkaSourceError::Recreated {
+            topic: self.topic.clone(),
+            kafka_partition: self.kafka_partition,
+            partition: self.partition,
+            position: self.next.unwrap_or(0),
+            change,
+        }
     }
 
     fn check_range(&self, low: u64, high: u64) -> Result<(), KafkaSourceError> {
@@ -338,6 +442,9 @@ impl KafkaPartition {
         };
         self.decoder.append(&record, out)?;
         self.next = Some(offset + 1);
+        if let Some(identity) = &mut self.identity {
+            identity.last_timestamp_ms = timestamp_ms(message);
+        }
         Ok(true)
     }
 
@@ -384,6 +491,15 @@ impl KafkaPartition {
     }
 }
 
+/// A message's timestamp in ms since the Unix epoch; 0 when it has none.
+fn timestamp_ms(message: &BorrowedMessage<'_>) -> u64 {
+    message
+        .timestamp()
+        .to_millis()
+        .and_then(|ms| u64::try_from(ms).ok())
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use flow_core::sources::{BrokerFormat, OnBadRecord};
@@ -406,6 +522,9 @@ mod tests {
             ),
             monitoring_group: false,
             next,
+            identity: None,
+            without_identity: false,
+            verify: None,
             consumer: None,
             high: None,
             watermarks_at: None,
@@ -427,5 +546,47 @@ mod tests {
             .is_err_and(|e| matches!(e, KafkaSourceError::Reset { high: 500, .. })));
         assert!(reader(Some(100)).check_range(100, 500).is_ok());
         assert!(reader(None).check_range(100, 500).is_ok());
+    }
+
+    #[test]
+    fn positions_at_one_offset_are_the_same_place_whatever_identity_they_carry() {
+        let topic = KafkaTopic::new(ClientConfig::new(), "t".into(), false);
+        let at = |next, identity| KafkaPosition { next, identity }.encode();
+        let seen = |low| {
+            Some(TopicIdentity {
+                low,
+                last_timestamp_ms: 1_764_763_200_000,
+            })
+        };
+        assert!(topic.same_position(&at(100, None), &at(100, seen(0))));
+        assert!(topic.same_position(&at(100, seen(0)), &at(100, seen(20))));
+        assert!(!topic.same_position(&at(100, seen(0)), &at(101, seen(0))));
+        assert!(!topic.same_position(&[], &at(0, None)));
+        assert!(topic.same_position(&[], &[]));
+    }
+
+    #[test]
+    fn a_low_watermark_below_the_one_seen_stops_the_partition_as_a_topic_created_again() {
+        let mut partition = reader(Some(100));
+        partition.identity = Some(TopicIdentity {
+            low: 20,
+            last_timestamp_ms: 0,
+        });
+        assert!(partition.check_low(60).is_ok());
+        let err = partition
+            .check_low(0)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.starts_with("topic `t` was deleted and created again: flow partition 1 committed offset 100 of partition 3, but its low watermark went back from 60 to 0, which no topic's retention does; its offsets name other messages, and reading on at 100 would skip the new topic's first 100 message(s)."), "{err}");
+        // A position an older flow committed adopts the low watermark it first sees.
+        let mut legacy = reader(Some(100));
+        legacy.without_identity = true;
+        assert!(legacy.check_low(0).is_ok());
+        assert_eq!(
+            legacy.position().position.len(),
+            24,
+            "the identity is committed with the next epoch"
+        );
     }
 }

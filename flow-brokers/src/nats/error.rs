@@ -62,7 +62,7 @@ pub enum NatsSourceError {
         first_sequence: u64,
     },
     /// The stream ends below the committed position: it was deleted and created again.
-    #[error("stream `{stream}` ends at sequence {last_sequence}, below partition {partition}'s committed position {position}: the stream was deleted and created again, so its sequences no longer name the messages flow committed. Use a new state directory for the new stream")]
+    #[error("stream `{stream}` ends at sequence {last_sequence}, below partition {partition}'s committed position {position}: the stream was deleted and created again, so its sequences no longer name the messages flow committed. {RESET_REMEDY}")]
     StreamReset {
         /// The stream's name.
         stream: String,
@@ -73,9 +73,64 @@ pub enum NatsSourceError {
         /// The stream's last sequence.
         last_sequence: u64,
     },
+    /// The stream under the source's name is not the one the committed position counts in.
+    #[error("stream `{stream}` was deleted and created again: partition {partition} committed sequence {position} of the stream, but {change}; its sequences name other messages, and reading on at {} would skip the new stream's first {position} message(s). {RESET_REMEDY}", position + 1)]
+    StreamRecreated {
+        /// The stream's name.
+        stream: String,
+        /// The flow partition.
+        partition: u32,
+        /// The committed position (a sequence of the old stream).
+        position: u64,
+        /// What differs: the creation times, or the first sequence.
+        change: String,
+    },
+    /// The stream was there and is gone: the partition waits for it.
+    #[error("stream `{stream}` no longer exists on {servers}")]
+    StreamMissing {
+        /// The stream's name.
+        stream: String,
+        /// The `servers` list as given.
+        servers: String,
+    },
+    /// What the source needs of the stream is not there; refused before anything is read.
+    #[error(transparent)]
+    Refused(#[from] StreamRefusal),
     /// A message that does not fit the declared schema, under `on_bad_record: stop`.
     #[error(transparent)]
     Record(Box<SourceError>),
+}
+
+/// What a partition whose stream was created again is told to do.
+const RESET_REMEDY: &str = "To read the new stream from its beginning, start the pipeline with a new state directory (batches this one holds undelivered, which `flow-worker status` lists, cannot be rebuilt from the new stream); to keep this state directory, restore the old stream";
+
+/// Why the source refuses to start on a stream: answers of the server that waiting cannot change.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamRefusal {
+    /// The server has no stream of that name.
+    #[error("no stream named `{stream}` on {servers}; create it with `nats --server {first_server} stream add {stream} --subjects '{subjects}' --defaults`, or name an existing stream in `parameters.stream`")]
+    NoStream {
+        /// The stream's name.
+        stream: String,
+        /// The `servers` list as given.
+        servers: String,
+        /// The first server, for the command.
+        first_server: String,
+        /// The partitions' subjects, comma-separated, for the command.
+        subjects: String,
+    },
+    /// Subjects the source reads are not subjects of the stream: nothing published to them is
+    /// stored there.
+    #[error("stream `{stream}` does not take subject(s) {outside}: its subjects are {stream_subjects}. Fix `parameters.subjects` / `subject_template`, or add the subjects to the stream (`nats stream edit {stream} --subjects ...`)")]
+    SubjectOutside {
+        /// The stream's name.
+        stream: String,
+        /// The partitions' subjects the stream does not take, quoted and comma-separated.
+        outside: String,
+        /// The stream's subjects, quoted and comma-separated.
+        stream_subjects: String,
+    },
 }
 
 impl NatsSourceError {
@@ -85,6 +140,8 @@ impl NatsSourceError {
             self,
             NatsSourceError::Gap { .. }
                 | NatsSourceError::StreamReset { .. }
+                | NatsSourceError::StreamRecreated { .. }
+                | NatsSourceError::Refused(_)
                 | NatsSourceError::Credentials { .. }
                 | NatsSourceError::Record(_)
         )

@@ -7,14 +7,16 @@
 //! read + 1: a server restart or a dropped connection costs neither a gap nor a duplicate.
 //!
 //! `params`: the parameters and their validation; `reader`: one partition's reader; `auth`:
-//! authentication and TLS; `error`: [`NatsSourceError`].
+//! authentication and TLS; `position`: the committed position and the stream's identity in it;
+//! `error`: [`NatsSourceError`].
 
 mod auth;
 mod error;
 mod params;
+mod position;
 mod reader;
 
 pub use auth::NatsAuth;
-pub use error::NatsSourceError;
+pub use error::{NatsSourceError, StreamRefusal};
 pub use params::NatsJetStreamParams;
 pub(crate) use params::{build, default_max_messages_per_pull};

@@ -104,6 +104,7 @@ pub(crate) fn build(
                 broker: JetStream::new(
                     params.servers,
                     params.stream,
+                    subjects.clone(),
                     connect,
                     params.max_messages_per_pull,
                 ),

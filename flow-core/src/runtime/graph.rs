@@ -68,6 +68,10 @@ struct ProcessorSlot {
     processor: Box<dyn Processor>,
 }
 
+/// Whether a position read is where [`StreamGraph::read_slice`] stops (a replay at the committed
+/// position, as the source compares positions).
+pub(crate) type StopAt<'a> = dyn Fn(&[u8]) -> bool + Sync + 'a;
+
 pub(crate) struct StreamGraph {
     stream_ids: Vec<String>,
     batches: Vec<MessageBatch>,
@@ -147,14 +151,14 @@ impl StreamGraph {
     }
 
     /// Reads one slice into the source batch, in reads of at most [`READ_CHUNK_MESSAGES`]: until
-    /// the limits, the source's end, a stop request, or (`until`) the given position.
+    /// the limits, the source's end, a stop request, or a position `until` says is where to stop.
     pub(crate) async fn read_slice(
         &mut self,
         source: &mut dyn Source,
         dead_letters: &mut Vec<DeadLetter>,
         limits: SliceLimits,
         stop: Option<&watch::Receiver<bool>>,
-        until: Option<&[u8]>,
+        until: Option<&StopAt<'_>>,
     ) -> Result<SliceEnd, SourceError> {
         let SliceLimits {
             max_messages,
@@ -183,7 +187,7 @@ impl StreamGraph {
             // A source that never waits (the generator, a file in the page cache) would hold
             // the thread for the whole epoch; between chunks the delivery lanes get their turn.
             tokio::task::yield_now().await;
-            let reached = until.is_some_and(|u| u == read.position.as_slice());
+            let reached = until.is_some_and(|reached| reached(read.position.as_slice()));
             end.position = Some(read.position);
             end.lag = read.lag.or(end.lag);
             if read.exhausted {

@@ -38,7 +38,7 @@ use tracing::{error, info, warn};
 
 use crate::error::{RuntimeError, SpecError};
 use crate::metrics::Metrics;
-use crate::plugin::SinkFactory;
+use crate::plugin::{SinkFactory, SourceFactory};
 use crate::registry::Registry;
 use crate::spec::{PipelineSpec, ValidatedPipeline};
 
@@ -74,6 +74,8 @@ pub struct PipelineControl {
     factories: Arc<Vec<(String, Arc<dyn SinkFactory>)>>,
     lags: SourceLags,
     progress: ProgressCounters,
+    /// The source's factory, which knows what keeps a partition from reading.
+    source: Arc<dyn SourceFactory>,
 }
 
 /// What a reload changed.
@@ -146,6 +148,12 @@ impl PipelineControl {
     /// reported; `None` for a source that does not report lag or before its first read.
     pub fn source_lag(&self, partition: u32) -> Option<u64> {
         self.lags.get(partition)
+    }
+
+    /// What keeps `partition`'s source from reading right now while it waits (a broker stream
+    /// that disappeared, see [`SourceFactory::unavailable`]); `None` while nothing does.
+    pub fn source_unavailable(&self, partition: u32) -> Option<String> {
+        self.source.unavailable(partition)
     }
 
     /// What the partitions have committed since the pipeline started.
@@ -266,6 +274,7 @@ impl Pipeline {
             ),
             lags: SourceLags::new(validated.spec.partitions),
             progress: ProgressCounters::default(),
+            source: Arc::clone(&validated.source),
         };
         Pipeline {
             validated: Arc::new(validated),

@@ -62,7 +62,10 @@ impl Replay for PipelineReplay {
             .open_partition(partition, from)
             .map_err(ReplayError::Source)?;
         // Nothing was ever committed past `from`: there is nothing to re-read.
-        let done = committed.as_deref() == from;
+        let done = match (committed.as_deref(), from) {
+            (Some(committed), Some(from)) => self.pipeline.source.same_position(committed, from),
+            (committed, from) => committed == from,
+        };
         Ok(Box::new(PipelineReplayReader {
             pipeline: Arc::clone(&self.pipeline),
             graph,
@@ -84,6 +87,9 @@ impl ReplayReader for PipelineReplayReader {
         }
         self.graph.clear();
         self.dead_letters.clear();
+        let (source, committed) = (&self.pipeline.source, self.committed.as_deref());
+        let at_committed =
+            |position: &[u8]| committed.is_some_and(|c| source.same_position(position, c));
         let end = self
             .graph
             .read_slice(
@@ -92,11 +98,11 @@ impl ReplayReader for PipelineReplayReader {
                 SliceLimits::epoch(&self.pipeline.epoch)
                     .at_most(slice_messages(&self.pipeline.epoch)),
                 None,
-                self.committed.as_deref(),
+                Some(&at_committed),
             )
             .await
             .map_err(ReplayError::Source)?;
-        let reached = end.position.is_some() && end.position == self.committed;
+        let reached = end.position.as_deref().is_some_and(at_committed);
         self.done = end.exhausted || reached;
         if self.graph.source_len() == 0 && self.done {
             self.source.close().await;

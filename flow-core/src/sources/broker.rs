@@ -201,6 +201,29 @@ pub fn decode_broker_position(bytes: &[u8]) -> Result<u64, SourceError> {
         })
 }
 
+/// A broker position followed by words that identify what the broker's positions count in (a
+/// stream's creation time, a topic's identity), as committed: big-endian `u64` words.
+pub fn encode_broker_words(words: &[u64]) -> Vec<u8> {
+    super::position::encode_words(words)
+}
+
+/// The words of a position committed by [`encode_broker_words`] or [`encode_broker_position`]
+/// (one word), accepted when it is one of `lengths` words long: a source that added identity
+/// words still reads the positions its older versions committed.
+pub fn decode_broker_words(bytes: &[u8], lengths: &[usize]) -> Result<Vec<u64>, SourceError> {
+    super::position::decode_word_list(bytes, lengths).ok_or_else(|| {
+        let accepted: Vec<String> = lengths.iter().map(|words| (words * 8).to_string()).collect();
+        SourceError::BadPosition {
+            position: bytes.to_vec(),
+            what: format!(
+                "a position of this broker source is {} bytes, not {}: was the state directory written by another source class?",
+                accepted.join(" or "),
+                bytes.len()
+            ),
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,6 +346,25 @@ mod tests {
             .err()
             .map(|e| e.to_string());
         assert!(err.is_some_and(|e| e.contains("8 bytes, not 16")));
+    }
+
+    #[test]
+    fn word_positions_of_each_accepted_length_round_trip_and_others_are_refused() {
+        let words = [150, 1_764_000_000_000_000_000, 1];
+        assert_eq!(
+            decode_broker_words(&encode_broker_words(&words), &[1, 3]).ok(),
+            Some(words.to_vec())
+        );
+        assert_eq!(
+            decode_broker_words(&encode_broker_position(42), &[1, 3]).ok(),
+            Some(vec![42])
+        );
+        let err = decode_broker_words(&[0; 16], &[1, 3])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("is 8 or 24 bytes, not 16"), "{err}");
+        assert!(decode_broker_words(&[0; 7], &[1, 3]).is_err());
     }
 
     #[test]

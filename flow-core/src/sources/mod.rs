@@ -13,7 +13,8 @@ mod position;
 mod push;
 
 pub use broker::{
-    decode_broker_position, encode_broker_position, BrokerDecoder, BrokerFormat, BrokerRecord,
+    decode_broker_position, decode_broker_words, encode_broker_position, encode_broker_words,
+    BrokerDecoder, BrokerFormat, BrokerRecord,
 };
 pub use generator::{GeneratorParams, GeneratorSource};
 pub use jsonl::{JsonlFileParams, OnBadRecord};
