@@ -78,20 +78,24 @@ fn scalar_from_text<'v>(
 /// the float -0.0. An integer beyond 64 bits where `ty` is an integer type is out of range
 /// rather than a float.
 fn number_value(raw: &str, ty: &StreamType) -> Result<Value<'static>, String> {
+    let (negative, digits) = match raw.strip_prefix('-') {
+        Some(digits) => (true, digits),
+        None => (false, raw),
+    };
+    // The common case in one pass: up to 19 digits always fit a u64.
+    if digits.len() <= 19 && digits.bytes().all(|b| b.is_ascii_digit()) {
+        let magnitude = digits
+            .bytes()
+            .fold(0u64, |v, b| v * 10 + u64::from(b - b'0'));
+        if !negative || magnitude <= 1 << 63 {
+            return Ok(integer_value(negative, magnitude));
+        }
+    }
     if !raw.contains(['.', 'e', 'E']) {
-        match raw.strip_prefix('-') {
-            None => {
-                if let Ok(v) = raw.parse::<u64>() {
-                    return Ok(Value::Uint(v));
-                }
+        if let Ok(magnitude) = digits.parse::<u64>() {
+            if !negative || magnitude <= 1 << 63 {
+                return Ok(integer_value(negative, magnitude));
             }
-            Some(digits) => match digits.parse::<u64>() {
-                Ok(0) => return Ok(Value::Float(-0.0)),
-                Ok(magnitude) if magnitude <= 1 << 63 => {
-                    return Ok(Value::Int((magnitude as i64).wrapping_neg()));
-                }
-                _ => {}
-            },
         }
         if ty.integer_range().is_some() {
             return Err(ty.out_of_range(&raw));
@@ -100,6 +104,15 @@ fn number_value(raw: &str, ty: &StreamType) -> Result<Value<'static>, String> {
     raw.parse::<f64>()
         .map(Value::Float)
         .map_err(|_| format!("`{raw}` is not a number"))
+}
+
+/// The value of an integer literal of `magnitude` (at most 2^63 when `negative`).
+fn integer_value(negative: bool, magnitude: u64) -> Value<'static> {
+    match (negative, magnitude) {
+        (false, v) => Value::Uint(v),
+        (true, 0) => Value::Float(-0.0),
+        (true, v) => Value::Int((v as i64).wrapping_neg()),
+    }
 }
 
 /// The cell value of a JSON string `raw` (quotes included) for the scalar type `ty`.
@@ -360,10 +373,13 @@ impl<'a> serde::de::Visitor<'a> for ObjectSeed<'_> {
     }
     fn visit_map<A: serde::de::MapAccess<'a>>(self, mut map: A) -> Result<(), A::Error> {
         use serde::de::Error as _;
+        let mut expected = 0;
         while let Some(index) = map.next_key_seed(KeySeed {
             schema: self.schema,
+            expected,
             problem: self.problem,
         })? {
+            expected = index + 1;
             // Borrowed from the record's text (the parser reads a `str`), so its address is
             // inside it.
             let raw: &'a RawValue = map.next_value()?;
@@ -385,6 +401,9 @@ impl<'a> serde::de::Visitor<'a> for ObjectSeed<'_> {
 /// nothing.
 struct KeySeed<'s> {
     schema: &'s StreamSchema,
+    /// The column tried first: the one after the previous key's (records usually list their
+    /// keys in the schema's order).
+    expected: usize,
     problem: &'s mut Option<RecordError>,
 }
 
@@ -401,6 +420,10 @@ impl serde::de::Visitor<'_> for KeySeed<'_> {
         f.write_str("a column name")
     }
     fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<usize, E> {
+        let columns = self.schema.columns();
+        if columns.get(self.expected).is_some_and(|c| c.name == key) {
+            return Ok(self.expected);
+        }
         self.schema.index_of(key).ok_or_else(|| {
             *self.problem = Some(RecordError::UnknownKey(key.to_owned()));
             E::custom("unknown key")
