@@ -4,7 +4,8 @@
 //! - `cli`: argument parsing, logging set-up and dispatch to one module per command.
 //! - the commands: `run` (with `progress`, its live progress line), `drain`, `status` (with
 //!   `status_watch`, `--watch`), `dead_letters`, `verify`.
-//! - `error_text`: how an error is printed (each cause once); `memory`: the jemalloc settings and
+//! - `error_text`: how an error is printed (each cause once); `stdout`: a command's answer
+//!   written so that a reader closing the pipe early is no error; `memory`: the jemalloc settings and
 //!   memory reports of the worker's processes.
 //!
 //! `run` executes the pipeline until its finite sources are drained (or a signal stops it),
@@ -28,6 +29,7 @@ mod progress;
 mod run;
 mod status;
 mod status_watch;
+mod stdout;
 mod verify;
 
 pub use cli::main;

@@ -32,12 +32,13 @@ pub fn status(state_dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
                 serde_json::to_value(&unavailable)?,
             );
         }
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        crate::stdout::write_all(&format!("{}\n", serde_json::to_string_pretty(&value)?))?;
     } else {
-        print!(
-            "{}",
-            render_live(&summary, &unavailable, flow_core::delivery::now_ms())
-        );
+        crate::stdout::write_all(&render_live(
+            &summary,
+            &unavailable,
+            flow_core::delivery::now_ms(),
+        ))?;
     }
     Ok(ExitCode::SUCCESS)
 }

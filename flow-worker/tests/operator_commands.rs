@@ -298,3 +298,21 @@ fn a_source_record_that_is_not_utf8_is_exported_byte_for_byte_in_base64() {
     assert_eq!(lines[0]["record"], serde_json::Value::Null);
     assert_eq!(lines[0]["record_base64"], "//4=");
 }
+
+#[test]
+fn status_into_a_pipe_already_closed_exits_0_without_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, state, _) = finished_run(dir.path());
+    // The reader is gone before status writes (as `status | head` once head has its lines).
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let output = worker()
+        .arg("status")
+        .arg("--state-dir")
+        .arg(&state)
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!((output.status.code(), stderr.as_ref()), (Some(0), ""));
+}
