@@ -123,6 +123,14 @@ pub struct MessageBatch {
     faulted: [FaultedIn; 3],
 }
 
+/// Where a batch ended at some point ([`MessageBatch::mark`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BatchMark {
+    rows: usize,
+    cells: usize,
+    arena: usize,
+}
+
 impl MessageBatch {
     /// An empty batch of stream `schema`.
     pub fn new(schema: Arc<StreamSchema>) -> Self {
@@ -199,6 +207,22 @@ impl MessageBatch {
         ids(&self.ids) * std::mem::size_of::<MessageId>()
             + cells(&self.cells) * std::mem::size_of::<Cell>()
             + arena(&self.arena)
+    }
+
+    /// Where the batch ends now, to go back to with [`MessageBatch::truncate_to`].
+    pub(crate) fn mark(&self) -> BatchMark {
+        BatchMark {
+            rows: self.ids.len(),
+            cells: self.cells.len(),
+            arena: self.arena.len(),
+        }
+    }
+
+    /// Drops every row appended since `mark` was taken (a read that was cut off).
+    pub(crate) fn truncate_to(&mut self, mark: BatchMark) {
+        self.ids.truncate(mark.rows);
+        self.cells.truncate(mark.cells);
+        self.arena.truncate(mark.arena);
     }
 
     /// The ids of the messages, in batch order.

@@ -1829,3 +1829,117 @@ async fn a_replay_stops_at_the_committed_position_that_the_source_calls_the_same
     assert_eq!(seen.lock().unwrap().clone(), Some(vec![3, 4, 5]));
     store.close().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// A stop does not wait for a read that waits on its broker.
+
+/// A source class `Stalls` (parameters `{whole}`): `whole` reads of one message each (ids
+/// 1..=whole), then a read that appends one more message and waits forever, as a pull waits for
+/// its broker until the epoch's deadline. Positions are the sequence read, one word.
+fn register_stalling_source(registry: &mut Registry) {
+    use flow_core::registry::SourceBuildContext;
+    use flow_core::{
+        Column, MessageId, ReadLimits, Source, SourceFactory, SourceOutput, SourceRead,
+        StreamSchema, StreamType, Value,
+    };
+    struct Factory {
+        whole: u64,
+        schema: Arc<StreamSchema>,
+    }
+    struct Reader {
+        whole: u64,
+        sequence: u64,
+    }
+    impl SourceFactory for Factory {
+        fn stream_id(&self) -> &str {
+            "rows"
+        }
+        fn schema(&self) -> Arc<StreamSchema> {
+            Arc::clone(&self.schema)
+        }
+        fn open_partition(
+            &self,
+            _partition: u32,
+            position: Option<&[u8]>,
+        ) -> Result<Box<dyn Source>, SourceError> {
+            let sequence = position.map_or(0, |p| u64::from_be_bytes(p.try_into().unwrap()));
+            Ok(Box::new(Reader {
+                whole: self.whole,
+                sequence,
+            }))
+        }
+    }
+    #[async_trait]
+    impl Source for Reader {
+        async fn read(
+            &mut self,
+            out: &mut SourceOutput<'_>,
+            _limits: ReadLimits,
+        ) -> Result<SourceRead, SourceError> {
+            let stalls = self.sequence >= self.whole;
+            self.sequence += 1;
+            let mut row = out.batch.start_row(MessageId::new(0, self.sequence));
+            row.push(Value::Uint(self.sequence)).unwrap();
+            row.finish().unwrap();
+            if stalls {
+                std::future::pending::<()>().await;
+            }
+            Ok(SourceRead {
+                position: self.sequence.to_be_bytes().to_vec(),
+                exhausted: false,
+                lag: None,
+            })
+        }
+    }
+    registry.register_source(
+        "Stalls",
+        Arc::new(
+            |_ctx: &SourceBuildContext<'_>,
+             parameters: &serde_yaml::Value|
+             -> BuildResult<Arc<dyn SourceFactory>> {
+                let whole = parameters["whole"].as_u64().unwrap();
+                let schema =
+                    StreamSchema::new(vec![Column::new("id", StreamType::Uint64)]).unwrap();
+                Ok(Arc::new(Factory { whole, schema }))
+            },
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_cuts_a_read_waiting_on_its_broker_and_commits_the_whole_reads_before_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let mut registry = Registry::with_builtins();
+    register_stalling_source(&mut registry);
+    // The epoch would wait a minute for the stalled read; the stop must not.
+    let yaml = format!(
+        "pipeline: {PIPELINE}\npartitions: 1\nepoch: {{max_messages: 1000, max_duration_ms: 60000}}\n\
+         source: {{class: Stalls, parameters: {{whole: 7}}}}\n\
+         sinks:\n  - {{name: out, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: \"{}\"}}}}\n",
+        out.display()
+    );
+    let store = open_store(&tmp.path().join("state"));
+    let spec = PipelineSpec::from_yaml(&yaml).unwrap();
+    let pipeline = Pipeline::new(registry.build(&spec).unwrap(), store.clone());
+    let control = pipeline.control();
+    let running = tokio::spawn(pipeline.run());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopped_at = std::time::Instant::now();
+    control.shutdown();
+    let report = tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("the stop waited for the stalled read")
+        .unwrap()
+        .unwrap();
+    assert!(
+        stopped_at.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        stopped_at.elapsed()
+    );
+    assert_eq!(report.partitions[0].end, PartitionEnd::Stopped);
+    // The seven whole reads are committed and delivered; the message of the cut read is not.
+    assert_eq!(position(&store, 0), Some(7));
+    assert_eq!(sorted_ids(&read_lines(&out)), (1..=7).collect::<Vec<u64>>());
+    store.close().unwrap();
+}

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::error::{ProcessorError, SourceError};
 use crate::message::MessageBatch;
-use crate::plugin::{Processor, ReadLimits, Source, SourceOutput};
+use crate::plugin::{Processor, ReadLimits, Source, SourceOutput, SourceRead};
 use crate::spec::{EpochSettings, ValidatedPipeline};
 
 /// The most messages one `Source::read` call is asked for; the slice goes on until the
@@ -175,15 +175,15 @@ impl StreamGraph {
             if remaining == 0 || Instant::now() >= deadline || stopping {
                 break;
             }
-            let mut out = SourceOutput {
-                batch,
-                dead_letters: &mut *dead_letters,
-            };
             let limits = ReadLimits {
                 max_messages: remaining.min(READ_CHUNK_MESSAGES),
                 deadline,
             };
-            let read = source.read(&mut out, limits).await?;
+            let Some(read) = read_unless_stopped(source, batch, dead_letters, limits, stop).await
+            else {
+                break;
+            };
+            let read = read?;
             // A source that never waits (the generator, a file in the page cache) would hold
             // the thread for the whole epoch; between chunks the delivery lanes get their turn.
             tokio::task::yield_now().await;
@@ -222,6 +222,49 @@ impl StreamGraph {
     pub(crate) fn batches(&self) -> &[MessageBatch] {
         &self.batches
     }
+}
+
+/// One read of `source`, raced against a stop: a source waiting on its broker (a pull that runs
+/// to the epoch's deadline) must not hold a stop up. A read cut off by the stop leaves nothing:
+/// what it appended is dropped, so the batch ends at the position of the last whole read, which
+/// is what the epoch commits; the source is not read again in this run. `None`: stopped.
+async fn read_unless_stopped(
+    source: &mut dyn Source,
+    batch: &mut MessageBatch,
+    dead_letters: &mut Vec<DeadLetter>,
+    limits: ReadLimits,
+    stop: Option<&watch::Receiver<bool>>,
+) -> Option<Result<SourceRead, SourceError>> {
+    let Some(stop) = stop else {
+        let mut out = SourceOutput {
+            batch,
+            dead_letters,
+        };
+        return Some(source.read(&mut out, limits).await);
+    };
+    let (mark, letters) = (batch.mark(), dead_letters.len());
+    let mut stop = stop.clone();
+    // A stop sender that is gone never asks for a stop.
+    let stopped = async move {
+        if stop.wait_for(|stopping| *stopping).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let read = {
+        let mut out = SourceOutput {
+            batch: &mut *batch,
+            dead_letters: &mut *dead_letters,
+        };
+        tokio::select! {
+            read = source.read(&mut out, limits) => Some(read),
+            () = stopped => None,
+        }
+    };
+    if read.is_none() {
+        batch.truncate_to(mark);
+        dead_letters.truncate(letters);
+    }
+    read
 }
 
 /// The batches at `indices` of `batches` (a sink's inputs). A free function so that a caller
