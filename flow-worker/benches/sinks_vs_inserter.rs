@@ -17,11 +17,10 @@
 //! grandchild of the orchestrator so that the loop and flow-worker are measured the same way.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-/// Every process of the benchmark, the loop included, allocates with jemalloc tuned as
-/// `flow-worker` tunes it (`flow_worker::configure_allocator`): the cases differ in what they
-/// do, not in their allocator.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+// No global allocator here: the loop is what a user writes by hand, on the default allocator
+// with no tuning (issue 25). flow-worker, a process of its own, keeps its tuned jemalloc; the
+// embedded `push` case runs on the default allocator, as a program that embeds flow without
+// choosing one does.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -216,7 +215,6 @@ impl Case {
 }
 
 fn main() -> ExitCode {
-    flow_worker::configure_allocator();
     let result = match std::env::var(ROLE).as_deref() {
         Ok("runner") => runner(),
         Ok("inserter") => inserter_loop(),
