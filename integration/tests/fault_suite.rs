@@ -31,7 +31,7 @@
 //!
 //! Short schedule (default, CI): 24 faults per class (at least 20 required). Long schedule
 //! (`FLOW_FAULT_LONG=1`): 100 faults per class, 4 x 250,000 messages, ZooKeeper faults included.
-//! ZooKeeper schedule (every run, sharded exactly-once class only): 7 faults over 4 x 75,000
+//! ZooKeeper schedule (every run, sharded exactly-once class only): 7 faults over 4 x 50,000
 //! messages, three of them ZooKeeper outages, the others a worker kill -9 and faults of requests.
 //! The seed is printed first (default 20261130); `FLOW_FAULT_SEED=<u64>` replays a schedule (the
 //! timing of the worker relative to the faults still varies from run to run).
@@ -137,7 +137,7 @@ impl Schedule {
                 Kind::CutRequest,
             ],
             kinds: vec![Kind::WorkerKill, Kind::LostAck, Kind::Refuse],
-            per_partition: 75_000,
+            per_partition: 50_000,
             rate_per_partition: 1_250,
             finish_timeout: Duration::from_secs(300),
         }
