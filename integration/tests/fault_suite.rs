@@ -17,7 +17,8 @@
 //!   SIGTERM, so a graceful stop of a replica the sink writes to can take until cluster.sh's KILL
 //!   (30 s); the schedule goes on meanwhile;
 //! * ZooKeeper stopped and started (replicated tables turn read-only, code 242, for ~10 s after it
-//!   is back): in the long schedule, and in the ZooKeeper schedule below.
+//!   is back): three times for the sharded exactly-once class in every schedule, and at random
+//!   in the long schedule.
 //!
 //! The first faults of a schedule are one of each kind (shuffled), the rest random. After the
 //! schedule, every proxy is set to `Pass`, `cluster.sh up` runs, the worker runs to completion
@@ -31,8 +32,8 @@
 //!
 //! Short schedule (default, CI): 24 faults per class (at least 20 required). Long schedule
 //! (`FLOW_FAULT_LONG=1`): 100 faults per class, 4 x 250,000 messages, ZooKeeper faults included.
-//! ZooKeeper schedule (every run, sharded exactly-once class only): 7 faults over 4 x 50,000
-//! messages, three of them ZooKeeper outages, the others a worker kill -9 and faults of requests.
+//! The sharded exactly-once class adds three ZooKeeper outages to its first faults in every
+//! schedule (27 faults in the short one).
 //! The seed is printed first (default 20261130); `FLOW_FAULT_SEED=<u64>` replays a schedule (the
 //! timing of the worker relative to the faults still varies from run to run).
 //!
@@ -118,29 +119,21 @@ impl Schedule {
         }
     }
 
-    /// Three ZooKeeper outages among a few faults of the worker and its requests: short enough
-    /// for every CI run (each outage leaves the replicated tables read-only, code 242, for ~10 s
-    /// after ZooKeeper is back, so the schedule runs at a third of the short one's fault count
-    /// over ~60 s of input).
-    fn zookeeper() -> Schedule {
-        Schedule {
-            name: "ZooKeeper",
-            replay: "",
-            faults: 7,
-            first: vec![
-                Kind::ZooKeeperRestart,
-                Kind::ZooKeeperRestart,
-                Kind::ZooKeeperRestart,
-                Kind::WorkerKill,
-                Kind::LostAck,
-                Kind::Refuse,
-                Kind::CutRequest,
-            ],
-            kinds: vec![Kind::WorkerKill, Kind::LostAck, Kind::Refuse],
-            per_partition: 50_000,
-            rate_per_partition: 1_250,
-            finish_timeout: Duration::from_secs(300),
+    /// The schedule with `outages` ZooKeeper outages among its first faults (every run of the
+    /// sharded exactly-once class has them: each leaves the replicated tables read-only, code 242,
+    /// for ~10 s after ZooKeeper is back, so they stay few and the rest of the faults keep their
+    /// kinds).
+    fn with_zookeeper_outages(mut self, outages: usize) -> Schedule {
+        let have = self
+            .first
+            .iter()
+            .filter(|k| **k == Kind::ZooKeeperRestart)
+            .count();
+        for _ in have..outages {
+            self.first.push(Kind::ZooKeeperRestart);
+            self.faults += 1;
         }
+        self
     }
 
     /// The fewest faults a run must apply before the worker finishes.
@@ -918,12 +911,10 @@ fn fault_suite_batching_sink_exactly_once() {
 
 #[test]
 fn fault_suite_sharded_batching_sink_exactly_once() {
-    run_class(&sharded_batching(), &Schedule::from_env());
-}
-
-#[test]
-fn fault_suite_sharded_batching_sink_exactly_once_through_zookeeper_outages() {
-    run_class(&sharded_batching(), &Schedule::zookeeper());
+    run_class(
+        &sharded_batching(),
+        &Schedule::from_env().with_zookeeper_outages(3),
+    );
 }
 
 #[test]
