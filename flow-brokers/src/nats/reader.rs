@@ -148,6 +148,31 @@ pub(crate) struct JetStream {
 }
 
 impl JetStream {
+    /// The reader of `partition` from `position`, before it has asked the server anything.
+    fn reader(
+        &self,
+        partition: u32,
+        subject: String,
+        decoder: BrokerDecoder,
+        position: Option<NatsPosition>,
+    ) -> NatsPartition {
+        NatsPartition {
+            shared: Arc::clone(&self.shared),
+            subject,
+            decoder,
+            partition,
+            max_per_pull: self.max_per_pull,
+            last: position.map_or(0, |p| p.last),
+            identity: position.and_then(|p| p.identity),
+            without_identity: position.is_some_and(|p| p.identity.is_none() && p.last > 0),
+            started: false,
+            consumer: None,
+            idle: false,
+            lag: None,
+            trouble: TroubleWait::default(),
+        }
+    }
+
     /// Reads `subjects` (one per partition) of `stream` from `servers`, connecting on the first
     /// read of any partition.
     pub(crate) fn new(
@@ -223,21 +248,7 @@ impl Broker for JetStream {
         position: Option<&[u8]>,
     ) -> Result<Box<dyn Source>, SourceError> {
         let position = position.map(NatsPosition::decode).transpose()?;
-        Ok(Box::new(NatsPartition {
-            shared: Arc::clone(&self.shared),
-            subject,
-            decoder,
-            partition,
-            max_per_pull: self.max_per_pull,
-            last: position.map_or(0, |p| p.last),
-            identity: position.and_then(|p| p.identity),
-            without_identity: position.is_some_and(|p| p.identity.is_none() && p.last > 0),
-            started: false,
-            consumer: None,
-            idle: false,
-            lag: None,
-            trouble: TroubleWait::default(),
-        }))
+        Ok(Box::new(self.reader(partition, subject, decoder, position)))
     }
 }
 
@@ -618,21 +629,7 @@ mod tests {
         );
         let position = position.map(NatsPosition::decode).transpose();
         let position = position.unwrap_or_else(|e| panic!("{e}"));
-        NatsPartition {
-            shared: Arc::clone(&jetstream.shared),
-            partition: 0,
-            subject: "events.0".into(),
-            decoder,
-            max_per_pull: 10,
-            last: position.map_or(0, |p| p.last),
-            identity: position.and_then(|p| p.identity),
-            without_identity: position.is_some_and(|p| p.identity.is_none() && p.last > 0),
-            started: false,
-            consumer: None,
-            idle: false,
-            lag: None,
-            trouble: TroubleWait::default(),
-        }
+        jetstream.reader(0, "events.0".into(), decoder, position)
     }
 
     #[test]
