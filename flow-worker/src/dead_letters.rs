@@ -7,6 +7,7 @@
 //! record that is not UTF-8 as `record_base64`, a row's string values that are not UTF-8 also
 //! in `row_base64`.
 
+use std::fmt::Write as _;
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
@@ -53,7 +54,7 @@ pub fn dead_letters(
         .all_dead_letters(sink)
         .context("reading the dead letters")?;
     let code = match action {
-        Action::List => list(&letters),
+        Action::List => list(&letters)?,
         Action::Export => export(&letters)?,
         Action::Requeue => requeue(store, letters)?,
         Action::Purge => purge(store, &letters, yes)?,
@@ -121,8 +122,8 @@ fn check_sink_known(store: &StateStore, state_dir: &Path, sink: &str) -> anyhow:
     )
 }
 
-fn list(letters: &[StoredDeadLetter]) -> ExitCode {
-    println!("{} dead letter(s)", letters.len());
+fn list(letters: &[StoredDeadLetter]) -> anyhow::Result<ExitCode> {
+    let mut text = format!("{} dead letter(s)\n", letters.len());
     for d in letters {
         let detail = match decode(d) {
             Some(row) => match (row.code, row.column) {
@@ -132,7 +133,8 @@ fn list(letters: &[StoredDeadLetter]) -> ExitCode {
             },
             None => String::new(),
         };
-        println!(
+        let _ = writeln!(
+            text,
             "{}/{} {}-{} {detail:<16} {}",
             d.pipeline,
             d.owner,
@@ -143,7 +145,8 @@ fn list(letters: &[StoredDeadLetter]) -> ExitCode {
             d.letter.reason
         );
     }
-    ExitCode::SUCCESS
+    crate::stdout::write_all(&text)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The stored row of a sink's dead letter; `None` for a source's (its payload is the record).

@@ -300,7 +300,7 @@ fn a_source_record_that_is_not_utf8_is_exported_byte_for_byte_in_base64() {
 }
 
 #[test]
-fn status_into_a_pipe_already_closed_exits_0_without_a_panic() {
+fn status_and_dead_letters_list_into_a_pipe_already_closed_exit_0_without_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     let (_, state, _) = finished_run(dir.path());
     // The reader is gone before status writes (as `status | head` once head has its lines).
@@ -309,6 +309,17 @@ fn status_into_a_pipe_already_closed_exits_0_without_a_panic() {
     let output = worker()
         .arg("status")
         .arg("--state-dir")
+        .arg(&state)
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!((output.status.code(), stderr.as_ref()), (Some(0), ""));
+    // `dead-letters list` writes its answer the same way.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let output = worker()
+        .args(["dead-letters", "list", "--state-dir"])
         .arg(&state)
         .stdout(writer)
         .output()
