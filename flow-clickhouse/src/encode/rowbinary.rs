@@ -23,6 +23,10 @@ use flow_core::{
 use crate::encode::chtype::ChType;
 use crate::encode::readable::ReadableRanges;
 
+mod fast;
+
+use fast::FastColumn;
+
 /// One column to encode: where its value is in the stream row and the table type to encode it as.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EncodedColumn {
@@ -44,6 +48,8 @@ pub struct RowBinaryEncoder {
     /// The `Date` and `DateTime` values the servers read back; not part of the plan, since it
     /// refuses values but never changes the bytes of one it accepts.
     ranges: ReadableRanges,
+    /// Each column's common values, encoded without walking its type ([`FastColumn`]).
+    fast: Vec<FastColumn>,
 }
 
 /// Why a row could not be encoded.
@@ -65,16 +71,19 @@ impl RowBinaryEncoder {
             .collect::<Vec<_>>()
             .join(", ");
         let plan = format!("{:016x}", xxhash_rust::xxh64::xxh64(plan.as_bytes(), 0));
+        let ranges = ReadableRanges::unchecked();
         RowBinaryEncoder {
+            fast: fast_columns(&columns, &ranges),
             columns,
             plan,
-            ranges: ReadableRanges::unchecked(),
+            ranges,
         }
     }
 
     /// The same encoder, refusing `Date` and `DateTime` values outside `ranges` (what the
     /// servers probed at the session start read back).
     pub fn with_ranges(mut self, ranges: ReadableRanges) -> RowBinaryEncoder {
+        self.fast = fast_columns(&self.columns, &ranges);
         self.ranges = ranges;
         self
     }
@@ -103,10 +112,14 @@ impl RowBinaryEncoder {
     /// replaces a value. No heap allocation per row (beyond `out` growing).
     pub fn encode_row(&self, row: &Row<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         let mark = out.len();
-        for column in &self.columns {
+        for (column, fast) in self.columns.iter().zip(&self.fast) {
             let result = if column.stream_index < row.len() {
                 let index = column.stream_index;
-                encode_value(&column.ty, &self.ranges, row, index, row.get(index), out)
+                let value = row.get(index);
+                if fast.encode(value, out) {
+                    continue;
+                }
+                encode_value(&column.ty, &self.ranges, row, index, value, out)
             } else {
                 Err(Reason::StreamIndex {
                     index: column.stream_index,
@@ -123,6 +136,13 @@ impl RowBinaryEncoder {
         }
         Ok(())
     }
+}
+
+fn fast_columns(columns: &[EncodedColumn], ranges: &ReadableRanges) -> Vec<FastColumn> {
+    columns
+        .iter()
+        .map(|column| FastColumn::of(&column.ty, ranges))
+        .collect()
 }
 
 /// The failure of one value, kept allocation-free until it is reported (the rare reasons that
