@@ -143,7 +143,7 @@ impl StateStore {
             .cache_capacity(options.cache_capacity)
             .open()
             .map_err(|source| {
-                if is_locked(dir) {
+                if is_lock_refusal(&source) {
                     return StateError::Locked {
                         dir: dir.to_path_buf(),
                     };
@@ -596,14 +596,18 @@ fn is_not_writable(error: &std::io::Error) -> bool {
     )
 }
 
-/// Whether another process holds the lock sled takes on the store's `db` file, probed with a
-/// non-blocking lock of our own (released at once): only then is "another worker" the reason an
-/// open failed.
-fn is_locked(dir: &Path) -> bool {
-    let Ok(file) = std::fs::File::open(dir.join("db")) else {
-        return false;
-    };
-    matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock))
+/// Whether sled refused to open because another process holds the lock it takes on the store's
+/// `db` file. Told by sled's own error rather than by probing the lock afterwards: sled may fail
+/// later in its open (recovering a store) with its own handle on `db` still locked, and a probe
+/// from this process would then report a worker that does not exist and hide the real cause.
+fn is_lock_refusal(err: &sled::Error) -> bool {
+    match err {
+        sled::Error::Io(io) => {
+            io.kind() == std::io::ErrorKind::Other
+                && io.to_string().starts_with("could not acquire lock on ")
+        }
+        _ => false,
+    }
 }
 
 fn stored_batch(key: &[u8], value: &[u8]) -> Result<StoredBatch, StateError> {
