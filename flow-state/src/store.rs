@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::codec::{self, check_name, show_key, BodyRecord};
 use crate::committer::{Committer, Op, Outcome, Reply, Request};
@@ -138,27 +139,23 @@ impl StateStore {
 
     /// Opens or creates the store in `dir` with explicit options.
     pub fn open_with(dir: &Path, options: StoreOptions) -> Result<StateStore, StateError> {
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(options.cache_capacity)
-            .open()
-            .map_err(|source| {
-                if is_lock_refusal(&source) {
-                    return StateError::Locked {
-                        dir: dir.to_path_buf(),
-                    };
-                }
-                match source {
-                    sled::Error::Io(io) if is_not_writable(&io) => StateError::NotWritable {
-                        dir: dir.to_path_buf(),
-                        source: io,
-                    },
-                    source => StateError::Open {
-                        dir: dir.to_path_buf(),
-                        source,
-                    },
-                }
-            })?;
+        let db = open_sled(dir, &options).map_err(|source| {
+            if is_lock_refusal(&source) {
+                return StateError::Locked {
+                    dir: dir.to_path_buf(),
+                };
+            }
+            match source {
+                sled::Error::Io(io) if is_not_writable(&io) => StateError::NotWritable {
+                    dir: dir.to_path_buf(),
+                    source: io,
+                },
+                source => StateError::Open {
+                    dir: dir.to_path_buf(),
+                    source,
+                },
+            }
+        })?;
         // Only a store sled creates now gets an identity: one it recovered was created before
         // identities existed, and tokens derived without one may be pending in it.
         let created = !db.was_recovered();
@@ -594,6 +591,23 @@ fn is_not_writable(error: &std::io::Error) -> bool {
         error.kind(),
         std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
     )
+}
+
+/// Opens sled in `dir`, waiting up to `options.lock_wait` while another process holds its lock.
+fn open_sled(dir: &Path, options: &StoreOptions) -> Result<sled::Db, sled::Error> {
+    let started = Instant::now();
+    loop {
+        match sled::Config::new()
+            .path(dir)
+            .cache_capacity(options.cache_capacity)
+            .open()
+        {
+            Err(err) if is_lock_refusal(&err) && started.elapsed() < options.lock_wait => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Whether sled refused to open because another process holds the lock it takes on the store's

@@ -1,6 +1,7 @@
 //! Public data types exchanged with the state store.
 
 use std::fmt;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -259,6 +260,12 @@ pub struct StoreOptions {
     /// sled's page cache in bytes. The outbox is written once and read back only after a
     /// restart, so a small cache keeps memory flat (sled's own default is 1 GiB).
     pub cache_capacity: u64,
+    /// How long an open waits while another process holds the store's lock before it fails with
+    /// `StateError::Locked`. A worker restarted at once after a crash (`kill -9`, a supervisor
+    /// with no restart delay) was seen to find the lock of the process it replaces still held for
+    /// a moment after that process was reaped; a worker that really runs on the directory holds
+    /// it for longer. Zero (the default) for readers such as `status`, which answer at once.
+    pub lock_wait: Duration,
 }
 
 impl Default for StoreOptions {
@@ -267,6 +274,7 @@ impl Default for StoreOptions {
             fsync: true,
             max_group: 1024,
             cache_capacity: 8 << 20,
+            lock_wait: Duration::ZERO,
         }
     }
 }

@@ -1,7 +1,9 @@
 //! What a state directory says when it cannot be used: held by another process, not a store at
 //! all, or belonging to another pipeline (issue 13, items 4 and 14).
 
-use flow_state::{EpochCommit, PipelineIdentity, StateError, StateStore};
+use std::time::{Duration, Instant};
+
+use flow_state::{EpochCommit, PipelineIdentity, StateError, StateStore, StoreOptions};
 
 fn commit(store: &StateStore, pipeline: &str, partition: u32) -> anyhow::Result<()> {
     store.commit_blocking(EpochCommit {
@@ -31,6 +33,40 @@ fn a_store_held_by_another_handle_is_reported_as_locked() -> anyhow::Result<()> 
     held.close()?;
     // Released: opens again.
     StateStore::open(dir.path())?.close()?;
+    Ok(())
+}
+
+#[test]
+fn an_open_with_a_lock_wait_takes_a_store_let_go_within_it_and_refuses_one_held_past_it(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let waiting = StoreOptions {
+        lock_wait: Duration::from_secs(3),
+        ..StoreOptions::default()
+    };
+    // Let go 400 ms after the second open starts: as a killed worker's lock is.
+    let held = StateStore::open(dir.path())?;
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(400));
+        held.close()
+    });
+    let started = Instant::now();
+    let store = StateStore::open_with(dir.path(), waiting.clone())?;
+    let waited = started.elapsed();
+    releaser
+        .join()
+        .map_err(|_| anyhow::anyhow!("the releasing thread panicked"))??;
+    assert!(
+        waited >= Duration::from_millis(400),
+        "opened after {waited:?}"
+    );
+    // Held for longer than the wait: refused once the wait is over, not before.
+    let started = Instant::now();
+    let err = StateStore::open_with(dir.path(), waiting).err();
+    let waited = started.elapsed();
+    assert!(matches!(err, Some(StateError::Locked { .. })), "{err:?}");
+    assert!(waited >= Duration::from_secs(3), "refused after {waited:?}");
+    store.close()?;
     Ok(())
 }
 

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use flow_state::{StateError, StateStore};
+use flow_state::{StateError, StateStore, StoreOptions};
 use tracing::{error, warn};
 
 /// How long closing the state store may take before giving up on it.
@@ -50,10 +50,20 @@ pub enum StoreError {
     Task(#[source] tokio::task::JoinError),
 }
 
-/// Opens (or creates) the state store in `state_dir` off the runtime threads.
+/// How long `run` and `drain` wait for the lock of a state directory another process holds: long
+/// enough for the lock of a worker killed just before to be let go (see
+/// [`StoreOptions::lock_wait`]), short enough to tell at once of a worker that runs on it.
+const RESTART_LOCK_WAIT: Duration = Duration::from_secs(3);
+
+/// Opens (or creates) the state store in `state_dir` off the runtime threads, waiting
+/// [`RESTART_LOCK_WAIT`] for a lock held.
 pub async fn open_state_store(state_dir: &Path) -> Result<StateStore, StoreError> {
     let dir = state_dir.to_path_buf();
-    tokio::task::spawn_blocking(move || StateStore::open(&dir))
+    let options = StoreOptions {
+        lock_wait: RESTART_LOCK_WAIT,
+        ..StoreOptions::default()
+    };
+    tokio::task::spawn_blocking(move || StateStore::open_with(&dir, options))
         .await
         .map_err(StoreError::Task)?
         .map_err(|source| StoreError::Open {

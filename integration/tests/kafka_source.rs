@@ -139,7 +139,12 @@ fn kafka_messages_land_exactly_once_across_worker_kills() -> Result<()> {
         lags = partition_lags(worker_bin!(), &state, "kafka_it")?;
         Ok(lags.len() == PARTITIONS as usize && lags.iter().all(|&lag| lag == Some(0)))
     })
-    .with_context(|| format!("status shows lags {lags:?}, not 0 for each partition"))?;
+    .with_context(|| {
+        format!(
+            "status shows lags {lags:?}, not 0 for each partition\n{}",
+            worker.log_tail()
+        )
+    })?;
     worker.kill_9()?;
 
     for node in NODES {
