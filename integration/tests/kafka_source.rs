@@ -1,6 +1,8 @@
 //! The `kafka` source into the sharded exactly-once sink, against librdkafka's own mock cluster
-//! (no Kafka broker can be installed here): this test process starts the mock cluster and
-//! produces to it, and the worker processes reach it over TCP like any broker. The topic has one
+//! (no Kafka broker package is available here): this test process starts the mock cluster and
+//! produces to it, and the worker processes reach it over TCP like any broker. With
+//! `FLOW_IT_KAFKA_BROKERS=host:port` the same tests run against that broker instead (a real
+//! Kafka-protocol broker such as tansu; docs/performance.md says how it was run). The topic has one
 //! Kafka partition per flow partition; messages are produced before and while the worker runs,
 //! and the worker is killed with `kill -9` twice. Every message must end in ClickHouse exactly
 //! once, on the shard its `user_id` routes to, with `status` showing lag 0. The tests fail, not
@@ -12,6 +14,8 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use flow_integration::worker::*;
 use flow_integration::*;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
@@ -27,17 +31,60 @@ fn message_json(id: u64) -> String {
     )
 }
 
-/// A mock cluster of one broker with `topic` of [`PARTITIONS`] partitions, and a producer to it.
-fn mock_cluster(
-    topic: &str,
-) -> Result<(MockCluster<'static, DefaultProducerContext>, BaseProducer)> {
-    let cluster = MockCluster::new(1).context("starting librdkafka's mock cluster")?;
-    cluster.create_topic(topic, PARTITIONS as i32, 1)?;
+/// Where the test's topics live: librdkafka's mock cluster (started by this process), or the
+/// Kafka-protocol broker named by `FLOW_IT_KAFKA_BROKERS` (`host:port`, e.g. a local tansu), to
+/// run the same test against a real broker.
+enum Brokers {
+    Mock(MockCluster<'static, DefaultProducerContext>),
+    External(String),
+}
+
+impl Brokers {
+    fn bootstrap_servers(&self) -> String {
+        match self {
+            Brokers::Mock(cluster) => cluster.bootstrap_servers(),
+            Brokers::External(servers) => servers.clone(),
+        }
+    }
+}
+
+/// Brokers with `topic` of [`PARTITIONS`] partitions, and a producer to them.
+fn mock_cluster(topic: &str) -> Result<(Brokers, BaseProducer)> {
+    let brokers = match std::env::var("FLOW_IT_KAFKA_BROKERS") {
+        Ok(servers) => {
+            create_topic(&servers, topic)?;
+            Brokers::External(servers)
+        }
+        Err(_) => {
+            let cluster = MockCluster::new(1).context("starting librdkafka's mock cluster")?;
+            cluster.create_topic(topic, PARTITIONS as i32, 1)?;
+            Brokers::Mock(cluster)
+        }
+    };
     let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("bootstrap.servers", brokers.bootstrap_servers())
         .create()
         .context("creating the producer")?;
-    Ok((cluster, producer))
+    Ok((brokers, producer))
+}
+
+/// Creates `topic` with [`PARTITIONS`] partitions on the broker at `servers`.
+fn create_topic(servers: &str, topic: &str) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .create()
+        .context("creating the admin client")?;
+    let new = NewTopic::new(topic, PARTITIONS as i32, TopicReplication::Fixed(1));
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let results = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(admin.create_topics([&new], &options))
+        .with_context(|| format!("creating topic {topic} on {servers}"))?;
+    for result in results {
+        result.map_err(|(name, code)| anyhow::anyhow!("creating topic {name}: {code}"))?;
+    }
+    Ok(())
 }
 
 /// Produces `payload(id)` for every id of `ids`, id `k` to partition `k % PARTITIONS` with key
