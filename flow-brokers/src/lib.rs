@@ -32,5 +32,5 @@ mod register;
 
 pub use broker_source::BrokerSourceParams;
 pub use kafka::{KafkaParams, KafkaSourceError};
-pub use nats::{NatsAuth, NatsJetStreamParams, NatsSourceError, StreamRefusal};
+pub use nats::{NatsAuth, NatsJetStreamParams, NatsSourceError, ReplyError, StreamRefusal};
 pub use register::register;
