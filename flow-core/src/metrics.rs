@@ -808,6 +808,23 @@ mod tests {
     }
 
     #[test]
+    fn stalled_pulls_follow_the_source_count_and_never_go_down() {
+        let metrics = Metrics::new();
+        let series = "flow_source_stalled_pulls_total{pipeline=\"p\",partition=\"2\"}";
+        metrics.observe_source_stalled_pulls("p", 2, 0);
+        let text = metrics.encode().unwrap_or_default();
+        assert!(text.contains(&format!("{series} 0\n")), "{text}");
+        metrics.observe_source_stalled_pulls("p", 2, 3);
+        // A lower count (never given by a source, which only counts up) leaves the counter.
+        metrics.observe_source_stalled_pulls("p", 2, 1);
+        let text = metrics.encode().unwrap_or_default();
+        assert!(text.contains(&format!("{series} 3\n")), "{text}");
+        metrics.observe_source_stalled_pulls("p", 2, 5);
+        let text = metrics.encode().unwrap_or_default();
+        assert!(text.contains(&format!("{series} 5\n")), "{text}");
+    }
+
+    #[test]
     fn backlog_and_lag_gauges_follow_the_summary_and_the_backlog_falls_to_zero_once_delivered() {
         let metrics = Metrics::new();
         let mut summary = PipelineSummary::default();

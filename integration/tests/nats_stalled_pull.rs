@@ -135,6 +135,55 @@ fn scrape(port: u16, series: &str) -> Result<f64> {
     Ok(value.unwrap_or(0.0))
 }
 
+/// A new stream `name` taking `<name>.p.*`, and the JetStream context that made it.
+async fn new_stream(name: &str) -> Result<jetstream::Context> {
+    let client = async_nats::ConnectOptions::new()
+        .connect(format!("nats://{NATS_ADDR}"))
+        .await
+        .with_context(|| format!("connecting to {NATS_ADDR} (scripts/cluster.sh up starts it)"))?;
+    let js = jetstream::new(client);
+    js.create_stream(stream::Config {
+        name: name.to_owned(),
+        subjects: vec![format!("{name}.p.*")],
+        ..Default::default()
+    })
+    .await?;
+    Ok(js)
+}
+
+/// A worker running pipeline `pipeline` (one partition) from subject `<stream>.p.0` of `server`
+/// into the `DebugSink` file `out.jsonl` of `dir`, with `epoch` (the spec's map) and `/metrics` on
+/// the port returned.
+fn start_worker(
+    dir: &Path,
+    pipeline: &str,
+    epoch: &str,
+    server: &str,
+    stream: &str,
+) -> Result<(Worker, u16)> {
+    let spec = dir.join("spec.yaml");
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    std::fs::write(
+        &spec,
+        format!(
+            "pipeline: {pipeline}\npartitions: 1\nepoch: {epoch}\n\
+             metrics: {{listen: '127.0.0.1:{metrics_port}'}}\n\
+             source:\n  class: nats_jetstream\n  parameters:\n    servers: ['nats://{server}']\n    stream: {stream}\n    subjects: ['{stream}.p.0']\n    format: json\n    schema: [{{name: id, type: uint64}}]\n\
+             sinks:\n  - name: out\n    sink_class_name: DebugSink\n    input_stream_ids: [rows]\n    parameters: {{path: '{}'}}\n",
+            dir.join("out.jsonl").display()
+        ),
+    )?;
+    let worker = Worker::spawn(
+        worker_bin!(),
+        &spec,
+        &dir.join("state"),
+        dir.join("worker.log"),
+    )?;
+    Ok((worker, metrics_port))
+}
+
 #[test]
 fn a_pull_whose_end_never_comes_holds_no_message_longer_than_the_grace() -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -142,40 +191,16 @@ fn a_pull_whose_end_never_comes_holds_no_message_longer_than_the_grace() -> Resu
         .enable_all()
         .build()?;
     let name = unique_name("nats_stall");
-    let js = rt.block_on(async {
-        let client = async_nats::ConnectOptions::new()
-            .connect(format!("nats://{NATS_ADDR}"))
-            .await
-            .with_context(|| format!("connecting to {NATS_ADDR} (scripts/cluster.sh up starts it)"))?;
-        let js = jetstream::new(client);
-        js.create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{name}.p.*")],
-            ..Default::default()
-        })
-        .await?;
-        anyhow::Ok(js)
-    })?;
+    let js = rt.block_on(new_stream(&name))?;
     let (proxy, dropped) = rt.block_on(start_proxy(NATS_ADDR.parse()?))?;
     let dir = tempfile::tempdir()?;
     let out = dir.path().join("out.jsonl");
-    let spec = dir.path().join("spec.yaml");
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    std::fs::write(
-        &spec,
-        format!(
-            "pipeline: nats_stall\npartitions: 1\nepoch: {{max_messages: 1000, max_duration_ms: 300}}\n\
-             metrics: {{listen: '127.0.0.1:{metrics_port}'}}\n\
-             source:\n  class: nats_jetstream\n  parameters:\n    servers: ['nats://{proxy}']\n    stream: {name}\n    subjects: ['{name}.p.0']\n    format: json\n    schema: [{{name: id, type: uint64}}]\n\
-             sinks:\n  - name: out\n    sink_class_name: DebugSink\n    input_stream_ids: [rows]\n    parameters: {{path: '{}'}}\n",
-            out.display()
-        ),
-    )?;
-    let mut worker = Worker::spawn(
-        worker_bin!(),
-        &spec,
-        &dir.path().join("state"),
-        dir.path().join("worker.log"),
+    let (mut worker, metrics_port) = start_worker(
+        dir.path(),
+        "nats_stall",
+        "{max_messages: 1000, max_duration_ms: 300}",
+        &proxy.to_string(),
+        &name,
     )?;
     // Published from a task while this thread watches the file.
     let publisher = rt.spawn({
@@ -239,7 +264,10 @@ fn a_pull_whose_end_never_comes_holds_no_message_longer_than_the_grace() -> Resu
     println!(
         "ends of pulls dropped: {dropped}; stalled pulls warned: {warnings}, counted: {stalled}; worst latency {worst:?} (id {worst_id})"
     );
-    assert!(dropped >= 1, "the proxy dropped no 408: the test proved nothing");
+    assert!(
+        dropped >= 1,
+        "the proxy dropped no 408: the test proved nothing"
+    );
     assert!(
         worst <= LATENCY_BOUND,
         "message {worst_id} landed {worst:?} after its publication (bound {LATENCY_BOUND:?}): the partition stalled\n{log}"
@@ -270,17 +298,7 @@ fn a_busy_partition_fills_its_epochs_before_their_deadline() -> Result<()> {
         .build()?;
     let name = unique_name("nats_fill");
     let js = rt.block_on(async {
-        let client = async_nats::ConnectOptions::new()
-            .connect(format!("nats://{NATS_ADDR}"))
-            .await
-            .with_context(|| format!("connecting to {NATS_ADDR} (scripts/cluster.sh up starts it)"))?;
-        let js = jetstream::new(client);
-        js.create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{name}.p.*")],
-            ..Default::default()
-        })
-        .await?;
+        let js = new_stream(&name).await?;
         let mut acks = Vec::new();
         for id in 0..BUSY_MESSAGES {
             let payload = format!(r#"{{"id": {id}}}"#);
@@ -297,24 +315,13 @@ fn a_busy_partition_fills_its_epochs_before_their_deadline() -> Result<()> {
         anyhow::Ok(js)
     })?;
     let dir = tempfile::tempdir()?;
-    let spec = dir.path().join("spec.yaml");
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    std::fs::write(
-        &spec,
-        format!(
-            "pipeline: nats_fill\npartitions: 1\nepoch: {{max_messages: {BUSY_EPOCH}, max_duration_ms: 2000}}\n\
-             metrics: {{listen: '127.0.0.1:{metrics_port}'}}\n\
-             source:\n  class: nats_jetstream\n  parameters:\n    servers: ['nats://{NATS_ADDR}']\n    stream: {name}\n    subjects: ['{name}.p.0']\n    format: json\n    schema: [{{name: id, type: uint64}}]\n\
-             sinks:\n  - name: out\n    sink_class_name: DebugSink\n    input_stream_ids: [rows]\n    parameters: {{path: '{}'}}\n",
-            dir.path().join("out.jsonl").display()
-        ),
-    )?;
     let started = Instant::now();
-    let mut worker = Worker::spawn(
-        worker_bin!(),
-        &spec,
-        &dir.path().join("state"),
-        dir.path().join("worker.log"),
+    let (mut worker, metrics_port) = start_worker(
+        dir.path(),
+        "nats_fill",
+        &format!("{{max_messages: {BUSY_EPOCH}, max_duration_ms: 2000}}"),
+        NATS_ADDR,
+        &name,
     )?;
     let series = |metric: &str| format!("{metric}{{pipeline=\"nats_fill\",partition=\"0\"}}");
     let read = wait_until(Duration::from_secs(60), || {

@@ -48,12 +48,14 @@ pub enum NatsSourceError {
     },
     /// A request the read waits for (stream info, consumer creation or info) was not answered
     /// within the read's deadline plus the stall grace; the reader gives up on it and asks again.
-    #[error("the NATS server did not answer the JetStream {what} request within {waited_ms} ms (the read's deadline plus {grace_ms} ms); asking again. Check the network between the worker and the servers, and the servers' health (`nats server check jetstream`)", grace_ms = super::reader::STALL_GRACE.as_millis())]
+    #[error("the NATS server did not answer the JetStream {what} request within {waited_ms} ms (the read's deadline plus {grace_ms} ms); asking again. Check the network between the worker and the servers, and the servers' health (`nats server check jetstream`)")]
     Unanswered {
         /// Which request.
         what: &'static str,
         /// How long the read waited for the answer.
         waited_ms: u64,
+        /// How long past its deadline a read may wait for an answer.
+        grace_ms: u128,
     },
     /// A message's reply subject, where JetStream puts its stream sequence, is not one.
     #[error(transparent)]

@@ -38,7 +38,7 @@ const PULL_HEARTBEAT: Duration = Duration::from_secs(1);
 /// and creates the consumer again. async-nats reports the missing heartbeats after two
 /// heartbeat intervals of silence (`MissingHeartbeat`), the shortest gap that one late heartbeat
 /// does not trip; it is also how far past a read's deadline a request may hold the read.
-pub(crate) const STALL_GRACE: Duration = Duration::from_secs(2);
+const STALL_GRACE: Duration = Duration::from_secs(2);
 /// Messages the client holds for one partition's pull beyond what async-nats asks for at most
 /// (one and a half `max_messages_per_pull`), for heartbeats and ends of requests: a
 /// subscription whose buffer is full has the client drop what the server sends.
@@ -385,6 +385,7 @@ async fn answered<T>(
         .map_err(|_| NatsSourceError::Unanswered {
             what,
             waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            grace_ms: STALL_GRACE.as_millis(),
         })?
 }
 
@@ -860,6 +861,21 @@ mod tests {
         assert_eq!(
             err,
             "stream `EVENTS` was deleted and created again: partition 0 committed sequence 100 of the stream, but it was created at 2025-12-03T12:00:00.000000000Z, and the stream of that name now was created at 2025-12-03T12:01:00.500000000Z; its sequences name other messages, and reading on at 101 would skip the new stream's first 100 message(s). To read the new stream from its beginning, start the pipeline with a new state directory (batches this one holds undelivered, which `flow-worker status` lists, cannot be rebuilt from the new stream); to keep this state directory, restore the old stream"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_unanswered_past_the_grace_ends_the_wait_naming_the_request() {
+        let by = Instant::now() + Duration::from_millis(300) + STALL_GRACE;
+        let silent = std::future::pending::<Result<(), NatsSourceError>>();
+        let err = answered(by, "consumer creation", silent)
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert_eq!(
+            err,
+            "the NATS server did not answer the JetStream consumer creation request within 2300 ms (the read's deadline plus 2000 ms); asking again. Check the network between the worker and the servers, and the servers' health (`nats server check jetstream`)"
         );
     }
 
