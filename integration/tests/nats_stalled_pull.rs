@@ -8,8 +8,9 @@
 //! until the client's own timer gives up on it (5 s past the pull's expiry, every epoch); the
 //! long-lived pull never waits for it, and when a lost end leaves the pull without a request on
 //! the server (silent: no message, no heartbeat) the reader makes it again within the 2 s stall
-//! grace, warns and counts it. One message every 50 ms for 12 s; each must land within 3.5 s of
-//! its publication (epoch 300 ms + grace 2 s + margin), every one exactly once.
+//! grace, warns and counts it, and deletes the dead pull's consumer. One message every 50 ms for
+//! 12 s; each must land within 3.5 s of its publication (epoch 300 ms + grace 2 s + margin), every
+//! one exactly once. Against the reader that waited for the 408, the worst message took 10.3 s.
 //!
 //! The tests fail, not skip, without the cluster.
 
@@ -242,6 +243,15 @@ fn a_pull_whose_end_never_comes_holds_no_message_longer_than_the_grace() -> Resu
         Ok(scrape(metrics_port, series)? == warnings as f64)
     });
     let stalled = scrape(metrics_port, series)?;
+    // Each dropped pull's consumer is deleted: only the live one is left.
+    let consumers = || -> Result<usize> {
+        rt.block_on(async {
+            let mut stream = js.get_stream(&name).await?;
+            anyhow::Ok(stream.info().await?.state.consumer_count)
+        })
+    };
+    let one_consumer = wait_until(Duration::from_secs(5), || Ok(consumers()? == 1));
+    let consumers = consumers()?;
     let _ = worker.kill_9();
     let _ = rt.block_on(js.delete_stream(&name));
     assert_eq!(
@@ -276,6 +286,9 @@ fn a_pull_whose_end_never_comes_holds_no_message_longer_than_the_grace() -> Resu
         warnings >= 1,
         "a pull whose end was dropped went silent, yet no stall was warned\n{log}"
     );
+    one_consumer.with_context(|| {
+        format!("{consumers} consumer(s) on the stream after {warnings} stalled pull(s), not 1")
+    })?;
     counted.with_context(|| {
         format!("flow_source_stalled_pulls_total is {stalled}, the log warned {warnings} time(s)")
     })?;

@@ -456,7 +456,16 @@ impl NatsPartition {
 
     /// Drops a pull that went silent, says so and counts it; the next turn makes it again.
     fn stalled(&mut self) {
-        self.pull = None;
+        if let (Some(pull), Some(context)) = (self.pull.take(), self.shared.context.get()) {
+            // The server would keep the dead pull's consumer for `CONSUMER_INACTIVE`; removed
+            // off the read, which must not wait on a server that may still be silent.
+            let (context, stream) = (context.clone(), self.shared.stream.clone());
+            let name = pull.consumer.cached_info().name.clone();
+            drop(pull.messages);
+            tokio::spawn(async move {
+                let _ = context.delete_consumer_from_stream(name, stream).await;
+            });
+        }
         self.idle = false;
         let total = self.shared.stalled(self.partition);
         warn!(
