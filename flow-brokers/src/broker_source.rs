@@ -115,6 +115,12 @@ pub(crate) trait Broker: Send + Sync + 'static {
     fn same_position(&self, a: &[u8], b: &[u8]) -> bool {
         a == b
     }
+
+    /// Pulls of `partition` dropped as silent since the start ([`SourceFactory::stalled_pulls`]).
+    fn stalled_pulls(&self, partition: u32) -> u64 {
+        let _ = partition;
+        0
+    }
 }
 
 /// The factory of a broker source: one reader per flow partition, each on its own target.
@@ -154,6 +160,10 @@ impl<B: Broker> SourceFactory for BrokerFactory<B> {
 
     fn same_position(&self, a: &[u8], b: &[u8]) -> bool {
         self.broker.same_position(a, b)
+    }
+
+    fn stalled_pulls(&self, partition: u32) -> u64 {
+        self.broker.stalled_pulls(partition)
     }
 
     fn open_partition(

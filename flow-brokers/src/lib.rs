@@ -4,8 +4,9 @@
 //! - `register`: [`register`] puts both classes into a registry.
 //! - `broker_source`: what both sources share (common setters, the generic factory, the paced
 //!   wait after broker trouble); `builder`: the typed configuration of both.
-//! - `nats/`: the `nats_jetstream` source: `params` (parameters, validation), `reader`, `auth`
-//!   (authentication and TLS), `error` ([`NatsSourceError`]).
+//! - `nats/`: the `nats_jetstream` source: `params` (parameters, validation), `reader` (the
+//!   long-lived pull of each partition), `reply` (the stream sequence from a message's reply
+//!   subject), `position`, `auth` (authentication and TLS), `error` ([`NatsSourceError`]).
 //! - `kafka/`: the `kafka` source: `params` (parameters, validation, consumer configuration),
 //!   `reader`, `error` ([`KafkaSourceError`]).
 //!
@@ -32,5 +33,5 @@ mod register;
 
 pub use broker_source::BrokerSourceParams;
 pub use kafka::{KafkaParams, KafkaSourceError};
-pub use nats::{NatsAuth, NatsJetStreamParams, NatsSourceError, StreamRefusal};
+pub use nats::{NatsAuth, NatsJetStreamParams, NatsSourceError, ReplyError, StreamRefusal};
 pub use register::register;

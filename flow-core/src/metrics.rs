@@ -210,6 +210,7 @@ struct SourceFamilies {
     commit_seconds: HistogramFamily<PartitionLabels>,
     lag: Family<PartitionLabels, Gauge>,
     unavailable: Family<PartitionLabels, Gauge>,
+    stalled_pulls: Family<PartitionLabels, Counter>,
 }
 
 /// The families of the sink side.
@@ -334,6 +335,20 @@ impl Metrics {
             .set(i64::from(unavailable));
     }
 
+    /// Raises `flow_source_stalled_pulls_total` of `partition` to `total`, the count its source
+    /// keeps (a counter never goes down: a lower `total` is ignored).
+    pub fn observe_source_stalled_pulls(&self, pipeline: &str, partition: u32, total: u64) {
+        let labels = PartitionLabels {
+            pipeline: pipeline.to_owned(),
+            partition,
+        };
+        let counter = self.source.stalled_pulls.get_or_create(&labels);
+        let seen = counter.get();
+        if total > seen {
+            counter.inc_by(total - seen);
+        }
+    }
+
     /// Sets the backlog gauges from the store's summary of `pipeline` (ages at `now_ms`), and the
     /// lag of each partition that reports one.
     pub fn observe_summary(&self, pipeline: &str, summary: &PipelineSummary, now_ms: u64) {
@@ -407,6 +422,7 @@ impl SourceFamilies {
             commit_seconds: Family::new_with_constructor(latency_histogram),
             lag: Family::default(),
             unavailable: Family::default(),
+            stalled_pulls: Family::default(),
         };
         registry.register(
             "flow_source_messages",
@@ -437,6 +453,11 @@ impl SourceFamilies {
             "flow_source_unavailable",
             "1 while the partition's source cannot read and waits (a broker stream that disappeared), 0 otherwise",
             families.unavailable.clone(),
+        );
+        registry.register(
+            "flow_source_stalled_pulls",
+            "Broker pulls the partition's source found silent (no message, no heartbeat) and made again",
+            families.stalled_pulls.clone(),
         );
         families
     }
@@ -784,6 +805,23 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("other"), "{text}");
+    }
+
+    #[test]
+    fn stalled_pulls_follow_the_source_count_and_never_go_down() {
+        let metrics = Metrics::new();
+        let series = "flow_source_stalled_pulls_total{pipeline=\"p\",partition=\"2\"}";
+        metrics.observe_source_stalled_pulls("p", 2, 0);
+        let text = metrics.encode().unwrap_or_default();
+        assert!(text.contains(&format!("{series} 0\n")), "{text}");
+        metrics.observe_source_stalled_pulls("p", 2, 3);
+        // A lower count (never given by a source, which only counts up) leaves the counter.
+        metrics.observe_source_stalled_pulls("p", 2, 1);
+        let text = metrics.encode().unwrap_or_default();
+        assert!(text.contains(&format!("{series} 3\n")), "{text}");
+        metrics.observe_source_stalled_pulls("p", 2, 5);
+        let text = metrics.encode().unwrap_or_default();
+        assert!(text.contains(&format!("{series} 5\n")), "{text}");
     }
 
     #[test]

@@ -67,6 +67,14 @@ pub trait SourceFactory: Send + Sync {
     fn same_position(&self, a: &[u8], b: &[u8]) -> bool {
         a == b
     }
+
+    /// How many times `partition`'s reader found its broker subscription silent (no message, no
+    /// heartbeat) and made it again since the process started, for the metrics; 0 (the default)
+    /// for a source that has no such subscription.
+    fn stalled_pulls(&self, partition: u32) -> u64 {
+        let _ = partition;
+        0
+    }
 }
 
 /// How a partition ended.

@@ -99,6 +99,9 @@ impl LiveStatus {
                 let unavailable = self.control.source_unavailable(partition).is_some();
                 self.metrics
                     .observe_source_unavailable(&self.pipeline, partition, unavailable);
+                let stalled = self.control.source_stalled_pulls(partition);
+                self.metrics
+                    .observe_source_stalled_pulls(&self.pipeline, partition, stalled);
             }
             let now_ms = flow_core::delivery::now_ms();
             self.metrics

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use flow_core::SourceError;
 
+use super::reply::ReplyError;
+
 /// Why the `nats_jetstream` source could not read.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -44,9 +46,20 @@ pub enum NatsSourceError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A pull request went unanswered 5 s past its own expiry; the reader gives up on it.
-    #[error("a JetStream pull did not end within 5 s of its expiry")]
-    PullOverran,
+    /// A request the read waits for (stream info, consumer creation or info) was not answered
+    /// within the read's deadline plus the stall grace; the reader gives up on it and asks again.
+    #[error("the NATS server did not answer the JetStream {what} request within {waited_ms} ms (the read's deadline plus {grace_ms} ms); asking again. Check the network between the worker and the servers, and the servers' health (`nats server check jetstream`)")]
+    Unanswered {
+        /// Which request.
+        what: &'static str,
+        /// How long the read waited for the answer.
+        waited_ms: u64,
+        /// How long past its deadline a read may wait for an answer.
+        grace_ms: u128,
+    },
+    /// A message's reply subject, where JetStream puts its stream sequence, is not one.
+    #[error(transparent)]
+    Reply(#[from] ReplyError),
     /// Retention removed messages the partition had not read yet.
     #[error("stream `{stream}` no longer holds sequences {}..={}: its retention removed them before partition {partition} read them (committed position {position}); any message of subject `{subject}` among them is lost. Raise the stream's retention (max_age, max_msgs, max_bytes) above the worker's downtime; to go on without them, start with a new state directory or drain this one first", position + 1, first_sequence - 1)]
     Gap {

@@ -1,17 +1,18 @@
 //! The reader of one partition: a pull consumer on the partition's subject, made again at the
 //! last sequence read + 1 after any error.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::pull::MessagesErrorKind;
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
 use async_nats::jetstream::context::{GetStreamError, GetStreamErrorKind};
 use async_nats::jetstream::{self, Context, ErrorCode};
 use async_trait::async_trait;
 use flow_core::sources::{BrokerDecoder, BrokerRecord};
 use flow_core::{ReadLimits, Source, SourceError, SourceOutput, SourceRead};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -19,12 +20,29 @@ use tracing::{info, warn};
 use super::auth::ConnectSettings;
 use super::error::{NatsSourceError, StreamRefusal};
 use super::position::{NatsPosition, StreamIdentity};
+use super::reply::AckReply;
 use crate::broker_source::{utc_text, Broker, TroubleWait};
 
-/// A pull shorter than this is not worth a round trip: the read returns what it has.
+/// A read whose deadline is this close takes nothing: the epoch could not wait for a message.
 const MIN_PULL: Duration = Duration::from_millis(20);
-/// How long past its own expiry a pull may take before the reader gives up on it.
-const PULL_GRACE: Duration = Duration::from_secs(5);
+/// How long each request of the long-lived pull lives on the server. async-nats asks again
+/// whenever half of what it asked for has come, and at once after a request ends, so this only
+/// bounds how long the server holds a request nobody takes from; short, so that async-nats'
+/// own accounting, which a lost end of a request (the server's 408) throws off, recovers soon.
+const PULL_EXPIRES: Duration = Duration::from_secs(5);
+/// The server sends a heartbeat on the pull this often while it has nothing to send, so that a
+/// silent pull is told from a quiet subject; at most half of [`PULL_EXPIRES`], as the server
+/// requires.
+const PULL_HEARTBEAT: Duration = Duration::from_secs(1);
+/// How long a pull may receive nothing at all, not even a heartbeat, before the reader drops it
+/// and creates the consumer again. async-nats reports the missing heartbeats after two
+/// heartbeat intervals of silence (`MissingHeartbeat`), the shortest gap that one late heartbeat
+/// does not trip; it is also how far past a read's deadline a request may hold the read.
+const STALL_GRACE: Duration = Duration::from_secs(2);
+/// Messages the client holds for one partition's pull beyond what async-nats asks for at most
+/// (one and a half `max_messages_per_pull`), for heartbeats and ends of requests: a
+/// subscription whose buffer is full has the client drop what the server sends.
+const BUFFER_SLACK: usize = 1024;
 /// The server removes a consumer nobody pulled from for this long (a reader that crashed).
 const CONSUMER_INACTIVE: Duration = Duration::from_secs(120);
 
@@ -41,6 +59,10 @@ struct Shared {
     checked: OnceCell<Result<(), StreamRefusal>>,
     /// The stream was found missing at the last look of any partition (after the start).
     missing: AtomicBool,
+    /// Pulls each partition dropped as silent since the start, by partition.
+    stalled_pulls: Vec<AtomicU64>,
+    /// The client's buffer of each subscription: what one partition's pull may have on the way.
+    subscription_capacity: usize,
 }
 
 impl Shared {
@@ -122,6 +144,13 @@ impl Shared {
         }
     }
 
+    /// Counts a pull `partition` dropped as silent; the count so far.
+    fn stalled(&self, partition: u32) -> u64 {
+        self.stalled_pulls
+            .get(partition as usize)
+            .map_or(0, |count| count.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
     async fn context(&self) -> Result<&Context, NatsSourceError> {
         self.context
             .get_or_try_init(|| async {
@@ -129,6 +158,7 @@ impl Shared {
                     .connect
                     .options()
                     .await?
+                    .subscription_capacity(self.subscription_capacity)
                     .connect(self.servers.as_slice())
                     .await
                     .map_err(|source| NatsSourceError::Connect {
@@ -166,7 +196,7 @@ impl JetStream {
             identity: position.and_then(|p| p.identity),
             without_identity: position.is_some_and(|p| p.identity.is_none() && p.last > 0),
             started: false,
-            consumer: None,
+            pull: None,
             idle: false,
             lag: None,
             trouble: TroubleWait::default(),
@@ -182,8 +212,12 @@ impl JetStream {
         connect: ConnectSettings,
         max_per_pull: usize,
     ) -> Self {
+        // async-nats keeps up to one and a half batches asked for on the way; the default
+        // buffer (64 Ki messages) holds that for the default 10,000 per pull.
+        let subscription_capacity = (max_per_pull + max_per_pull / 2 + BUFFER_SLACK).max(1 << 16);
         JetStream {
             shared: Arc::new(Shared {
+                stalled_pulls: subjects.iter().map(|_| AtomicU64::new(0)).collect(),
                 servers,
                 stream,
                 subjects,
@@ -191,6 +225,7 @@ impl JetStream {
                 context: OnceCell::new(),
                 checked: OnceCell::new(),
                 missing: AtomicBool::new(false),
+                subscription_capacity,
             }),
             max_per_pull,
         }
@@ -240,6 +275,13 @@ impl Broker for JetStream {
         })
     }
 
+    fn stalled_pulls(&self, partition: u32) -> u64 {
+        self.shared
+            .stalled_pulls
+            .get(partition as usize)
+            .map_or(0, |count| count.load(Ordering::Relaxed))
+    }
+
     fn open(
         &self,
         partition: u32,
@@ -267,21 +309,34 @@ struct NatsPartition {
     without_identity: bool,
     /// The source's check at start passed for this partition.
     started: bool,
-    consumer: Option<PullConsumer>,
-    /// The previous pull returned nothing: the next one learns the stream's head first.
+    /// The long-lived pull and its consumer, kept across reads so that the server keeps
+    /// sending while the epoch is sealed and delivered; `None` until made, and after any error.
+    pull: Option<LivePull>,
+    /// The previous read took nothing: the next one learns the stream's head first.
     idle: bool,
     /// Messages of the subject the server holds beyond `last`: the `pending` count of the last
-    /// message read, or 0 after a pull that found nothing. `None` before the first pull.
+    /// message read, or 0 after a read that found nothing. `None` before the first read.
     lag: Option<u64>,
     trouble: TroubleWait,
 }
 
-/// How one pull ended.
-enum Pulled {
-    /// The request ran to its end (count reached or expired); `messages` were appended.
-    Complete { messages: usize },
-    /// The request failed or overran its time; the consumer is dropped.
-    Broken(NatsSourceError),
+/// One consumer and its continuous pull: async-nats asks for `max_messages_per_pull` messages
+/// whenever fewer than half of those asked for are still to come, so the server sends ahead of
+/// the reads, and the messages not taken by one read wait in the subscription for the next.
+struct LivePull {
+    consumer: PullConsumer,
+    messages: pull::Stream,
+    /// Messages this consumer delivered to the reader, redeliveries included: equal to the
+    /// consumer's delivered count when none is in flight.
+    received: u64,
+}
+
+/// Why taking messages from the pull ended early.
+enum PullEnd {
+    /// Nothing at all (no message, no heartbeat) came for [`STALL_GRACE`]: the pull is dead.
+    Stalled,
+    /// The pull or a message failed; the consumer is dropped.
+    Failed(NatsSourceError),
 }
 
 #[async_trait]
@@ -307,13 +362,31 @@ impl Source for NatsPartition {
     }
 
     async fn close(&mut self) {
-        if let (Some(consumer), Ok(context)) = (self.consumer.take(), self.shared.context().await) {
-            let name = consumer.cached_info().name.clone();
+        if let (Some(pull), Ok(context)) = (self.pull.take(), self.shared.context().await) {
+            let name = pull.consumer.cached_info().name.clone();
+            drop(pull.messages);
             if let Ok(stream) = context.get_stream(&self.shared.stream).await {
                 let _ = stream.delete_consumer(&name).await;
             }
         }
     }
+}
+
+/// `request`, unless it has not answered by `by`: a server that went silent must not hold a
+/// read past its deadline by more than [`STALL_GRACE`] (the client's own timeout is 10 s).
+async fn answered<T>(
+    by: Instant,
+    what: &'static str,
+    request: impl std::future::Future<Output = Result<T, NatsSourceError>>,
+) -> Result<T, NatsSourceError> {
+    let started = Instant::now();
+    tokio::time::timeout_at(by, request)
+        .await
+        .map_err(|_| NatsSourceError::Unanswered {
+            what,
+            waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            grace_ms: STALL_GRACE.as_millis(),
+        })?
 }
 
 impl NatsPartition {
@@ -329,47 +402,111 @@ impl NatsPartition {
         }
     }
 
-    /// Pulls once (creating the consumer first if needed), appending what arrives.
+    /// Takes messages from the long-lived pull (making it first if needed) until the limits,
+    /// appending them; a stalled pull is replaced at the last sequence read + 1.
     async fn pull(
         &mut self,
         out: &mut SourceOutput<'_>,
         limits: ReadLimits,
     ) -> Result<(), NatsSourceError> {
+        let answer_by = limits.deadline + STALL_GRACE;
         if !self.started {
-            self.shared.start_check().await?;
+            answered(answer_by, "stream info", self.shared.start_check()).await?;
             self.started = true;
         }
-        let head = if self.idle || self.consumer.is_none() {
-            Some(self.stream_head().await?)
-        } else {
-            None
-        };
-        if self.consumer.is_none() {
-            self.consumer = Some(self.create_consumer().await?);
+        let mut taken = 0;
+        loop {
+            let head = if self.idle || self.pull.is_none() {
+                Some(answered(answer_by, "stream info", self.stream_head()).await?)
+            } else {
+                None
+            };
+            if self.pull.is_none() {
+                self.pull =
+                    Some(answered(answer_by, "consumer creation", self.start_pull()).await?);
+            }
+            match self.take(out, limits, &mut taken).await {
+                Ok(()) if taken == 0 => {
+                    self.lag = Some(0);
+                    if let Some(head) = head {
+                        self.pass_caught_up(head, answer_by).await?;
+                    }
+                    self.idle = true;
+                    return Ok(());
+                }
+                Ok(()) => {
+                    self.idle = false;
+                    return Ok(());
+                }
+                Err(PullEnd::Stalled) => {
+                    self.stalled();
+                    if Instant::now() + MIN_PULL >= limits.deadline {
+                        return Ok(());
+                    }
+                    // Made again at once: the rest of the epoch may still read.
+                }
+                Err(PullEnd::Failed(err)) => {
+                    self.pull = None;
+                    self.idle = false;
+                    return Err(err);
+                }
+            }
         }
-        let Some(consumer) = self.consumer.clone() else {
+    }
+
+    /// Drops a pull that went silent, says so and counts it; the next turn makes it again.
+    fn stalled(&mut self) {
+        if let (Some(pull), Some(context)) = (self.pull.take(), self.shared.context.get()) {
+            // The server would keep the dead pull's consumer for `CONSUMER_INACTIVE`; removed
+            // off the read, which must not wait on a server that may still be silent.
+            let (context, stream) = (context.clone(), self.shared.stream.clone());
+            let name = pull.consumer.cached_info().name.clone();
+            drop(pull.messages);
+            tokio::spawn(async move {
+                let _ = context.delete_consumer_from_stream(name, stream).await;
+            });
+        }
+        self.idle = false;
+        let total = self.shared.stalled(self.partition);
+        warn!(
+            partition = self.partition,
+            subject = %self.subject,
+            position = self.last,
+            stalled_pulls = total,
+            "the JetStream pull of partition {} (subject `{}`) received nothing, not even the server's heartbeat, for {} ms: dropping it and creating the consumer again at sequence {}. Check the network between the worker and the NATS servers and the server's health (`nats server check jetstream`); counted in `flow_source_stalled_pulls_total`",
+            self.partition,
+            self.subject,
+            STALL_GRACE.as_millis(),
+            self.last + 1
+        );
+    }
+
+    /// After a read that took nothing: when the consumer has delivered every message of the
+    /// subject (none pending on the server, none in flight to the reader), the position passes
+    /// `head`, which was taken before, so that retention of other subjects' messages below it is
+    /// never taken for a loss.
+    async fn pass_caught_up(
+        &mut self,
+        head: u64,
+        answer_by: Instant,
+    ) -> Result<(), NatsSourceError> {
+        let Some(pull) = &self.pull else {
             return Ok(());
         };
-        match self.pull_batch(&consumer, out, limits).await {
-            Pulled::Complete { messages } => {
-                self.idle = messages == 0;
-                if messages == 0 {
-                    self.lag = Some(0);
-                }
-                // Nothing of this subject arrived up to `head`, which was taken before the pull:
-                // the position may pass it, so that retention of other subjects' messages below
-                // it is never taken for a loss.
-                if let (0, Some(head)) = (messages, head) {
-                    self.last = self.last.max(head);
-                }
-                Ok(())
-            }
-            Pulled::Broken(err) => {
-                self.consumer = None;
-                self.idle = false;
-                Err(err)
-            }
+        let info = answered(answer_by, "consumer info", async {
+            pull.consumer
+                .get_info()
+                .await
+                .map_err(|source| NatsSourceError::Request {
+                    what: "consumer info",
+                    source: Box::new(source),
+                })
+        })
+        .await?;
+        if info.num_pending == 0 && info.delivered.consumer_sequence == pull.received {
+            self.last = self.last.max(head);
         }
+        Ok(())
     }
 
     /// The stream's last sequence; refuses a stream that is not the one the position counts in,
@@ -461,7 +598,8 @@ impl NatsPartition {
         Ok(())
     }
 
-    async fn create_consumer(&self) -> Result<PullConsumer, NatsSourceError> {
+    /// A consumer at the last sequence read + 1 and its long-lived pull.
+    async fn start_pull(&self) -> Result<LivePull, NatsSourceError> {
         let context = self.shared.context().await?;
         let config = pull::Config {
             deliver_policy: DeliverPolicy::ByStartSequence {
@@ -474,91 +612,94 @@ impl NatsPartition {
             num_replicas: 1,
             ..Default::default()
         };
-        context
+        let consumer: PullConsumer = context
             .create_consumer_on_stream(config, self.shared.stream.as_str())
             .await
             .map_err(|source| NatsSourceError::Request {
                 what: "consumer creation",
                 source: Box::new(source),
-            })
+            })?;
+        let messages = consumer
+            .stream()
+            .max_messages_per_batch(self.max_per_pull)
+            .expires(PULL_EXPIRES)
+            .heartbeat(PULL_HEARTBEAT)
+            .messages()
+            .await
+            .map_err(|source| NatsSourceError::Request {
+                what: "pull",
+                source: Box::new(source),
+            })?;
+        Ok(LivePull {
+            consumer,
+            messages,
+            received: 0,
+        })
     }
 
-    /// One pull request that expires by the deadline, drained to its end.
-    async fn pull_batch(
+    /// Takes messages until `limits` (`taken` counts those appended in this read), without a
+    /// timer while the pull holds messages already received. Ends on the deadline whatever the
+    /// server sends: no read waits for the server's end of a pull request.
+    async fn take(
         &mut self,
-        consumer: &PullConsumer,
         out: &mut SourceOutput<'_>,
         limits: ReadLimits,
-    ) -> Pulled {
-        let expires = limits.deadline.saturating_duration_since(Instant::now());
-        let count = limits.max_messages.min(self.max_per_pull);
-        let batch = consumer
-            .batch()
-            .max_messages(count)
-            .expires(expires.max(MIN_PULL))
-            .messages()
-            .await;
-        let mut batch = match batch {
-            Ok(batch) => batch,
-            Err(source) => {
-                return Pulled::Broken(NatsSourceError::Request {
-                    what: "pull",
-                    source: Box::new(source),
-                })
-            }
+        taken: &mut usize,
+    ) -> Result<(), PullEnd> {
+        let Some(pull) = self.pull.as_mut() else {
+            return Ok(());
         };
-        let give_up = limits.deadline + PULL_GRACE;
-        let mut messages = 0;
-        loop {
-            let next = match tokio::time::timeout_at(give_up, batch.next()).await {
-                Ok(next) => next,
-                Err(_) => return Pulled::Broken(NatsSourceError::PullOverran),
-            };
-            let message = match next {
-                None => return Pulled::Complete { messages },
-                Some(Ok(message)) => message,
-                Some(Err(source)) => {
-                    return Pulled::Broken(NatsSourceError::Request {
-                        what: "pull",
-                        source,
-                    })
+        // The last message appended, for its `pending` count: the lag.
+        let mut last_message = None;
+        let ended = loop {
+            if *taken >= limits.max_messages {
+                break None;
+            }
+            let next = match pull.messages.next().now_or_never() {
+                Some(next) => next,
+                None => {
+                    match tokio::time::timeout_at(limits.deadline, pull.messages.next()).await {
+                        Ok(next) => next,
+                        Err(_) => break None,
+                    }
                 }
             };
-            match self.append(&message, out) {
-                Ok(true) => messages += 1,
+            let message = match next {
+                Some(Ok(message)) => message,
+                Some(Err(err)) if err.kind() == MessagesErrorKind::MissingHeartbeat => {
+                    break Some(PullEnd::Stalled)
+                }
+                Some(Err(source)) => {
+                    break Some(PullEnd::Failed(NatsSourceError::Request {
+                        what: "pull",
+                        source: Box::new(source),
+                    }))
+                }
+                None => {
+                    break Some(PullEnd::Failed(NatsSourceError::Request {
+                        what: "pull",
+                        source: "the client ended the pull (connection closed)".into(),
+                    }))
+                }
+            };
+            pull.received += 1;
+            match append(&mut self.decoder, &mut self.last, &message, out) {
+                Ok(true) => {
+                    *taken += 1;
+                    last_message = Some(message);
+                }
                 Ok(false) => {}
-                Err(err) => return Pulled::Broken(err),
+                Err(err) => break Some(PullEnd::Failed(err)),
+            }
+        };
+        if let Some(message) = last_message {
+            match reply_of(&message).and_then(|reply| Ok(reply.pending()?)) {
+                Ok(pending) => self.lag = Some(pending),
+                Err(err) if ended.is_none() => return Err(PullEnd::Failed(err)),
+                Err(_) => {}
             }
         }
-    }
-
-    /// Appends one message; `false` for a message at or below the position (a redelivery).
-    fn append(
-        &mut self,
-        message: &jetstream::Message,
-        out: &mut SourceOutput<'_>,
-    ) -> Result<bool, NatsSourceError> {
-        let info = message.info().map_err(|source| NatsSourceError::Request {
-            what: "message metadata",
-            source,
-        })?;
-        let sequence = info.stream_sequence;
-        if sequence <= self.last {
-            return Ok(false);
-        }
-        let record = BrokerRecord {
-            position: sequence,
-            payload: &message.payload,
-            origin: message.subject.as_str(),
-            timestamp_seconds: u64::try_from(info.published.unix_timestamp()).unwrap_or(0),
-            key: None,
-        };
-        self.decoder
-            .append(&record, out)
-            .map_err(|source| NatsSourceError::Record(Box::new(source)))?;
-        self.last = sequence;
-        self.lag = Some(info.pending);
-        Ok(true)
+        ended.map_or(Ok(()), Err)
     }
 
     /// A broker error that waiting can cure: warn now and then, wait a little, read on later.
@@ -581,6 +722,44 @@ impl NatsPartition {
             })
             .await;
     }
+}
+
+/// The parsed reply subject of `message`.
+fn reply_of(message: &jetstream::Message) -> Result<AckReply<'_>, NatsSourceError> {
+    AckReply::parse(message.reply.as_deref().unwrap_or_default()).map_err(NatsSourceError::Reply)
+}
+
+/// Appends one message after `last`, moving `last` to its sequence; `false` for a message at or
+/// below `last` (a redelivery).
+fn append(
+    decoder: &mut BrokerDecoder,
+    last: &mut u64,
+    message: &jetstream::Message,
+    out: &mut SourceOutput<'_>,
+) -> Result<bool, NatsSourceError> {
+    let reply = reply_of(message)?;
+    let sequence = reply.stream_sequence;
+    if sequence <= *last {
+        return Ok(false);
+    }
+    // Only the `timestamp` column of `format: raw` needs the time.
+    let timestamp_seconds = if decoder.uses_timestamp() {
+        reply.timestamp_seconds()?
+    } else {
+        0
+    };
+    let record = BrokerRecord {
+        position: sequence,
+        payload: &message.payload,
+        origin: message.subject.as_str(),
+        timestamp_seconds,
+        key: None,
+    };
+    decoder
+        .append(&record, out)
+        .map_err(|source| NatsSourceError::Record(Box::new(source)))?;
+    *last = sequence;
+    Ok(true)
 }
 
 /// The server's answer "no stream of that name" (JetStream error 10059).
@@ -691,6 +870,21 @@ mod tests {
         assert_eq!(
             err,
             "stream `EVENTS` was deleted and created again: partition 0 committed sequence 100 of the stream, but it was created at 2025-12-03T12:00:00.000000000Z, and the stream of that name now was created at 2025-12-03T12:01:00.500000000Z; its sequences name other messages, and reading on at 101 would skip the new stream's first 100 message(s). To read the new stream from its beginning, start the pipeline with a new state directory (batches this one holds undelivered, which `flow-worker status` lists, cannot be rebuilt from the new stream); to keep this state directory, restore the old stream"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_unanswered_past_the_grace_ends_the_wait_naming_the_request() {
+        let by = Instant::now() + Duration::from_millis(300) + STALL_GRACE;
+        let silent = std::future::pending::<Result<(), NatsSourceError>>();
+        let err = answered(by, "consumer creation", silent)
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert_eq!(
+            err,
+            "the NATS server did not answer the JetStream consumer creation request within 2300 ms (the read's deadline plus 2000 ms); asking again. Check the network between the worker and the servers, and the servers' health (`nats server check jetstream`)"
         );
     }
 

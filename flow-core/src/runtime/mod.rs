@@ -156,6 +156,12 @@ impl PipelineControl {
         self.source.unavailable(partition)
     }
 
+    /// Pulls of `partition`'s source dropped as silent since the start
+    /// ([`SourceFactory::stalled_pulls`]).
+    pub fn source_stalled_pulls(&self, partition: u32) -> u64 {
+        self.source.stalled_pulls(partition)
+    }
+
     /// What the partitions have committed since the pipeline started.
     pub fn progress(&self) -> Progress {
         self.progress.get()

@@ -126,6 +126,12 @@ impl BrokerDecoder {
         }
     }
 
+    /// Whether rows take the record's `timestamp_seconds` (the `timestamp` column of `format:
+    /// raw`): a reader that must work to get the time skips it otherwise.
+    pub fn uses_timestamp(&self) -> bool {
+        matches!(self.format, BrokerFormat::Raw)
+    }
+
     /// Appends the record's row, or its dead letter with `on_bad_record: dead_letter`. A bad
     /// record under `stop` fails with `<partition>/<position>: column: what is wrong`.
     pub fn append(
