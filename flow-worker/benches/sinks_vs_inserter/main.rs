@@ -462,11 +462,23 @@ fn spec(case: Case, table: &str, count: u64, rate_per_second: u64, kafka: Option
     format!(
         "pipeline: bench_{name}\npartitions: {PARTITIONS}\nepoch: {{max_messages: {epoch}, max_duration_ms: {EPOCH_MAX_DURATION_MS}}}\nsource:\n{source}sinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {parameters}\n    dynamic_parameters: {{max_rows_per_batch: {batch_rows}, max_bytes_per_batch: {MAX_BYTES_PER_BATCH}}}\n",
         name = case.name(),
-        epoch = case.per_shard(EPOCH_MAX_MESSAGES),
-        batch_rows = case.per_shard(BATCH_ROWS),
+        epoch = case.per_shard(EPOCH_MAX_MESSAGES).min(broker_epoch(case, count)),
+        batch_rows = case.per_shard(BATCH_ROWS).min(broker_epoch(case, count)),
         class = case.sink_class(),
         parameters = case.sink_parameters(table),
     )
+}
+
+/// The most messages an epoch of a broker case may hold: a stream has no end, so an epoch that
+/// waits for more messages than its partition holds ends only on its deadline (2 s of nothing to
+/// read), where the hand-written consumer ends on its count. So a partition of fewer than
+/// [`EPOCH_MAX_MESSAGES`] rows (a smoke run, or the Kafka mock cluster's most) is one epoch and
+/// one batch, as the consumer's one INSERT of them. Unlimited for the other cases.
+fn broker_epoch(case: Case, per_partition: u64) -> u64 {
+    match case {
+        Case::JetStream | Case::Kafka if per_partition > 0 => per_partition,
+        _ => u64::MAX,
+    }
 }
 
 /// Bytes of the files under `path` (apparent sizes, as `du --apparent-size` counts them).
@@ -773,6 +785,20 @@ fn orchestrate() -> Result<()> {
         }
         if cases.is_empty() {
             continue;
+        }
+        let per_partition = rows / u64::from(PARTITIONS);
+        if cases
+            .iter()
+            .any(|case| matches!(case, Case::JetStream | Case::Kafka))
+            && per_partition > EPOCH_MAX_MESSAGES
+            && per_partition % EPOCH_MAX_MESSAGES != 0
+        {
+            println!(
+                "note: {per_partition} rows per partition is no multiple of the epoch's {EPOCH_MAX_MESSAGES} messages: \
+                 each partition's last epoch of a broker case waits for its {EPOCH_MAX_DURATION_MS} ms deadline, \
+                 which the hand-written consumers do not (choose rows as a multiple of {})",
+                EPOCH_MAX_MESSAGES * u64::from(PARTITIONS)
+            );
         }
         for repetition in 1..=repetitions {
             println!("rows {rows}, repetition {repetition}/{repetitions}");
