@@ -24,6 +24,8 @@ struct GeneratorRow<'a> {
     payload: &'a [u8],
 }
 
+/// The `inserter` role: 4 tasks, each writing the generator's rows of its partition (with
+/// `FLOW_BENCH_INSERTER_SHARDED=true` to both shards, one `Inserter` per shard).
 pub fn inserter_loop() -> Result<()> {
     let (rows, table) = rows_and_table()?;
     let sharded = env_parse::<bool>("FLOW_BENCH_INSERTER_SHARDED")?.unwrap_or(false);
@@ -32,45 +34,54 @@ pub fn inserter_loop() -> Result<()> {
     let nodes: &[&str] = if sharded { &[A1, B1] } else { &[A1] };
     let router = flow_clickhouse::testing::RendezvousRouter::new(&["a".to_owned(), "b".to_owned()]);
     let per_partition = rows / u64::from(PARTITIONS);
-    tokio::runtime::Runtime::new()?.block_on(async move {
+    run_partitions(&tokio::runtime::Runtime::new()?, |partition| {
+        let mut inserters: Vec<_> = nodes
+            .iter()
+            .map(|node| inserter::<GeneratorRow<'static>>(node, &table))
+            .collect();
+        let router = router.clone();
+        async move {
+            let mut payload = Vec::with_capacity(PAYLOAD_BYTES);
+            let mut key = Vec::with_capacity(9);
+            for offset in 0..per_partition {
+                let (id, user_id, ts) = row_values(partition, offset, PARTITIONS);
+                fill_payload(id, PAYLOAD_BYTES, &mut payload);
+                let row = GeneratorRow {
+                    id,
+                    partition,
+                    offset,
+                    user_id,
+                    ts: u32::try_from(ts)?,
+                    payload: &payload,
+                };
+                let shard = if inserters.len() > 1 {
+                    key.clear();
+                    key.push(2u8);
+                    key.extend_from_slice(&user_id.to_le_bytes());
+                    router.route(&key)
+                } else {
+                    0
+                };
+                inserters[shard].write(&row).await?;
+                inserters[shard].commit().await?;
+            }
+            for inserter in inserters {
+                inserter.end().await?;
+            }
+            anyhow::Ok(())
+        }
+    })
+}
+
+/// Runs `task` for each partition on its own tokio task of `runtime` (multi-threaded, as a
+/// user's `#[tokio::main]`) and waits for all of them; the first error wins.
+fn run_partitions<F>(runtime: &tokio::runtime::Runtime, task: impl Fn(u32) -> F) -> Result<()>
+where
+    F: std::future::Future<Output = Result<()>> + Send + 'static,
+{
+    runtime.block_on(async {
         let tasks: Vec<_> = (0..PARTITIONS)
-            .map(|partition| {
-                let mut inserters: Vec<_> = nodes
-                    .iter()
-                    .map(|node| inserter::<GeneratorRow<'static>>(node, &table))
-                    .collect();
-                let router = router.clone();
-                tokio::spawn(async move {
-                    let mut payload = Vec::with_capacity(PAYLOAD_BYTES);
-                    let mut key = Vec::with_capacity(9);
-                    for offset in 0..per_partition {
-                        let (id, user_id, ts) = row_values(partition, offset, PARTITIONS);
-                        fill_payload(id, PAYLOAD_BYTES, &mut payload);
-                        let row = GeneratorRow {
-                            id,
-                            partition,
-                            offset,
-                            user_id,
-                            ts: u32::try_from(ts)?,
-                            payload: &payload,
-                        };
-                        let shard = if inserters.len() > 1 {
-                            key.clear();
-                            key.push(2u8);
-                            key.extend_from_slice(&user_id.to_le_bytes());
-                            router.route(&key)
-                        } else {
-                            0
-                        };
-                        inserters[shard].write(&row).await?;
-                        inserters[shard].commit().await?;
-                    }
-                    for inserter in inserters {
-                        inserter.end().await?;
-                    }
-                    anyhow::Ok(())
-                })
-            })
+            .map(|partition| tokio::spawn(task(partition)))
             .collect();
         for task in tasks {
             task.await??;
@@ -111,72 +122,69 @@ pub fn jetstream_consumer() -> Result<()> {
     let stream = std::env::var("FLOW_BENCH_STREAM").context("FLOW_BENCH_STREAM")?;
     let ack_all = std::env::var("FLOW_BENCH_ACK").as_deref() == Ok("all");
     let per_partition = rows / u64::from(PARTITIONS);
-    tokio::runtime::Runtime::new()?.block_on(async move {
+    // One connection for the four tasks, as flow's source shares one.
+    let runtime = tokio::runtime::Runtime::new()?;
+    // The JetStream context spawns onto the runtime it is made in.
+    let js = runtime.block_on(async {
         let client = async_nats::connect(super::NATS_URL)
             .await
             .with_context(|| format!("connecting to {}", super::NATS_URL))?;
-        let js = async_nats::jetstream::new(client);
-        let tasks: Vec<_> = (0..PARTITIONS)
-            .map(|partition| {
-                let (js, stream, table) = (js.clone(), stream.clone(), table.clone());
-                tokio::spawn(async move {
-                    let subject = format!("{stream}.{partition}");
-                    let consumer = js
-                        .create_consumer_on_stream(
-                            pull::Config {
-                                filter_subject: subject.clone(),
-                                deliver_policy: DeliverPolicy::All,
-                                ack_policy: if ack_all {
-                                    AckPolicy::All
-                                } else {
-                                    AckPolicy::None
-                                },
-                                // The default (1,000) would hold a pull of 10,000 unacknowledged
-                                // messages back until it expires.
-                                max_ack_pending: JETSTREAM_PULL as i64,
-                                ..Default::default()
-                            },
-                            stream.as_str(),
-                        )
-                        .await
-                        .with_context(|| format!("a pull consumer of {subject}"))?;
-                    let mut inserter = inserter::<BrokerRow<'static>>(A1, &table);
-                    let mut read = 0u64;
-                    while read < per_partition {
-                        let want = (per_partition - read).min(JETSTREAM_PULL as u64);
-                        let mut batch = consumer
-                            .batch()
-                            .max_messages(want as usize)
-                            .expires(Duration::from_secs(5))
-                            .messages()
-                            .await
-                            .with_context(|| format!("a pull of {subject}"))?;
-                        let mut last = None;
-                        while let Some(message) = batch.next().await {
-                            let message = message
-                                .map_err(|err| anyhow::anyhow!("a pull of {subject}: {err}"))?;
-                            let row: BrokerRow<'_> = serde_json::from_slice(&message.payload)
-                                .with_context(|| format!("a message of {subject}"))?;
-                            inserter.write(&row).await?;
-                            inserter.commit().await?;
-                            read += 1;
-                            last = Some(message);
-                        }
-                        if let (true, Some(message)) = (ack_all, last) {
-                            message.ack().await.map_err(|err| {
-                                anyhow::anyhow!("acknowledging a pull of {subject}: {err}")
-                            })?;
-                        }
-                    }
-                    inserter.end().await?;
-                    anyhow::Ok(())
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await??;
+        anyhow::Ok(async_nats::jetstream::new(client))
+    })?;
+    run_partitions(&runtime, |partition| {
+        let (js, stream, table) = (js.clone(), stream.clone(), table.clone());
+        async move {
+            let subject = format!("{stream}.{partition}");
+            let consumer = js
+                .create_consumer_on_stream(
+                    pull::Config {
+                        filter_subject: subject.clone(),
+                        deliver_policy: DeliverPolicy::All,
+                        ack_policy: if ack_all {
+                            AckPolicy::All
+                        } else {
+                            AckPolicy::None
+                        },
+                        // The default (1,000) would hold a pull of 10,000 unacknowledged
+                        // messages back until it expires.
+                        max_ack_pending: JETSTREAM_PULL as i64,
+                        ..Default::default()
+                    },
+                    stream.as_str(),
+                )
+                .await
+                .with_context(|| format!("a pull consumer of {subject}"))?;
+            let mut inserter = inserter::<BrokerRow<'static>>(A1, &table);
+            let mut read = 0u64;
+            while read < per_partition {
+                let want = (per_partition - read).min(JETSTREAM_PULL as u64);
+                let mut batch = consumer
+                    .batch()
+                    .max_messages(want as usize)
+                    .expires(Duration::from_secs(5))
+                    .messages()
+                    .await
+                    .with_context(|| format!("a pull of {subject}"))?;
+                let mut last = None;
+                while let Some(message) = batch.next().await {
+                    let message =
+                        message.map_err(|err| anyhow::anyhow!("a pull of {subject}: {err}"))?;
+                    let row: BrokerRow<'_> = serde_json::from_slice(&message.payload)
+                        .with_context(|| format!("a message of {subject}"))?;
+                    inserter.write(&row).await?;
+                    inserter.commit().await?;
+                    read += 1;
+                    last = Some(message);
+                }
+                if let (true, Some(message)) = (ack_all, last) {
+                    message.ack().await.map_err(|err| {
+                        anyhow::anyhow!("acknowledging a pull of {subject}: {err}")
+                    })?;
+                }
+            }
+            inserter.end().await?;
+            anyhow::Ok(())
         }
-        Ok(())
     })
 }
 
@@ -191,43 +199,35 @@ pub fn kafka_consumer() -> Result<()> {
     let brokers = std::env::var("FLOW_BENCH_KAFKA_BROKERS").context("FLOW_BENCH_KAFKA_BROKERS")?;
     let topic = std::env::var("FLOW_BENCH_KAFKA_TOPIC").context("FLOW_BENCH_KAFKA_TOPIC")?;
     let per_partition = rows / u64::from(PARTITIONS);
-    tokio::runtime::Runtime::new()?.block_on(async move {
-        let tasks: Vec<_> = (0..PARTITIONS)
-            .map(|partition| {
-                let (brokers, topic, table) = (brokers.clone(), topic.clone(), table.clone());
-                tokio::spawn(async move {
-                    let consumer: StreamConsumer = ClientConfig::new()
-                        .set("bootstrap.servers", &brokers)
-                        // librdkafka wants a group id even for partitions assigned by hand.
-                        .set("group.id", "flow_bench_consumer")
-                        .set("enable.auto.commit", "false")
-                        .create()
-                        .with_context(|| format!("a consumer of {brokers}"))?;
-                    let mut assignment = TopicPartitionList::new();
-                    assignment.add_partition_offset(&topic, partition as i32, Offset::Beginning)?;
-                    consumer.assign(&assignment)?;
-                    let mut inserter = inserter::<BrokerRow<'static>>(A1, &table);
-                    for _ in 0..per_partition {
-                        let message = consumer
-                            .recv()
-                            .await
-                            .with_context(|| format!("reading {topic}/{partition}"))?;
-                        let payload = message.payload().with_context(|| {
-                            format!("{topic}/{partition}: a message without a payload")
-                        })?;
-                        let row: BrokerRow<'_> = serde_json::from_slice(payload)
-                            .with_context(|| format!("a message of {topic}/{partition}"))?;
-                        inserter.write(&row).await?;
-                        inserter.commit().await?;
-                    }
-                    inserter.end().await?;
-                    anyhow::Ok(())
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await??;
+    run_partitions(&tokio::runtime::Runtime::new()?, |partition| {
+        let (brokers, topic, table) = (brokers.clone(), topic.clone(), table.clone());
+        async move {
+            let consumer: StreamConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                // librdkafka wants a group id even for partitions assigned by hand.
+                .set("group.id", "flow_bench_consumer")
+                .set("enable.auto.commit", "false")
+                .create()
+                .with_context(|| format!("a consumer of {brokers}"))?;
+            let mut assignment = TopicPartitionList::new();
+            assignment.add_partition_offset(&topic, partition as i32, Offset::Beginning)?;
+            consumer.assign(&assignment)?;
+            let mut inserter = inserter::<BrokerRow<'static>>(A1, &table);
+            for _ in 0..per_partition {
+                let message = consumer
+                    .recv()
+                    .await
+                    .with_context(|| format!("reading {topic}/{partition}"))?;
+                let payload = message
+                    .payload()
+                    .with_context(|| format!("{topic}/{partition}: a message without a payload"))?;
+                let row: BrokerRow<'_> = serde_json::from_slice(payload)
+                    .with_context(|| format!("a message of {topic}/{partition}"))?;
+                inserter.write(&row).await?;
+                inserter.commit().await?;
+            }
+            inserter.end().await?;
+            anyhow::Ok(())
         }
-        Ok(())
     })
 }
