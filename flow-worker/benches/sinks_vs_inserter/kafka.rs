@@ -154,19 +154,28 @@ impl Broker {
         Ok(())
     }
 
-    /// Creates `topic` with [`PARTITIONS`] partitions; `Some(messages in partition 0)` if it
-    /// existed.
+    /// Creates `topic` with [`PARTITIONS`] partitions unless it exists; `Some(messages in
+    /// partition 0)` if it existed.
     fn create_topic(&self, topic: &str) -> Result<Option<u64>> {
+        let held = match self.held(topic) {
+            Ok(held) => held,
+            Err(unread) => return self.create_missing_topic(topic, &unread).map(|()| None),
+        };
+        ensure!(
+            held.len() == PARTITIONS as usize,
+            "kafka: topic {topic} on {} has {} partitions, not {PARTITIONS}: delete it and run again",
+            self.bootstrap(),
+            held.len()
+        );
+        Ok(held.first().map(|&(low, high)| (high - low) as u64))
+    }
+
+    /// Creates `topic`, which could not be read (`unread`).
+    fn create_missing_topic(&self, topic: &str, unread: &anyhow::Error) -> Result<()> {
         match self {
-            Broker::Mock(cluster) => {
-                let exists = self.held(topic).is_ok();
-                if !exists {
-                    cluster
-                        .create_topic(topic, PARTITIONS as i32, 1)
-                        .with_context(|| format!("kafka: creating {topic} in the mock cluster"))?;
-                    return Ok(None);
-                }
-            }
+            Broker::Mock(cluster) => cluster
+                .create_topic(topic, PARTITIONS as i32, 1)
+                .with_context(|| format!("kafka: creating {topic} in the mock cluster")),
             Broker::External(address) => {
                 let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
                     .set("bootstrap.servers", address)
@@ -175,34 +184,29 @@ impl Broker {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()?;
-                let results = runtime
-                    .block_on(admin.create_topics(
-                        &[NewTopic::new(
-                            topic,
-                            PARTITIONS as i32,
-                            TopicReplication::Fixed(1),
-                        )],
-                        &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
-                    ))
-                    .with_context(|| format!("kafka: creating {topic} on {address}"))?;
-                match results.into_iter().next() {
-                    Some(Ok(_)) => return Ok(None),
-                    Some(Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists))) => {}
-                    Some(Err((_, code))) => {
-                        bail!("kafka: creating {topic} on {address}: {code}")
-                    }
-                    None => bail!("kafka: creating {topic} on {address}: no answer"),
-                }
+                let created = runtime.block_on(admin.create_topics(
+                    &[NewTopic::new(
+                        topic,
+                        PARTITIONS as i32,
+                        TopicReplication::Fixed(1),
+                    )],
+                    &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
+                ));
+                // Some Kafka-protocol brokers do not answer librdkafka's CreateTopics (tansu 0.6
+                // lets it time out): then the topic is the user's to create.
+                let why = match created.map(|results| results.into_iter().next()) {
+                    Ok(Some(Ok(_))) => return Ok(()),
+                    Ok(Some(Err((_, code)))) => code.to_string(),
+                    Ok(None) => "no answer".to_owned(),
+                    Err(err) => err.to_string(),
+                };
+                bail!(
+                    "kafka: topic {topic} could not be read ({unread:#}), and creating it with {PARTITIONS} partitions on {address} failed ({why}): \
+                     create it yourself (kafka-topics.sh --create --topic {topic} --partitions {PARTITIONS}, \
+                     or tansu topic create {topic} --partitions {PARTITIONS} --broker tcp://{address}) and run again"
+                )
             }
         }
-        let held = self.held(topic)?;
-        ensure!(
-            held.len() == PARTITIONS as usize,
-            "kafka: topic {topic} on {} has {} partitions, not {PARTITIONS}: delete it and run again",
-            self.bootstrap(),
-            held.len()
-        );
-        Ok(held.first().map(|&(low, high)| (high - low) as u64))
     }
 
     /// `(low, high)` watermarks of each partition of `topic`, in partition order.
