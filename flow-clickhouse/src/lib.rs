@@ -70,6 +70,7 @@ pub use config::params::{
     AtMostOnceStrategy, ClickHouseParams, Codec, HostSelectionPolicy, OnBadRows, OnExpiredBacklog,
     PasswordError,
 };
+pub use config::settings::SettingValue;
 pub use delivery::split::requeued_batch;
 pub use server::classify::{ClassifiedError, ErrorClass};
 pub use server::client::ClientsError;

@@ -258,6 +258,17 @@ impl ClickHouseSink {
         self
     }
 
+    /// One entry of `settings`: a ClickHouse setting added to every INSERT (`max_insert_block_size`,
+    /// `insert_quorum`, ...). The settings flow sets itself are refused by `build`.
+    pub fn setting(
+        mut self,
+        name: impl Into<String>,
+        value: impl Into<crate::config::settings::SettingValue>,
+    ) -> Self {
+        self.parameters.settings.insert(name.into(), value.into());
+        self
+    }
+
     // Dynamic parameters.
 
     /// `write_timeout`: timeout of one HTTP request.

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::dynamic::ClickHouseDynamicParams;
 use crate::config::guarantee::{HostForms, SinkClass};
+use crate::config::settings::{self, SettingValue};
 use crate::config::topology::{Endpoint, Shard, Topology};
 use crate::server::tls::TlsConfig;
 
@@ -158,6 +159,10 @@ pub struct ClickHouseParams {
         skip_serializing_if = "Option::is_none"
     )]
     pub message_id_column: Option<String>,
+    /// ClickHouse settings added to every INSERT (`settings: { max_insert_block_size: 100000 }`);
+    /// the ones flow sets itself are refused (see `config::settings`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub settings: BTreeMap<String, SettingValue>,
 }
 
 impl Default for ClickHouseParams {
@@ -183,6 +188,7 @@ impl Default for ClickHouseParams {
             on_bad_rows: OnBadRows::Stop,
             on_expired_backlog: None,
             message_id_column: None,
+            settings: BTreeMap::new(),
         }
     }
 }
@@ -233,6 +239,8 @@ pub struct SinkParams {
     pub message_id_column: Option<String>,
     /// `at_most_once_strategy.enabled`: the bounded lossy in-memory queue.
     pub at_most_once_queue: bool,
+    /// The user's ClickHouse settings of every INSERT, in name order.
+    pub settings: Vec<(String, String)>,
 }
 
 impl SinkParams {
@@ -310,6 +318,7 @@ impl ClickHouseParams {
                     .at_most_once_strategy
                     .as_ref()
                     .is_some_and(|s| s.enabled),
+                settings: settings::to_pairs(&self.settings),
             }),
             (v, _) => Err(v),
         }
@@ -332,6 +341,7 @@ impl ClickHouseParams {
         self.validate_sharding_key(&mut v);
         self.validate_target(&mut v);
         self.validate_tls(&mut v);
+        settings::validate(&self.settings, &mut v);
         if let Some(namespace) = &self.token_namespace {
             if !namespace
                 .chars()
@@ -1742,6 +1752,84 @@ at_most_once_strategy: {enabled: true}
             v[0].message,
             "AtLeastOnceClickHouseSink keeps no backlog of sent batches, so it has nothing to \
              expire; remove on_expired_backlog, or use an exactly-once class"
+        );
+    }
+
+    /// `settings` reach the resolved parameters as ClickHouse text (true is 1), in name order;
+    /// a bad name, a setting flow owns, an HTTP parameter and a non-scalar are each refused at
+    /// their path with the reason.
+    #[test]
+    fn settings_are_resolved_as_text_and_owned_ones_are_refused_with_why() {
+        let params = resolved(
+            SinkClass::ShardedBatching,
+            "{shard_hosts: {a: [h1, h2]}, table: t, settings: \
+             {max_insert_block_size: 1000, insert_quorum: 2, fsync_after_insert: true, \
+              insert_quorum_timeout: '60000'}}",
+        );
+        assert_eq!(
+            params.settings,
+            vec![
+                ("fsync_after_insert".to_owned(), "1".to_owned()),
+                ("insert_quorum".to_owned(), "2".to_owned()),
+                ("insert_quorum_timeout".to_owned(), "60000".to_owned()),
+                ("max_insert_block_size".to_owned(), "1000".to_owned()),
+            ]
+        );
+        for class in SinkClass::ALL {
+            let hosts = if class == SinkClass::ShardedBatching {
+                "shard_hosts: {a: [h]}"
+            } else {
+                "host: h"
+            };
+            let v = violations(
+                class,
+                &format!(
+                    "{{{hosts}, table: t, settings: {{insert_deduplicate: 0, \
+                 insert_deduplication_token: x, async_insert: 1, async_insert_busy_timeout_ms: 5, \
+                 wait_for_async_insert: 0, decompress: 0, compress: 1, \
+                 input_format_binary_read_json_as_string: 1, database: other, '1bad': 1, \
+                 'max-threads': 2}}}}"
+                ),
+                "",
+            );
+            let mut found: Vec<(&str, &str)> = v
+                .iter()
+                .map(|v| (v.path.as_str(), v.message.as_str()))
+                .filter(|(path, _)| path.starts_with("parameters.settings."))
+                .collect();
+            found.sort();
+            let expect = [
+                ("1bad", "`1bad` is not a ClickHouse setting name (letters, digits and `_`, not starting with a digit); fix the name"),
+                ("async_insert", "flow sets `async_insert` itself (it is flow's dynamic parameter `async_insert`"),
+                ("async_insert_busy_timeout_ms", "flow sets `async_insert_busy_timeout_ms` itself (the async insert knobs follow"),
+                ("compress", "flow sets `compress` itself (flow reads the server's answers uncompressed); remove it from `settings`"),
+                ("database", "`database` is a parameter of ClickHouse's HTTP interface, not a setting"),
+                ("decompress", "flow sets `decompress` itself (flow sets it from `codec`"),
+                ("input_format_binary_read_json_as_string", "flow sets `input_format_binary_read_json_as_string` itself (it changes how the server reads the RowBinary"),
+                ("insert_deduplicate", "flow sets `insert_deduplicate` itself (flow turns deduplication on"),
+                ("insert_deduplication_token", "flow sets `insert_deduplication_token` itself (flow sends each batch's own token"),
+                ("max-threads", "`max-threads` is not a ClickHouse setting name"),
+                ("wait_for_async_insert", "flow sets `wait_for_async_insert` itself (flow waits for every async insert"),
+            ];
+            assert_eq!(found.len(), expect.len(), "{class}: {found:#?}");
+            for ((path, message), (name, start)) in found.iter().zip(expect) {
+                assert_eq!(*path, format!("parameters.settings.{name}"), "{class}");
+                assert!(message.starts_with(start), "{class}: {message}");
+            }
+            assert_eq!(v.len(), expect.len(), "{class}: {v:#?}");
+        }
+        let v = violations(
+            SinkClass::AtLeastOnce,
+            "{host: h, table: t, settings: {max_threads: [1, 2]}}",
+            "",
+        );
+        assert_eq!(paths(&v), ["parameters.settings.max_threads"]);
+        assert!(
+            v[0].message.contains(
+                "expected a scalar ClickHouse setting value (a number, a text or true/false)"
+            ),
+            "{}",
+            v[0].message
         );
     }
 }

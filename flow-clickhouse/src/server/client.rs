@@ -196,7 +196,7 @@ impl EndpointClient {
     pub async fn insert(
         &self,
         sql: &str,
-        settings: &[(&'static str, String)],
+        settings: &[(std::borrow::Cow<'static, str>, String)],
         payload: Bytes,
         compressed: bool,
         timeout: Duration,
@@ -209,7 +209,7 @@ impl EndpointClient {
             insert = insert.with_setting("decompress", "1");
         }
         for (name, value) in settings {
-            insert = insert.with_setting(*name, value.clone());
+            insert = insert.with_setting(name.clone(), value.clone());
         }
         // A body cut while it is sent is one incomplete frame, which the server drops.
         insert.send(payload).await.map_err(|err| InsertError {
