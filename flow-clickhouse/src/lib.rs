@@ -68,7 +68,7 @@ pub use config::dynamic::{AtMostOnceDynamic, ClickHouseDynamicParams};
 pub use config::guarantee::{Guarantee, SinkClass};
 pub use config::params::{
     AtMostOnceStrategy, ClickHouseParams, Codec, HostSelectionPolicy, OnBadRows, OnExpiredBacklog,
-    PasswordError,
+    PasswordEnvError, PasswordError,
 };
 pub use config::settings::SettingValue;
 pub use delivery::split::requeued_batch;

@@ -172,6 +172,12 @@ impl ClickHouseSink {
         self
     }
 
+    /// `password_file`: a file holding the password (a mounted secret).
+    pub fn password_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.parameters.password_file = Some(path.into());
+        self
+    }
+
     /// `password_env_var`: the environment variable holding the password.
     pub fn password_env_var(mut self, var: impl Into<String>) -> Self {
         self.parameters.password_env_var = Some(var.into());

@@ -118,6 +118,13 @@ pub struct ClickHouseParams {
         skip_serializing_if = "Option::is_none"
     )]
     pub password_env_var: Option<String>,
+    /// A file holding the password (a mounted secret), read when the clients are built; one
+    /// trailing line break is not part of it. Not with `password_env_var`.
+    #[serde(
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub password_file: Option<PathBuf>,
     /// The database of `table` (default `default`).
     pub database: String,
     /// Required.
@@ -176,6 +183,7 @@ impl Default for ClickHouseParams {
             sharding_key_columns: Vec::new(),
             user: "default".to_owned(),
             password_env_var: None,
+            password_file: None,
             database: "default".to_owned(),
             table: String::new(),
             codec: Codec::default(),
@@ -193,6 +201,27 @@ impl Default for ClickHouseParams {
     }
 }
 
+/// Why the password could not be read. Neither variant holds any of the password.
+#[derive(Debug, thiserror::Error)]
+pub enum PasswordError {
+    /// From `password_env_var`.
+    #[error(transparent)]
+    Env(#[from] PasswordEnvError),
+    /// From `password_file`.
+    #[error(
+        "cannot read the password file `{}` named by parameters.password_file; make it readable \
+         by the worker, or fix the path",
+        path.display()
+    )]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why reading it failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Why the password named by `password_env_var` could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -203,7 +232,7 @@ impl Default for ClickHouseParams {
         std::env::VarError::NotUnicode(_) => "not valid UTF-8; export the password as UTF-8 text",
     }
 )]
-pub struct PasswordError {
+pub struct PasswordEnvError {
     /// The variable.
     pub var: String,
     /// Why it could not be read.
@@ -259,26 +288,41 @@ impl SinkParams {
     }
 }
 
-/// Who the sink connects as: the user, and the environment variable holding the password.
+/// Who the sink connects as: the user, and where the password is (never the password itself,
+/// so that no `Debug` print of the parameters can show it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Credentials {
     pub user: String,
     pub password_env_var: Option<String>,
+    pub password_file: Option<PathBuf>,
 }
 
 impl Credentials {
     /// The password, read from `password_env_var` (call it when creating a client). `Ok(None)`
     /// when no variable is named; `Err` naming the variable when it is unset or not UTF-8.
     pub fn password(&self) -> Result<Option<String>, PasswordError> {
+        if let Some(path) = &self.password_file {
+            let text = std::fs::read_to_string(path).map_err(|source| PasswordError::File {
+                path: path.clone(),
+                source,
+            })?;
+            // `echo secret > file` and most secret stores end the file with a line break.
+            let password = text
+                .strip_suffix("\r\n")
+                .or_else(|| text.strip_suffix('\n'))
+                .unwrap_or(&text);
+            return Ok(Some(password.to_owned()));
+        }
         let Some(var) = &self.password_env_var else {
             return Ok(None);
         };
         match std::env::var(var) {
             Ok(password) => Ok(Some(password)),
-            Err(source) => Err(PasswordError {
+            Err(source) => Err(PasswordEnvError {
                 var: var.clone(),
                 source,
-            }),
+            }
+            .into()),
         }
     }
 }
@@ -306,6 +350,7 @@ impl ClickHouseParams {
                 credentials: Credentials {
                     user: self.user.clone(),
                     password_env_var: self.password_env_var.clone(),
+                    password_file: self.password_file.clone(),
                 },
                 host_selection_policy: self.host_selection_policy,
                 sharding_key_columns: self.sharding_key_columns.clone(),
@@ -341,6 +386,7 @@ impl ClickHouseParams {
         self.validate_sharding_key(&mut v);
         self.validate_target(&mut v);
         self.validate_tls(&mut v);
+        self.validate_password_file(&mut v);
         settings::validate(&self.settings, &mut v);
         if let Some(namespace) = &self.token_namespace {
             if !namespace
@@ -616,6 +662,16 @@ impl ClickHouseParams {
                      the password (letters, digits and `_`, not starting with a digit), not the \
                      password itself"
                 ),
+            ));
+        }
+    }
+
+    fn validate_password_file(&self, v: &mut Vec<Violation>) {
+        if self.password_file.is_some() && self.password_env_var.is_some() {
+            v.push(Violation::new(
+                "parameters.password_file",
+                "password_file and password_env_var both name where the password is; keep one \
+                 of them",
             ));
         }
     }
@@ -1401,6 +1457,7 @@ mod tests {
         let mut p = Credentials {
             user: "default".to_owned(),
             password_env_var: None,
+            password_file: None,
         };
         assert_eq!(p.password().unwrap(), None);
         p.password_env_var = Some("FLOW_CLICKHOUSE_PARAMS_TEST_SURELY_UNSET_VAR".into());
@@ -1411,7 +1468,10 @@ mod tests {
              parameters.password_env_var is not set; export it with the ClickHouse password, or \
              set password_env_var to \"\" to connect without a password"
         );
-        assert_eq!(err.source, std::env::VarError::NotPresent);
+        assert!(
+            matches!(&err, PasswordError::Env(e) if e.source == std::env::VarError::NotPresent),
+            "{err:?}"
+        );
         // PATH is set in every test environment.
         p.password_env_var = Some("PATH".into());
         assert_eq!(p.password().unwrap(), std::env::var("PATH").ok());
@@ -1830,6 +1890,56 @@ at_most_once_strategy: {enabled: true}
             ),
             "{}",
             v[0].message
+        );
+    }
+
+    /// `password_file` is read when the clients are built, without its one trailing line break;
+    /// an unreadable file names the file and never a password; it excludes `password_env_var`.
+    #[test]
+    fn password_is_read_from_the_file_without_its_line_break() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        let p = |path: &std::path::Path| Credentials {
+            user: "default".to_owned(),
+            password_env_var: None,
+            password_file: Some(path.to_path_buf()),
+        };
+        for (text, password) in [
+            ("s3cr3t\n", "s3cr3t"),
+            ("s3cr3t\r\n", "s3cr3t"),
+            ("s3 cr3t\n\n", "s3 cr3t\n"),
+            ("", ""),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            assert_eq!(p(&file).password().unwrap().as_deref(), Some(password));
+        }
+        let missing = dir.path().join("absent");
+        let err = p(&missing).password().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot read the password file `{}` named by parameters.password_file; make it \
+                 readable by the worker, or fix the path",
+                missing.display()
+            )
+        );
+        let resolved = resolved(
+            SinkClass::AtLeastOnce,
+            "{host: h, table: t, password_file: /run/secrets/ch}",
+        );
+        assert_eq!(
+            resolved.credentials.password_file,
+            Some(PathBuf::from("/run/secrets/ch"))
+        );
+        let v = violations(
+            SinkClass::AtLeastOnce,
+            "{host: h, table: t, password_file: /run/secrets/ch, password_env_var: CH_PASSWORD}",
+            "",
+        );
+        assert_eq!(paths(&v), ["parameters.password_file"]);
+        assert_eq!(
+            v[0].message,
+            "password_file and password_env_var both name where the password is; keep one of them"
         );
     }
 }

@@ -74,7 +74,7 @@ pub enum ClientsError {
     Password(#[from] PasswordError),
 }
 
-/// Builds the clients of every shard. The password is read from its environment variable now.
+/// Builds the clients of every shard. The password is read from its variable or file now.
 pub fn build_shards(params: &SinkParams) -> Result<Vec<ShardClients>, ClientsError> {
     let options = TlsOptions::from_config(params.tls.as_ref());
     let base = tls::base_client(&options, CONNECT_TIMEOUT)?;
