@@ -85,7 +85,7 @@ pub use error::{
 };
 pub use json_form::{push_json_text, JsonValueError};
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
-pub use metrics::{Metrics, SinkCount, SinkCounter, SinkMetrics, SourceCount};
+pub use metrics::{Metrics, NotReady, Readiness, SinkCount, SinkCounter, SinkMetrics, SourceCount};
 pub use packed::{
     check_date32, decimal_width, parse_uuid, write_leb128, write_uuid, PackedError, PackedReader,
 };
