@@ -5,20 +5,15 @@
 //! with every id once.
 
 use std::io::{Read, Write};
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use flow_integration::proxy::{Fault, FaultProxy};
+use flow_integration::proxy::{shard_b_proxies, Fault};
 use flow_integration::worker::*;
 use flow_integration::*;
 
 const PARTITIONS: u64 = 2;
 const PER_PARTITION: u64 = 2_000;
-
-fn addr(node: Node) -> Result<SocketAddr> {
-    node.http_addr().parse().context("node address")
-}
 
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
@@ -51,13 +46,7 @@ fn get(port: u16, path: &str) -> Result<(u16, String)> {
 fn ready_is_503_naming_a_shard_down_from_the_start_and_200_once_it_answers() -> Result<()> {
     wait_for_cluster(Duration::from_secs(120))?;
     let runtime = tokio::runtime::Runtime::new()?;
-    let proxies = [
-        runtime.block_on(FaultProxy::start(addr(B1)?))?,
-        runtime.block_on(FaultProxy::start(addr(B2)?))?,
-    ];
-    for proxy in &proxies {
-        proxy.set(Fault::Refuse);
-    }
+    let proxies = runtime.block_on(shard_b_proxies(Fault::Refuse))?;
     let name = unique_name("it_ready");
     let table = ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &NODES)?;
     let dir = tempfile::tempdir()?;

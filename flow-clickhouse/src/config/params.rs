@@ -837,6 +837,15 @@ mod tests {
         violations.iter().map(|v| v.path.as_str()).collect()
     }
 
+    /// A minimal host form `class` accepts (`shard_hosts` for the sharded class, `host` else).
+    fn host_form(class: SinkClass) -> &'static str {
+        if class == SinkClass::ShardedBatching {
+            "shard_hosts: {a: [h]}"
+        } else {
+            "host: h"
+        }
+    }
+
     /// Parses `parameters` for `class` with default dynamic parameters, expecting success.
     fn ok(class: SinkClass, parameters: &str) -> ClickHouseParams {
         parse_spec(class, &yaml(parameters), &serde_yaml::Value::Null)
@@ -1509,11 +1518,7 @@ mod tests {
             SinkClass::ShardedBatching,
             SinkClass::AtLeastOnce,
         ] {
-            let hosts = if class == SinkClass::ShardedBatching {
-                "shard_hosts: {a: [h]}"
-            } else {
-                "host: h"
-            };
+            let hosts = host_form(class);
             let v = violations(
                 class,
                 &format!("{{{hosts}, table: t, at_most_once_strategy: {{enabled: false}}}}"),
@@ -1836,11 +1841,7 @@ at_most_once_strategy: {enabled: true}
             ]
         );
         for class in SinkClass::ALL {
-            let hosts = if class == SinkClass::ShardedBatching {
-                "shard_hosts: {a: [h]}"
-            } else {
-                "host: h"
-            };
+            let hosts = host_form(class);
             let v = violations(
                 class,
                 &format!(
