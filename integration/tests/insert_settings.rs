@@ -13,20 +13,32 @@ use flow_integration::*;
 /// `MergeTree` whose merges are stopped; returns the worker's output and the row counts of the
 /// parts the inserts made.
 fn run_with(settings: &str) -> (WorkerOutput, Vec<u64>) {
+    run_class(
+        "AtLeastOnceClickHouseSink",
+        &format!("host: '{}'", A1.http_addr()),
+        settings,
+    )
+}
+
+/// As [`run_with`], for `class` with the host form `hosts` (every host holds its own table).
+fn run_class(class: &str, hosts: &str, settings: &str) -> (WorkerOutput, Vec<u64>) {
     require_cluster().unwrap();
     let table = unique_name("it_settings");
     let mut guard = DropGuard::default();
-    guard
-        .create_merge_tree(A1, "default", &table, GENERATOR_COLUMNS, "id")
+    for node in [A1, B1] {
+        guard
+            .create_merge_tree(node, "default", &table, GENERATOR_COLUMNS, "id")
+            .unwrap();
+        exec(
+            node.http_port,
+            &format!("SYSTEM STOP MERGES default.{table}"),
+        )
         .unwrap();
-    exec(A1.http_port, &format!("SYSTEM STOP MERGES default.{table}")).unwrap();
+    }
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("spec.yaml");
-    let parameters = format!(
-        "{{host: '{}', table: {table}, settings: {settings}}}",
-        A1.http_addr()
-    );
-    let yaml = GeneratorSpec::new("settings", "AtLeastOnceClickHouseSink", parameters)
+    let parameters = format!("{{{hosts}, table: {table}, settings: {settings}}}");
+    let yaml = GeneratorSpec::new("settings", class, parameters)
         .count(100)
         .epoch(100, 5_000)
         .dynamic("{max_rows_per_batch: 1000, retry_backoff: 50ms, max_retry_backoff: 200ms}")
@@ -77,4 +89,24 @@ fn settings_reach_the_insert_and_an_unknown_one_stops_the_sink_naming_it() {
     );
     assert!(unknown.stderr.contains("115"), "{}", unknown.stderr);
     assert_eq!(parts, Vec::<u64>::new(), "nothing lands");
+
+    // The sharded exactly-once class sends them to every shard the same way.
+    let shards = format!(
+        "shard_hosts: {{a: ['{}'], b: ['{}']}}",
+        A1.http_addr(),
+        B1.http_addr()
+    );
+    let (sharded, _) = run_class(
+        "ShardedClickHouseBatchingSink",
+        &shards,
+        "{flow_no_such_setting: 1}",
+    );
+    assert_eq!(sharded.code, Some(1), "{}", sharded.stderr);
+    assert!(
+        sharded
+            .stderr
+            .contains("Unknown setting flow_no_such_setting"),
+        "{}",
+        sharded.stderr
+    );
 }
