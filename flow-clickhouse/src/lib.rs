@@ -1,7 +1,8 @@
 //! flow-clickhouse: ClickHouse sinks for flow.
 //!
 //! Layout:
-//! - `config/`: the spec's parameters validated into resolved values (`params`, `dynamic`),
+//! - `config/`: the spec's parameters validated into resolved values (`params`, `dynamic`,
+//!   the INSERT `settings`),
 //!   the `topology` of endpoints, the `guarantee` of each [`SinkClass`] with its retry decision,
 //!   and the typed code `builder` ([`ClickHouseSink`]).
 //! - `encode/`: ClickHouse types (`chtype`), the dates a server reads back (`readable`), the

@@ -247,8 +247,8 @@ pub struct Metrics {
 /// A component whose readiness the metrics listener's `/ready` asks for (a sink's connections
 /// to its targets). Asked on every request, so it must answer from memory.
 pub trait Readiness: Send + Sync {
-    /// Each thing not ready, with why (`shard `b`: no host has answered since the session
-    /// started`); empty when ready.
+    /// Each thing not ready, with why (``shard `b` of `default`.`events`: none of its hosts
+    /// ... has answered since the session started``); empty when ready.
     fn not_ready(&self) -> Vec<String>;
 }
 
