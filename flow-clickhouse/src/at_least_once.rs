@@ -50,7 +50,7 @@ struct AtLeastOnceFactory {
 
 impl SinkFactory for AtLeastOnceFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
-        self.shared.start_session_early(&ctx.shutdown);
+        self.shared.start_session_early(&ctx.shutdown, &ctx.metrics);
         Ok(Box::new(AtLeastOnceSink {
             shared: Arc::clone(&self.shared),
             ctx,

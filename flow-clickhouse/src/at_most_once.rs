@@ -148,7 +148,7 @@ impl Drop for AtMostOnceFactory {
 
 impl SinkFactory for AtMostOnceFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
-        self.shared.start_session_early(&ctx.shutdown);
+        self.shared.start_session_early(&ctx.shutdown, &ctx.metrics);
         if let Some(queue) = &self.queue {
             queue.ensure_task(&self.shared, &self.counters, &ctx.metrics);
         }

@@ -1,7 +1,8 @@
 //! flow-clickhouse: ClickHouse sinks for flow.
 //!
 //! Layout:
-//! - `config/`: the spec's parameters validated into resolved values (`params`, `dynamic`),
+//! - `config/`: the spec's parameters validated into resolved values (`params`, `dynamic`,
+//!   the INSERT `settings`),
 //!   the `topology` of endpoints, the `guarantee` of each [`SinkClass`] with its retry decision,
 //!   and the typed code `builder` ([`ClickHouseSink`]).
 //! - `encode/`: ClickHouse types (`chtype`), the dates a server reads back (`readable`), the
@@ -68,8 +69,9 @@ pub use config::dynamic::{AtMostOnceDynamic, ClickHouseDynamicParams};
 pub use config::guarantee::{Guarantee, SinkClass};
 pub use config::params::{
     AtMostOnceStrategy, ClickHouseParams, Codec, HostSelectionPolicy, OnBadRows, OnExpiredBacklog,
-    PasswordError,
+    PasswordEnvError, PasswordError,
 };
+pub use config::settings::SettingValue;
 pub use delivery::split::requeued_batch;
 pub use server::classify::{ClassifiedError, ErrorClass};
 pub use server::client::ClientsError;

@@ -35,13 +35,14 @@
 //!
 //! Private modules, their API re-exported at the crate root:
 //! - `runtime/`: [`Pipeline`] and [`PipelineControl`]; the partition epoch loop and its parts;
-//! - `spec/`: the [`PipelineSpec`] (YAML or built in code) and the [`ValidatedPipeline`];
+//! - `spec/`: the [`PipelineSpec`] (YAML, with `${VAR}` from the environment, or built in code)
+//!   and the [`ValidatedPipeline`];
 //! - `plugin`: the plugin traits ([`SourceFactory`], [`Sink`], [`PartitionObserver`], ...);
 //! - `message`, `packed`, `wide_int`, `types`, `json_form`: values, their packed and JSON forms,
 //!   stream types and schemas;
 //! - `type_expr`: the lexer of type expressions (`Name(arg, ...)`), shared by stream types and
 //!   the ClickHouse sinks' column types;
-//! - `error`, `metrics`, `capacity`, `dead_row`, `clock`: errors, Prometheus metrics, batch
+//! - `error`, `metrics`, `capacity`, `dead_row`, `clock`: errors, Prometheus metrics and readiness, batch
 //!   capacity planning, rows a sink sets aside, wall-clock time;
 //! - `builtins`, `builtin_config`: the built-in classes' registration and typed configs;
 //! - `structural`: spec sections deserialized with every structural mistake reported.
@@ -85,7 +86,7 @@ pub use error::{
 };
 pub use json_form::{push_json_text, JsonValueError};
 pub use message::{MessageBatch, MessageId, Row, RowWriter, Value};
-pub use metrics::{Metrics, SinkCount, SinkCounter, SinkMetrics, SourceCount};
+pub use metrics::{Metrics, NotReady, Readiness, SinkCount, SinkCounter, SinkMetrics, SourceCount};
 pub use packed::{
     check_date32, decimal_width, parse_uuid, write_leb128, write_uuid, PackedError, PackedReader,
 };

@@ -11,7 +11,7 @@
 //! [`SinkMetrics`] handle, and a label set is looked up (one hash, one read lock) per batch.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use flow_state::{
     CounterAdd, ErrorRecord, PipelineSummary, SinkRunStatus, StateError, StateStore, StoredCounter,
@@ -239,6 +239,27 @@ pub struct Metrics {
     backlog_labels: Mutex<BTreeSet<ShardLabels>>,
     runs: Mutex<BTreeMap<(String, String, u32), SinkRunStatus>>,
     started_ms: u64,
+    /// What `/ready` asks, by component (`<pipeline>/<sink>`); a component dropped is gone.
+    readiness: Mutex<BTreeMap<String, Weak<dyn Readiness>>>,
+    /// The partitions that failed, with why: the worker is not ready again until it restarts.
+    failed: Mutex<BTreeMap<(String, u32), String>>,
+}
+
+/// A component whose readiness the metrics listener's `/ready` asks for (a sink's connections
+/// to its targets). Asked on every request, so it must answer from memory.
+pub trait Readiness: Send + Sync {
+    /// Each thing not ready, with why (``shard `b` of `default`.`events`: none of its hosts
+    /// ... has answered since the session started``); empty when ready.
+    fn not_ready(&self) -> Vec<String>;
+}
+
+/// One thing `/ready` reports as not ready.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NotReady {
+    /// The component: `pipeline/sink` or `pipeline/partition N`.
+    pub component: String,
+    /// Why, and what is awaited.
+    pub reason: String,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -260,7 +281,48 @@ impl Metrics {
             backlog_labels: Mutex::new(BTreeSet::new()),
             runs: Mutex::new(BTreeMap::new()),
             started_ms: crate::clock::now_ms(),
+            readiness: Mutex::new(BTreeMap::new()),
+            failed: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// Has `/ready` ask `probe` for `component` (a later registration under the same name
+    /// replaces it: every partition of a sink registers the sink's one probe).
+    pub fn register_readiness(&self, component: String, probe: Weak<dyn Readiness>) {
+        lock(&self.readiness).insert(component, probe);
+    }
+
+    /// Records that a partition failed: `/ready` reports it until the worker restarts.
+    pub fn partition_failed(&self, pipeline: &str, partition: u32, reason: String) {
+        lock(&self.failed).insert((pipeline.to_owned(), partition), reason);
+    }
+
+    /// Everything not ready now: failed partitions first, then each registered component's
+    /// answer. Empty when the worker is ready.
+    pub fn not_ready(&self) -> Vec<NotReady> {
+        let mut out: Vec<NotReady> = lock(&self.failed)
+            .iter()
+            .map(|((pipeline, partition), reason)| NotReady {
+                component: format!("{pipeline}/partition {partition}"),
+                reason: format!("the partition failed: {reason}"),
+            })
+            .collect();
+        let probes: Vec<(String, Arc<dyn Readiness>)> = {
+            let mut readiness = lock(&self.readiness);
+            readiness.retain(|_, probe| probe.strong_count() > 0);
+            readiness
+                .iter()
+                .filter_map(|(name, probe)| Some((name.clone(), probe.upgrade()?)))
+                .collect()
+        };
+        // Asked outside the lock: a probe may take locks of its own.
+        for (component, probe) in probes {
+            out.extend(probe.not_ready().into_iter().map(|reason| NotReady {
+                component: component.clone(),
+                reason,
+            }));
+        }
+        out
     }
 
     /// The Prometheus text exposition (format 0.0.4) of every metric.
@@ -628,6 +690,13 @@ impl SinkMetrics {
             sink: sink.to_owned(),
             partition,
         }
+    }
+
+    /// Has `/ready` ask `probe` about this sink (one probe per sink: each partition's call
+    /// replaces the last).
+    pub fn register_readiness(&self, probe: Weak<dyn Readiness>) {
+        self.metrics
+            .register_readiness(format!("{}/{}", self.pipeline, self.sink), probe);
     }
 
     /// The addition of `by` to `count` of `shard`, to ride in a commit or an acknowledgement

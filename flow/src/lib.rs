@@ -6,7 +6,8 @@
 //! - `handle`: [`PipelineHandle`] and [`StartOptions`]; `store_lifecycle`: opening and closing
 //!   its state store; `error`: [`HandleError`].
 //! - `live_status`: the status snapshot of a running pipeline; `metrics_snapshot`: metrics read
-//!   back; `metrics_endpoint`: the Prometheus `/metrics` server.
+//!   back; `metrics_endpoint`: the Prometheus `/metrics` server and the `/health` and `/ready`
+//!   probes.
 //!
 //! Architecture: flow is four crates behind this one. `flow-core` ([`core`]) is the runtime
 //! (messages, plugins, specs, the partition runner, metrics); `flow-state` ([`state`]) is the

@@ -1,7 +1,10 @@
 //! The Prometheus endpoint of a pipeline (`flow-worker run --metrics-addr`, the spec's
 //! `metrics: { listen }`, [`StartOptions::metrics_listen`](crate::StartOptions::metrics_listen)):
 //! `GET /metrics` answers the pipeline's [`Metrics`] in Prometheus text format 0.0.4, over
-//! HTTP/1.1 on hyper.
+//! HTTP/1.1 on hyper. The same listener answers the probes of a container platform:
+//! `GET /health` is 200 while the process serves at all (liveness), and `GET /ready` is 200 when
+//! every sink's session is up and no partition failed, 503 otherwise, its JSON body naming what
+//! is not ready ([`Metrics::not_ready`]).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -101,7 +104,26 @@ fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Byte
         response
     };
     let text = "text/plain; charset=utf-8";
+    let json = "application/json";
     match (request.method(), request.uri().path()) {
+        (&Method::GET, "/health") => {
+            reply(StatusCode::OK, json, "{\"status\":\"alive\"}\n".to_owned())
+        }
+        (&Method::GET, "/ready") => {
+            let not_ready = metrics.not_ready();
+            let status = if not_ready.is_empty() {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            let body = serde_json::json!({ "ready": not_ready.is_empty(), "not_ready": not_ready });
+            reply(status, json, format!("{body}\n"))
+        }
+        (_, "/health" | "/ready") => reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            text,
+            format!("GET {}\n", request.uri().path()),
+        ),
         (&Method::GET, "/metrics") => match metrics.encode() {
             Ok(body) => reply(StatusCode::OK, CONTENT_TYPE, body),
             Err(error) => reply(
@@ -118,7 +140,8 @@ fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Byte
         _ => reply(
             StatusCode::NOT_FOUND,
             text,
-            "flow serves Prometheus metrics at /metrics\n".to_owned(),
+            "flow serves Prometheus metrics at /metrics, and probes at /health and /ready\n"
+                .to_owned(),
         ),
     }
 }
@@ -180,6 +203,77 @@ mod tests {
             text.contains("choose another with --metrics-addr"),
             "{text}"
         );
+        Ok(())
+    }
+
+    struct Shard(std::sync::Mutex<Vec<String>>);
+
+    impl flow_core::Readiness for Shard {
+        fn not_ready(&self) -> Vec<String> {
+            self.0.lock().map(|v| v.clone()).unwrap_or_default()
+        }
+    }
+
+    /// `/health` is 200 whatever the sinks; `/ready` is 503 naming each thing not ready, and 200
+    /// once nothing is; a failed partition makes it 503 for good.
+    #[tokio::test]
+    async fn health_is_always_200_and_ready_names_what_is_not_ready() -> Result<()> {
+        let metrics = Metrics::new();
+        let shard = Arc::new(Shard(std::sync::Mutex::new(vec![
+            "shard `b`: down".to_owned()
+        ])));
+        let probe: Arc<dyn flow_core::Readiness> = shard.clone();
+        metrics.register_readiness("p/out".to_owned(), Arc::downgrade(&probe));
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let _task = MetricsEndpoint {
+            local_addr: addr,
+            task: tokio::spawn(accept(listener, Arc::clone(&metrics))),
+        };
+        let body = |answer: &str| answer.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+
+        let health = get(addr, "/health").await?;
+        assert!(health.starts_with("HTTP/1.1 200 OK\r\n"), "{health}");
+        assert!(
+            health.contains("content-type: application/json\r\n"),
+            "{health}"
+        );
+        assert_eq!(body(&health), "{\"status\":\"alive\"}\n");
+
+        let unready = get(addr, "/ready").await?;
+        assert!(
+            unready.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{unready}"
+        );
+        assert_eq!(
+            body(&unready),
+            "{\"not_ready\":[{\"component\":\"p/out\",\"reason\":\"shard `b`: down\"}],\"ready\":false}\n"
+        );
+
+        if let Ok(mut reasons) = shard.0.lock() {
+            reasons.clear();
+        }
+        let ready = get(addr, "/ready").await?;
+        assert!(ready.starts_with("HTTP/1.1 200 OK\r\n"), "{ready}");
+        assert_eq!(body(&ready), "{\"not_ready\":[],\"ready\":true}\n");
+
+        metrics.partition_failed("p", 1, "sink `out` gave up".to_owned());
+        let failed = get(addr, "/ready").await?;
+        assert!(
+            failed.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{failed}"
+        );
+        assert_eq!(
+            body(&failed),
+            "{\"not_ready\":[{\"component\":\"p/partition 1\",\"reason\":\"the partition failed: sink `out` gave up\"}],\"ready\":false}\n"
+        );
+        let health = get(addr, "/health").await?;
+        assert!(health.starts_with("HTTP/1.1 200 OK\r\n"), "{health}");
+
+        // A sink gone (its probe dropped) is no longer asked.
+        drop(probe);
+        drop(shard);
+        assert_eq!(metrics.not_ready().len(), 1);
         Ok(())
     }
 }

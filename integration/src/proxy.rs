@@ -612,3 +612,19 @@ async fn pump_down(
         bump(&counters.bytes_down, n as u64);
     }
 }
+
+/// Fault proxies in front of shard `b` (b1, b2), each doing `fault` from the start: the spec
+/// lists their addresses for shard `b`.
+pub async fn shard_b_proxies(fault: Fault) -> anyhow::Result<[FaultProxy; 2]> {
+    let mut proxies = Vec::new();
+    for node in [crate::B1, crate::B2] {
+        let upstream: SocketAddr = node.http_addr().parse()?;
+        let proxy = FaultProxy::start(upstream).await?;
+        proxy.set(fault.clone());
+        proxies.push(proxy);
+    }
+    let [b1, b2]: [FaultProxy; 2] = proxies
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("two proxies were started"))?;
+    Ok([b1, b2])
+}

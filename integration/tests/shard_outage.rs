@@ -4,20 +4,15 @@
 //! answers; at the end every id is once in ClickHouse on the shard it routes to. Shard b sits
 //! behind fault proxies (b1, b2 refuse connections), so no server is stopped.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use flow_integration::proxy::{Fault, FaultProxy};
+use flow_integration::proxy::{shard_b_proxies, Fault, FaultProxy};
 use flow_integration::worker::*;
 use flow_integration::*;
 
 const PARTITIONS: u64 = 4;
 const PER_PARTITION: u64 = 8_000;
-
-fn addr(node: Node) -> Result<SocketAddr> {
-    node.http_addr().parse().context("node address")
-}
 
 /// How many of the run's ids route to shard a.
 fn routed_to_a() -> u64 {
@@ -79,13 +74,7 @@ fn spec_over_proxies(pipeline: &str, table: &str, proxies: &[FaultProxy]) -> Str
 fn a_shard_down_from_the_start_and_through_a_kill_holds_up_only_its_own_batches() -> Result<()> {
     wait_for_cluster(Duration::from_secs(120))?;
     let runtime = tokio::runtime::Runtime::new()?;
-    let proxies = [
-        runtime.block_on(FaultProxy::start(addr(B1)?))?,
-        runtime.block_on(FaultProxy::start(addr(B2)?))?,
-    ];
-    for proxy in &proxies {
-        proxy.set(Fault::Refuse);
-    }
+    let proxies = runtime.block_on(shard_b_proxies(Fault::Refuse))?;
     let name = unique_name("shard_down_start");
     let table = ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &NODES)?;
     let qualified = table.qualified();
@@ -128,10 +117,7 @@ fn a_refusing_shard_holds_up_only_its_own_batches_which_land_once_when_it_answer
 ) -> Result<()> {
     wait_for_cluster(Duration::from_secs(120))?;
     let runtime = tokio::runtime::Runtime::new()?;
-    let proxies = [
-        runtime.block_on(FaultProxy::start(addr(B1)?))?,
-        runtime.block_on(FaultProxy::start(addr(B2)?))?,
-    ];
+    let proxies = runtime.block_on(shard_b_proxies(Fault::Pass))?;
     let name = unique_name("shard_outage");
     let table = ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &NODES)?;
     let qualified = table.qualified();

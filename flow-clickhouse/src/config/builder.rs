@@ -172,6 +172,12 @@ impl ClickHouseSink {
         self
     }
 
+    /// `password_file`: a file holding the password (a mounted secret).
+    pub fn password_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.parameters.password_file = Some(path.into());
+        self
+    }
+
     /// `password_env_var`: the environment variable holding the password.
     pub fn password_env_var(mut self, var: impl Into<String>) -> Self {
         self.parameters.password_env_var = Some(var.into());
@@ -255,6 +261,17 @@ impl ClickHouseSink {
     /// looked up on the replicas before it is sent again.
     pub fn message_id_column(mut self, column: impl Into<String>) -> Self {
         self.parameters.message_id_column = Some(column.into());
+        self
+    }
+
+    /// One entry of `settings`: a ClickHouse setting added to every INSERT (`max_insert_block_size`,
+    /// `insert_quorum`, ...). The settings flow sets itself are refused by `build`.
+    pub fn setting(
+        mut self,
+        name: impl Into<String>,
+        value: impl Into<crate::config::settings::SettingValue>,
+    ) -> Self {
+        self.parameters.settings.insert(name.into(), value.into());
         self
     }
 

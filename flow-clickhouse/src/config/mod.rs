@@ -4,4 +4,5 @@ pub(crate) mod builder;
 pub(crate) mod dynamic;
 pub(crate) mod guarantee;
 pub(crate) mod params;
+pub(crate) mod settings;
 pub(crate) mod topology;

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::dynamic::ClickHouseDynamicParams;
 use crate::config::guarantee::{HostForms, SinkClass};
+use crate::config::settings::{self, SettingValue};
 use crate::config::topology::{Endpoint, Shard, Topology};
 use crate::server::tls::TlsConfig;
 
@@ -117,6 +118,13 @@ pub struct ClickHouseParams {
         skip_serializing_if = "Option::is_none"
     )]
     pub password_env_var: Option<String>,
+    /// A file holding the password (a mounted secret), read when the clients are built; one
+    /// trailing line break is not part of it. Not with `password_env_var`.
+    #[serde(
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub password_file: Option<PathBuf>,
     /// The database of `table` (default `default`).
     pub database: String,
     /// Required.
@@ -158,6 +166,10 @@ pub struct ClickHouseParams {
         skip_serializing_if = "Option::is_none"
     )]
     pub message_id_column: Option<String>,
+    /// ClickHouse settings added to every INSERT (`settings: { max_insert_block_size: 100000 }`);
+    /// the ones flow sets itself are refused (see `config::settings`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub settings: BTreeMap<String, SettingValue>,
 }
 
 impl Default for ClickHouseParams {
@@ -171,6 +183,7 @@ impl Default for ClickHouseParams {
             sharding_key_columns: Vec::new(),
             user: "default".to_owned(),
             password_env_var: None,
+            password_file: None,
             database: "default".to_owned(),
             table: String::new(),
             codec: Codec::default(),
@@ -183,8 +196,30 @@ impl Default for ClickHouseParams {
             on_bad_rows: OnBadRows::Stop,
             on_expired_backlog: None,
             message_id_column: None,
+            settings: BTreeMap::new(),
         }
     }
+}
+
+/// Why the password could not be read. Neither variant holds any of the password.
+#[derive(Debug, thiserror::Error)]
+pub enum PasswordError {
+    /// From `password_env_var`.
+    #[error(transparent)]
+    Env(#[from] PasswordEnvError),
+    /// From `password_file`.
+    #[error(
+        "cannot read the password file `{}` named by parameters.password_file; make it readable \
+         by the worker, or fix the path",
+        path.display()
+    )]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why reading it failed.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Why the password named by `password_env_var` could not be read.
@@ -197,7 +232,7 @@ impl Default for ClickHouseParams {
         std::env::VarError::NotUnicode(_) => "not valid UTF-8; export the password as UTF-8 text",
     }
 )]
-pub struct PasswordError {
+pub struct PasswordEnvError {
     /// The variable.
     pub var: String,
     /// Why it could not be read.
@@ -233,6 +268,8 @@ pub struct SinkParams {
     pub message_id_column: Option<String>,
     /// `at_most_once_strategy.enabled`: the bounded lossy in-memory queue.
     pub at_most_once_queue: bool,
+    /// The user's ClickHouse settings of every INSERT, in name order.
+    pub settings: Vec<(String, String)>,
 }
 
 impl SinkParams {
@@ -251,26 +288,41 @@ impl SinkParams {
     }
 }
 
-/// Who the sink connects as: the user, and the environment variable holding the password.
+/// Who the sink connects as: the user, and where the password is (never the password itself,
+/// so that no `Debug` print of the parameters can show it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Credentials {
     pub user: String,
     pub password_env_var: Option<String>,
+    pub password_file: Option<PathBuf>,
 }
 
 impl Credentials {
     /// The password, read from `password_env_var` (call it when creating a client). `Ok(None)`
     /// when no variable is named; `Err` naming the variable when it is unset or not UTF-8.
     pub fn password(&self) -> Result<Option<String>, PasswordError> {
+        if let Some(path) = &self.password_file {
+            let text = std::fs::read_to_string(path).map_err(|source| PasswordError::File {
+                path: path.clone(),
+                source,
+            })?;
+            // `echo secret > file` and most secret stores end the file with a line break.
+            let password = text
+                .strip_suffix("\r\n")
+                .or_else(|| text.strip_suffix('\n'))
+                .unwrap_or(&text);
+            return Ok(Some(password.to_owned()));
+        }
         let Some(var) = &self.password_env_var else {
             return Ok(None);
         };
         match std::env::var(var) {
             Ok(password) => Ok(Some(password)),
-            Err(source) => Err(PasswordError {
+            Err(source) => Err(PasswordEnvError {
                 var: var.clone(),
                 source,
-            }),
+            }
+            .into()),
         }
     }
 }
@@ -298,6 +350,7 @@ impl ClickHouseParams {
                 credentials: Credentials {
                     user: self.user.clone(),
                     password_env_var: self.password_env_var.clone(),
+                    password_file: self.password_file.clone(),
                 },
                 host_selection_policy: self.host_selection_policy,
                 sharding_key_columns: self.sharding_key_columns.clone(),
@@ -310,6 +363,7 @@ impl ClickHouseParams {
                     .at_most_once_strategy
                     .as_ref()
                     .is_some_and(|s| s.enabled),
+                settings: settings::to_pairs(&self.settings),
             }),
             (v, _) => Err(v),
         }
@@ -332,6 +386,8 @@ impl ClickHouseParams {
         self.validate_sharding_key(&mut v);
         self.validate_target(&mut v);
         self.validate_tls(&mut v);
+        self.validate_password_file(&mut v);
+        settings::validate(&self.settings, &mut v);
         if let Some(namespace) = &self.token_namespace {
             if !namespace
                 .chars()
@@ -610,6 +666,16 @@ impl ClickHouseParams {
         }
     }
 
+    fn validate_password_file(&self, v: &mut Vec<Violation>) {
+        if self.password_file.is_some() && self.password_env_var.is_some() {
+            v.push(Violation::new(
+                "parameters.password_file",
+                "password_file and password_env_var both name where the password is; keep one \
+                 of them",
+            ));
+        }
+    }
+
     fn validate_tls(&self, v: &mut Vec<Violation>) {
         if !self.enable_tls {
             let needs_tls = |option: &str| {
@@ -769,6 +835,15 @@ mod tests {
 
     fn paths(violations: &[Violation]) -> Vec<&str> {
         violations.iter().map(|v| v.path.as_str()).collect()
+    }
+
+    /// A minimal host form `class` accepts (`shard_hosts` for the sharded class, `host` else).
+    fn host_form(class: SinkClass) -> &'static str {
+        if class == SinkClass::ShardedBatching {
+            "shard_hosts: {a: [h]}"
+        } else {
+            "host: h"
+        }
     }
 
     /// Parses `parameters` for `class` with default dynamic parameters, expecting success.
@@ -1391,6 +1466,7 @@ mod tests {
         let mut p = Credentials {
             user: "default".to_owned(),
             password_env_var: None,
+            password_file: None,
         };
         assert_eq!(p.password().unwrap(), None);
         p.password_env_var = Some("FLOW_CLICKHOUSE_PARAMS_TEST_SURELY_UNSET_VAR".into());
@@ -1401,7 +1477,10 @@ mod tests {
              parameters.password_env_var is not set; export it with the ClickHouse password, or \
              set password_env_var to \"\" to connect without a password"
         );
-        assert_eq!(err.source, std::env::VarError::NotPresent);
+        assert!(
+            matches!(&err, PasswordError::Env(e) if e.source == std::env::VarError::NotPresent),
+            "{err:?}"
+        );
         // PATH is set in every test environment.
         p.password_env_var = Some("PATH".into());
         assert_eq!(p.password().unwrap(), std::env::var("PATH").ok());
@@ -1439,11 +1518,7 @@ mod tests {
             SinkClass::ShardedBatching,
             SinkClass::AtLeastOnce,
         ] {
-            let hosts = if class == SinkClass::ShardedBatching {
-                "shard_hosts: {a: [h]}"
-            } else {
-                "host: h"
-            };
+            let hosts = host_form(class);
             let v = violations(
                 class,
                 &format!("{{{hosts}, table: t, at_most_once_strategy: {{enabled: false}}}}"),
@@ -1742,6 +1817,130 @@ at_most_once_strategy: {enabled: true}
             v[0].message,
             "AtLeastOnceClickHouseSink keeps no backlog of sent batches, so it has nothing to \
              expire; remove on_expired_backlog, or use an exactly-once class"
+        );
+    }
+
+    /// `settings` reach the resolved parameters as ClickHouse text (true is 1), in name order;
+    /// a bad name, a setting flow owns, an HTTP parameter and a non-scalar are each refused at
+    /// their path with the reason.
+    #[test]
+    fn settings_are_resolved_as_text_and_owned_ones_are_refused_with_why() {
+        let params = resolved(
+            SinkClass::ShardedBatching,
+            "{shard_hosts: {a: [h1, h2]}, table: t, settings: \
+             {max_insert_block_size: 1000, insert_quorum: 2, fsync_after_insert: true, \
+              insert_quorum_timeout: '60000'}}",
+        );
+        assert_eq!(
+            params.settings,
+            vec![
+                ("fsync_after_insert".to_owned(), "1".to_owned()),
+                ("insert_quorum".to_owned(), "2".to_owned()),
+                ("insert_quorum_timeout".to_owned(), "60000".to_owned()),
+                ("max_insert_block_size".to_owned(), "1000".to_owned()),
+            ]
+        );
+        for class in SinkClass::ALL {
+            let hosts = host_form(class);
+            let v = violations(
+                class,
+                &format!(
+                    "{{{hosts}, table: t, settings: {{insert_deduplicate: 0, \
+                 insert_deduplication_token: x, async_insert: 1, async_insert_busy_timeout_ms: 5, \
+                 wait_for_async_insert: 0, decompress: 0, compress: 1, \
+                 input_format_binary_read_json_as_string: 1, database: other, '1bad': 1, \
+                 'max-threads': 2}}}}"
+                ),
+                "",
+            );
+            let mut found: Vec<(&str, &str)> = v
+                .iter()
+                .map(|v| (v.path.as_str(), v.message.as_str()))
+                .filter(|(path, _)| path.starts_with("parameters.settings."))
+                .collect();
+            found.sort();
+            let expect = [
+                ("1bad", "`1bad` is not a ClickHouse setting name (letters, digits and `_`, not starting with a digit); fix the name"),
+                ("async_insert", "flow sets `async_insert` itself (it is flow's dynamic parameter `async_insert`"),
+                ("async_insert_busy_timeout_ms", "flow sets `async_insert_busy_timeout_ms` itself (the async insert knobs follow"),
+                ("compress", "flow sets `compress` itself (flow reads the server's answers uncompressed); remove it from `settings`"),
+                ("database", "`database` is a parameter of ClickHouse's HTTP interface, not a setting"),
+                ("decompress", "flow sets `decompress` itself (flow sets it from `codec`"),
+                ("input_format_binary_read_json_as_string", "flow sets `input_format_binary_read_json_as_string` itself (it changes how the server reads the RowBinary"),
+                ("insert_deduplicate", "flow sets `insert_deduplicate` itself (flow turns deduplication on"),
+                ("insert_deduplication_token", "flow sets `insert_deduplication_token` itself (flow sends each batch's own token"),
+                ("max-threads", "`max-threads` is not a ClickHouse setting name"),
+                ("wait_for_async_insert", "flow sets `wait_for_async_insert` itself (flow waits for every async insert"),
+            ];
+            assert_eq!(found.len(), expect.len(), "{class}: {found:#?}");
+            for ((path, message), (name, start)) in found.iter().zip(expect) {
+                assert_eq!(*path, format!("parameters.settings.{name}"), "{class}");
+                assert!(message.starts_with(start), "{class}: {message}");
+            }
+            assert_eq!(v.len(), expect.len(), "{class}: {v:#?}");
+        }
+        let v = violations(
+            SinkClass::AtLeastOnce,
+            "{host: h, table: t, settings: {max_threads: [1, 2]}}",
+            "",
+        );
+        assert_eq!(paths(&v), ["parameters.settings.max_threads"]);
+        assert!(
+            v[0].message.contains(
+                "expected a scalar ClickHouse setting value (a number, a text or true/false)"
+            ),
+            "{}",
+            v[0].message
+        );
+    }
+
+    /// `password_file` is read when the clients are built, without its one trailing line break;
+    /// an unreadable file names the file and never a password; it excludes `password_env_var`.
+    #[test]
+    fn password_is_read_from_the_file_without_its_line_break() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        let p = |path: &std::path::Path| Credentials {
+            user: "default".to_owned(),
+            password_env_var: None,
+            password_file: Some(path.to_path_buf()),
+        };
+        for (text, password) in [
+            ("s3cr3t\n", "s3cr3t"),
+            ("s3cr3t\r\n", "s3cr3t"),
+            ("s3 cr3t\n\n", "s3 cr3t\n"),
+            ("", ""),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            assert_eq!(p(&file).password().unwrap().as_deref(), Some(password));
+        }
+        let missing = dir.path().join("absent");
+        let err = p(&missing).password().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot read the password file `{}` named by parameters.password_file; make it \
+                 readable by the worker, or fix the path",
+                missing.display()
+            )
+        );
+        let resolved = resolved(
+            SinkClass::AtLeastOnce,
+            "{host: h, table: t, password_file: /run/secrets/ch}",
+        );
+        assert_eq!(
+            resolved.credentials.password_file,
+            Some(PathBuf::from("/run/secrets/ch"))
+        );
+        let v = violations(
+            SinkClass::AtLeastOnce,
+            "{host: h, table: t, password_file: /run/secrets/ch, password_env_var: CH_PASSWORD}",
+            "",
+        );
+        assert_eq!(paths(&v), ["parameters.password_file"]);
+        assert_eq!(
+            v[0].message,
+            "password_file and password_env_var both name where the password is; keep one of them"
         );
     }
 }

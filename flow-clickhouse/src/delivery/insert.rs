@@ -2,6 +2,7 @@
 //! the next host after each failed attempt, retried as the sink's guarantee says for the error
 //! class ([`crate::config::guarantee::Guarantee::on_failure`]), ending early on a stop.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
@@ -475,25 +476,33 @@ fn on_failure_of(shared: &SinkShared, class: ErrorClass) -> OnFailure {
     shared.class.guarantee().on_failure(class)
 }
 
-/// The INSERT settings: the deduplication token where the part has one and the server knows it,
-/// and the `async_insert` settings when enabled.
+/// The INSERT settings: the user's `settings` (validation refused those flow sets below), the
+/// deduplication token where the part has one and the server knows it, and the `async_insert`
+/// settings when enabled.
 fn insert_settings(
     session: &WriterSession,
     token: Option<&str>,
     async_insert: bool,
-) -> Vec<(&'static str, String)> {
-    let mut settings: Vec<(&'static str, String)> = Vec::new();
+) -> Vec<(Cow<'static, str>, String)> {
+    let mut settings: Vec<(Cow<'static, str>, String)> = session
+        .settings
+        .iter()
+        .map(|(name, value)| (Cow::Owned(name.clone()), value.clone()))
+        .collect();
     if let (Some(token), true) = (token, session.capabilities.insert_deduplication_token) {
-        settings.push(("insert_deduplication_token", token.to_owned()));
+        settings.push((
+            Cow::Borrowed("insert_deduplication_token"),
+            token.to_owned(),
+        ));
     }
     if token.is_some() && session.capabilities.insert_deduplicate {
-        settings.push(("insert_deduplicate", "1".to_owned()));
+        settings.push((Cow::Borrowed("insert_deduplicate"), "1".to_owned()));
     }
     if async_insert {
-        settings.push(("async_insert", "1".to_owned()));
-        settings.push(("wait_for_async_insert", "1".to_owned()));
+        settings.push((Cow::Borrowed("async_insert"), "1".to_owned()));
+        settings.push((Cow::Borrowed("wait_for_async_insert"), "1".to_owned()));
         if token.is_some() {
-            settings.push(("async_insert_deduplicate", "1".to_owned()));
+            settings.push((Cow::Borrowed("async_insert_deduplicate"), "1".to_owned()));
         }
     }
     settings

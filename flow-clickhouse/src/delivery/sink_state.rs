@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use flow_core::registry::{BuildResult, SinkBuildContext};
-use flow_core::{EpochOutcome, SinkError, StreamSchema, Violation};
+use flow_core::{EpochOutcome, Readiness, SinkError, StreamSchema, Violation};
 use tokio::sync::{watch, OnceCell};
 use tracing::{info, warn};
 
@@ -165,7 +165,14 @@ impl SinkShared {
     /// Starts the session in the background, once per sink, so that its checks run while the
     /// partitions read their first epoch instead of after it. A refusal is left to the call
     /// that needs the session ([`SinkShared::session`]), which starts it again and fails with it.
-    pub fn start_session_early(self: &Arc<Self>, stop: &watch::Receiver<bool>) {
+    /// Also has `/ready` ask this sink whether its session is up (see [`Readiness`]).
+    pub fn start_session_early(
+        self: &Arc<Self>,
+        stop: &watch::Receiver<bool>,
+        metrics: &flow_core::SinkMetrics,
+    ) {
+        let probe: Arc<dyn Readiness> = Arc::clone(self) as Arc<dyn Readiness>;
+        metrics.register_readiness(Arc::downgrade(&probe));
         if self.session_started_early.swap(true, Ordering::Relaxed) {
             return;
         }
@@ -212,6 +219,46 @@ impl SinkShared {
         } else {
             ""
         }
+    }
+}
+
+/// Ready once the session started and every shard has a host that answered: before that, the
+/// sink's INSERTs into the shard wait.
+impl Readiness for SinkShared {
+    fn not_ready(&self) -> Vec<String> {
+        let Some(session) = self.session.get() else {
+            return vec![format!(
+                "the ClickHouse writer session for `{}`.`{}` has not started: waiting for its hosts to answer (the log says which do not)",
+                self.params.database, self.params.table
+            )];
+        };
+        session
+            .shards
+            .iter()
+            .filter(|shard| {
+                !shard
+                    .endpoints
+                    .iter()
+                    .any(|endpoint| endpoint.admitted.load(Ordering::Relaxed))
+            })
+            .map(|shard| {
+                let hosts: Vec<String> = shard
+                    .endpoints
+                    .iter()
+                    .map(|endpoint| endpoint.endpoint.to_string())
+                    .collect();
+                let target = format!("`{}`.`{}`", self.params.database, self.params.table);
+                let target = if shard.name.is_empty() {
+                    target
+                } else {
+                    format!("shard `{}` of {target}", shard.name)
+                };
+                format!(
+                    "{target}: none of its hosts ({}) has answered since the session started; its batches wait",
+                    hosts.join(", ")
+                )
+            })
+            .collect()
     }
 }
 

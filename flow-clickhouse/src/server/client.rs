@@ -74,7 +74,7 @@ pub enum ClientsError {
     Password(#[from] PasswordError),
 }
 
-/// Builds the clients of every shard. The password is read from its environment variable now.
+/// Builds the clients of every shard. The password is read from its variable or file now.
 pub fn build_shards(params: &SinkParams) -> Result<Vec<ShardClients>, ClientsError> {
     let options = TlsOptions::from_config(params.tls.as_ref());
     let base = tls::base_client(&options, CONNECT_TIMEOUT)?;
@@ -196,7 +196,7 @@ impl EndpointClient {
     pub async fn insert(
         &self,
         sql: &str,
-        settings: &[(&'static str, String)],
+        settings: &[(std::borrow::Cow<'static, str>, String)],
         payload: Bytes,
         compressed: bool,
         timeout: Duration,
@@ -209,7 +209,7 @@ impl EndpointClient {
             insert = insert.with_setting("decompress", "1");
         }
         for (name, value) in settings {
-            insert = insert.with_setting(*name, value.clone());
+            insert = insert.with_setting(name.clone(), value.clone());
         }
         // A body cut while it is sent is one incomplete frame, which the server drops.
         insert.send(payload).await.map_err(|err| InsertError {

@@ -97,6 +97,8 @@ pub struct WriterSession {
     /// The target fingerprints of the shards none of whose hosts answered at the start, as
     /// they become known (not in `target_fingerprints`).
     pub late_targets: Arc<LateTargets>,
+    /// The user's `settings`, sent with every INSERT before flow's own.
+    pub settings: Vec<(String, String)>,
 }
 
 impl WriterSession {
@@ -425,6 +427,7 @@ impl WriterSession {
             partitions,
             columns_guard,
             widened,
+            settings: params.settings.clone(),
         })
     }
 

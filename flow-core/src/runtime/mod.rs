@@ -422,7 +422,8 @@ impl Pipeline {
             return Err(err);
         }
         let runners = (0..self.validated.partitions).map(|p| (p, self.runner(p)));
-        let mut reports = join_partitions(&self.validated.name, runners, |r| r.run()).await?;
+        let mut reports =
+            join_partitions(&self.validated.name, &self.metrics, runners, |r| r.run()).await?;
         reports.sort_by_key(|r| r.partition);
         Ok(RunReport {
             partitions: reports,
@@ -444,7 +445,7 @@ impl Pipeline {
         let runners = partitions.into_iter().map(|p| (p, self.runner(p)));
         let drains = runners.map(|(p, runner)| (p, (runner, before.sinks_of(p))));
         let drain = |(runner, sinks): (PartitionRunner, Vec<String>)| runner.drain_outbox(sinks);
-        join_partitions(&self.validated.name, drains, drain).await?;
+        join_partitions(&self.validated.name, &self.metrics, drains, drain).await?;
         let after = self.backlog().await?;
         Ok(DrainReport { before, after })
     }
@@ -462,9 +463,11 @@ impl Pipeline {
 }
 
 /// Runs `work` on every partition's input (its runner) concurrently; fails, after all ended, if
-/// any failed.
+/// any failed. A failure is told to `metrics` at once, for `/ready`: the other partitions may
+/// run on for long.
 async fn join_partitions<I, T, F, Fut>(
     pipeline: &str,
+    metrics: &Metrics,
     runners: impl Iterator<Item = (u32, I)>,
     work: F,
 ) -> Result<Vec<T>, RuntimeError>
@@ -488,6 +491,7 @@ where
             Ok((_, Ok(value))) => done.push(value),
             Ok((partition, Err(err))) => {
                 error!(pipeline = %pipeline, partition, error = %err, "partition failed");
+                metrics.partition_failed(pipeline, partition, err.to_string());
                 failures.push(err);
             }
             Err(err) => {
@@ -496,6 +500,7 @@ where
                     .copied()
                     .unwrap_or(u32::MAX);
                 error!(pipeline = %pipeline, partition, error = %err, "partition task panicked");
+                metrics.partition_failed(pipeline, partition, format!("its task panicked: {err}"));
                 failures.push(RuntimeError::Join {
                     partition,
                     source: err,

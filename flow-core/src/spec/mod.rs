@@ -6,12 +6,14 @@
 //! - `pipeline_spec`: the serde types of the spec and its YAML reading, every structural mistake
 //!   reported with its path;
 //! - `text`: the checks on the raw text before the YAML parser sees it;
+//! - `interpolate`: `${VAR}` / `${VAR:-default}` in the parsed values, from the environment;
 //! - `builder`: [`PipelineSpecBuilder`], a spec assembled in code;
 //! - `plugin_config`: the typed plugin configs ([`SourceConfig`], [`ProcessorConfig`],
 //!   [`SinkConfig`]) the builder takes;
 //! - `validated`: the spec after validation, with its plugins built.
 
 mod builder;
+mod interpolate;
 mod pipeline_spec;
 mod plugin_config;
 mod text;

@@ -274,9 +274,23 @@ impl PipelineSpec {
         let text = super::text::prepare(text).map_err(|violation| SpecError {
             violations: vec![violation],
         })?;
-        let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|err| SpecError {
+        let mut value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|err| SpecError {
             violations: vec![yaml_violation(text, &err)],
         })?;
+        // References are resolved before anything reads the values, so that a wrong type
+        // is reported for what the variable holds; an unresolved one is reported alone.
+        let mut unresolved = Vec::new();
+        super::interpolate::interpolate(
+            &mut value,
+            "",
+            &super::interpolate::Environment,
+            &mut unresolved,
+        );
+        if !unresolved.is_empty() {
+            return Err(SpecError {
+                violations: unresolved,
+            });
+        }
         let serde_yaml::Value::Mapping(map) = value else {
             return Err(SpecError {
                 violations: vec![Violation::new("", "the spec must be a YAML mapping")],

@@ -1,0 +1,112 @@
+//! The sinks' `settings` against the real server: they reach every INSERT (with
+//! `max_insert_block_size: 10` and squashing off, one batch of 100 rows lands as 10 parts of 10
+//! rows, where without them it is one part), and a setting the server does not know stops the
+//! sink at once with ClickHouse's code 115 naming the setting, instead of being retried.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use std::time::Duration;
+
+use flow_integration::worker::*;
+use flow_integration::*;
+
+/// Runs 100 rows in one batch through an at-least-once sink on a1 with `settings`, into a fresh
+/// `MergeTree` whose merges are stopped; returns the worker's output and the row counts of the
+/// parts the inserts made.
+fn run_with(settings: &str) -> (WorkerOutput, Vec<u64>) {
+    run_class(
+        "AtLeastOnceClickHouseSink",
+        &format!("host: '{}'", A1.http_addr()),
+        settings,
+    )
+}
+
+/// As [`run_with`], for `class` with the host form `hosts` (every host holds its own table).
+fn run_class(class: &str, hosts: &str, settings: &str) -> (WorkerOutput, Vec<u64>) {
+    require_cluster().unwrap();
+    let table = unique_name("it_settings");
+    let mut guard = DropGuard::default();
+    for node in [A1, B1] {
+        guard
+            .create_merge_tree(node, "default", &table, GENERATOR_COLUMNS, "id")
+            .unwrap();
+        exec(
+            node.http_port,
+            &format!("SYSTEM STOP MERGES default.{table}"),
+        )
+        .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("spec.yaml");
+    let parameters = format!("{{{hosts}, table: {table}, settings: {settings}}}");
+    let yaml = GeneratorSpec::new("settings", class, parameters)
+        .count(100)
+        .epoch(100, 5_000)
+        .dynamic("{max_rows_per_batch: 1000, retry_backoff: 50ms, max_retry_backoff: 200ms}")
+        .yaml();
+    std::fs::write(&spec, yaml).unwrap();
+    let out = run_spec(
+        worker_bin!(),
+        &spec,
+        &dir.path().join("state"),
+        Duration::from_secs(15),
+    )
+    .unwrap();
+    let parts = query_u64s(
+        A1.http_port,
+        &format!(
+            "SELECT rows FROM system.parts WHERE database = 'default' AND table = '{table}' \
+             AND active ORDER BY name"
+        ),
+    )
+    .unwrap();
+    (out, parts)
+}
+
+#[test]
+fn settings_reach_the_insert_and_an_unknown_one_stops_the_sink_naming_it() {
+    let (plain, parts) = run_with("{}");
+    assert_eq!(plain.code, Some(0), "{}", plain.stderr);
+    assert_eq!(parts, vec![100], "one batch, one part");
+
+    let (split, parts) = run_with(
+        "{max_insert_block_size: 10, min_insert_block_size_rows: 0, min_insert_block_size_bytes: 0}",
+    );
+    assert_eq!(split.code, Some(0), "{}", split.stderr);
+    assert_eq!(
+        parts,
+        vec![10; 10],
+        "the server read the batch in blocks of 10"
+    );
+
+    let (unknown, parts) = run_with("{flow_no_such_setting: 1}");
+    assert_eq!(unknown.code, Some(1), "{}", unknown.stderr);
+    assert!(
+        unknown
+            .stderr
+            .contains("Unknown setting flow_no_such_setting"),
+        "{}",
+        unknown.stderr
+    );
+    assert!(unknown.stderr.contains("115"), "{}", unknown.stderr);
+    assert_eq!(parts, Vec::<u64>::new(), "nothing lands");
+
+    // The sharded exactly-once class sends them to every shard the same way.
+    let shards = format!(
+        "shard_hosts: {{a: ['{}'], b: ['{}']}}",
+        A1.http_addr(),
+        B1.http_addr()
+    );
+    let (sharded, _) = run_class(
+        "ShardedClickHouseBatchingSink",
+        &shards,
+        "{flow_no_such_setting: 1}",
+    );
+    assert_eq!(sharded.code, Some(1), "{}", sharded.stderr);
+    assert!(
+        sharded
+            .stderr
+            .contains("Unknown setting flow_no_such_setting"),
+        "{}",
+        sharded.stderr
+    );
+}

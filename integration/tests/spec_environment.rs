@@ -1,0 +1,132 @@
+//! Specs that take values from the environment and a password from a file, against the real
+//! server: `${VAR}` and `${VAR:-default}` fill the sink's host, user and table; an unset variable
+//! is a `validate` violation at its path; the password of `flow_secret` comes from
+//! `password_file`. The password (and a secret passed as a variable) appears in no output:
+//! `validate`, the run's log at debug level, `status --json`, the status snapshot, and the
+//! error of a wrong password.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use std::path::Path;
+use std::time::Duration;
+
+use flow_integration::worker::*;
+use flow_integration::*;
+
+const ROWS: u64 = 200;
+
+fn worker(args: &[&str], env: &[(&str, &str)]) -> WorkerOutput {
+    run_worker(worker_bin!(), args, env, Duration::from_secs(30))
+        .unwrap_or_else(|err| panic!("{err:#}"))
+}
+
+/// Every output a secret must not reach: both streams of `out`, and every file of the state
+/// directory that is text (the status snapshot).
+fn assert_absent(secret: &str, out: &WorkerOutput, state: Option<&Path>) {
+    assert!(!out.stdout.contains(secret), "stdout: {}", out.stdout);
+    assert!(!out.stderr.contains(secret), "stderr: {}", out.stderr);
+    if let Some(state) = state {
+        let snapshot =
+            std::fs::read_to_string(state.join("status-snapshot.json")).unwrap_or_default();
+        assert!(!snapshot.contains(secret), "{snapshot}");
+    }
+}
+
+#[test]
+fn environment_values_and_a_password_file_run_and_no_output_shows_the_secret() {
+    require_cluster().unwrap();
+    let t = unique_name("it_spec_env");
+    let _table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &[A1]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("ch-password");
+    std::fs::write(&password_file, format!("{SECRET_PASSWORD}\n")).unwrap();
+    let spec = dir.path().join("spec.yaml");
+    let parameters = format!(
+        "{{host: '${{FLOW_IT_CH_HOST}}', user: '${{FLOW_IT_CH_USER:-nobody}}', \
+         table: '${{FLOW_IT_TABLE_PREFIX}}{}', password_file: '{}', \
+         token_namespace: '${{FLOW_IT_NAMESPACE:-ns}}/'}}",
+        t.strip_prefix("it_").unwrap(),
+        password_file.display()
+    );
+    let yaml = GeneratorSpec::new("spec_env", "ClickHouseBatchingSink", parameters)
+        .count(ROWS)
+        .dynamic("{retry_backoff: 100ms, max_retry_backoff: 1s}")
+        .yaml();
+    std::fs::write(&spec, yaml).unwrap();
+    let spec_arg = spec.to_str().unwrap();
+    let host = A1.http_addr();
+    // A secret passed in a variable the spec does not use must not leak either.
+    let env = [
+        ("FLOW_IT_CH_HOST", host.as_str()),
+        ("FLOW_IT_CH_USER", SECRET_USER),
+        ("FLOW_IT_TABLE_PREFIX", "it_"),
+        ("FLOW_IT_UNUSED_SECRET", "unused-s3cret"),
+    ];
+
+    // Unset: one violation per unset variable without a default, at its path, exit 1.
+    let unset = worker(&["validate", spec_arg], &[("FLOW_IT_TABLE_PREFIX", "it_")]);
+    assert_eq!(unset.code, Some(1), "{}\n{}", unset.stdout, unset.stderr);
+    assert_eq!(
+        unset.stdout.lines().collect::<Vec<_>>(),
+        ["sinks[0].parameters.host: the environment variable `FLOW_IT_CH_HOST` (from `${FLOW_IT_CH_HOST}`) is not set; export it, or give a default with `${FLOW_IT_CH_HOST:-value}`"],
+        "{}",
+        unset.stderr
+    );
+
+    let valid = worker(&["validate", spec_arg], &env);
+    assert_eq!(valid.code, Some(0), "{}\n{}", valid.stdout, valid.stderr);
+    assert_absent(SECRET_PASSWORD, &valid, None);
+
+    // A wrong password in the file: refused by the server (code 193), the password unprinted.
+    let wrong_file = dir.path().join("wrong-password");
+    std::fs::write(&wrong_file, "wr0ng-s3cret\n").unwrap();
+    let wrong_spec = dir.path().join("wrong.yaml");
+    std::fs::write(
+        &wrong_spec,
+        std::fs::read_to_string(&spec).unwrap().replace(
+            &password_file.display().to_string(),
+            &wrong_file.display().to_string(),
+        ),
+    )
+    .unwrap();
+    let wrong_state = dir.path().join("state-wrong");
+    let wrong = worker(
+        &[
+            "run",
+            wrong_spec.to_str().unwrap(),
+            "--state-dir",
+            wrong_state.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert_eq!(wrong.code, Some(1), "{}", wrong.stderr);
+    assert!(wrong.stderr.contains("code 193"), "{}", wrong.stderr);
+    assert_absent("wr0ng-s3cret", &wrong, Some(&wrong_state));
+
+    let state = dir.path().join("state");
+    let mut debug_env = env.to_vec();
+    debug_env.push(("RUST_LOG", "debug"));
+    let run = worker(
+        &["run", spec_arg, "--state-dir", state.to_str().unwrap()],
+        &debug_env,
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stderr.contains(" DEBUG "),
+        "the log is at debug level: {}",
+        run.stderr
+    );
+    assert_eq!(
+        query_u64(A1.http_port, &format!("SELECT count() FROM default.{t}")).unwrap(),
+        ROWS
+    );
+    assert_absent(SECRET_PASSWORD, &run, Some(&state));
+    let status = worker(
+        &["status", "--state-dir", state.to_str().unwrap(), "--json"],
+        &env,
+    );
+    assert_eq!(status.code, Some(0), "{}", status.stderr);
+    assert_absent(SECRET_PASSWORD, &status, None);
+    for out in [&valid, &wrong, &run, &status] {
+        assert_absent("unused-s3cret", out, None);
+    }
+}
