@@ -28,16 +28,17 @@ fn vm_rss_kib(pid: u32) -> Option<u64> {
 
 pub fn endless(secs: u64) -> Result<()> {
     let rate = env_parse::<u64>("FLOW_BENCH_ENDLESS_RATE")?.unwrap_or(20_000);
-    // `push`: the payload mode, through an embedded pipeline fed by the application.
-    let push = std::env::var("FLOW_BENCH_ENDLESS_MODE").as_deref() == Ok("push");
-    let (case, table) = (
-        Case::Batching,
-        if push {
-            "bench_endless_push"
-        } else {
-            "bench_endless"
-        },
-    );
+    // `push`: the payload mode, through an embedded pipeline fed by the application;
+    // `jetstream`: the worker reading a stream published at the rate while it runs.
+    let mode = std::env::var("FLOW_BENCH_ENDLESS_MODE").unwrap_or_default();
+    let push = mode == "push";
+    let jetstream = mode == "jetstream";
+    let (case, table) = match mode.as_str() {
+        "push" => (Case::Batching, "bench_endless_push"),
+        "jetstream" => (Case::JetStream, "bench_endless_jetstream"),
+        "" => (Case::Batching, "bench_endless"),
+        other => bail!("FLOW_BENCH_ENDLESS_MODE={other}: expected push, jetstream or nothing"),
+    };
     let ch = ClickHouse {
         runtime: tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -71,6 +72,11 @@ pub fn endless(secs: u64) -> Result<()> {
             .arg("--state-dir")
             .arg(&state_dir);
         command
+    };
+    let publisher = if jetstream {
+        Some(super::jetstream::EndlessPublisher::start(rate)?)
+    } else {
+        None
     };
     let mut child = command
         .stdout(Stdio::null())
@@ -138,6 +144,7 @@ pub fn endless(secs: u64) -> Result<()> {
         );
         samples.push((t, rss, state));
     }
+    let published = publisher.map(|publisher| publisher.stop()).transpose()?;
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
     let status = child.wait()?;
@@ -197,6 +204,17 @@ pub fn endless(secs: u64) -> Result<()> {
     }
     let (rows, ids) = ch.counts(table, &case.shards())?;
     println!("table rows {rows}, distinct ids {ids}");
+    if let Some(published) = published {
+        println!(
+            "published {published} rows ({:.0} rows/s); {} read and delivered before the stop",
+            published as f64 / secs as f64,
+            rows
+        );
+        ensure!(
+            rows <= published,
+            "more rows in the table than were published"
+        );
+    }
     ensure!(
         rows == ids,
         "the exactly-once sink duplicated rows in the endless run"

@@ -57,3 +57,97 @@ pub fn publish_generator_rows(runtime: &tokio::runtime::Runtime, rows: u64) -> R
         anyhow::Ok(())
     })
 }
+
+/// The endless check's input: `rate` rows per second published for as long as it runs, partition
+/// `n % 4` getting offset `n / 4`, to the stream of [`stream_name`]`(0)`, created anew in memory
+/// and bounded (oldest messages dropped) so that an endless run keeps the server flat too.
+pub struct EndlessPublisher {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Result<u64>>,
+}
+
+/// The most bytes the endless stream keeps: minutes of backlog at 100k rows/s of ~150 bytes.
+const ENDLESS_STREAM_BYTES: i64 = 2 << 30;
+
+impl EndlessPublisher {
+    /// Creates the stream, then publishes from a thread of its own until [`Self::stop`].
+    pub fn start(rate: u64) -> Result<EndlessPublisher> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let name = stream_name(0);
+        let js = runtime.block_on(async {
+            let client = async_nats::connect(NATS_URL)
+                .await
+                .with_context(|| format!("connecting to {NATS_URL} (scripts/cluster.sh up)"))?;
+            let js = jetstream::new(client);
+            let _ = js.delete_stream(&name).await;
+            js.create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{name}.*")],
+                storage: stream::StorageType::Memory,
+                max_bytes: ENDLESS_STREAM_BYTES,
+                discard: stream::DiscardPolicy::Old,
+                ..Default::default()
+            })
+            .await?;
+            anyhow::Ok(js)
+        })?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        let thread =
+            std::thread::spawn(move || runtime.block_on(publish_at_rate(js, name, rate, stopped)));
+        Ok(EndlessPublisher { stop, thread })
+    }
+
+    /// Stops publishing; the number of rows the server acknowledged.
+    pub fn stop(self) -> Result<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the publisher thread panicked"))?
+    }
+}
+
+/// Publishes `rate` rows a second in 10 ms ticks until `stop`; waits for the acks every 4096.
+async fn publish_at_rate(
+    js: jetstream::Context,
+    name: String,
+    rate: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Result<u64> {
+    let per_tick = rate.div_ceil(100).max(1);
+    let mut ticks = tokio::time::interval(std::time::Duration::from_millis(10));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let (mut payload, mut json) = (Vec::new(), String::new());
+    let (mut next, mut acked) = (0u64, 0u64);
+    let mut acks = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        ticks.tick().await;
+        for _ in 0..per_tick {
+            let partition = (next % u64::from(PARTITIONS)) as u32;
+            json_row(
+                partition,
+                next / u64::from(PARTITIONS),
+                &mut payload,
+                &mut json,
+            );
+            acks.push(
+                js.publish(format!("{name}.{partition}"), json.clone().into())
+                    .await?,
+            );
+            next += 1;
+            if acks.len() >= 4096 {
+                for ack in acks.drain(..) {
+                    ack.await?;
+                    acked += 1;
+                }
+            }
+        }
+    }
+    for ack in acks {
+        ack.await?;
+        acked += 1;
+    }
+    Ok(acked)
+}

@@ -16,7 +16,7 @@
 //! `FLOW_BENCH_KAFKA=host:port` (a real Kafka-protocol broker instead of librdkafka's mock
 //! cluster, which keeps only 5 MiB per partition), `FLOW_BENCH_KEEP=1` (keep state directories
 //! and worker logs), `FLOW_BENCH_ENDLESS_SECS` (run the endless flat-footprint check instead, at
-//! `FLOW_BENCH_ENDLESS_RATE` rows/s in all).
+//! `FLOW_BENCH_ENDLESS_RATE` rows/s in all; `FLOW_BENCH_ENDLESS_MODE` `push` or `jetstream`).
 //!
 //! One binary, several roles (`FLOW_BENCH_ROLE`): the orchestrator (unset), a `runner` that
 //! spawns one measured child and reports its rusage, the hand-written baselines (`inserter`,
