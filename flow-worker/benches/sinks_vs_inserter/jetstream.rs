@@ -59,8 +59,9 @@ pub fn publish_generator_rows(runtime: &tokio::runtime::Runtime, rows: u64) -> R
 }
 
 /// The endless check's input: `rate` rows per second published for as long as it runs, partition
-/// `n % 4` getting offset `n / 4`, to the stream of [`stream_name`]`(0)`, created anew in memory
-/// and bounded (oldest messages dropped) so that an endless run keeps the server flat too.
+/// `n % 4` getting offset `n / 4`, to the stream of [`stream_name`]`(0)`, created anew on file
+/// and bounded (oldest messages dropped) so that an endless run keeps the server's disk flat too
+/// (the local cluster's NATS allows 256 MB in memory and 8 GB on file).
 pub struct EndlessPublisher {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: std::thread::JoinHandle<Result<u64>>,
@@ -85,7 +86,7 @@ impl EndlessPublisher {
             js.create_stream(stream::Config {
                 name: name.clone(),
                 subjects: vec![format!("{name}.*")],
-                storage: stream::StorageType::Memory,
+                storage: stream::StorageType::File,
                 max_bytes: ENDLESS_STREAM_BYTES,
                 discard: stream::DiscardPolicy::Old,
                 ..Default::default()
