@@ -9,6 +9,7 @@
 //! The HTTP client here is deliberately tiny (blocking, `std::net` only) so that any test, sync or
 //! async, can use it to set up tables and check results.
 
+pub mod nats;
 pub mod proxy;
 pub mod worker;
 

@@ -49,7 +49,7 @@ impl Brokers {
 }
 
 /// Brokers with `topic` of [`PARTITIONS`] partitions, and a producer to them.
-fn mock_cluster(topic: &str) -> Result<(Brokers, BaseProducer)> {
+fn brokers_with_topic(topic: &str) -> Result<(Brokers, BaseProducer)> {
     let brokers = match std::env::var("FLOW_IT_KAFKA_BROKERS") {
         Ok(servers) => {
             create_topic(&servers, topic)?;
@@ -146,7 +146,7 @@ fn kafka_messages_land_exactly_once_across_worker_kills() -> Result<()> {
     const MESSAGES: u64 = 40_000;
     wait_for_cluster(Duration::from_secs(120))?;
     let name = unique_name("kafka_it");
-    let (cluster, producer) = mock_cluster(&name)?;
+    let (cluster, producer) = brokers_with_topic(&name)?;
     let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &NODES)?;
     let qualified = table.qualified();
     let dir = tempfile::tempdir()?;
@@ -216,7 +216,7 @@ fn a_kafka_message_that_breaks_the_schema_stops_naming_its_position_or_is_a_dead
 ) -> Result<()> {
     wait_for_cluster(Duration::from_secs(120))?;
     let name = unique_name("kafka_bad");
-    let (cluster, producer) = mock_cluster(&name)?;
+    let (cluster, producer) = brokers_with_topic(&name)?;
     // Partition 0: offsets 0, 1 (id is a string), 2.
     let payload = |id: u64| {
         if id == 4 {

@@ -25,13 +25,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-use async_nats::jetstream::{self, stream};
+use flow_integration::nats::{new_stream, NATS_ADDR};
 use flow_integration::worker::*;
 use flow_integration::*;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
-const NATS_ADDR: &str = "127.0.0.1:14222";
 const MESSAGES: u64 = 240;
 const EVERY: Duration = Duration::from_millis(50);
 /// The longest a message may take from its publication to the sink's file.
@@ -134,22 +133,6 @@ fn scrape(port: u16, series: &str) -> Result<f64> {
         .lines()
         .find_map(|line| line.strip_prefix(series)?.trim().parse().ok());
     Ok(value.unwrap_or(0.0))
-}
-
-/// A new stream `name` taking `<name>.p.*`, and the JetStream context that made it.
-async fn new_stream(name: &str) -> Result<jetstream::Context> {
-    let client = async_nats::ConnectOptions::new()
-        .connect(format!("nats://{NATS_ADDR}"))
-        .await
-        .with_context(|| format!("connecting to {NATS_ADDR} (scripts/cluster.sh up starts it)"))?;
-    let js = jetstream::new(client);
-    js.create_stream(stream::Config {
-        name: name.to_owned(),
-        subjects: vec![format!("{name}.p.*")],
-        ..Default::default()
-    })
-    .await?;
-    Ok(js)
 }
 
 /// A worker running pipeline `pipeline` (one partition) from subject `<stream>.p.0` of `server`

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
-use async_nats::jetstream::{self, stream};
+use async_nats::jetstream;
 use flow_integration::worker::*;
 use flow_integration::*;
 
@@ -21,17 +21,7 @@ const MESSAGES: u64 = 3_000;
 
 /// Publishes `MESSAGES` JSON messages to `<name>.p.0` of a new stream `name`.
 async fn fill_stream(name: &str) -> Result<jetstream::Context> {
-    let client = async_nats::ConnectOptions::new()
-        .connect(NATS_URL)
-        .await
-        .with_context(|| format!("connecting to {NATS_URL} (scripts/cluster.sh up starts it)"))?;
-    let js = jetstream::new(client);
-    js.create_stream(stream::Config {
-        name: name.to_owned(),
-        subjects: vec![format!("{name}.p.*")],
-        ..Default::default()
-    })
-    .await?;
+    let js = flow_integration::nats::new_stream(name).await?;
     let mut acks = Vec::new();
     for id in 0..MESSAGES {
         let payload = format!(r#"{{"id": {id}}}"#);

@@ -1,5 +1,6 @@
-//! Endless: the flat-footprint check (the worker with an endless generator, or, in `push` mode,
-//! an embedded pipeline an application feeds), sampled every 5 s until it is stopped.
+//! Endless: the flat-footprint check (the worker with an endless generator; in `push` mode an
+//! embedded pipeline an application feeds; in `jetstream` mode the worker reading a stream the
+//! bench publishes meanwhile), sampled every 5 s until it is stopped.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -32,7 +33,6 @@ pub fn endless(secs: u64) -> Result<()> {
     // `jetstream`: the worker reading a stream published at the rate while it runs.
     let mode = std::env::var("FLOW_BENCH_ENDLESS_MODE").unwrap_or_default();
     let push = mode == "push";
-    let jetstream = mode == "jetstream";
     let (case, table) = match mode.as_str() {
         "push" => (Case::Batching, "bench_endless_push"),
         "jetstream" => (Case::JetStream, "bench_endless_jetstream"),
@@ -73,7 +73,7 @@ pub fn endless(secs: u64) -> Result<()> {
             .arg(&state_dir);
         command
     };
-    let publisher = if jetstream {
+    let publisher = if case == Case::JetStream {
         Some(super::jetstream::EndlessPublisher::start(rate)?)
     } else {
         None

@@ -125,12 +125,7 @@ pub fn jetstream_consumer() -> Result<()> {
     // One connection for the four tasks, as flow's source shares one.
     let runtime = tokio::runtime::Runtime::new()?;
     // The JetStream context spawns onto the runtime it is made in.
-    let js = runtime.block_on(async {
-        let client = async_nats::connect(super::NATS_URL)
-            .await
-            .with_context(|| format!("connecting to {}", super::NATS_URL))?;
-        anyhow::Ok(async_nats::jetstream::new(client))
-    })?;
+    let js = runtime.block_on(super::jetstream::connect())?;
     run_partitions(&runtime, |partition| {
         let (js, stream, table) = (js.clone(), stream.clone(), table.clone());
         async move {

@@ -6,15 +6,20 @@ use async_nats::jetstream::{self, stream};
 use super::broker_rows::{json_row, name as stream_name};
 use super::{NATS_URL, PARTITIONS};
 
+/// A JetStream context on the local cluster's NATS node.
+pub async fn connect() -> Result<jetstream::Context> {
+    let client = async_nats::connect(NATS_URL)
+        .await
+        .with_context(|| format!("connecting to {NATS_URL} (scripts/cluster.sh up)"))?;
+    Ok(jetstream::new(client))
+}
+
 /// Publishes the rows the generator would produce for `rows` (partition `p`'s offsets to
 /// subject `<stream>.<p>`, as JSON), unless the stream already holds exactly them.
 pub fn publish_generator_rows(runtime: &tokio::runtime::Runtime, rows: u64) -> Result<()> {
     let name = stream_name(rows);
     runtime.block_on(async {
-        let client = async_nats::connect(NATS_URL)
-            .await
-            .with_context(|| format!("connecting to {NATS_URL} (scripts/cluster.sh up)"))?;
-        let js = jetstream::new(client);
+        let js = connect().await?;
         if let Ok(mut existing) = js.get_stream(&name).await {
             if existing.info().await?.state.messages == rows {
                 println!("jetstream: stream {name} already holds {rows} rows");
@@ -78,10 +83,7 @@ impl EndlessPublisher {
             .build()?;
         let name = stream_name(0);
         let js = runtime.block_on(async {
-            let client = async_nats::connect(NATS_URL)
-                .await
-                .with_context(|| format!("connecting to {NATS_URL} (scripts/cluster.sh up)"))?;
-            let js = jetstream::new(client);
+            let js = connect().await?;
             let _ = js.delete_stream(&name).await;
             js.create_stream(stream::Config {
                 name: name.clone(),
