@@ -305,6 +305,7 @@ impl MessageBatch {
         writer.finish()
     }
 
+    #[inline]
     fn value(&self, cell: Cell) -> Value<'_> {
         match cell {
             Cell::Null => Value::Null,
@@ -338,6 +339,7 @@ impl<'a> Row<'a> {
     }
 
     /// How many values the row has (its schema's column count).
+    #[inline]
     pub fn len(&self) -> usize {
         self.batch.schema.len()
     }
@@ -354,6 +356,10 @@ impl<'a> Row<'a> {
 
     /// The value of column `column` (schema order). Panics on an index outside the schema, which
     /// is a programming error, never an input error.
+    // Inlined: the encoders in flow-clickhouse call it once per cell, and as a call across the
+    // crate boundary it took a fifth of their time (flow-clickhouse/benches/encode.rs, generator
+    // table: medians of 5, 28 M rows/s without, 34 M with).
+    #[inline]
     pub fn get(&self, column: usize) -> Value<'a> {
         let width = self.batch.schema.len();
         self.batch
@@ -386,6 +392,7 @@ impl RowWriter<'_> {
     }
 
     /// Checks `value` against the type of the next column and appends it.
+    #[inline]
     pub fn push(&mut self, value: Value<'_>) -> Result<&mut Self, ValueError> {
         let column_index = self.batch.cells.len() - self.cells_mark;
         // Borrow the schema only for the check: no reference-count traffic per value.

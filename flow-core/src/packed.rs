@@ -133,6 +133,7 @@ impl<'a> PackedReader<'a> {
 }
 
 /// Appends an unsigned LEB128 number.
+#[inline]
 pub fn write_leb128(mut value: u64, out: &mut Vec<u8>) {
     loop {
         let byte = (value & 0x7f) as u8;
