@@ -170,7 +170,17 @@ pub struct ClickHouseParams {
     /// the ones flow sets itself are refused (see `config::settings`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub settings: BTreeMap<String, SettingValue>,
+    /// How often the sink re-reads its table's columns to adopt a compatible change
+    /// ([`SCHEMA_REFRESH_INTERVAL_MS`]).
+    pub schema_refresh_interval_ms: u64,
 }
+
+/// The bounds of `schema_refresh_interval_ms`: at most ten re-reads a second, at least one a day.
+pub const SCHEMA_REFRESH_INTERVAL_MS: std::ops::RangeInclusive<u64> = 100..=86_400_000;
+
+/// The default `schema_refresh_interval_ms`: a change is adopted within 10 s when no INSERT
+/// meets it first, for one small query per shard.
+pub const DEFAULT_SCHEMA_REFRESH_INTERVAL_MS: u64 = 10_000;
 
 impl Default for ClickHouseParams {
     fn default() -> Self {
@@ -197,6 +207,7 @@ impl Default for ClickHouseParams {
             on_expired_backlog: None,
             message_id_column: None,
             settings: BTreeMap::new(),
+            schema_refresh_interval_ms: DEFAULT_SCHEMA_REFRESH_INTERVAL_MS,
         }
     }
 }
@@ -270,6 +281,8 @@ pub struct SinkParams {
     pub at_most_once_queue: bool,
     /// The user's ClickHouse settings of every INSERT, in name order.
     pub settings: Vec<(String, String)>,
+    /// How often the table's columns are re-read.
+    pub schema_refresh_interval: std::time::Duration,
 }
 
 impl SinkParams {
@@ -364,6 +377,9 @@ impl ClickHouseParams {
                     .as_ref()
                     .is_some_and(|s| s.enabled),
                 settings: settings::to_pairs(&self.settings),
+                schema_refresh_interval: std::time::Duration::from_millis(
+                    self.schema_refresh_interval_ms,
+                ),
             }),
             (v, _) => Err(v),
         }
@@ -409,6 +425,18 @@ impl ClickHouseParams {
                 format!(
                     "{class} keeps no backlog of sent batches, so it has nothing to expire; \
                      remove on_expired_backlog, or use an exactly-once class"
+                ),
+            ));
+        }
+        if !SCHEMA_REFRESH_INTERVAL_MS.contains(&self.schema_refresh_interval_ms) {
+            v.push(Violation::new(
+                "parameters.schema_refresh_interval_ms",
+                format!(
+                    "{} is outside {}..={} (ms); set a value in range, or remove it for the default {}",
+                    self.schema_refresh_interval_ms,
+                    SCHEMA_REFRESH_INTERVAL_MS.start(),
+                    SCHEMA_REFRESH_INTERVAL_MS.end(),
+                    DEFAULT_SCHEMA_REFRESH_INTERVAL_MS
                 ),
             ));
         }

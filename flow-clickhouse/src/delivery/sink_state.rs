@@ -304,7 +304,14 @@ pub(crate) async fn wait_for_session(
                         "ClickHouse writer session started after waiting for unreachable endpoints"
                     );
                 }
-                return Ok(Arc::new(session));
+                let session = Arc::new(session);
+                WriterSession::watch_columns(
+                    &session,
+                    params.schema_refresh_interval,
+                    dynamic.write_timeout,
+                    stop.clone(),
+                );
+                return Ok(session);
             }
             Err(err) if should_retry(err.class(), attempts, dynamic.max_insert_attempts) => {
                 let due =

@@ -44,6 +44,7 @@ use crate::exactly_once::landed::{
 use crate::exactly_once::rebuild::Requeue;
 use crate::exactly_once::state::ExactlyOnce;
 use crate::server::classify::{is_row_rejection, ClassifiedError, ErrorClass};
+use crate::server::columns_guard::columns_text;
 use crate::server::late_hosts::LateTarget;
 use crate::server::session::WriterSession;
 
@@ -56,6 +57,14 @@ pub struct PartitionMarks {
     unanswered: BTreeMap<u64, String>,
     /// Entries sent while the table's columns changed, with the guard's report.
     changed: BTreeMap<u64, String>,
+    /// The table's columns ([`columns_text`]) the partition's attempts were last made under;
+    /// `None` before the first (or in a state directory of an older version).
+    columns: Option<String>,
+}
+
+/// The sink value holding [`PartitionMarks::columns`] of `partition`.
+fn columns_marker(partition: u32) -> String {
+    format!("columns/{partition}")
 }
 
 impl PartitionMarks {
@@ -80,10 +89,16 @@ impl PartitionMarks {
             .into_iter()
             .map(|(seq, value)| (seq, String::from_utf8_lossy(&value).into_owned()))
             .collect();
+        let columns = store
+            .sink_values_with_prefix(&key.pipeline, &key.sink, &columns_marker(key.partition))?
+            .into_iter()
+            .find(|(name, _)| *name == columns_marker(key.partition))
+            .map(|(_, value)| String::from_utf8_lossy(&value).into_owned());
         Ok(PartitionMarks {
             split,
             unanswered,
             changed,
+            columns,
         })
     }
 }
@@ -382,6 +397,50 @@ impl ClickHouseDeliverer {
         }
     }
 
+    /// Before an attempt under the session's columns: when they differ from those the
+    /// partition's attempts were last made under, every entry that may have landed under the
+    /// old ones (`in_doubt`: those with an unanswered attempt, or at a start every pending
+    /// one, since the run before may have stored one without acknowledging it) is marked as
+    /// sent while the columns changed, so that its ids are looked for before it is sent again:
+    /// on a server without `insert_deduplication_token` a part stored under other columns is
+    /// another block, and a resend would not be recognised as a replay
+    /// ([`crate::exactly_once::landed`]). The marks are written before the new columns are
+    /// recorded, so a crash in between marks again rather than not at all.
+    pub async fn note_columns(
+        &self,
+        key: &SinkPartition,
+        session: &WriterSession,
+        in_doubt: Option<Vec<u64>>,
+    ) -> Result<(), SinkError> {
+        let now = columns_text(session.plan().columns_guard.expected());
+        let recorded = self.marks().columns.clone();
+        if recorded.as_deref() == Some(now.as_str()) {
+            return Ok(());
+        }
+        let (pipeline, sink) = (&key.pipeline, &key.sink);
+        if recorded.is_some() && !session.capabilities.insert_deduplication_token {
+            let seqs =
+                in_doubt.unwrap_or_else(|| self.marks().unanswered.keys().copied().collect());
+            let text = "the table's columns changed since the part was last sent, which may have stored it under the old ones".to_owned();
+            for seq in seqs {
+                if self.marks().changed.contains_key(&seq) {
+                    continue;
+                }
+                let value = Some(text.clone().into_bytes());
+                self.store
+                    .set_sink_value(pipeline, sink, &changed_marker(key.partition, seq), value)
+                    .await?;
+                self.marks().changed.insert(seq, text.clone());
+            }
+        }
+        let value = Some(now.clone().into_bytes());
+        self.store
+            .set_sink_value(pipeline, sink, &columns_marker(key.partition), value)
+            .await?;
+        self.marks().columns = Some(now);
+        Ok(())
+    }
+
     /// Drops entry `seq`'s changed-columns and unanswered-attempt records: the replicas showed
     /// that no attempt landed.
     async fn drop_columns_changed(&self, key: &SinkPartition, seq: u64) -> Result<(), SinkError> {
@@ -602,18 +661,35 @@ impl BatchDeliverer for ClickHouseDeliverer {
         batch: &SealedBatch,
         stop: &watch::Receiver<bool>,
     ) -> Result<(), SinkError> {
+        // A change of the columns adopted around an attempt: decide again how to send it.
+        while !self.deliver_once(key, seq, batch, stop).await? {}
+        Ok(())
+    }
+}
+
+impl ClickHouseDeliverer {
+    /// One go at delivering entry `seq`; `false` when the session adopted a change of the
+    /// table's columns meanwhile and the entry is to be looked at again.
+    async fn deliver_once(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<bool, SinkError> {
         self.exactly_once
             .check_gave_up(key.partition, Some(&batch.token))?;
         let Some(session) = self.shared.session(stop).await? else {
             // Stopping: the batch stays in the outbox for the next run.
-            return Ok(());
+            return Ok(true);
         };
         if !self
             .late_target_fits(key, &batch.shard, &session, stop)
             .await?
         {
-            return Ok(());
+            return Ok(true);
         }
+        self.note_columns(key, &session, None).await?;
         // With `insert_deduplication_token` the token, not the content, identifies a replay:
         // a resend under other columns is still dropped, so there is nothing to check.
         let changed = self.marks().changed.contains_key(&seq)
@@ -623,11 +699,13 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 .send_after_columns_changed(key, seq, batch, &session, stop)
                 .await?
         {
-            return Ok(());
+            return Ok(true);
         }
         let split = self.marks().split.get(&seq).cloned();
         if let Some(refused) = split {
-            return self.split(key, seq, batch, &refused, &session, stop).await;
+            self.split(key, seq, batch, &refused, &session, stop)
+                .await?;
+            return Ok(true);
         }
         let attempts = EntryAttempts {
             deliverer: self,
@@ -645,6 +723,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
                     shard,
                     token: Some(&batch.token),
                     payload: &batch.payload,
+                    plan: &batch.plan,
                     compressed: is_framed(&batch.format),
                     sealed_at_ms: Some(batch.sealed_at_ms),
                     answered_code: None,
@@ -655,7 +734,8 @@ impl BatchDeliverer for ClickHouseDeliverer {
             }
             None => Err(unconfigured_shard(&self.shared, &batch.shard)),
         };
-        match inserted {
+        let done = match inserted {
+            Err(InsertFailure::Replanned) => return Ok(false),
             Ok(_) => self.acknowledge(key, seq, batch).await,
             // Stopping leaves the batch in the outbox for the next run.
             Err(InsertFailure::Stopped) => Ok(()),
@@ -671,6 +751,7 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 let reason = gave_up.reason(&session, &batch.shard, Some(&batch.token));
                 Err(self.give_up(&batch.shard, reason).await)
             }
-        }
+        };
+        done.map(|()| true)
     }
 }

@@ -136,13 +136,22 @@ impl Sealer for BatchingSink {
             let (store, key) = (self.ctx.store.clone(), key.clone());
             blocking(move || PartitionMarks::load(&store, &key)).await?
         };
-        let deliverer: Arc<dyn BatchDeliverer> = Arc::new(ClickHouseDeliverer::new(
+        let deliverer = Arc::new(ClickHouseDeliverer::new(
             Arc::clone(&self.shared),
             Arc::clone(&self.exactly_once),
             self.ctx.clone(),
             marks,
             self.ctx.metrics.clone(),
         ));
+        if !backlog.is_empty() {
+            if let Some(session) = self.shared.session(&self.ctx.shutdown).await? {
+                // The run before may have stored any pending entry without acknowledging it,
+                // under the columns it last sent with.
+                let seqs = backlog.iter().map(|stored| stored.seq).collect();
+                deliverer.note_columns(&key, &session, Some(seqs)).await?;
+            }
+        }
+        let deliverer: Arc<dyn BatchDeliverer> = deliverer;
         delivery.open(
             key,
             deliverer,
@@ -177,13 +186,17 @@ impl Sealer for BatchingSink {
         let EpochCut {
             parts,
             dead_letters,
+            plan,
         } = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
+        // The plan the epoch was encoded with: a change adopted meanwhile applies from the
+        // next epoch on.
+        let plan = plan.unwrap_or_else(|| session.plan());
         let target = format!(
             "{}.{}",
             self.shared.params.database, self.shared.params.table
         );
-        let columns = session.encoder.column_names();
-        let plan = session.encoder.plan_fingerprint();
+        let columns = plan.encoder.column_names();
+        let plan = plan.encoder.plan_fingerprint();
         let sealed_at_ms = now_ms();
         let partition = self.ctx.partition;
         let batches = parts

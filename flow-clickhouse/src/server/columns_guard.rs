@@ -65,6 +65,11 @@ impl ColumnsGuard {
         ColumnsGuard { sql, expected }
     }
 
+    /// The columns every INSERT is checked against.
+    pub fn expected(&self) -> &[ColumnMeta] {
+        &self.expected
+    }
+
     /// Before an INSERT: an error when the columns on `endpoint` are not the expected ones (a
     /// permanent one naming the difference), or cannot be read (classified as the failure is).
     pub async fn before_insert(
@@ -82,7 +87,7 @@ impl ColumnsGuard {
                 Ok(())
             }
             Some(diff) => Err(changed(format!(
-                "the table's columns changed since the writer session started ({diff}); nothing was sent, so no value was stored under the old layout. Restart the worker: it plans the new columns, or refuses a table the stream no longer fits"
+                "the table's columns changed since the sink planned them ({diff}); nothing was sent, so no value was stored under the old layout. The sink re-reads them: a compatible change is adopted, an incompatible one stops the sink with the reason"
             ))),
         }
     }
@@ -142,6 +147,21 @@ pub async fn read_columns(
             default_expression: json_text(row, "default_expression"),
         })
         .collect())
+}
+
+/// `columns` as one text (name, type, default kind and expression, in table order), what the
+/// exactly-once classes remember as the columns a partition's attempts were made under.
+pub fn columns_text(columns: &[ColumnMeta]) -> String {
+    columns
+        .iter()
+        .map(|c| {
+            format!(
+                "{}\t{}\t{}\t{}",
+                c.name, c.type_text, c.default_kind, c.default_expression
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn changed(message: String) -> ClassifiedError {

@@ -7,5 +7,6 @@ pub(crate) mod dedup_window;
 pub(crate) mod late_hosts;
 pub(crate) mod probe;
 pub(crate) mod protocol;
+pub(crate) mod schema_change;
 pub(crate) mod session;
 pub(crate) mod tls;
