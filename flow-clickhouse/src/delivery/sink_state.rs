@@ -202,6 +202,11 @@ impl SinkShared {
         }
     }
 
+    /// The session if it started, without waiting for it.
+    pub fn started_session(&self) -> Option<Arc<WriterSession>> {
+        self.session.get().cloned()
+    }
+
     /// The answer for an epoch when [`SinkShared::session`] found the pipeline stopping before
     /// the session started: not committed, and read again by the next run.
     pub fn not_started() -> EpochOutcome {

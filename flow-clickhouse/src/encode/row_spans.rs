@@ -158,7 +158,7 @@ fn read_leb128(data: &[u8], mut at: usize) -> Result<(u64, usize), String> {
 }
 
 /// The offset after the value of `ty` at `at`.
-fn skip_value(ty: &ChType, data: &[u8], at: usize) -> Result<usize, String> {
+pub(crate) fn skip_value(ty: &ChType, data: &[u8], at: usize) -> Result<usize, String> {
     match ty {
         ChType::Nullable(inner) => match take(data, at, 1)?[0] {
             1 => Ok(at + 1),

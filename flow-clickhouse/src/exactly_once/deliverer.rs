@@ -35,7 +35,8 @@ use crate::delivery::sink_state::SinkShared;
 use crate::delivery::split::{
     marker_name, marker_prefix, refusal_from_marker, RefusedPart, SplitOutcome, SplitPart,
 };
-use crate::encode::compress::is_framed;
+use crate::encode::compress::{is_framed, seal, unframe};
+use crate::encode::widen::widen_rows;
 use crate::exactly_once::fingerprint::target_key;
 use crate::exactly_once::landed::{
     changed_marker, changed_prefix, decide, no_id_column, part_ids, partly_present,
@@ -441,6 +442,55 @@ impl ClickHouseDeliverer {
         Ok(())
     }
 
+    /// Entry `seq` re-encoded for the session's plan when it was encoded before a widening the
+    /// session adopted ([`WriterSession::plan_before_widening`]); `None` when it needs no
+    /// re-encoding (or cannot have one: sending it is then refused with the way through).
+    /// Called once the entry is known not to be in the table under other columns: a mark of
+    /// [`ClickHouseDeliverer::note_columns`] was cleared by the replicas' answer, or there was
+    /// none, so no attempt of it can have landed since the columns changed, and on a server
+    /// with `insert_deduplication_token` the token recognises a replay whatever its bytes.
+    fn widened(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        session: &WriterSession,
+    ) -> Result<Option<SealedBatch>, SinkError> {
+        let plan = session.plan();
+        if batch.plan == plan.encoder.plan_fingerprint() {
+            return Ok(None);
+        }
+        let Some(before) = session.plan_before_widening(&batch.plan) else {
+            return Ok(None);
+        };
+        let unreadable = |reason: String| {
+            SinkError::Refused(format!(
+                "{key}: pending batch {seq} (token {}) was encoded before a column was widened and cannot be re-encoded for the wider column: {reason}. It stays in the outbox; narrow the column back on every host and restart to deliver it as it is",
+                batch.token
+            ))
+        };
+        let rows =
+            unframe(&batch.format, &batch.payload).map_err(|err| unreadable(err.to_string()))?;
+        let rows = widen_rows(before.encoder.columns(), plan.encoder.columns(), &rows)
+            .map_err(|err| unreadable(err.to_string()))?;
+        let (format, payload) = seal(self.shared.params.codec, &rows);
+        tracing::info!(
+            partition = key.partition,
+            seq,
+            token = %batch.token,
+            plan = %plan.encoder.plan_fingerprint(),
+            "a pending batch encoded before a column was widened is re-encoded for the wider column: no attempt of it can be in the table under the old columns"
+        );
+        Ok(Some(SealedBatch {
+            format: format.as_str().to_owned(),
+            content_hash: xxhash_rust::xxh64::xxh64(&rows, 0),
+            encoded_bytes: rows.len() as u64,
+            plan: plan.encoder.plan_fingerprint().to_owned(),
+            payload,
+            ..batch.clone()
+        }))
+    }
+
     /// Drops entry `seq`'s changed-columns and unanswered-attempt records: the replicas showed
     /// that no attempt landed.
     async fn drop_columns_changed(&self, key: &SinkPartition, seq: u64) -> Result<(), SinkError> {
@@ -683,6 +733,12 @@ impl ClickHouseDeliverer {
             // Stopping: the batch stays in the outbox for the next run.
             return Ok(true);
         };
+        if session.stopped().is_some() {
+            // An incompatible change of the table's columns stopped this sink (the session
+            // logged why): the batch stays in the outbox, and the partition, with the
+            // pipeline's other sinks, goes on.
+            return Ok(true);
+        }
         if !self
             .late_target_fits(key, &batch.shard, &session, stop)
             .await?
@@ -707,6 +763,8 @@ impl ClickHouseDeliverer {
                 .await?;
             return Ok(true);
         }
+        let widened = self.widened(key, seq, batch, &session)?;
+        let sent = widened.as_ref().unwrap_or(batch);
         let attempts = EntryAttempts {
             deliverer: self,
             key,
@@ -722,9 +780,9 @@ impl ClickHouseDeliverer {
                 let request = InsertRequest {
                     shard,
                     token: Some(&batch.token),
-                    payload: &batch.payload,
-                    plan: &batch.plan,
-                    compressed: is_framed(&batch.format),
+                    payload: &sent.payload,
+                    plan: &sent.plan,
+                    compressed: is_framed(&sent.format),
                     sealed_at_ms: Some(batch.sealed_at_ms),
                     answered_code: None,
                     attempts: Some(&attempts),
@@ -747,6 +805,7 @@ impl ClickHouseDeliverer {
                 self.split(key, seq, batch, &gave_up.error, &session, &stop)
                     .await
             }
+            Err(InsertFailure::GaveUp(_)) if session.stopped().is_some() => Ok(()),
             Err(InsertFailure::GaveUp(gave_up)) => {
                 let reason = gave_up.reason(&session, &batch.shard, Some(&batch.token));
                 Err(self.give_up(&batch.shard, reason).await)

@@ -68,6 +68,13 @@ impl Requeue<'_> {
         let mut run: Vec<StoredBatch> = Vec::new();
         for stored in backlog {
             let bounds = matches!(stored.body, StoredBody::Rebuild { .. });
+            // A run is rebuilt with one plan: a batch sealed under another starts a new one.
+            let other_plan = run
+                .first()
+                .is_some_and(|first| first.batch.plan != stored.batch.plan);
+            if bounds && other_plan && !self.rebuild(std::mem::take(&mut run), delivery).await? {
+                return Ok(());
+            }
             if bounds {
                 run.push(stored);
                 continue;
@@ -77,7 +84,12 @@ impl Requeue<'_> {
             }
             let current = self.session.plan();
             let plan = current.encoder.plan_fingerprint();
-            if stored.batch.plan != plan {
+            // One encoded before a widening is re-encoded as it is delivered, where safe.
+            let widened = self
+                .session
+                .plan_before_widening(&stored.batch.plan)
+                .is_some();
+            if stored.batch.plan != plan && !widened {
                 // Stored bytes are sent as they are: under another plan they would land in the
                 // wrong columns or types.
                 return Err(self.mismatch(
@@ -132,7 +144,12 @@ impl Requeue<'_> {
                 "it was stored as bounds, but the source can no longer re-read its range (its class changed)",
             ));
         };
-        let plan = self.session.plan();
+        // Rebuilt with the plan it was sealed under, so that its hash can be checked: one
+        // encoded before a widening is re-encoded as it is delivered, where safe.
+        let plan = self
+            .session
+            .plan_before_widening(&first.batch.plan)
+            .unwrap_or_else(|| self.session.plan());
         for stored in &run {
             if stored.batch.plan != plan.encoder.plan_fingerprint() {
                 return Err(self.mismatch(

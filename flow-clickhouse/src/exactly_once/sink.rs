@@ -247,4 +247,21 @@ impl Sealer for BatchingSink {
         self.delivery.budget.resize(self.shared.in_flight_budget());
         Ok(())
     }
+
+    /// A sink stopped by an incompatible change of its table's columns kept its batches: the
+    /// run ends with the reason instead of as delivered.
+    fn drained(&mut self) -> Result<(), SinkError> {
+        let Some(session) = self.shared.started_session() else {
+            return Ok(());
+        };
+        match session.stopped() {
+            None => Ok(()),
+            Some(reason) => Err(SinkError::Refused(format!(
+                "{}: not delivered: this sink stopped on a change of `{}`.`{}`'s columns and keeps every batch since in the outbox: {reason}",
+                self.ctx.state_key(),
+                self.shared.params.database,
+                self.shared.params.table
+            ))),
+        }
+    }
 }

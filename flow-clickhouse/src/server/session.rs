@@ -644,6 +644,25 @@ impl WriterSession {
     /// a server without `insert_deduplication_token` (18.16) deduplicates by the stored block's
     /// content, which differs between the two types, so a re-encoded replay of a part that
     /// already landed would land twice. It is delivered after the column is narrowed back.
+    /// The plan a pending batch with plan fingerprint `stored` was encoded with when it is
+    /// this session's plan before one or more of its widenings: its rows can be re-encoded for
+    /// the wider columns ([`crate::encode::widen`]) where that is safe, or rebuilt with it.
+    /// `None` for the current plan or any other.
+    pub fn plan_before_widening(&self, stored: &str) -> Option<Arc<ColumnsPlan>> {
+        let plan = self.plan();
+        let (_, encoder) = widening_candidates(&plan.encoder, &plan.widened)
+            .into_iter()
+            .find(|(_, encoder)| encoder.plan_fingerprint() == stored)?;
+        let table = plan.columns_guard.expected();
+        Some(Arc::new(ColumnsPlan::new(
+            encoder.with_ranges(self.replan.ranges.clone()),
+            &self.replan.stream,
+            table,
+            &self.replan.params,
+            plan.generation,
+        )))
+    }
+
     pub fn plan_change(&self, stored: &str) -> String {
         let plan = self.plan();
         plan_change(
@@ -663,25 +682,8 @@ fn plan_change(
     table: &str,
     stored: &str,
 ) -> String {
-    // The plans the batch may have been encoded with before the widenings: each one alone,
-    // then all of them.
-    let mut candidates: Vec<Vec<&Widened>> = widened.iter().map(|w| vec![w]).collect();
-    if widened.len() > 1 {
-        candidates.push(widened.iter().collect());
-    }
-    for undone in candidates {
-        let columns = encoder
-            .columns()
-            .iter()
-            .map(|c| {
-                let mut c = c.clone();
-                if let Some(w) = undone.iter().find(|w| w.name == c.name) {
-                    c.ty = w.was.clone();
-                }
-                c
-            })
-            .collect();
-        if RowBinaryEncoder::new(columns).plan_fingerprint() != stored {
+    for (undone, before) in widening_candidates(encoder, widened) {
+        if before.plan_fingerprint() != stored {
             continue;
         }
         let what = undone
@@ -705,6 +707,35 @@ fn plan_change(
         );
     }
     "a column was added, removed or changed type since the batch was encoded; restore the table's columns it was encoded for, run the worker until `flow-worker status` shows no pending batch, then change the table".to_owned()
+}
+
+/// The plans a batch may have been encoded with before the widenings of `encoder`'s columns
+/// (`widened`): each widening undone alone, then all of them, with the widenings undone.
+fn widening_candidates<'w>(
+    encoder: &RowBinaryEncoder,
+    widened: &'w [Widened],
+) -> Vec<(Vec<&'w Widened>, RowBinaryEncoder)> {
+    let mut candidates: Vec<Vec<&Widened>> = widened.iter().map(|w| vec![w]).collect();
+    if widened.len() > 1 {
+        candidates.push(widened.iter().collect());
+    }
+    candidates
+        .into_iter()
+        .map(|undone| {
+            let columns = encoder
+                .columns()
+                .iter()
+                .map(|c| {
+                    let mut c = c.clone();
+                    if let Some(w) = undone.iter().find(|w| w.name == c.name) {
+                        c.ty = w.was.clone();
+                    }
+                    c
+                })
+                .collect();
+            (undone, RowBinaryEncoder::new(columns))
+        })
+        .collect()
 }
 
 /// A table column wider than its stream column's type.
