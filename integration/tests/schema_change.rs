@@ -94,7 +94,17 @@ fn alter_under_a_running_sink_stops_it_and_the_other_sink_goes_on(
         ),
     )
     .unwrap();
-    assert_eq!(wrong, 0, "rows stored with a garbled user_id");
+    let sample = query_text(
+        A1.http_port,
+        &format!(
+            "SELECT _part, count(), min(id), max(id), any(user_id) FROM {qualified} WHERE toFloat64(user_id) != toFloat64(id % 1000) GROUP BY _part FORMAT TSV"
+        ),
+    )
+    .unwrap_or_default();
+    assert_eq!(
+        wrong, 0,
+        "rows stored with a garbled user_id, by part:\n{sample}\n{text}"
+    );
     assert_eq!(rows, distinct, "no row twice");
     assert!(rows < total, "the sink stopped before the end");
     // What was not delivered stays in the outbox for the next start.

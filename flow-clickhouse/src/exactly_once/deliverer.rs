@@ -805,7 +805,18 @@ impl ClickHouseDeliverer {
                 self.split(key, seq, batch, &gave_up.error, &session, &stop)
                     .await
             }
-            Err(InsertFailure::GaveUp(_)) if session.stopped().is_some() => Ok(()),
+            Err(InsertFailure::GaveUp(gave_up)) if session.stopped().is_some() => {
+                // Kept in the outbox with the stopped sink's others; what this attempt found
+                // (an INSERT that succeeded as the columns changed) is for the operator.
+                warn!(
+                    partition = key.partition,
+                    seq,
+                    token = %batch.token,
+                    error = %gave_up.error,
+                    "a pending batch is kept in the outbox: this sink stopped on an incompatible change of its table's columns"
+                );
+                Ok(())
+            }
             Err(InsertFailure::GaveUp(gave_up)) => {
                 let reason = gave_up.reason(&session, &batch.shard, Some(&batch.token));
                 Err(self.give_up(&batch.shard, reason).await)
