@@ -58,9 +58,36 @@ pub struct PartitionMarks {
     unanswered: BTreeMap<u64, String>,
     /// Entries sent while the table's columns changed, with the guard's report.
     changed: BTreeMap<u64, String>,
-    /// The table's columns ([`columns_text`]) the partition's attempts were last made under;
-    /// `None` before the first (or in a state directory of an older version).
-    columns: Option<String>,
+    /// The table's columns the partition's attempts were last made under; `None` before the
+    /// first (or in a state directory of an older version).
+    columns: Option<AttemptedUnder>,
+}
+
+/// The table's columns ([`columns_text`]) a partition's attempts were last made under, and
+/// whether its last run ended drained, so that no pending entry of it can be in the table
+/// without a mark (an entry that landed was acknowledged; one without an answer is marked
+/// `unanswered`). Stored as the sink value `columns/<partition>`: `clean` or `sent`, a newline,
+/// the columns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct AttemptedUnder {
+    clean: bool,
+    columns: String,
+}
+
+impl AttemptedUnder {
+    fn parse(value: &[u8]) -> Option<AttemptedUnder> {
+        let text = String::from_utf8_lossy(value);
+        let (state, columns) = text.split_once('\n')?;
+        Some(AttemptedUnder {
+            clean: state == "clean",
+            columns: columns.to_owned(),
+        })
+    }
+
+    fn value(&self) -> Vec<u8> {
+        let state = if self.clean { "clean" } else { "sent" };
+        format!("{state}\n{}", self.columns).into_bytes()
+    }
 }
 
 /// The sink value holding [`PartitionMarks::columns`] of `partition`.
@@ -94,7 +121,7 @@ impl PartitionMarks {
             .sink_values_with_prefix(&key.pipeline, &key.sink, &columns_marker(key.partition))?
             .into_iter()
             .find(|(name, _)| *name == columns_marker(key.partition))
-            .map(|(_, value)| String::from_utf8_lossy(&value).into_owned());
+            .and_then(|(_, value)| AttemptedUnder::parse(&value));
         Ok(PartitionMarks {
             split,
             unanswered,
@@ -398,30 +425,38 @@ impl ClickHouseDeliverer {
         }
     }
 
-    /// Before an attempt under the session's columns: when they differ from those the
-    /// partition's attempts were last made under, every entry that may have landed under the
-    /// old ones (`in_doubt`: those with an unanswered attempt, or at a start every pending
-    /// one, since the run before may have stored one without acknowledging it) is marked as
-    /// sent while the columns changed, so that its ids are looked for before it is sent again:
-    /// on a server without `insert_deduplication_token` a part stored under other columns is
-    /// another block, and a resend would not be recognised as a replay
-    /// ([`crate::exactly_once::landed`]). The marks are written before the new columns are
-    /// recorded, so a crash in between marks again rather than not at all.
+    /// When the session's columns differ from those the partition's attempts were last made
+    /// under, marks every entry that may have landed under the old ones as sent while the
+    /// columns changed, so that its ids are looked for before it is sent again: on a server
+    /// without `insert_deduplication_token` a part stored under other columns is another block,
+    /// and a resend would not be recognised as a replay ([`crate::exactly_once::landed`]). The
+    /// entries in doubt are those with an unanswered attempt; at a start (`backlog`: the
+    /// pending entries) every pending one unless the run before ended drained, since it may
+    /// have stored one without acknowledging it (a kill between the INSERT and its
+    /// acknowledgement). Before an attempt (`backlog` `None`) the columns are then recorded,
+    /// after the marks, so that a crash in between marks again rather than not at all.
     pub async fn note_columns(
         &self,
         key: &SinkPartition,
         session: &WriterSession,
-        in_doubt: Option<Vec<u64>>,
+        backlog: Option<Vec<u64>>,
     ) -> Result<(), SinkError> {
-        let now = columns_text(session.plan().columns_guard.expected());
+        let now = AttemptedUnder {
+            clean: false,
+            columns: columns_text(session.plan().columns_guard.expected()),
+        };
         let recorded = self.marks().columns.clone();
-        if recorded.as_deref() == Some(now.as_str()) {
+        if recorded.as_ref() == Some(&now) {
             return Ok(());
         }
         let (pipeline, sink) = (&key.pipeline, &key.sink);
-        if recorded.is_some() && !session.capabilities.insert_deduplication_token {
-            let seqs =
-                in_doubt.unwrap_or_else(|| self.marks().unanswered.keys().copied().collect());
+        let changed = recorded.as_ref().is_some_and(|r| r.columns != now.columns);
+        if changed && !session.capabilities.insert_deduplication_token {
+            let clean = recorded.as_ref().is_some_and(|r| r.clean);
+            let seqs = match backlog.clone() {
+                Some(backlog) if !clean => backlog,
+                _ => self.marks().unanswered.keys().copied().collect(),
+            };
             let text = "the table's columns changed since the part was last sent, which may have stored it under the old ones".to_owned();
             for seq in seqs {
                 if self.marks().changed.contains_key(&seq) {
@@ -434,11 +469,43 @@ impl ClickHouseDeliverer {
                 self.marks().changed.insert(seq, text.clone());
             }
         }
-        let value = Some(now.clone().into_bytes());
+        if backlog.is_some() {
+            return Ok(());
+        }
+        self.record_columns(key, now).await
+    }
+
+    /// After the partition's delivery drained: no pending entry can be in the table without a
+    /// mark, which the next start relies on ([`ClickHouseDeliverer::note_columns`]).
+    pub async fn drained(&self, key: &SinkPartition) -> Result<(), SinkError> {
+        let Some(recorded) = self.marks().columns.clone() else {
+            return Ok(());
+        };
+        self.record_columns(
+            key,
+            AttemptedUnder {
+                clean: true,
+                ..recorded
+            },
+        )
+        .await
+    }
+
+    async fn record_columns(
+        &self,
+        key: &SinkPartition,
+        under: AttemptedUnder,
+    ) -> Result<(), SinkError> {
+        let value = Some(under.value());
         self.store
-            .set_sink_value(pipeline, sink, &columns_marker(key.partition), value)
+            .set_sink_value(
+                &key.pipeline,
+                &key.sink,
+                &columns_marker(key.partition),
+                value,
+            )
             .await?;
-        self.marks().columns = Some(now);
+        self.marks().columns = Some(under);
         Ok(())
     }
 

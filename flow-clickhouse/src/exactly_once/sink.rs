@@ -64,6 +64,7 @@ impl SinkFactory for BatchingSinkFactory {
             ctx,
             fingerprints_checked: false,
             cutter: BatchCutter::default(),
+            deliverer: None,
         })))
     }
 
@@ -84,6 +85,8 @@ struct BatchingSink {
     /// Whether the persisted fingerprints were compared with (or replaced by) the current ones.
     fingerprints_checked: bool,
     cutter: BatchCutter,
+    /// The partition's deliverer once opened: told when the delivery drained.
+    deliverer: Option<Arc<ClickHouseDeliverer>>,
 }
 
 impl BatchingSink {
@@ -151,6 +154,7 @@ impl Sealer for BatchingSink {
                 deliverer.note_columns(&key, &session, Some(seqs)).await?;
             }
         }
+        self.deliverer = Some(Arc::clone(&deliverer));
         let deliverer: Arc<dyn BatchDeliverer> = deliverer;
         delivery.open(
             key,
@@ -250,12 +254,15 @@ impl Sealer for BatchingSink {
 
     /// A sink stopped by an incompatible change of its table's columns kept its batches: the
     /// run ends with the reason instead of as delivered.
-    fn drained(&mut self) -> Result<(), SinkError> {
+    async fn drained(&mut self) -> Result<(), SinkError> {
         let Some(session) = self.shared.started_session() else {
             return Ok(());
         };
         match session.stopped() {
-            None => Ok(()),
+            None => match &self.deliverer {
+                Some(deliverer) => deliverer.drained(&self.ctx.state_key()).await,
+                None => Ok(()),
+            },
             Some(reason) => Err(SinkError::Refused(format!(
                 "{}: not delivered: this sink stopped on a change of `{}`.`{}`'s columns and keeps every batch since in the outbox: {reason}",
                 self.ctx.state_key(),

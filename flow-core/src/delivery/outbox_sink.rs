@@ -201,7 +201,7 @@ pub trait Sealer: Send {
     /// After the delivery drained: an error when batches were kept instead of delivered (a
     /// sink whose target it can no longer write keeps sealing into the outbox, so that the
     /// pipeline's other sinks go on, and says so here, at the end of the run).
-    fn drained(&mut self) -> Result<(), SinkError> {
+    async fn drained(&mut self) -> Result<(), SinkError> {
         Ok(())
     }
 }
@@ -252,7 +252,7 @@ impl<S: Sealer> Sink for OutboxSink<S> {
 
     async fn drain(&mut self) -> Result<(), SinkError> {
         self.delivery.drain().await?;
-        self.sealer.drained()
+        self.sealer.drained().await
     }
 
     async fn close(&mut self) -> Result<(), SinkError> {
