@@ -10,7 +10,7 @@
 //! stored before, so a re-encoded replay of a stored part would land twice.
 
 use crate::encode::chtype::ChType;
-use crate::encode::row_spans::{skip_value, ReadError};
+use crate::encode::row_spans::{read_leb128, skip_value, take, ReadError};
 use crate::encode::rowbinary::EncodedColumn;
 
 /// `data` (RowBinary rows encoded for the columns `old`) as encoded for `new`: the same columns
@@ -74,7 +74,7 @@ fn widen_value(
         }
         (ChType::Array(old), ChType::Array(new)) => {
             let start = at;
-            let (count, mut at) = leb128(data, at)?;
+            let (count, mut at) = read_leb128(data, at)?;
             out.extend_from_slice(&data[start..at]);
             for _ in 0..count {
                 at = widen_value(old, new, data, at, out)?;
@@ -82,7 +82,9 @@ fn widen_value(
             Ok(at)
         }
         (ChType::Float32, ChType::Float64) => {
-            let bytes: [u8; 4] = read(data, at)?;
+            let bytes: [u8; 4] = take(data, at, 4)?
+                .try_into()
+                .map_err(|_| "a Float32 of other than 4 bytes".to_owned())?;
             out.extend_from_slice(&f64::from(f32::from_le_bytes(bytes)).to_le_bytes());
             Ok(at + 4)
         }
@@ -95,9 +97,7 @@ fn widen_value(
                 }
                 return Err(format!("{old} is not widened to {new} here"));
             };
-            let bytes = data
-                .get(at..at + width)
-                .ok_or_else(|| format!("the data ends inside a {old}"))?;
+            let bytes = take(data, at, width)?;
             let negative = signed && bytes[width - 1] & 0x80 != 0;
             out.extend_from_slice(bytes);
             out.extend(std::iter::repeat_n(
@@ -126,25 +126,6 @@ fn integer(ty: &ChType) -> Option<(usize, bool)> {
         ChType::Int256 => (32, true),
         _ => return None,
     })
-}
-
-fn read<const N: usize>(data: &[u8], at: usize) -> Result<[u8; N], String> {
-    data.get(at..at + N)
-        .and_then(|bytes| bytes.try_into().ok())
-        .ok_or_else(|| format!("the data ends inside a value ({N} bytes wanted at byte {at})"))
-}
-
-fn leb128(data: &[u8], mut at: usize) -> Result<(u64, usize), String> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = *data.get(at).ok_or("the data ends inside a length")?;
-        at += 1;
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Ok((value, at));
-        }
-    }
-    Err(format!("a length longer than 64 bits ends at byte {at}"))
 }
 
 #[cfg(test)]
