@@ -173,6 +173,9 @@ pub struct ClickHouseParams {
     /// How often the sink re-reads its table's columns to adopt a compatible change
     /// ([`SCHEMA_REFRESH_INTERVAL_MS`]).
     pub schema_refresh_interval_ms: u64,
+    /// Stream columns missing from the table are added to it when the session starts; refused
+    /// for the exactly-once classes (see the validation).
+    pub auto_add_columns: bool,
 }
 
 /// The bounds of `schema_refresh_interval_ms`: at most ten re-reads a second, at least one a day.
@@ -208,6 +211,7 @@ impl Default for ClickHouseParams {
             message_id_column: None,
             settings: BTreeMap::new(),
             schema_refresh_interval_ms: DEFAULT_SCHEMA_REFRESH_INTERVAL_MS,
+            auto_add_columns: false,
         }
     }
 }
@@ -283,6 +287,8 @@ pub struct SinkParams {
     pub settings: Vec<(String, String)>,
     /// How often the table's columns are re-read.
     pub schema_refresh_interval: std::time::Duration,
+    /// `auto_add_columns`.
+    pub auto_add_columns: bool,
 }
 
 impl SinkParams {
@@ -380,6 +386,7 @@ impl ClickHouseParams {
                 schema_refresh_interval: std::time::Duration::from_millis(
                     self.schema_refresh_interval_ms,
                 ),
+                auto_add_columns: self.auto_add_columns,
             }),
             (v, _) => Err(v),
         }
@@ -437,6 +444,20 @@ impl ClickHouseParams {
                     SCHEMA_REFRESH_INTERVAL_MS.start(),
                     SCHEMA_REFRESH_INTERVAL_MS.end(),
                     DEFAULT_SCHEMA_REFRESH_INTERVAL_MS
+                ),
+            ));
+        }
+        if self.auto_add_columns && class.is_exactly_once() {
+            v.push(Violation::new(
+                "parameters.auto_add_columns",
+                format!(
+                    "{class} cannot add columns to its table: a column added for a stream field \
+                     joins the INSERT's column list, so the batches already sealed (pending in \
+                     the outbox, or rebuilt from the source) could not be delivered as sealed, \
+                     and on a server without insert_deduplication_token a part stored before the \
+                     ADD COLUMN would not be recognised as a replay. Remove auto_add_columns and \
+                     add the column by hand (`ALTER TABLE ... ADD COLUMN` on every shard) while \
+                     the sink is drained, or use AtLeastOnceClickHouseSink"
                 ),
             ));
         }
@@ -1845,6 +1866,72 @@ at_most_once_strategy: {enabled: true}
             v[0].message,
             "AtLeastOnceClickHouseSink keeps no backlog of sent batches, so it has nothing to \
              expire; remove on_expired_backlog, or use an exactly-once class"
+        );
+    }
+
+    #[test]
+    fn auto_add_columns_is_refused_for_the_exactly_once_classes_with_why() {
+        for class in [SinkClass::Batching, SinkClass::ShardedBatching] {
+            let hosts = if class == SinkClass::Batching {
+                "host: h"
+            } else {
+                "shard_hosts: {a: [h]}"
+            };
+            let v = parse(
+                class,
+                &yaml(&format!("{{{hosts}, table: t, auto_add_columns: true}}")),
+                &yaml("{}"),
+            )
+            .unwrap_err();
+            assert_eq!(v.len(), 1, "{v:?}");
+            assert_eq!(v[0].path, "parameters.auto_add_columns");
+            assert!(
+                v[0].message.ends_with(
+                    "cannot add columns to its table: a column added for a stream field joins \
+                     the INSERT's column list, so the batches already sealed (pending in the \
+                     outbox, or rebuilt from the source) could not be delivered as sealed, and \
+                     on a server without insert_deduplication_token a part stored before the \
+                     ADD COLUMN would not be recognised as a replay. Remove auto_add_columns and \
+                     add the column by hand (`ALTER TABLE ... ADD COLUMN` on every shard) while \
+                     the sink is drained, or use AtLeastOnceClickHouseSink"
+                ),
+                "{}",
+                v[0].message
+            );
+        }
+        for class in [SinkClass::AtLeastOnce, SinkClass::AtMostOnce] {
+            let (params, _) = parse(
+                class,
+                &yaml("{host: h, table: t, auto_add_columns: true}"),
+                &yaml("{}"),
+            )
+            .unwrap();
+            assert!(params.auto_add_columns);
+        }
+    }
+
+    #[test]
+    fn schema_refresh_interval_is_bounded() {
+        let v = parse(
+            SinkClass::AtLeastOnce,
+            &yaml("{host: h, table: t, schema_refresh_interval_ms: 99}"),
+            &yaml("{}"),
+        )
+        .unwrap_err();
+        assert_eq!(v[0].path, "parameters.schema_refresh_interval_ms");
+        assert_eq!(
+            v[0].message,
+            "99 is outside 100..=86400000 (ms); set a value in range, or remove it for the default 10000"
+        );
+        let (params, _) = parse(
+            SinkClass::AtLeastOnce,
+            &yaml("{host: h, table: t}"),
+            &yaml("{}"),
+        )
+        .unwrap();
+        assert_eq!(
+            params.schema_refresh_interval,
+            std::time::Duration::from_secs(10)
         );
     }
 

@@ -1,5 +1,6 @@
 //! The server: HTTP clients and TLS, error classification, the writer session and its checks.
 
+pub(crate) mod auto_add;
 pub(crate) mod classify;
 pub(crate) mod client;
 pub(crate) mod columns_guard;

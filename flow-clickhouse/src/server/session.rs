@@ -22,6 +22,7 @@ use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
 use crate::exactly_once::fingerprint::{
     endpoint_target_fingerprint, replicated_target_fingerprint, target_key,
 };
+use crate::server::auto_add::add_missing_columns;
 use crate::server::classify::{ClassifiedError, ErrorClass};
 use crate::server::client::{build_shards, quote_ident, quote_table, EndpointClient, ShardClients};
 use crate::server::columns_guard::{read_columns, ColumnMeta, ColumnsGuard};
@@ -372,6 +373,19 @@ impl WriterSession {
             source,
         })?;
         let timeout = dynamic.write_timeout;
+        if params.auto_add_columns {
+            add_missing_columns(&shards, params, stream, timeout)
+                .await
+                .map_err(|cause| match cause.class {
+                    ErrorClass::Permanent => refused(format!(
+                        "auto_add_columns could not add the stream's columns missing from the table: {cause}. Grant the user ALTER on the table, or add the columns by hand"
+                    )),
+                    _ => SessionError::Unreachable {
+                        endpoint: format!("{}.{}", params.database, params.table),
+                        cause,
+                    },
+                })?;
+        }
 
         let mut first: Option<(String, EndpointMetadata)> = None;
         let mut capabilities = Capabilities {
