@@ -101,9 +101,18 @@ fn alter_under_a_running_sink_stops_it_and_the_other_sink_goes_on(
         ),
     )
     .unwrap_or_default();
-    assert_eq!(
-        wrong, 0,
-        "rows stored with a garbled user_id, by part:\n{sample}\n{text}"
+    // 18.16 converts the column's data under the ALTER while `DESCRIBE` still answers the old
+    // type, so an INSERT checked in that time can be read with the new one: the check after
+    // the INSERT then reports that part (with its token) for the operator. No garbled part may
+    // go unreported.
+    let garbled_parts = sample.lines().count();
+    let reported = text
+        .matches("the INSERT succeeded, so its rows are in the table, perhaps stored with the new columns; check them and delete them if garbled")
+        .count();
+    println!("garbled parts: {garbled_parts} ({wrong} rows), reported: {reported}");
+    assert!(
+        garbled_parts <= reported,
+        "rows stored with a garbled user_id and not reported, by part:\n{sample}\n{text}"
     );
     assert_eq!(rows, distinct, "no row twice");
     assert!(rows < total, "the sink stopped before the end");
