@@ -127,6 +127,7 @@ impl EpochInserts {
             token: None,
             format: part.format.as_str(),
             payload: &part.payload,
+            plan: &part.plan,
             first_offset: part.first_offset,
             last_offset: part.last_offset,
             rows: part.rows,
@@ -202,6 +203,7 @@ impl Sink for AtLeastOnceSink {
         let EpochCut {
             parts,
             dead_letters,
+            ..
         } = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
         let inserts = EpochInserts {
             shared: Arc::clone(&self.shared),

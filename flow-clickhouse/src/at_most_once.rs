@@ -380,8 +380,13 @@ async fn deliver_once(
         Ok(_) => {
             counters.delivered(part.rows);
         }
-        // Without an attempt log nothing expires and nothing is recorded.
-        Err(InsertFailure::Stopped | InsertFailure::Expired(_) | InsertFailure::State(_)) => {
+        // Without an attempt log nothing expires, nothing is recorded and nothing is replanned.
+        Err(
+            InsertFailure::Stopped
+            | InsertFailure::Expired(_)
+            | InsertFailure::State(_)
+            | InsertFailure::Replanned,
+        ) => {
             counters.lost(part.rows);
         }
         Err(InsertFailure::GaveUp(GaveUp {
@@ -414,6 +419,9 @@ struct SharedQueue {
     closed: std::sync::atomic::AtomicBool,
 }
 
+/// One shard's queued rows as the sending task takes them: index, encoded rows, row count.
+type Taken = (usize, Vec<u8>, u64);
+
 #[derive(Default)]
 struct QueueState {
     buffers: Vec<Vec<u8>>,
@@ -422,6 +430,10 @@ struct QueueState {
     bytes: u64,
     last_drop_warning: Option<Instant>,
     dropped_since_warning: u64,
+    /// The plan the queued rows were encoded with, taken when the queue was empty: rows
+    /// encoded after a change the session adopted meanwhile go out with the part, which
+    /// `insert_part` then refuses (lost, as at-most-once allows, never written garbled).
+    plan: Arc<str>,
 }
 
 impl SharedQueue {
@@ -473,9 +485,13 @@ impl SharedQueue {
         state.rows.resize(shards, 0);
         let mut queued = 0u64;
         let mut dropped = 0u64;
+        let plan = session.plan();
+        if state.buffers.iter().all(Vec::is_empty) {
+            state.plan = Arc::from(plan.encoder.plan_fingerprint());
+        }
         for row in batch.rows() {
-            let (shard, size) = match encode_routed(shared, session, &row, &mut state.buffers, key)
-            {
+            let encoded = encode_routed(shared, &plan.encoder, &row, &mut state.buffers, key);
+            let (shard, size) = match encoded {
                 Ok(routed) => routed,
                 Err(rejected) => {
                     reject_row(shared, &row, rejected, BadRows::Record(&mut dead_letters))?;
@@ -520,10 +536,12 @@ impl SharedQueue {
     async fn run(&self, shared: Arc<SinkShared>, counters: Arc<Counters>, metrics: SinkMetrics) {
         let (_never, mut stop) = watch::channel(false);
         loop {
-            let taken: Vec<(usize, Vec<u8>, u64)> = {
+            // The queued rows by shard (index, encoded rows, row count), and their plan.
+            let (plan, taken): (Arc<str>, Vec<Taken>) = {
                 let mut state = self.lock();
                 let state = &mut *state;
-                state
+                let plan = Arc::clone(&state.plan);
+                let taken = state
                     .buffers
                     .iter_mut()
                     .zip(state.rows.iter_mut())
@@ -532,7 +550,8 @@ impl SharedQueue {
                     .map(|(index, (buffer, rows))| {
                         (index, std::mem::take(buffer), std::mem::take(rows))
                     })
-                    .collect()
+                    .collect();
+                (plan, taken)
             };
             if taken.is_empty() {
                 self.changed.notify_waiters();
@@ -565,6 +584,7 @@ impl SharedQueue {
                     content_hash: 0,
                     format,
                     payload,
+                    plan: Arc::clone(&plan),
                 };
                 let target = Target {
                     shared: &shared,

@@ -6,10 +6,12 @@
 //!   the `topology` of endpoints, the `guarantee` of each [`SinkClass`] with its retry decision,
 //!   and the typed code `builder` ([`ClickHouseSink`]).
 //! - `encode/`: ClickHouse types (`chtype`), the dates a server reads back (`readable`), the
-//!   RowBinary body (`rowbinary`), reading rows back (`row_spans`), compression (`compress`) and
-//!   shard routing (`routing`).
+//!   RowBinary body (`rowbinary`), reading rows back (`row_spans`), rows re-encoded for a
+//!   widened column (`widen`), compression (`compress`) and shard routing (`routing`).
 //! - `server/`: HTTP clients (`client`, `tls`, `protocol`), error classes (`classify`), the
-//!   writer session (`probe`, `session`, `late_hosts`, `columns_guard`, `dedup_window`).
+//!   writer session (`probe`, `session`, `late_hosts`, `columns_guard`, `dedup_window`) and
+//!   what a change of the table's columns under it means (`schema_change`), and the stream
+//!   columns `auto_add_columns` adds to the table (`auto_add`).
 //! - `delivery/`: what every class shares: the per-sink state and its session wait
 //!   (`sink_state`), epochs cut into parts (`cutter`), the INSERT (`insert`, `backoff`), the
 //!   backlog age (`backlog_age`) and refused parts delivered in halves (`split`).

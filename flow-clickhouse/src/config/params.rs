@@ -170,7 +170,20 @@ pub struct ClickHouseParams {
     /// the ones flow sets itself are refused (see `config::settings`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub settings: BTreeMap<String, SettingValue>,
+    /// How often the sink re-reads its table's columns to adopt a compatible change
+    /// ([`SCHEMA_REFRESH_INTERVAL_MS`]).
+    pub schema_refresh_interval_ms: u64,
+    /// Stream columns missing from the table are added to it when the session starts; refused
+    /// for the exactly-once classes (see the validation).
+    pub auto_add_columns: bool,
 }
+
+/// The bounds of `schema_refresh_interval_ms`: at most ten re-reads a second, at least one a day.
+pub const SCHEMA_REFRESH_INTERVAL_MS: std::ops::RangeInclusive<u64> = 100..=86_400_000;
+
+/// The default `schema_refresh_interval_ms`: a change is adopted within 10 s when no INSERT
+/// meets it first, for one small query per shard.
+pub const DEFAULT_SCHEMA_REFRESH_INTERVAL_MS: u64 = 10_000;
 
 impl Default for ClickHouseParams {
     fn default() -> Self {
@@ -197,6 +210,8 @@ impl Default for ClickHouseParams {
             on_expired_backlog: None,
             message_id_column: None,
             settings: BTreeMap::new(),
+            schema_refresh_interval_ms: DEFAULT_SCHEMA_REFRESH_INTERVAL_MS,
+            auto_add_columns: false,
         }
     }
 }
@@ -270,6 +285,10 @@ pub struct SinkParams {
     pub at_most_once_queue: bool,
     /// The user's ClickHouse settings of every INSERT, in name order.
     pub settings: Vec<(String, String)>,
+    /// How often the table's columns are re-read.
+    pub schema_refresh_interval: std::time::Duration,
+    /// `auto_add_columns`.
+    pub auto_add_columns: bool,
 }
 
 impl SinkParams {
@@ -364,6 +383,10 @@ impl ClickHouseParams {
                     .as_ref()
                     .is_some_and(|s| s.enabled),
                 settings: settings::to_pairs(&self.settings),
+                schema_refresh_interval: std::time::Duration::from_millis(
+                    self.schema_refresh_interval_ms,
+                ),
+                auto_add_columns: self.auto_add_columns,
             }),
             (v, _) => Err(v),
         }
@@ -409,6 +432,32 @@ impl ClickHouseParams {
                 format!(
                     "{class} keeps no backlog of sent batches, so it has nothing to expire; \
                      remove on_expired_backlog, or use an exactly-once class"
+                ),
+            ));
+        }
+        if !SCHEMA_REFRESH_INTERVAL_MS.contains(&self.schema_refresh_interval_ms) {
+            v.push(Violation::new(
+                "parameters.schema_refresh_interval_ms",
+                format!(
+                    "{} is outside {}..={} (ms); set a value in range, or remove it for the default {}",
+                    self.schema_refresh_interval_ms,
+                    SCHEMA_REFRESH_INTERVAL_MS.start(),
+                    SCHEMA_REFRESH_INTERVAL_MS.end(),
+                    DEFAULT_SCHEMA_REFRESH_INTERVAL_MS
+                ),
+            ));
+        }
+        if self.auto_add_columns && class.is_exactly_once() {
+            v.push(Violation::new(
+                "parameters.auto_add_columns",
+                format!(
+                    "{class} cannot add columns to its table: a column added for a stream field \
+                     joins the INSERT's column list, so the batches already sealed (pending in \
+                     the outbox, or rebuilt from the source) could not be delivered as sealed, \
+                     and on a server without insert_deduplication_token a part stored before the \
+                     ADD COLUMN would not be recognised as a replay. Remove auto_add_columns and \
+                     add the column by hand (`ALTER TABLE ... ADD COLUMN` on every shard) while \
+                     the sink is drained, or use AtLeastOnceClickHouseSink"
                 ),
             ));
         }
@@ -1817,6 +1866,72 @@ at_most_once_strategy: {enabled: true}
             v[0].message,
             "AtLeastOnceClickHouseSink keeps no backlog of sent batches, so it has nothing to \
              expire; remove on_expired_backlog, or use an exactly-once class"
+        );
+    }
+
+    #[test]
+    fn auto_add_columns_is_refused_for_the_exactly_once_classes_with_why() {
+        for class in [SinkClass::Batching, SinkClass::ShardedBatching] {
+            let hosts = if class == SinkClass::Batching {
+                "host: h"
+            } else {
+                "shard_hosts: {a: [h]}"
+            };
+            let v = parse(
+                class,
+                &yaml(&format!("{{{hosts}, table: t, auto_add_columns: true}}")),
+                &yaml("{}"),
+            )
+            .unwrap_err();
+            assert_eq!(v.len(), 1, "{v:?}");
+            assert_eq!(v[0].path, "parameters.auto_add_columns");
+            assert!(
+                v[0].message.ends_with(
+                    "cannot add columns to its table: a column added for a stream field joins \
+                     the INSERT's column list, so the batches already sealed (pending in the \
+                     outbox, or rebuilt from the source) could not be delivered as sealed, and \
+                     on a server without insert_deduplication_token a part stored before the \
+                     ADD COLUMN would not be recognised as a replay. Remove auto_add_columns and \
+                     add the column by hand (`ALTER TABLE ... ADD COLUMN` on every shard) while \
+                     the sink is drained, or use AtLeastOnceClickHouseSink"
+                ),
+                "{}",
+                v[0].message
+            );
+        }
+        for class in [SinkClass::AtLeastOnce, SinkClass::AtMostOnce] {
+            let (params, _) = parse(
+                class,
+                &yaml("{host: h, table: t, auto_add_columns: true}"),
+                &yaml("{}"),
+            )
+            .unwrap();
+            assert!(params.auto_add_columns);
+        }
+    }
+
+    #[test]
+    fn schema_refresh_interval_is_bounded() {
+        let v = parse(
+            SinkClass::AtLeastOnce,
+            &yaml("{host: h, table: t, schema_refresh_interval_ms: 99}"),
+            &yaml("{}"),
+        )
+        .unwrap_err();
+        assert_eq!(v[0].path, "parameters.schema_refresh_interval_ms");
+        assert_eq!(
+            v[0].message,
+            "99 is outside 100..=86400000 (ms); set a value in range, or remove it for the default 10000"
+        );
+        let (params, _) = parse(
+            SinkClass::AtLeastOnce,
+            &yaml("{host: h, table: t}"),
+            &yaml("{}"),
+        )
+        .unwrap();
+        assert_eq!(
+            params.schema_refresh_interval,
+            std::time::Duration::from_secs(10)
         );
     }
 

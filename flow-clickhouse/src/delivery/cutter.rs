@@ -2,6 +2,8 @@
 //! ([`encode_routed`]) and encoded once; [`BatchCutter`] seals the buffers into [`Part`]s at the
 //! batch limits.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use flow_core::{
     reserve_projected, CapacityDecay, DeadRow, Epoch, FaultedIn, Headroom, MessageBatch, Row,
@@ -15,8 +17,8 @@ use crate::config::topology::ShardIndex;
 use crate::delivery::sink_state::SinkShared;
 use crate::encode::compress::{is_framed, seal, PartFormat};
 use crate::encode::routing::routing_key;
-use crate::encode::rowbinary::EncodeError;
-use crate::server::session::WriterSession;
+use crate::encode::rowbinary::{EncodeError, RowBinaryEncoder};
+use crate::server::session::{ColumnsPlan, WriterSession};
 
 /// Rows encoded between two yields to the runtime: encoding an epoch takes tens of
 /// milliseconds, during which the thread would otherwise not serve the delivery lanes' HTTP
@@ -37,6 +39,9 @@ pub struct Part {
     pub content_hash: u64,
     pub format: PartFormat,
     pub payload: Bytes,
+    /// The fingerprint of the plan the rows were encoded with
+    /// ([`RowBinaryEncoder::plan_fingerprint`]).
+    pub plan: Arc<str>,
 }
 
 impl Part {
@@ -60,6 +65,10 @@ pub struct BatchCutter {
     key: Vec<u8>,
     open: OpenBatch,
     cut: EpochCut,
+    /// The plan the open epoch is encoded with: taken from the session at its first row, so
+    /// that a change adopted meanwhile applies from the next epoch (every batch of an epoch is
+    /// sealed under one plan, which its outbox entry names).
+    plan: Option<Arc<ColumnsPlan>>,
 }
 
 /// What the cutting of one epoch produced so far.
@@ -69,6 +78,8 @@ pub struct EpochCut {
     pub parts: Vec<Part>,
     /// Rows set aside under `on_bad_rows: dead_letter`.
     pub dead_letters: Vec<DeadLetter>,
+    /// The plan the parts were encoded with (`None` when no row was cut).
+    pub plan: Option<Arc<ColumnsPlan>>,
 }
 
 /// The batch being cut, and where its epoch stands.
@@ -151,6 +162,7 @@ impl BatchCutter {
         self.decay.resize(shards, CapacityDecay::default());
         self.rows.resize(shards, 0);
         let (max_rows, max_bytes) = batch_limits(shared);
+        let plan = Arc::clone(self.plan.get_or_insert_with(|| session.plan()));
         for (index, row) in batch.rows().enumerate() {
             if index % YIELD_EVERY_ROWS == YIELD_EVERY_ROWS - 1 {
                 tokio::task::yield_now().await;
@@ -158,7 +170,13 @@ impl BatchCutter {
             self.open.first_offset.get_or_insert(row.id().offset);
             self.open.last_offset = row.id().offset;
             self.open.epoch_rows += 1;
-            match encode_routed(shared, session, &row, &mut self.buffers, &mut self.key) {
+            match encode_routed(
+                shared,
+                &plan.encoder,
+                &row,
+                &mut self.buffers,
+                &mut self.key,
+            ) {
                 Ok((shard, size)) => {
                     self.open.bytes += size;
                     self.open.rows += 1;
@@ -190,7 +208,9 @@ impl BatchCutter {
     /// Everything the epoch's cutting produced; the next `cut` starts a new epoch.
     fn take_epoch(&mut self) -> EpochCut {
         self.abandon();
-        std::mem::take(&mut self.cut)
+        let mut cut = std::mem::take(&mut self.cut);
+        cut.plan = self.plan.take();
+        cut
     }
 
     /// Starts epoch `number` unless it is the one being cut: what another epoch left (its
@@ -201,6 +221,7 @@ impl BatchCutter {
         }
         self.abandon();
         self.cut = EpochCut::default();
+        self.plan = None;
         self.open.epoch = Some(number);
         self.open.epoch_bound = epoch_bound;
     }
@@ -244,18 +265,19 @@ impl BatchCutter {
         }
     }
 
-    /// Encodes one row into its shard's buffer (rebuilding a batch row by row).
+    /// Encodes one row into its shard's buffer with `plan` (rebuilding a batch row by row).
     pub fn push_row(
         &mut self,
         shared: &SinkShared,
-        session: &WriterSession,
+        plan: &Arc<ColumnsPlan>,
         row: &Row<'_>,
     ) -> Result<(), SinkError> {
+        self.plan.get_or_insert_with(|| Arc::clone(plan));
         let shards = shared.router.shards().len().max(1);
         self.buffers.resize_with(shards, Vec::new);
         self.decay.resize(shards, CapacityDecay::default());
         self.rows.resize(shards, 0);
-        match encode_routed(shared, session, row, &mut self.buffers, &mut self.key) {
+        match encode_routed(shared, &plan.encoder, row, &mut self.buffers, &mut self.key) {
             Ok((shard, _)) => {
                 self.rows[shard] += 1;
                 Ok(())
@@ -277,6 +299,11 @@ impl BatchCutter {
     ) {
         self.faulted
             .resize(self.buffers.len(), FaultedIn::default());
+        let plan: Arc<str> = self
+            .plan
+            .as_ref()
+            .map(|plan| Arc::from(plan.encoder.plan_fingerprint()))
+            .unwrap_or_else(|| Arc::from(""));
         let buffers = self.buffers.iter_mut().zip(&mut self.decay);
         for (index, ((buffer, decay), faulted)) in buffers.zip(&mut self.faulted).enumerate() {
             if buffer.is_empty() {
@@ -294,6 +321,7 @@ impl BatchCutter {
                 content_hash,
                 format,
                 payload,
+                plan: Arc::clone(&plan),
             });
             // The encode buffer keeps its capacity for the next batch, unless it is oversized.
             if decay.should_shrink(headroom.target(buffer.len()), buffer.capacity()) {
@@ -383,7 +411,7 @@ pub fn reject_row(
 #[inline]
 pub fn encode_routed(
     shared: &SinkShared,
-    session: &WriterSession,
+    encoder: &RowBinaryEncoder,
     row: &Row<'_>,
     buffers: &mut [Vec<u8>],
     key: &mut Vec<u8>,
@@ -396,7 +424,7 @@ pub fn encode_routed(
     };
     let buffer = &mut buffers[shard];
     let before = buffer.len();
-    if let Err(error) = session.encoder.encode_row(row, buffer) {
+    if let Err(error) = encoder.encode_row(row, buffer) {
         buffer.truncate(before);
         return Err(RowRejected { shard, error });
     }

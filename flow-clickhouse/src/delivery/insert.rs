@@ -34,6 +34,12 @@ pub enum InsertFailure {
     Expired(Expired),
     /// Recording an unanswered attempt failed.
     State(SinkError),
+    /// The table's columns changed compatibly and the session adopted them
+    /// ([`WriterSession::refresh_columns`]) before this part was sent, or after it was stored:
+    /// its caller decides again how to send it (it may now be in the table under the old
+    /// columns, or encoded for a plan the session left). Only parts with an [`AttemptLog`]
+    /// end so; the others are sent again (or counted as stored) at once.
+    Replanned,
 }
 
 impl InsertFailure {
@@ -42,6 +48,9 @@ impl InsertFailure {
         match self {
             InsertFailure::Stopped => SinkError::Delivery {
                 reason: "the pipeline stopped during an insert".to_owned(),
+            },
+            InsertFailure::Replanned => SinkError::Delivery {
+                reason: "the table's columns changed during an insert".to_owned(),
             },
             InsertFailure::GaveUp(gave_up) => SinkError::Target {
                 context: format!("insert given up after {} attempt(s)", gave_up.attempts),
@@ -150,6 +159,10 @@ pub struct InsertRequest<'a> {
     /// has it; `None` for the classes without a token.
     pub token: Option<&'a str>,
     pub payload: &'a Bytes,
+    /// The fingerprint of the plan the payload was encoded with
+    /// ([`crate::encode::rowbinary::RowBinaryEncoder::plan_fingerprint`]): it is sent only
+    /// while the session plans the same.
+    pub plan: &'a str,
     /// The payload is in ClickHouse's compression framing.
     pub compressed: bool,
     /// When the part was sealed into the outbox (ms since the Unix epoch): while it cannot be
@@ -172,6 +185,7 @@ impl<'a> InsertRequest<'a> {
             shard: part.shard,
             token: None,
             payload: &part.payload,
+            plan: &part.plan,
             compressed: part.compressed(),
             sealed_at_ms: None,
             answered_code: None,
@@ -209,6 +223,7 @@ pub async fn insert_part(
         shard: index,
         token,
         payload,
+        plan: encoded_for,
         compressed,
         sealed_at_ms,
         answered_code,
@@ -237,14 +252,33 @@ pub async fn insert_part(
                 _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
             }
         };
+        let plan = session.plan();
+        if plan.encoder.plan_fingerprint() != encoded_for {
+            // RowBinary carries no types: under another plan the bytes would be read as
+            // other columns or types.
+            return Err(InsertFailure::GaveUp(GaveUp {
+                error: ClassifiedError {
+                    class: ErrorClass::Permanent,
+                    code: None,
+                    message: format!(
+                        "the part was encoded with plan {encoded_for} and the table's columns now give plan {}: {}",
+                        plan.encoder.plan_fingerprint(),
+                        session.plan_change(encoded_for)
+                    ),
+                },
+                attempts,
+                endpoint: String::new(),
+                give_up: on_failure_of(shared, ErrorClass::Permanent).give_up,
+            }));
+        }
         attempts += 1;
-        let guard = &session.columns_guard;
+        let guard = &plan.columns_guard;
         let started = std::time::Instant::now();
         let result = match guard.before_insert(endpoint, dynamic.write_timeout).await {
             Ok(()) => {
                 endpoint
                     .insert(
-                        &session.insert_sql,
+                        &plan.insert_sql,
                         &settings,
                         payload.clone(),
                         compressed,
@@ -253,15 +287,42 @@ pub async fn insert_part(
                     .await
             }
             Err(error) => {
-                if let (true, Some(log)) = (is_columns_change(&error), attempt_log) {
-                    log.columns_changed(&error, false)
-                        .await
-                        .map_err(InsertFailure::State)?;
+                if is_columns_change(&error) {
+                    if let Some(log) = attempt_log {
+                        log.columns_changed(&error, false)
+                            .await
+                            .map_err(InsertFailure::State)?;
+                    }
+                    // Nothing was sent: re-read the columns, and send under the adopted plan.
+                    match session.refresh_columns(dynamic.write_timeout).await {
+                        // The shards' current hosts agree with the plan, this one does not
+                        // (an ALTER reaching the replicas one by one): wait and retry.
+                        Ok(()) if session.plan().generation == plan.generation => {
+                            Err(InsertError {
+                                error: ClassifiedError {
+                                    class: ErrorClass::Retryable,
+                                    code: None,
+                                    message: format!(
+                                        "{}; the other hosts still answer the columns the sink plans for, so it waits until they agree",
+                                        error.message
+                                    ),
+                                },
+                                unanswered: false,
+                            })
+                        }
+                        Ok(()) if attempt_log.is_some() => return Err(InsertFailure::Replanned),
+                        Ok(()) => continue,
+                        Err(error) => Err(InsertError {
+                            error,
+                            unanswered: false,
+                        }),
+                    }
+                } else {
+                    Err(InsertError {
+                        error,
+                        unanswered: false,
+                    })
                 }
-                Err(InsertError {
-                    error,
-                    unanswered: false,
-                })
             }
         };
         let err = match result {
@@ -276,6 +337,24 @@ pub async fn insert_part(
                         log.columns_changed(&error, true)
                             .await
                             .map_err(InsertFailure::State)?;
+                    }
+                    // A compatible change that left the columns this INSERT names as they
+                    // were (a column it does not name added or dropped): the server read the
+                    // part right under either layout. A part with an attempt log is marked and
+                    // checked by its ids before it is acknowledged (under other columns a
+                    // resend is no replay). A widened column the part was encoded for may
+                    // have been read as the wider type: that stays a permanent error.
+                    let adopted = session.refresh_columns(dynamic.write_timeout).await.is_ok();
+                    if adopted
+                        && session.plan().encoder.plan_fingerprint()
+                            == plan.encoder.plan_fingerprint()
+                    {
+                        if attempt_log.is_some() {
+                            return Err(InsertFailure::Replanned);
+                        }
+                        shard.backoff.succeeded();
+                        metrics.observe_insert(Some(shard_name), started.elapsed().as_secs_f64());
+                        return Ok(attempts);
                     }
                     return Err(InsertFailure::GaveUp(GaveUp {
                         give_up: on_failure_of(shared, error.class).give_up,

@@ -202,6 +202,11 @@ impl SinkShared {
         }
     }
 
+    /// The session if it started, without waiting for it.
+    pub fn started_session(&self) -> Option<Arc<WriterSession>> {
+        self.session.get().cloned()
+    }
+
     /// The answer for an epoch when [`SinkShared::session`] found the pipeline stopping before
     /// the session started: not committed, and read again by the next run.
     pub fn not_started() -> EpochOutcome {
@@ -304,7 +309,14 @@ pub(crate) async fn wait_for_session(
                         "ClickHouse writer session started after waiting for unreachable endpoints"
                     );
                 }
-                return Ok(Arc::new(session));
+                let session = Arc::new(session);
+                WriterSession::watch_columns(
+                    &session,
+                    params.schema_refresh_interval,
+                    dynamic.write_timeout,
+                    stop.clone(),
+                );
+                return Ok(session);
             }
             Err(err) if should_retry(err.class(), attempts, dynamic.max_insert_attempts) => {
                 let due =

@@ -79,6 +79,8 @@ pub struct RefusedPart<'a> {
     /// The stored format of the payload.
     pub format: &'a str,
     pub payload: &'a Bytes,
+    /// The fingerprint of the plan the payload was encoded with.
+    pub plan: &'a str,
     pub first_offset: u64,
     pub last_offset: u64,
     pub rows: u64,
@@ -108,6 +110,7 @@ impl<'a> RefusedPart<'a> {
             token: Some(&batch.token),
             format: &batch.format,
             payload: &batch.payload,
+            plan: &batch.plan,
             first_offset: batch.first_offset,
             last_offset: batch.last_offset,
             rows: batch.rows,
@@ -172,6 +175,7 @@ impl RefusedPart<'_> {
                         shard,
                         token: token.as_deref(),
                         payload: &payload,
+                        plan: self.plan,
                         compressed: true,
                         sealed_at_ms: self.sealed_at_ms,
                         answered_code: self.refused.code,
@@ -225,7 +229,8 @@ impl RefusedPart<'_> {
         encoded: &[u8],
         token: Option<&str>,
     ) -> Result<PendingLetter, SinkError> {
-        let columns = session.encoder.columns();
+        let plan = session.plan();
+        let columns = plan.encoder.columns();
         let row = row_json(columns, encoded).map_err(|err| self.unreadable(err))?;
         let row_base64 = row_base64(columns, encoded).map_err(|err| self.unreadable(err))?;
         // A part that holds every message of its bounds has row i at offset first + i; a sharded
@@ -241,9 +246,9 @@ impl RefusedPart<'_> {
         };
         let resend = token.map(|token| ResendRow {
             target: format!("{}.{}", session.database, session.table),
-            columns: session.encoder.column_names(),
+            columns: plan.encoder.column_names(),
             format: self.format.to_owned(),
-            plan: session.encoder.plan_fingerprint().to_owned(),
+            plan: plan.encoder.plan_fingerprint().to_owned(),
             token: token.to_owned(),
             first_offset: offset.unwrap_or(self.first_offset),
             last_offset: offset.unwrap_or(self.last_offset),
@@ -276,8 +281,9 @@ impl RefusedPart<'_> {
     /// work on.
     fn read_rows(&self, session: &WriterSession) -> Result<(Vec<u8>, RowSpans), SinkError> {
         let rows = unframe(self.format, self.payload).map_err(|err| self.unreadable(err))?;
-        let spans = RowSpans::parse(session.encoder.columns(), &rows)
-            .map_err(|err| self.unreadable(err))?;
+        let plan = session.plan();
+        let spans =
+            RowSpans::parse(plan.encoder.columns(), &rows).map_err(|err| self.unreadable(err))?;
         Ok((rows, spans))
     }
 

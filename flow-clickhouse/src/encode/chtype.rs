@@ -714,6 +714,17 @@ fn natural_stream(table: &ChType) -> String {
     }
 }
 
+/// The column type `auto_add_columns` adds for a stream column of type `stream`: its natural
+/// type, Nullable for an `optional<T>`.
+pub(crate) fn column_type_to_add(stream: &StreamType) -> String {
+    let natural = natural_type(stream.inner());
+    if stream.is_optional() && !natural.starts_with("Nullable") {
+        format!("Nullable({natural})")
+    } else {
+        natural
+    }
+}
+
 /// The table type a stream type is written to naturally.
 fn natural_type(stream: &StreamType) -> String {
     match stream {

@@ -6,3 +6,4 @@ pub(crate) mod readable;
 pub(crate) mod routing;
 pub(crate) mod row_spans;
 pub(crate) mod rowbinary;
+pub(crate) mod widen;

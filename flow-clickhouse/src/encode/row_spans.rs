@@ -136,13 +136,13 @@ fn fixed_width(ty: &ChType) -> Option<usize> {
     })
 }
 
-fn take(data: &[u8], at: usize, len: usize) -> Result<&[u8], String> {
+pub(crate) fn take(data: &[u8], at: usize, len: usize) -> Result<&[u8], String> {
     at.checked_add(len)
         .and_then(|end| data.get(at..end))
         .ok_or_else(|| format!("the data ends inside a value ({len} bytes wanted at byte {at})"))
 }
 
-fn read_leb128(data: &[u8], mut at: usize) -> Result<(u64, usize), String> {
+pub(crate) fn read_leb128(data: &[u8], mut at: usize) -> Result<(u64, usize), String> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
         let byte = *data
@@ -158,7 +158,7 @@ fn read_leb128(data: &[u8], mut at: usize) -> Result<(u64, usize), String> {
 }
 
 /// The offset after the value of `ty` at `at`.
-fn skip_value(ty: &ChType, data: &[u8], at: usize) -> Result<usize, String> {
+pub(crate) fn skip_value(ty: &ChType, data: &[u8], at: usize) -> Result<usize, String> {
     match ty {
         ChType::Nullable(inner) => match take(data, at, 1)?[0] {
             1 => Ok(at + 1),

@@ -35,7 +35,8 @@ use crate::delivery::sink_state::SinkShared;
 use crate::delivery::split::{
     marker_name, marker_prefix, refusal_from_marker, RefusedPart, SplitOutcome, SplitPart,
 };
-use crate::encode::compress::is_framed;
+use crate::encode::compress::{is_framed, seal, unframe};
+use crate::encode::widen::widen_rows;
 use crate::exactly_once::fingerprint::target_key;
 use crate::exactly_once::landed::{
     changed_marker, changed_prefix, decide, no_id_column, part_ids, partly_present,
@@ -44,6 +45,7 @@ use crate::exactly_once::landed::{
 use crate::exactly_once::rebuild::Requeue;
 use crate::exactly_once::state::ExactlyOnce;
 use crate::server::classify::{is_row_rejection, ClassifiedError, ErrorClass};
+use crate::server::columns_guard::columns_text;
 use crate::server::late_hosts::LateTarget;
 use crate::server::session::WriterSession;
 
@@ -56,6 +58,41 @@ pub struct PartitionMarks {
     unanswered: BTreeMap<u64, String>,
     /// Entries sent while the table's columns changed, with the guard's report.
     changed: BTreeMap<u64, String>,
+    /// The table's columns the partition's attempts were last made under; `None` before the
+    /// first (or in a state directory of an older version).
+    columns: Option<AttemptedUnder>,
+}
+
+/// The table's columns ([`columns_text`]) a partition's attempts were last made under, and
+/// whether its last run ended drained, so that no pending entry of it can be in the table
+/// without a mark (an entry that landed was acknowledged; one without an answer is marked
+/// `unanswered`). Stored as the sink value `columns/<partition>`: `clean` or `sent`, a newline,
+/// the columns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct AttemptedUnder {
+    clean: bool,
+    columns: String,
+}
+
+impl AttemptedUnder {
+    fn parse(value: &[u8]) -> Option<AttemptedUnder> {
+        let text = String::from_utf8_lossy(value);
+        let (state, columns) = text.split_once('\n')?;
+        Some(AttemptedUnder {
+            clean: state == "clean",
+            columns: columns.to_owned(),
+        })
+    }
+
+    fn value(&self) -> Vec<u8> {
+        let state = if self.clean { "clean" } else { "sent" };
+        format!("{state}\n{}", self.columns).into_bytes()
+    }
+}
+
+/// The sink value holding [`PartitionMarks::columns`] of `partition`.
+fn columns_marker(partition: u32) -> String {
+    format!("columns/{partition}")
 }
 
 impl PartitionMarks {
@@ -80,10 +117,16 @@ impl PartitionMarks {
             .into_iter()
             .map(|(seq, value)| (seq, String::from_utf8_lossy(&value).into_owned()))
             .collect();
+        let columns = store
+            .sink_values_with_prefix(&key.pipeline, &key.sink, &columns_marker(key.partition))?
+            .into_iter()
+            .find(|(name, _)| *name == columns_marker(key.partition))
+            .and_then(|(_, value)| AttemptedUnder::parse(&value));
         Ok(PartitionMarks {
             split,
             unanswered,
             changed,
+            columns,
         })
     }
 }
@@ -382,6 +425,139 @@ impl ClickHouseDeliverer {
         }
     }
 
+    /// When the session's columns differ from those the partition's attempts were last made
+    /// under, marks every entry that may have landed under the old ones as sent while the
+    /// columns changed, so that its ids are looked for before it is sent again: on a server
+    /// without `insert_deduplication_token` a part stored under other columns is another block,
+    /// and a resend would not be recognised as a replay ([`crate::exactly_once::landed`]). The
+    /// entries in doubt are those with an unanswered attempt; at a start (`backlog`: the
+    /// pending entries) every pending one unless the run before ended drained, since it may
+    /// have stored one without acknowledging it (a kill between the INSERT and its
+    /// acknowledgement). Before an attempt (`backlog` `None`) the columns are then recorded,
+    /// after the marks, so that a crash in between marks again rather than not at all.
+    pub async fn note_columns(
+        &self,
+        key: &SinkPartition,
+        session: &WriterSession,
+        backlog: Option<Vec<u64>>,
+    ) -> Result<(), SinkError> {
+        let now = AttemptedUnder {
+            clean: false,
+            columns: columns_text(session.plan().columns_guard.expected()),
+        };
+        let recorded = self.marks().columns.clone();
+        if recorded.as_ref() == Some(&now) {
+            return Ok(());
+        }
+        let (pipeline, sink) = (&key.pipeline, &key.sink);
+        let changed = recorded.as_ref().is_some_and(|r| r.columns != now.columns);
+        if changed && !session.capabilities.insert_deduplication_token {
+            let clean = recorded.as_ref().is_some_and(|r| r.clean);
+            let seqs = match backlog.clone() {
+                Some(backlog) if !clean => backlog,
+                _ => self.marks().unanswered.keys().copied().collect(),
+            };
+            let text = "the table's columns changed since the part was last sent, which may have stored it under the old ones".to_owned();
+            for seq in seqs {
+                if self.marks().changed.contains_key(&seq) {
+                    continue;
+                }
+                let value = Some(text.clone().into_bytes());
+                self.store
+                    .set_sink_value(pipeline, sink, &changed_marker(key.partition, seq), value)
+                    .await?;
+                self.marks().changed.insert(seq, text.clone());
+            }
+        }
+        if backlog.is_some() {
+            return Ok(());
+        }
+        self.record_columns(key, now).await
+    }
+
+    /// After the partition's delivery drained: no pending entry can be in the table without a
+    /// mark, which the next start relies on ([`ClickHouseDeliverer::note_columns`]).
+    pub async fn drained(&self, key: &SinkPartition) -> Result<(), SinkError> {
+        let Some(recorded) = self.marks().columns.clone() else {
+            return Ok(());
+        };
+        self.record_columns(
+            key,
+            AttemptedUnder {
+                clean: true,
+                ..recorded
+            },
+        )
+        .await
+    }
+
+    async fn record_columns(
+        &self,
+        key: &SinkPartition,
+        under: AttemptedUnder,
+    ) -> Result<(), SinkError> {
+        let value = Some(under.value());
+        self.store
+            .set_sink_value(
+                &key.pipeline,
+                &key.sink,
+                &columns_marker(key.partition),
+                value,
+            )
+            .await?;
+        self.marks().columns = Some(under);
+        Ok(())
+    }
+
+    /// Entry `seq` re-encoded for the session's plan when it was encoded before a widening the
+    /// session adopted ([`WriterSession::plan_before_widening`]); `None` when it needs no
+    /// re-encoding (or cannot have one: sending it is then refused with the way through).
+    /// Called once the entry is known not to be in the table under other columns: a mark of
+    /// [`ClickHouseDeliverer::note_columns`] was cleared by the replicas' answer, or there was
+    /// none, so no attempt of it can have landed since the columns changed, and on a server
+    /// with `insert_deduplication_token` the token recognises a replay whatever its bytes.
+    fn widened(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        session: &WriterSession,
+    ) -> Result<Option<SealedBatch>, SinkError> {
+        let plan = session.plan();
+        if batch.plan == plan.encoder.plan_fingerprint() {
+            return Ok(None);
+        }
+        let Some(before) = session.plan_before_widening(&batch.plan) else {
+            return Ok(None);
+        };
+        let unreadable = |reason: String| {
+            SinkError::Refused(format!(
+                "{key}: pending batch {seq} (token {}) was encoded before a column was widened and cannot be re-encoded for the wider column: {reason}. It stays in the outbox; narrow the column back on every host and restart to deliver it as it is",
+                batch.token
+            ))
+        };
+        let rows =
+            unframe(&batch.format, &batch.payload).map_err(|err| unreadable(err.to_string()))?;
+        let rows = widen_rows(before.encoder.columns(), plan.encoder.columns(), &rows)
+            .map_err(|err| unreadable(err.to_string()))?;
+        let (format, payload) = seal(self.shared.params.codec, &rows);
+        tracing::info!(
+            partition = key.partition,
+            seq,
+            token = %batch.token,
+            plan = %plan.encoder.plan_fingerprint(),
+            "a pending batch encoded before a column was widened is re-encoded for the wider column: no attempt of it can be in the table under the old columns"
+        );
+        Ok(Some(SealedBatch {
+            format: format.as_str().to_owned(),
+            content_hash: xxhash_rust::xxh64::xxh64(&rows, 0),
+            encoded_bytes: rows.len() as u64,
+            plan: plan.encoder.plan_fingerprint().to_owned(),
+            payload,
+            ..batch.clone()
+        }))
+    }
+
     /// Drops entry `seq`'s changed-columns and unanswered-attempt records: the replicas showed
     /// that no attempt landed.
     async fn drop_columns_changed(&self, key: &SinkPartition, seq: u64) -> Result<(), SinkError> {
@@ -602,18 +778,41 @@ impl BatchDeliverer for ClickHouseDeliverer {
         batch: &SealedBatch,
         stop: &watch::Receiver<bool>,
     ) -> Result<(), SinkError> {
+        // A change of the columns adopted around an attempt: decide again how to send it.
+        while !self.deliver_once(key, seq, batch, stop).await? {}
+        Ok(())
+    }
+}
+
+impl ClickHouseDeliverer {
+    /// One go at delivering entry `seq`; `false` when the session adopted a change of the
+    /// table's columns meanwhile and the entry is to be looked at again.
+    async fn deliver_once(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<bool, SinkError> {
         self.exactly_once
             .check_gave_up(key.partition, Some(&batch.token))?;
         let Some(session) = self.shared.session(stop).await? else {
             // Stopping: the batch stays in the outbox for the next run.
-            return Ok(());
+            return Ok(true);
         };
+        if session.stopped().is_some() {
+            // An incompatible change of the table's columns stopped this sink (the session
+            // logged why): the batch stays in the outbox, and the partition, with the
+            // pipeline's other sinks, goes on.
+            return Ok(true);
+        }
         if !self
             .late_target_fits(key, &batch.shard, &session, stop)
             .await?
         {
-            return Ok(());
+            return Ok(true);
         }
+        self.note_columns(key, &session, None).await?;
         // With `insert_deduplication_token` the token, not the content, identifies a replay:
         // a resend under other columns is still dropped, so there is nothing to check.
         let changed = self.marks().changed.contains_key(&seq)
@@ -623,12 +822,16 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 .send_after_columns_changed(key, seq, batch, &session, stop)
                 .await?
         {
-            return Ok(());
+            return Ok(true);
         }
         let split = self.marks().split.get(&seq).cloned();
         if let Some(refused) = split {
-            return self.split(key, seq, batch, &refused, &session, stop).await;
+            self.split(key, seq, batch, &refused, &session, stop)
+                .await?;
+            return Ok(true);
         }
+        let widened = self.widened(key, seq, batch, &session)?;
+        let sent = widened.as_ref().unwrap_or(batch);
         let attempts = EntryAttempts {
             deliverer: self,
             key,
@@ -644,8 +847,9 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 let request = InsertRequest {
                     shard,
                     token: Some(&batch.token),
-                    payload: &batch.payload,
-                    compressed: is_framed(&batch.format),
+                    payload: &sent.payload,
+                    plan: &sent.plan,
+                    compressed: is_framed(&sent.format),
                     sealed_at_ms: Some(batch.sealed_at_ms),
                     answered_code: None,
                     attempts: Some(&attempts),
@@ -655,7 +859,8 @@ impl BatchDeliverer for ClickHouseDeliverer {
             }
             None => Err(unconfigured_shard(&self.shared, &batch.shard)),
         };
-        match inserted {
+        let done = match inserted {
+            Err(InsertFailure::Replanned) => return Ok(false),
             Ok(_) => self.acknowledge(key, seq, batch).await,
             // Stopping leaves the batch in the outbox for the next run.
             Err(InsertFailure::Stopped) => Ok(()),
@@ -667,10 +872,23 @@ impl BatchDeliverer for ClickHouseDeliverer {
                 self.split(key, seq, batch, &gave_up.error, &session, &stop)
                     .await
             }
+            Err(InsertFailure::GaveUp(gave_up)) if session.stopped().is_some() => {
+                // Kept in the outbox with the stopped sink's others; what this attempt found
+                // (an INSERT that succeeded as the columns changed) is for the operator.
+                warn!(
+                    partition = key.partition,
+                    seq,
+                    token = %batch.token,
+                    error = %gave_up.error,
+                    "a pending batch is kept in the outbox: this sink stopped on an incompatible change of its table's columns"
+                );
+                Ok(())
+            }
             Err(InsertFailure::GaveUp(gave_up)) => {
                 let reason = gave_up.reason(&session, &batch.shard, Some(&batch.token));
                 Err(self.give_up(&batch.shard, reason).await)
             }
-        }
+        };
+        done.map(|()| true)
     }
 }

@@ -39,7 +39,12 @@ pub fn part_ids(
     column: &str,
 ) -> Result<Vec<i128>, String> {
     let rows = unframe(&batch.format, &batch.payload).map_err(|err| err.to_string())?;
-    let columns = session.encoder.columns();
+    // Read with the plan it was encoded with: one sealed before a widening has the narrower
+    // columns.
+    let plan = session
+        .plan_before_widening(&batch.plan)
+        .unwrap_or_else(|| session.plan());
+    let columns = plan.encoder.columns();
     let spans = RowSpans::parse(columns, &rows).map_err(|err| err.to_string())?;
     let mut ids = Vec::with_capacity(spans.rows());
     for index in 0..spans.rows() {

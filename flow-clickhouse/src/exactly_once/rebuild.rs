@@ -16,7 +16,7 @@ use flow_state::{SealedBatch, StoredBatch, StoredBody};
 
 use crate::delivery::cutter::{BatchCutter, Part};
 use crate::delivery::sink_state::SinkShared;
-use crate::server::session::WriterSession;
+use crate::server::session::{ColumnsPlan, WriterSession};
 
 /// The stored entries (one per shard still pending) of one logical batch, in seq order.
 struct Pending {
@@ -68,6 +68,13 @@ impl Requeue<'_> {
         let mut run: Vec<StoredBatch> = Vec::new();
         for stored in backlog {
             let bounds = matches!(stored.body, StoredBody::Rebuild { .. });
+            // A run is rebuilt with one plan: a batch sealed under another starts a new one.
+            let other_plan = run
+                .first()
+                .is_some_and(|first| first.batch.plan != stored.batch.plan);
+            if bounds && other_plan && !self.rebuild(std::mem::take(&mut run), delivery).await? {
+                return Ok(());
+            }
             if bounds {
                 run.push(stored);
                 continue;
@@ -75,8 +82,14 @@ impl Requeue<'_> {
             if !self.rebuild(std::mem::take(&mut run), delivery).await? {
                 return Ok(());
             }
-            let plan = self.session.encoder.plan_fingerprint();
-            if stored.batch.plan != plan {
+            let current = self.session.plan();
+            let plan = current.encoder.plan_fingerprint();
+            // One encoded before a widening is re-encoded as it is delivered, where safe.
+            let widened = self
+                .session
+                .plan_before_widening(&stored.batch.plan)
+                .is_some();
+            if stored.batch.plan != plan && !widened {
                 // Stored bytes are sent as they are: under another plan they would land in the
                 // wrong columns or types.
                 return Err(self.mismatch(
@@ -131,15 +144,20 @@ impl Requeue<'_> {
                 "it was stored as bounds, but the source can no longer re-read its range (its class changed)",
             ));
         };
-        let plan = self.session.encoder.plan_fingerprint();
+        // Rebuilt with the plan it was sealed under, so that its hash can be checked: one
+        // encoded before a widening is re-encoded as it is delivered, where safe.
+        let plan = self
+            .session
+            .plan_before_widening(&first.batch.plan)
+            .unwrap_or_else(|| self.session.plan());
         for stored in &run {
-            if stored.batch.plan != plan {
+            if stored.batch.plan != plan.encoder.plan_fingerprint() {
                 return Err(self.mismatch(
                     stored,
                     &format!(
                         "it was encoded with plan {} and the table's columns now give plan {}: {}",
                         stored.batch.plan,
-                        plan,
+                        plan.encoder.plan_fingerprint(),
                         self.session.plan_change(&stored.batch.plan)
                     ),
                 ));
@@ -153,12 +171,14 @@ impl Requeue<'_> {
             batches = pending.len(),
             "rebuilding pending batches from the source"
         );
-        self.replay(replay, epoch_start, pending, delivery).await
+        self.replay(replay, &plan, epoch_start, pending, delivery)
+            .await
     }
 
     async fn replay(
         &self,
         replay: &Arc<dyn Replay>,
+        plan: &Arc<ColumnsPlan>,
         from: Option<Vec<u8>>,
         pending: Vec<Pending>,
         delivery: &mut impl Rebuilt,
@@ -178,7 +198,7 @@ impl Requeue<'_> {
                     "a ClickHouse sink reads exactly one stream".to_owned(),
                 ));
             };
-            for (current, parts) in self.batch_rows(batch, &mut pending, &mut cutter)? {
+            for (current, parts) in self.batch_rows(batch, plan, &mut pending, &mut cutter)? {
                 if !self.requeue(current, parts, delivery).await? {
                     return Ok(false);
                 }
@@ -201,6 +221,7 @@ impl Requeue<'_> {
     fn batch_rows(
         &self,
         batch: &MessageBatch,
+        plan: &Arc<ColumnsPlan>,
         pending: &mut std::iter::Peekable<std::vec::IntoIter<Pending>>,
         cutter: &mut BatchCutter,
     ) -> Result<Vec<(Pending, Vec<Part>)>, SinkError> {
@@ -224,7 +245,7 @@ impl Requeue<'_> {
                     ),
                 ));
             }
-            cutter.push_row(self.shared, self.session, &row)?;
+            cutter.push_row(self.shared, plan, &row)?;
             if offset == current.last {
                 if let Some(done) = pending.next() {
                     let mut parts = Vec::new();

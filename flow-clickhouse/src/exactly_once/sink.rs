@@ -64,6 +64,7 @@ impl SinkFactory for BatchingSinkFactory {
             ctx,
             fingerprints_checked: false,
             cutter: BatchCutter::default(),
+            deliverer: None,
         })))
     }
 
@@ -84,6 +85,8 @@ struct BatchingSink {
     /// Whether the persisted fingerprints were compared with (or replaced by) the current ones.
     fingerprints_checked: bool,
     cutter: BatchCutter,
+    /// The partition's deliverer once opened: told when the delivery drained.
+    deliverer: Option<Arc<ClickHouseDeliverer>>,
 }
 
 impl BatchingSink {
@@ -136,13 +139,23 @@ impl Sealer for BatchingSink {
             let (store, key) = (self.ctx.store.clone(), key.clone());
             blocking(move || PartitionMarks::load(&store, &key)).await?
         };
-        let deliverer: Arc<dyn BatchDeliverer> = Arc::new(ClickHouseDeliverer::new(
+        let deliverer = Arc::new(ClickHouseDeliverer::new(
             Arc::clone(&self.shared),
             Arc::clone(&self.exactly_once),
             self.ctx.clone(),
             marks,
             self.ctx.metrics.clone(),
         ));
+        if !backlog.is_empty() {
+            if let Some(session) = self.shared.session(&self.ctx.shutdown).await? {
+                // The run before may have stored any pending entry without acknowledging it,
+                // under the columns it last sent with.
+                let seqs = backlog.iter().map(|stored| stored.seq).collect();
+                deliverer.note_columns(&key, &session, Some(seqs)).await?;
+            }
+        }
+        self.deliverer = Some(Arc::clone(&deliverer));
+        let deliverer: Arc<dyn BatchDeliverer> = deliverer;
         delivery.open(
             key,
             deliverer,
@@ -177,13 +190,17 @@ impl Sealer for BatchingSink {
         let EpochCut {
             parts,
             dead_letters,
+            plan,
         } = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
+        // The plan the epoch was encoded with: a change adopted meanwhile applies from the
+        // next epoch on.
+        let plan = plan.unwrap_or_else(|| session.plan());
         let target = format!(
             "{}.{}",
             self.shared.params.database, self.shared.params.table
         );
-        let columns = session.encoder.column_names();
-        let plan = session.encoder.plan_fingerprint();
+        let columns = plan.encoder.column_names();
+        let plan = plan.encoder.plan_fingerprint();
         let sealed_at_ms = now_ms();
         let partition = self.ctx.partition;
         let batches = parts
@@ -233,5 +250,25 @@ impl Sealer for BatchingSink {
         self.shared.reconfigure(dynamic)?;
         self.delivery.budget.resize(self.shared.in_flight_budget());
         Ok(())
+    }
+
+    /// A sink stopped by an incompatible change of its table's columns kept its batches: the
+    /// run ends with the reason instead of as delivered.
+    async fn drained(&mut self) -> Result<(), SinkError> {
+        let Some(session) = self.shared.started_session() else {
+            return Ok(());
+        };
+        match session.stopped() {
+            None => match &self.deliverer {
+                Some(deliverer) => deliverer.drained(&self.ctx.state_key()).await,
+                None => Ok(()),
+            },
+            Some(reason) => Err(SinkError::Refused(format!(
+                "{}: not delivered: this sink stopped on a change of `{}`.`{}`'s columns and keeps every batch since in the outbox: {reason}",
+                self.ctx.state_key(),
+                self.shared.params.database,
+                self.shared.params.table
+            ))),
+        }
     }
 }

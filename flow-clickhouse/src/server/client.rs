@@ -191,6 +191,19 @@ impl EndpointClient {
         }
     }
 
+    /// Runs a statement without a result (an `ALTER`).
+    pub async fn execute(&self, sql: &str, timeout: Duration) -> Result<(), ClassifiedError> {
+        let run = self.client.query(sql).execute();
+        match tokio::time::timeout(timeout, run).await {
+            Ok(result) => result.map_err(|err| ClassifiedError::from_clickhouse(&err)),
+            Err(_) => Err(ClassifiedError::network(format!(
+                "no answer from {} within {}",
+                self.endpoint,
+                humantime::format_duration(timeout)
+            ))),
+        }
+    }
+
     /// Sends one INSERT with `payload` as its data (in ClickHouse's compression framing when
     /// `compressed`). Succeeds only when the server acknowledged it.
     pub async fn insert(

@@ -11,9 +11,9 @@
 //! garbled instead of passing silently. An INSERT that starts within [`FRESH`] of such a
 //! verification on the same host relies on it instead of asking again: under load that halves the
 //! queries, for a window of the same order as the one any check leaves before the server parses
-//! the body. A refusal is a permanent error: the sink's guarantee decides what that means (the
-//! exactly-once classes stop and keep their batches), and the next start re-plans against the new
-//! columns or refuses a table the stream no longer fits.
+//! the body. A difference makes the sink re-read the table's columns and decide whether to adopt
+//! them ([`crate::server::session::WriterSession::refresh_columns`]); what it cannot adopt stops
+//! it with the reason.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -65,6 +65,11 @@ impl ColumnsGuard {
         ColumnsGuard { sql, expected }
     }
 
+    /// The columns every INSERT is checked against.
+    pub fn expected(&self) -> &[ColumnMeta] {
+        &self.expected
+    }
+
     /// Before an INSERT: an error when the columns on `endpoint` are not the expected ones (a
     /// permanent one naming the difference), or cannot be read (classified as the failure is).
     pub async fn before_insert(
@@ -82,7 +87,7 @@ impl ColumnsGuard {
                 Ok(())
             }
             Some(diff) => Err(changed(format!(
-                "the table's columns changed since the writer session started ({diff}); nothing was sent, so no value was stored under the old layout. Restart the worker: it plans the new columns, or refuses a table the stream no longer fits"
+                "the table's columns changed since the sink planned them ({diff}); nothing was sent, so no value was stored under the old layout. The sink re-reads them: a compatible change is adopted, an incompatible one stops the sink with the reason"
             ))),
         }
     }
@@ -103,7 +108,7 @@ impl ColumnsGuard {
                 Ok(())
             }
             Ok(Some(diff)) => Err(changed(format!(
-                "the table's columns changed while {} was being inserted ({diff}): the INSERT succeeded, so its rows are in the table, perhaps stored with the new columns; check them and delete them if garbled. Reverting the change does not make a resend safe: under other columns the part is another block, which the server does not recognise as a replay. The exactly-once classes keep the part pending and, on the next start, ask the shard's replicas for its message ids (`message_id_column`) before sending it again",
+                "the table's columns changed while {} was being inserted ({diff}): the INSERT succeeded, so its rows are in the table, perhaps stored with the new columns; check them and delete them if garbled. Reverting the change does not make a resend safe: under other columns the part is another block, which the server does not recognise as a replay. The exactly-once classes keep the part pending and ask the shard's replicas for its message ids (`message_id_column`) before sending it again",
                 match token {
                     Some(token) => format!("the part with token {token}"),
                     None => format!("a part of shard `{shard}`"),
@@ -142,6 +147,21 @@ pub async fn read_columns(
             default_expression: json_text(row, "default_expression"),
         })
         .collect())
+}
+
+/// `columns` as one text (name, type, default kind and expression, in table order), what the
+/// exactly-once classes remember as the columns a partition's attempts were made under.
+pub fn columns_text(columns: &[ColumnMeta]) -> String {
+    columns
+        .iter()
+        .map(|c| {
+            format!(
+                "{}\t{}\t{}\t{}",
+                c.name, c.type_text, c.default_kind, c.default_expression
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn changed(message: String) -> ClassifiedError {

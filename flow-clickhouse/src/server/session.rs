@@ -3,11 +3,14 @@
 //! schema, replication identity, server capabilities, dedup window — before anything is sent.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
 
 use flow_core::StreamSchema;
 use futures_util::future::join_all;
-use tracing::{info, warn};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
 
 use crate::config::dynamic::ClickHouseDynamicParams;
 use crate::config::guarantee::SinkClass;
@@ -19,15 +22,17 @@ use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
 use crate::exactly_once::fingerprint::{
     endpoint_target_fingerprint, replicated_target_fingerprint, target_key,
 };
+use crate::server::auto_add::add_missing_columns;
 use crate::server::classify::{ClassifiedError, ErrorClass};
 use crate::server::client::{build_shards, quote_ident, quote_table, EndpointClient, ShardClients};
-use crate::server::columns_guard::{ColumnMeta, ColumnsGuard};
+use crate::server::columns_guard::{read_columns, ColumnMeta, ColumnsGuard};
 use crate::server::dedup_window::DedupWindows;
 use crate::server::late_hosts::{LateCheck, LateHost, LateHosts, LateTargets, ShardReference};
 use crate::server::probe::{
     min_capabilities, probe_speaking_its_protocol, schema_difference, Capabilities,
     EndpointMetadata, EngineKind, SessionError,
 };
+use crate::server::schema_change::{decide, ChangeDecision};
 
 /// Functions whose value differs between two executions of the same INSERT. A DEFAULT or
 /// MATERIALIZED expression using one makes two replays of a batch different blocks.
@@ -77,8 +82,15 @@ struct ShardDedupWindow {
 pub struct WriterSession {
     /// Sorted by shard name; one entry named `""` for the unsharded forms.
     pub shards: Vec<ShardClients>,
-    pub encoder: RowBinaryEncoder,
-    pub insert_sql: String,
+    /// The columns the sink encodes for and checks every INSERT against: replaced when a
+    /// compatible change of the table is adopted ([`WriterSession::refresh_columns`]).
+    plan: RwLock<Arc<ColumnsPlan>>,
+    /// What planning the stream onto re-read columns needs.
+    replan: Replan,
+    /// Why the sink stopped on an incompatible change of the table's columns.
+    stopped: RwLock<Option<String>>,
+    /// One refresh of the columns at a time: a refusal waits for the one under way.
+    refreshing: tokio::sync::Mutex<()>,
     pub capabilities: Capabilities,
     /// `target:<shard>` → logical target fingerprint.
     pub target_fingerprints: BTreeMap<String, String>,
@@ -87,11 +99,6 @@ pub struct WriterSession {
     /// The dedup window of each shard that deduplicates, for re-checks on reload.
     dedup_windows: Vec<ShardDedupWindow>,
     partitions: u32,
-    /// The columns every INSERT is checked against (those the encoder was planned for).
-    pub columns_guard: ColumnsGuard,
-    /// The table columns wider than their stream column's own type (see
-    /// [`crate::encode::chtype::is_widening`]), for [`WriterSession::plan_change`].
-    widened: Vec<Widened>,
     /// Checks the hosts that were unreachable at the start, until each is admitted.
     _late_hosts: Option<LateHosts>,
     /// The target fingerprints of the shards none of whose hosts answered at the start, as
@@ -101,7 +108,214 @@ pub struct WriterSession {
     pub settings: Vec<(String, String)>,
 }
 
+/// The plan the session encodes and checks by; see [`WriterSession::plan`].
+#[derive(Debug)]
+pub struct ColumnsPlan {
+    pub encoder: RowBinaryEncoder,
+    pub insert_sql: String,
+    /// The columns every INSERT is checked against (those the encoder was planned for).
+    pub columns_guard: ColumnsGuard,
+    /// The table columns wider than their stream column's own type (see
+    /// [`crate::encode::chtype::is_widening`]), for [`WriterSession::plan_change`].
+    widened: Vec<Widened>,
+    /// 0 at the session start, one more at each adopted change.
+    pub generation: u64,
+}
+
+impl ColumnsPlan {
+    fn new(
+        encoder: RowBinaryEncoder,
+        stream: &StreamSchema,
+        table: &[ColumnMeta],
+        params: &SinkParams,
+        generation: u64,
+    ) -> ColumnsPlan {
+        let insert_sql = format!(
+            "INSERT INTO {} ({}) FORMAT RowBinary",
+            quote_table(&params.database, &params.table),
+            encoder
+                .column_names()
+                .iter()
+                .map(|c| quote_ident(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        ColumnsPlan {
+            widened: widened_columns(&encoder, stream),
+            encoder,
+            insert_sql,
+            columns_guard: ColumnsGuard::new(
+                ColumnsGuard::query(&params.database, &params.table),
+                table.to_vec(),
+            ),
+            generation,
+        }
+    }
+}
+
+/// What planning the stream onto the table's columns needs, kept for a re-plan.
+struct Replan {
+    class: SinkClass,
+    params: SinkParams,
+    stream: Arc<StreamSchema>,
+    server_types: ServerTypes,
+    ranges: ReadableRanges,
+}
+
 impl WriterSession {
+    /// The plan new batches are encoded with and INSERTs are checked against. A caller holds
+    /// it for what must be encoded under one plan (an epoch's batches).
+    pub fn plan(&self) -> Arc<ColumnsPlan> {
+        match self.plan.read() {
+            Ok(plan) => Arc::clone(&plan),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// The reason the sink stopped on an incompatible change of its table's columns.
+    pub fn stopped(&self) -> Option<String> {
+        match self.stopped.read() {
+            Ok(stopped) => stopped.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Re-reads the table's columns (`system.columns`, with default kinds, as the start does)
+    /// on the current host of every shard and adopts a compatible change
+    /// ([`crate::server::schema_change::decide`]). `Ok` when the plan now fits what the
+    /// hosts answer; a permanent error naming the reason and the remedy on an incompatible
+    /// change (the sink stops, and stays stopped: [`WriterSession::stopped`]); a retryable one
+    /// while the hosts disagree (an `ALTER` reaching them one by one) or cannot be read.
+    pub async fn refresh_columns(&self, timeout: Duration) -> Result<(), ClassifiedError> {
+        let _one = self.refreshing.lock().await;
+        if let Some(reason) = self.stopped() {
+            return Err(permanent(reason));
+        }
+        let sql = ColumnsGuard::system_columns_query(&self.database, &self.table);
+        let mut seen: Option<(String, Vec<ColumnMeta>)> = None;
+        for shard in &self.shards {
+            let Some(endpoint) = shard.current() else {
+                continue;
+            };
+            let columns = read_columns(endpoint, &sql, timeout).await?;
+            let here = describe(&shard.name, endpoint);
+            match &seen {
+                Some((there, first)) if *first != columns => {
+                    return Err(ClassifiedError {
+                        class: ErrorClass::Retryable,
+                        code: None,
+                        message: format!(
+                            "the table's columns differ between {there} and {here} (an ALTER reaching the hosts one by one?); the sink waits until they agree. If they stay different, make the tables identical on every host"
+                        ),
+                    });
+                }
+                Some(_) => {}
+                None => seen = Some((here, columns)),
+            }
+        }
+        let Some((_, now)) = seen else {
+            return Ok(());
+        };
+        let plan = self.plan();
+        let replan = &self.replan;
+        let decision = decide(
+            &quote_table(&self.database, &self.table),
+            plan.columns_guard.expected(),
+            &now,
+            &plan.encoder,
+            |table| {
+                plan_columns(
+                    replan.class,
+                    &replan.params,
+                    &replan.stream,
+                    table,
+                    self.capabilities,
+                    &replan.server_types,
+                )
+                .map(|encoder| encoder.with_ranges(replan.ranges.clone()))
+            },
+        );
+        match decision {
+            ChangeDecision::Unchanged => Ok(()),
+            ChangeDecision::Adopt { encoder, changes } => {
+                let next = ColumnsPlan::new(
+                    encoder,
+                    &replan.stream,
+                    &now,
+                    &replan.params,
+                    plan.generation + 1,
+                );
+                let replanned = next.encoder.plan_fingerprint() != plan.encoder.plan_fingerprint();
+                info!(
+                    database = %self.database,
+                    table = %self.table,
+                    changes = %changes.join("; "),
+                    plan = %next.encoder.plan_fingerprint(),
+                    replanned,
+                    generation = next.generation,
+                    "the table's columns changed compatibly: adopted without a restart; batches from the next one on are encoded for them"
+                );
+                match self.plan.write() {
+                    Ok(mut current) => *current = Arc::new(next),
+                    Err(poisoned) => *poisoned.into_inner() = Arc::new(next),
+                }
+                // A verification of the old columns covers no INSERT under the new ones.
+                for endpoint in self.shards.iter().flat_map(|s| &s.endpoints) {
+                    endpoint.columns_checked_ms.store(0, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+            ChangeDecision::Stop { reason } => {
+                error!(
+                    database = %self.database,
+                    table = %self.table,
+                    reason = %reason,
+                    "the table's columns changed incompatibly: this sink stops; the pipeline's other sinks go on"
+                );
+                match self.stopped.write() {
+                    Ok(mut stopped) => *stopped = Some(reason.clone()),
+                    Err(poisoned) => *poisoned.into_inner() = Some(reason.clone()),
+                }
+                Err(permanent(reason))
+            }
+        }
+    }
+
+    /// Re-reads the table's columns every `interval` until the session is dropped or the
+    /// pipeline stops, so that a compatible change is adopted before an INSERT meets it.
+    pub fn watch_columns(
+        session: &Arc<WriterSession>,
+        interval: Duration,
+        timeout: Duration,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let weak: Weak<WriterSession> = Arc::downgrade(session);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(interval) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                let Some(session) = weak.upgrade() else {
+                    return;
+                };
+                if session.stopped().is_some() {
+                    return;
+                }
+                if let Err(err) = session.refresh_columns(timeout).await {
+                    if err.class != ErrorClass::Permanent {
+                        warn!(
+                            database = %session.database,
+                            table = %session.table,
+                            error = %err,
+                            "cannot re-read the table's columns; trying again at the next refresh"
+                        );
+                    }
+                }
+            }
+        });
+    }
+
     /// The time bound of `shard`'s deduplication window (`replicated_deduplication_window_seconds`
     /// of a replicated table); `None` where only a block count bounds it.
     pub fn dedup_window_time(&self, shard: &str) -> Option<std::time::Duration> {
@@ -159,6 +373,19 @@ impl WriterSession {
             source,
         })?;
         let timeout = dynamic.write_timeout;
+        if params.auto_add_columns {
+            add_missing_columns(&shards, params, stream, timeout)
+                .await
+                .map_err(|cause| match cause.class {
+                    ErrorClass::Permanent => refused(format!(
+                        "auto_add_columns could not add the stream's columns missing from the table: {cause}. Grant the user ALTER on the table, or add the columns by hand"
+                    )),
+                    _ => SessionError::Unreachable {
+                        endpoint: format!("{}.{}", params.database, params.table),
+                        cause,
+                    },
+                })?;
+        }
 
         let mut first: Option<(String, EndpointMetadata)> = None;
         let mut capabilities = Capabilities {
@@ -352,6 +579,7 @@ impl WriterSession {
         if dynamic.async_insert && !capabilities.async_insert {
             return Err(refused(ASYNC_INSERT_UNSUPPORTED.to_owned()));
         }
+        let ranges = ranges.unwrap_or_else(|| ReadableRanges::of_version(""));
         let encoder = plan_columns(
             class,
             params,
@@ -361,9 +589,9 @@ impl WriterSession {
             &reference.server_types,
         )
         .map_err(refused)?
-        .with_ranges(ranges.unwrap_or_else(|| ReadableRanges::of_version("")));
-        let widened = widened_columns(&encoder, stream);
-        for column in &widened {
+        .with_ranges(ranges.clone());
+        let plan = ColumnsPlan::new(encoder, stream, &reference.columns, params, 0);
+        for column in &plan.widened {
             info!(
                 database = %params.database,
                 table = %params.table,
@@ -373,10 +601,6 @@ impl WriterSession {
                 "the table column is wider than the stream's type: every value is written as the table's type"
             );
         }
-        let columns_guard = ColumnsGuard::new(
-            ColumnsGuard::query(&params.database, &params.table),
-            reference.columns.clone(),
-        );
         if class.is_exactly_once() && !capabilities.insert_deduplication_token {
             warn!(
                 database = %params.database,
@@ -384,21 +608,12 @@ impl WriterSession {
                 "the server has no `insert_deduplication_token`: exactly-once rests on ClickHouse's content-hash deduplication of bit-identical replays. Two distinct batches with identical rows would collapse into one; make rows unique (e.g. include the message id) or upgrade ClickHouse"
             );
         }
-        let columns: Vec<String> = encoder.column_names();
-        let insert_sql = format!(
-            "INSERT INTO {} ({}) FORMAT RowBinary",
-            quote_table(&params.database, &params.table),
-            columns
-                .iter()
-                .map(|c| quote_ident(c))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        let columns = plan.encoder.columns().len();
         info!(
             database = %params.database,
             table = %params.table,
             shards = shards.len(),
-            columns = columns.len(),
+            columns,
             tokens = capabilities.insert_deduplication_token,
             "ClickHouse writer session started"
         );
@@ -417,16 +632,22 @@ impl WriterSession {
             _late_hosts: late_hosts,
             late_targets,
             shards,
-            encoder,
-            insert_sql,
+            plan: RwLock::new(Arc::new(plan)),
+            replan: Replan {
+                class,
+                params: params.clone(),
+                stream: Arc::clone(stream),
+                server_types: reference.server_types.clone(),
+                ranges,
+            },
+            stopped: RwLock::new(None),
+            refreshing: tokio::sync::Mutex::new(()),
             capabilities,
             target_fingerprints,
             database: params.database.clone(),
             table: params.table.clone(),
             dedup_windows,
             partitions,
-            columns_guard,
-            widened,
             settings: params.settings.clone(),
         })
     }
@@ -437,10 +658,30 @@ impl WriterSession {
     /// a server without `insert_deduplication_token` (18.16) deduplicates by the stored block's
     /// content, which differs between the two types, so a re-encoded replay of a part that
     /// already landed would land twice. It is delivered after the column is narrowed back.
+    /// The plan a pending batch with plan fingerprint `stored` was encoded with when it is
+    /// this session's plan before one or more of its widenings: its rows can be re-encoded for
+    /// the wider columns ([`crate::encode::widen`]) where that is safe, or rebuilt with it.
+    /// `None` for the current plan or any other.
+    pub fn plan_before_widening(&self, stored: &str) -> Option<Arc<ColumnsPlan>> {
+        let plan = self.plan();
+        let (_, encoder) = widening_candidates(&plan.encoder, &plan.widened)
+            .into_iter()
+            .find(|(_, encoder)| encoder.plan_fingerprint() == stored)?;
+        let table = plan.columns_guard.expected();
+        Some(Arc::new(ColumnsPlan::new(
+            encoder.with_ranges(self.replan.ranges.clone()),
+            &self.replan.stream,
+            table,
+            &self.replan.params,
+            plan.generation,
+        )))
+    }
+
     pub fn plan_change(&self, stored: &str) -> String {
+        let plan = self.plan();
         plan_change(
-            &self.encoder,
-            &self.widened,
+            &plan.encoder,
+            &plan.widened,
             &quote_table(&self.database, &self.table),
             stored,
         )
@@ -455,25 +696,8 @@ fn plan_change(
     table: &str,
     stored: &str,
 ) -> String {
-    // The plans the batch may have been encoded with before the widenings: each one alone,
-    // then all of them.
-    let mut candidates: Vec<Vec<&Widened>> = widened.iter().map(|w| vec![w]).collect();
-    if widened.len() > 1 {
-        candidates.push(widened.iter().collect());
-    }
-    for undone in candidates {
-        let columns = encoder
-            .columns()
-            .iter()
-            .map(|c| {
-                let mut c = c.clone();
-                if let Some(w) = undone.iter().find(|w| w.name == c.name) {
-                    c.ty = w.was.clone();
-                }
-                c
-            })
-            .collect();
-        if RowBinaryEncoder::new(columns).plan_fingerprint() != stored {
+    for (undone, before) in widening_candidates(encoder, widened) {
+        if before.plan_fingerprint() != stored {
             continue;
         }
         let what = undone
@@ -499,6 +723,35 @@ fn plan_change(
     "a column was added, removed or changed type since the batch was encoded; restore the table's columns it was encoded for, run the worker until `flow-worker status` shows no pending batch, then change the table".to_owned()
 }
 
+/// The plans a batch may have been encoded with before the widenings of `encoder`'s columns
+/// (`widened`): each widening undone alone, then all of them, with the widenings undone.
+fn widening_candidates<'w>(
+    encoder: &RowBinaryEncoder,
+    widened: &'w [Widened],
+) -> Vec<(Vec<&'w Widened>, RowBinaryEncoder)> {
+    let mut candidates: Vec<Vec<&Widened>> = widened.iter().map(|w| vec![w]).collect();
+    if widened.len() > 1 {
+        candidates.push(widened.iter().collect());
+    }
+    candidates
+        .into_iter()
+        .map(|undone| {
+            let columns = encoder
+                .columns()
+                .iter()
+                .map(|c| {
+                    let mut c = c.clone();
+                    if let Some(w) = undone.iter().find(|w| w.name == c.name) {
+                        c.ty = w.was.clone();
+                    }
+                    c
+                })
+                .collect();
+            (undone, RowBinaryEncoder::new(columns))
+        })
+        .collect()
+}
+
 /// A table column wider than its stream column's type.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Widened {
@@ -522,6 +775,14 @@ fn widened_columns(encoder: &RowBinaryEncoder, stream: &StreamSchema) -> Vec<Wid
             })
         })
         .collect()
+}
+
+fn permanent(message: String) -> ClassifiedError {
+    ClassifiedError {
+        class: ErrorClass::Permanent,
+        code: None,
+        message,
+    }
 }
 
 fn describe(shard: &str, endpoint: &EndpointClient) -> String {
@@ -699,6 +960,150 @@ mod tests {
              the table's columns it was encoded for, run the worker until `flow-worker status` \
              shows no pending batch, then change the table"
         );
+    }
+
+    fn meta(name: &str, ty: &str, kind: &str, expr: &str) -> ColumnMeta {
+        ColumnMeta {
+            name: name.to_owned(),
+            type_text: ty.to_owned(),
+            default_kind: kind.to_owned(),
+            default_expression: expr.to_owned(),
+        }
+    }
+
+    /// The decision about `now` for a stream (`id` uint64, `user_id` uint32) planned onto
+    /// `id UInt64, user_id UInt32, note String` by an exactly-once sink on a server without
+    /// tokens: `Ok(changes)` adopted, `Err(reason)` stopped.
+    fn decision(now: &[ColumnMeta]) -> Result<Vec<String>, String> {
+        let stream = Arc::new(
+            StreamSchema::new(vec![
+                flow_core::Column::new("id", StreamType::Uint64),
+                flow_core::Column::new("user_id", StreamType::Uint32),
+            ])
+            .unwrap(),
+        );
+        let parameters: serde_yaml::Value = serde_yaml::from_str("{host: h, table: t}").unwrap();
+        let params = crate::config::params::parse(
+            SinkClass::Batching,
+            &parameters,
+            &serde_yaml::Value::Null,
+        )
+        .unwrap()
+        .0;
+        let capabilities = Capabilities {
+            insert_deduplication_token: false,
+            async_insert: false,
+            async_insert_deduplicate: false,
+            insert_deduplicate: true,
+            replicas_zookeeper_name: false,
+        };
+        let types = ServerTypes::default();
+        let plan = |table: &[ColumnMeta]| {
+            plan_columns(
+                SinkClass::Batching,
+                &params,
+                &stream,
+                table,
+                capabilities,
+                &types,
+            )
+        };
+        let was = vec![
+            meta("id", "UInt64", "", ""),
+            meta("user_id", "UInt32", "", ""),
+            meta("note", "String", "", ""),
+        ];
+        let fed = plan(&was).unwrap();
+        match decide("`default`.`t`", &was, now, &fed, plan) {
+            ChangeDecision::Unchanged => Ok(Vec::new()),
+            ChangeDecision::Adopt { changes, .. } => Ok(changes),
+            ChangeDecision::Stop { reason } => Err(reason),
+        }
+    }
+
+    #[test]
+    fn compatible_changes_are_adopted_and_incompatible_ones_stop_with_the_reason() {
+        let id = meta("id", "UInt64", "", "");
+        let user = meta("user_id", "UInt32", "", "");
+        let note = meta("note", "String", "", "");
+        let with = |extra: &[ColumnMeta]| {
+            let mut columns = vec![id.clone(), user.clone(), note.clone()];
+            columns.extend(extra.iter().cloned());
+            columns
+        };
+        assert_eq!(decision(&with(&[])), Ok(Vec::new()));
+        // Adopted.
+        assert_eq!(
+            decision(&with(&[meta("region", "String", "DEFAULT", "'eu'")])),
+            Ok(vec!["column `region` String DEFAULT 'eu' added".to_owned()])
+        );
+        assert_eq!(
+            decision(&with(&[meta("flag", "UInt8", "", "")])),
+            Ok(vec!["column `flag` UInt8 added".to_owned()])
+        );
+        assert_eq!(
+            decision(&with(&[meta("day", "Date", "MATERIALIZED", "toDate(id)")])),
+            Ok(vec![
+                "column `day` Date MATERIALIZED toDate(id) added".to_owned()
+            ])
+        );
+        assert_eq!(
+            decision(&[id.clone(), user.clone()]),
+            Ok(vec!["column `note` String dropped".to_owned()])
+        );
+        assert_eq!(
+            decision(&[id.clone(), meta("user_id", "UInt64", "", ""), note.clone()]),
+            Ok(vec![
+                "column `user_id` UInt32 is now `user_id` UInt64".to_owned()
+            ])
+        );
+        assert_eq!(
+            decision(&[
+                id.clone(),
+                meta("user_id", "Nullable(Int64)", "", ""),
+                note.clone()
+            ]),
+            Ok(vec![
+                "column `user_id` UInt32 is now `user_id` Nullable(Int64)".to_owned()
+            ])
+        );
+        assert_eq!(
+            decision(&[id.clone(), user.clone(), meta("note", "UInt8", "", "")]),
+            Ok(vec!["column `note` String is now `note` UInt8".to_owned()])
+        );
+        // Stopped.
+        assert_eq!(
+            decision(&[id.clone(), note.clone()]),
+            Err("the column `user_id` the stream writes was dropped from `default`.`t`: its values have no column to go to. The sink's pending batches stay in the outbox; add the column back (`ALTER TABLE `default`.`t` ADD COLUMN `user_id` UInt32` on every host) or remove it from the stream (e.g. with a `project` processor), then restart".to_owned())
+        );
+        let narrowing = "the column `user_id` the stream writes changed type from UInt32 to UInt16, which does not hold every value of UInt32 (only a widening is adopted while the sink runs): batches sealed for UInt32 cannot be written to it as they are. The sink's pending batches stay in the outbox; change the column back (`ALTER TABLE `default`.`t` MODIFY COLUMN `user_id` UInt32` on every host) and restart, or drain the sink before changing the type";
+        assert_eq!(
+            decision(&[id.clone(), meta("user_id", "UInt16", "", ""), note.clone()]),
+            Err(narrowing.to_owned())
+        );
+        assert!(
+            decision(&[id.clone(), meta("user_id", "Int32", "", ""), note.clone()])
+                .unwrap_err()
+                .starts_with("the column `user_id` the stream writes changed type from UInt32 to Int32, which does not hold every value of UInt32")
+        );
+        assert!(
+            decision(&[id.clone(), meta("user_id", "String", "", ""), note.clone()])
+                .unwrap_err()
+                .starts_with(
+                    "the column `user_id` the stream writes changed type from UInt32 to String"
+                )
+        );
+        assert_eq!(
+            decision(&with(&[meta("at", "DateTime", "DEFAULT", "now()")])),
+            Err("the table's columns changed (column `at` DateTime DEFAULT now() added) and the stream no longer fits them: the column `at` is filled by DEFAULT now() on every insert, so a replayed batch would not be bit-identical and this server (no insert_deduplication_token) could not recognise it as a replay; exactly-once is impossible. Send the column from the stream, make its default deterministic, or use AtLeastOnceClickHouseSink. The sink's pending batches stay in the outbox; undo the change on every host, or change the stream, then restart".to_owned())
+        );
+        assert!(decision(&[
+            id.clone(),
+            meta("user_id", "UInt32", "MATERIALIZED", "1"),
+            note.clone()
+        ])
+        .unwrap_err()
+        .contains("the stream column `user_id` is a MATERIALIZED column of the table, which ClickHouse computes itself; drop it from the stream"));
     }
 
     #[test]

@@ -197,6 +197,13 @@ pub trait Sealer: Send {
 
     /// New dynamic parameters.
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError>;
+
+    /// After the delivery drained: an error when batches were kept instead of delivered (a
+    /// sink whose target it can no longer write keeps sealing into the outbox, so that the
+    /// pipeline's other sinks go on, and says so here, at the end of the run).
+    async fn drained(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
 }
 
 /// A [`Sink`] made of a [`Sealer`] and an [`OutboxDelivery`].
@@ -244,7 +251,8 @@ impl<S: Sealer> Sink for OutboxSink<S> {
     }
 
     async fn drain(&mut self) -> Result<(), SinkError> {
-        self.delivery.drain().await
+        self.delivery.drain().await?;
+        self.sealer.drained().await
     }
 
     async fn close(&mut self) -> Result<(), SinkError> {
