@@ -1,0 +1,4 @@
+pub mod deliverers;
+pub mod sink;
+pub mod targets;
+pub mod template;
