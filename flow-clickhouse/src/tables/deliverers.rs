@@ -2,7 +2,8 @@
 //! stored batch names its table (`target`), and goes to that table's
 //! [`ClickHouseDeliverer`], made on first use with the table's session and give-up latch. The
 //! partition keeps one queue (its lanes are per shard, in outbox order), so the tables of an
-//! epoch are delivered in the order they were sealed.
+//! epoch are delivered in the order they were sealed. A requeued row set aside for a missing
+//! table is encoded for its table here ([`encode_requeued`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +15,8 @@ use flow_state::{SealedBatch, SinkPartition};
 use tokio::sync::watch;
 
 use crate::exactly_once::deliverer::{ClickHouseDeliverer, PartitionMarks};
-use crate::tables::targets::Targets;
+use crate::tables::requeued::{encode_requeued, UNENCODED_FORMAT};
+use crate::tables::targets::{TableState, Targets};
 
 /// The per-table deliverers of one sink partition.
 pub struct TableDeliverers {
@@ -95,9 +97,22 @@ impl BatchDeliverer for TableDeliverers {
         batch: &SealedBatch,
         stop: &watch::Receiver<bool>,
     ) -> Result<(), SinkError> {
-        self.of(&batch.target)
-            .await?
-            .deliver(key, seq, batch, stop)
-            .await
+        let deliverer = self.of(&batch.target).await?;
+        if batch.format != UNENCODED_FORMAT {
+            return deliverer.deliver(key, seq, batch, stop).await;
+        }
+        let target = self.targets.of_stored(&batch.target)?;
+        match target.state(stop).await? {
+            TableState::Up(session) => {
+                let encoded = encode_requeued(&target.shared, &session, batch)?;
+                deliverer.deliver(key, seq, &encoded, stop).await
+            }
+            // Stopping: the row stays in the outbox for the next run.
+            TableState::Stopping => Ok(()),
+            TableState::Missing(reason) => Err(SinkError::Refused(format!(
+                "{key}: a requeued dead letter (token {}) is for `{}`, which still does not exist: {reason}. Create the table, then start the pipeline again",
+                batch.token, batch.target
+            ))),
+        }
     }
 }

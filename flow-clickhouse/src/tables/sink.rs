@@ -21,6 +21,7 @@ use flow_core::delivery::{
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{
     DeadRow, Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory,
+    TableRow,
 };
 use flow_state::{DeadLetter, SealedBatch, StoredBatch};
 
@@ -33,6 +34,7 @@ use crate::exactly_once::rebuild::Requeue;
 use crate::exactly_once::state::ExactlyOnce;
 use crate::server::session::WriterSession;
 use crate::tables::deliverers::TableDeliverers;
+use crate::tables::requeued::{requeued_token, UNENCODED_FORMAT};
 use crate::tables::targets::{TableState, TableTarget, Targets};
 use crate::tables::template::BoundTemplate;
 
@@ -190,20 +192,39 @@ impl TemplatedSink {
     }
 
     fn dead_letter(&self, row: &flow_core::Row<'_>, reason: String) -> DeadLetter {
-        let columns: Vec<String> = self
-            .targets
-            .base
-            .stream
-            .columns()
-            .iter()
-            .map(|c| c.name.clone())
-            .collect();
         DeadLetter {
             partition: row.id().partition,
             offset: Some(row.id().offset),
             reason,
-            payload: DeadRow::encode(row, &columns, None, None, None),
+            payload: DeadRow::encode(row, &self.columns(), None, None, None),
         }
+    }
+
+    /// The dead letter of a row whose table does not exist: it keeps the table and the token a
+    /// requeue sends it under ([`crate::tables::requeued`]).
+    fn missing_table_letter(
+        &self,
+        row: &flow_core::Row<'_>,
+        table: &str,
+        reason: String,
+    ) -> DeadLetter {
+        let id = row.id();
+        let for_table = TableRow {
+            target: format!("{}.{table}", self.targets.base.params.database),
+            token: requeued_token(&self.token_prefix, table, id.partition, id.offset),
+        };
+        DeadLetter {
+            partition: id.partition,
+            offset: Some(id.offset),
+            reason,
+            payload: DeadRow::encode_for_table(row, &self.columns(), &for_table),
+        }
+    }
+
+    /// The input stream's column names (a dead row's values by name).
+    fn columns(&self) -> Vec<String> {
+        let stream = &self.targets.base.stream;
+        stream.columns().iter().map(|c| c.name.clone()).collect()
     }
 
     /// The sealed batches of one table's cut.
@@ -292,7 +313,21 @@ impl TemplatedSink {
                 session: &session,
                 ctx: &self.ctx,
             };
-            requeue.run(run, delivery).await?;
+            // Requeued rows for a table that was missing are queued as stored (they are
+            // encoded when delivered), in outbox order with the rest.
+            let key = self.ctx.state_key();
+            let mut encoded = Vec::new();
+            for stored in run {
+                if stored.batch.format != UNENCODED_FORMAT {
+                    encoded.push(stored);
+                    continue;
+                }
+                requeue.run(std::mem::take(&mut encoded), delivery).await?;
+                if !delivery.push_stored(&self.ctx.store, &key, stored).await? {
+                    return Ok(());
+                }
+            }
+            requeue.run(encoded, delivery).await?;
         }
         Ok(())
     }
@@ -341,14 +376,15 @@ impl Sealer for TemplatedSink {
                         });
                     }
                     let why = format!(
-                        "table `{database}`.`{table}` does not exist: {reason}. Once it does, `flow-worker dead-letters requeue` cannot send this row (it was not encoded for a table); `export` it and feed it back"
+                        "table `{database}`.`{table}` does not exist: {reason}. Create it, then `flow-worker dead-letters requeue` sends this row to it"
                     );
                     let [batch] = epoch.inputs else {
                         continue;
                     };
                     for (index, row) in batch.rows().enumerate() {
                         if of_row[index] == Some(t) {
-                            dead_letters.push(self.dead_letter(&row, why.clone()));
+                            let letter = self.missing_table_letter(&row, table, why.clone());
+                            dead_letters.push(letter);
                         }
                     }
                     continue;
