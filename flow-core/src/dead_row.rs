@@ -163,7 +163,9 @@ impl DeadRow {
             if let Some(encoded) = self.row_base64.get(&column.name) {
                 let bytes = base64::engine::general_purpose::STANDARD
                     .decode(encoded)
-                    .map_err(|err| format!("column `{}`: row_base64 is not base64: {err}", column.name))?;
+                    .map_err(|err| {
+                        format!("column `{}`: row_base64 is not base64: {err}", column.name)
+                    })?;
                 writer
                     .push(Value::Bytes(&bytes))
                     .map_err(|err| format!("column `{}`: {err}", column.name))?;

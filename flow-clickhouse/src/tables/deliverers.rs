@@ -52,9 +52,7 @@ impl TableDeliverers {
             self.ctx.metrics.clone(),
         ));
         Ok(Arc::clone(
-            self.by_target()
-                .entry(target.to_owned())
-                .or_insert(made),
+            self.by_target().entry(target.to_owned()).or_insert(made),
         ))
     }
 

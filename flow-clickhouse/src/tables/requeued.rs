@@ -97,3 +97,61 @@ pub fn encode_requeued(
         payload: part.payload,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::split::requeued_batch;
+
+    fn dead(for_table: Option<TableRow>) -> DeadRow {
+        DeadRow {
+            message_id: "3-41".to_owned(),
+            shard: None,
+            column: None,
+            code: None,
+            row: serde_json::json!({"id": 41, "kind": "buy"}),
+            row_base64: Default::default(),
+            resend: None,
+            for_table,
+        }
+    }
+
+    #[test]
+    fn a_row_set_aside_for_a_missing_table_is_requeued_unencoded_under_its_token() {
+        let token = requeued_token("p.s.x/", "events_buy", 3, 41);
+        assert_eq!(token, "p.s.x/events_buy/requeued/3-41");
+        let row = dead(Some(TableRow {
+            target: "default.events_buy".to_owned(),
+            token: token.clone(),
+        }));
+        let batch = requeued_batch(&row, 7).unwrap();
+        assert_eq!(
+            (
+                batch.target.as_str(),
+                batch.token.as_str(),
+                batch.format.as_str(),
+                batch.shard.as_str(),
+                batch.first_offset,
+                batch.last_offset,
+                batch.rows,
+                batch.sealed_at_ms,
+            ),
+            (
+                "default.events_buy",
+                token.as_str(),
+                UNENCODED_FORMAT,
+                "",
+                41,
+                41,
+                1,
+                7
+            )
+        );
+        assert_eq!(DeadRow::decode(&batch.payload).unwrap(), row);
+        // Without a table (nor bytes), nothing can send it again.
+        assert_eq!(
+            requeued_batch(&dead(None), 7).unwrap_err(),
+            "no bytes were kept to send it again (it was set aside before it was encoded, or by a sink without an outbox)"
+        );
+    }
+}

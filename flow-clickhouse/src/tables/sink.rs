@@ -20,8 +20,7 @@ use flow_core::delivery::{
 };
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{
-    DeadRow, Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory,
-    TableRow,
+    DeadRow, Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory, TableRow,
 };
 use flow_state::{DeadLetter, SealedBatch, StoredBatch};
 
@@ -146,7 +145,11 @@ impl TemplatedSink {
                 .into_iter()
                 .filter(|(k, _)| !k.starts_with(&prefix))
                 .collect();
-            merged.extend(current.into_iter().map(|(k, v)| (format!("{prefix}{k}"), v)));
+            merged.extend(
+                current
+                    .into_iter()
+                    .map(|(k, v)| (format!("{prefix}{k}"), v)),
+            );
             self.ctx
                 .store
                 .set_fingerprints(&self.ctx.state_key(), merged)
@@ -268,7 +271,9 @@ impl TemplatedSink {
     /// Fails once any table of this sink gave an insert up.
     fn check_gave_up(&self) -> Result<(), SinkError> {
         for target in self.targets.all() {
-            target.exactly_once.check_gave_up(self.ctx.partition, None)?;
+            target
+                .exactly_once
+                .check_gave_up(self.ctx.partition, None)?;
         }
         Ok(())
     }

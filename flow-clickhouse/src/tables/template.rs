@@ -201,7 +201,10 @@ impl BoundTemplate {
         for piece in &self.pieces {
             match piece {
                 BoundPiece::Literal(text) => name.push_str(text),
-                BoundPiece::Column { index, name: column } => {
+                BoundPiece::Column {
+                    index,
+                    name: column,
+                } => {
                     let value = match row.get(*index) {
                         Value::Null => {
                             return Err(ResolveError::Null {
@@ -287,7 +290,10 @@ mod tests {
     fn stream() -> Arc<StreamSchema> {
         StreamSchema::new(vec![
             Column::new("id", StreamType::Uint64),
-            Column::new("event_type", StreamType::Optional(Box::new(StreamType::String))),
+            Column::new(
+                "event_type",
+                StreamType::Optional(Box::new(StreamType::String)),
+            ),
             Column::new("region", StreamType::Int32),
             Column::new("score", StreamType::Double),
         ])
@@ -327,7 +333,9 @@ mod tests {
         );
         assert_eq!(
             message("events}"),
-            format!("table template `events}}`: the `}}` at character 7 closes no placeholder{hint}")
+            format!(
+                "table template `events}}`: the `}}` at character 7 closes no placeholder{hint}"
+            )
         );
         assert_eq!(
             message("ev-{a}"),
