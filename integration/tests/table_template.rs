@@ -39,24 +39,27 @@ fn kind(id: u64) -> &'static str {
     }
 }
 
+/// Publishes `ids` (id `k` to subject `<prefix>.<k % PARTITIONS>`), awaiting the
+/// acknowledgements of every 500: the client holds a publish back while too many are unanswered.
 async fn publish(
     js: &jetstream::Context,
     prefix: &str,
     ids: impl Iterator<Item = u64>,
 ) -> Result<()> {
-    let mut acks = Vec::new();
-    for id in ids {
-        let body = format!(
-            r#"{{"id": {id}, "kind": "{}", "payload": "message {id}"}}"#,
-            kind(id)
-        );
-        acks.push(
-            js.publish(format!("{prefix}.{}", id % PARTITIONS), body.into())
-                .await?,
-        );
-    }
-    for ack in acks {
-        ack.await?;
+    let ids: Vec<u64> = ids.collect();
+    for chunk in ids.chunks(500) {
+        let mut acks = Vec::with_capacity(chunk.len());
+        for &id in chunk {
+            let body = format!(
+                r#"{{"id": {id}, "kind": "{}", "payload": "message {id}"}}"#,
+                kind(id)
+            );
+            let subject = format!("{prefix}.{}", id % PARTITIONS);
+            acks.push(js.publish(subject, body.into()).await?);
+        }
+        for ack in acks {
+            ack.await?;
+        }
     }
     Ok(())
 }
