@@ -15,14 +15,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flow_core::delivery::{
-    blocking, load_backlog, now_ms, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer,
-    SinkDelivery,
+    blocking, load_backlog, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer, SinkDelivery,
 };
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{
     DeadRow, Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory, TableRow,
 };
-use flow_state::{DeadLetter, SealedBatch, StoredBatch};
+use flow_state::{DeadLetter, StoredBatch};
 
 use crate::config::guarantee::SinkClass;
 use crate::config::params::MissingTable;
@@ -30,6 +29,7 @@ use crate::delivery::cutter::{BatchCutter, EpochCut};
 use crate::delivery::sink_state::{build_shared, SinkShared};
 use crate::exactly_once::fingerprint::{check_topology, TopologyDecision};
 use crate::exactly_once::rebuild::Requeue;
+use crate::exactly_once::sink::sealed_batches;
 use crate::exactly_once::state::ExactlyOnce;
 use crate::server::session::WriterSession;
 use crate::tables::deliverers::TableDeliverers;
@@ -230,44 +230,6 @@ impl TemplatedSink {
         stream.columns().iter().map(|c| c.name.clone()).collect()
     }
 
-    /// The sealed batches of one table's cut.
-    fn sealed(
-        &self,
-        table: &str,
-        target: &TableTarget,
-        session: &WriterSession,
-        parts: Vec<crate::delivery::cutter::Part>,
-    ) -> Vec<SealedBatch> {
-        let shared = &target.shared;
-        let name = format!("{}.{}", shared.params.database, table);
-        let prefix = format!("{}{table}/", self.token_prefix);
-        let columns = session.encoder.column_names();
-        let plan = session.encoder.plan_fingerprint();
-        let sealed_at_ms = now_ms();
-        parts
-            .into_iter()
-            .map(|part| {
-                let shard_name = shared.shard_name(part.shard);
-                let shard = shared.sharded.then_some(shard_name);
-                SealedBatch {
-                    target: name.clone(),
-                    columns: columns.clone(),
-                    format: part.format.as_str().to_owned(),
-                    token: ExactlyOnce::token(&prefix, self.ctx.partition, part.last_offset, shard),
-                    shard: shard_name.to_owned(),
-                    first_offset: part.first_offset,
-                    last_offset: part.last_offset,
-                    rows: part.rows,
-                    encoded_bytes: part.encoded_bytes,
-                    plan: plan.to_owned(),
-                    sealed_at_ms,
-                    content_hash: part.content_hash,
-                    payload: part.payload,
-                }
-            })
-            .collect()
-    }
-
     /// Fails once any table of this sink gave an insert up.
     fn check_gave_up(&self) -> Result<(), SinkError> {
         for target in self.targets.all() {
@@ -409,7 +371,15 @@ impl Sealer for TemplatedSink {
                 })
                 .await?;
             dead_letters.extend(bad_rows);
-            batches.extend(self.sealed(table, &target, &session, parts));
+            let prefix = format!("{}{table}/", self.token_prefix);
+            let partition = self.ctx.partition;
+            batches.extend(sealed_batches(
+                &target.shared,
+                &session,
+                parts,
+                &prefix,
+                partition,
+            ));
         }
         // Dead letters in message order, whichever table (or none) each row named.
         dead_letters.sort_by_key(|d| d.offset);
