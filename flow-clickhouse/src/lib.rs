@@ -18,6 +18,10 @@
 //! - `exactly_once/`: the exactly-once classes: the sink, its state, the per-partition
 //!   `deliverer`, batches `rebuild`-t from the source, topology `fingerprint`s, and the check
 //!   whether a part sent while the table's columns changed `landed` (by message id).
+//! - `tables/`: many tables from one stream (`table: "events_{event_type}"`, exactly-once
+//!   classes): the `template`, the per-table `targets` (each its own session, schema check,
+//!   fingerprints, tokens), the `sink` that splits an epoch by table and the `deliverers` that
+//!   send each stored batch through its table's deliverer.
 //! - `at_least_once.rs`, `at_most_once.rs`: the other two classes.
 //! - `verify.rs`: checks that the replicas of every shard hold the same rows.
 //!
@@ -60,6 +64,7 @@ mod delivery;
 mod encode;
 mod exactly_once;
 mod server;
+mod tables;
 mod verify;
 
 use std::sync::Arc;
@@ -70,8 +75,8 @@ pub use config::builder::{ClickHouseSink, ClickHouseSinkConfig};
 pub use config::dynamic::{AtMostOnceDynamic, ClickHouseDynamicParams};
 pub use config::guarantee::{Guarantee, SinkClass};
 pub use config::params::{
-    AtMostOnceStrategy, ClickHouseParams, Codec, HostSelectionPolicy, OnBadRows, OnExpiredBacklog,
-    PasswordEnvError, PasswordError,
+    AtMostOnceStrategy, ClickHouseParams, Codec, HostSelectionPolicy, MissingTable, OnBadRows,
+    OnExpiredBacklog, PasswordEnvError, PasswordError,
 };
 pub use config::settings::SettingValue;
 pub use delivery::split::requeued_batch;
@@ -101,6 +106,9 @@ pub fn register(registry: &mut Registry) {
     for class in SinkClass::ALL {
         let builder: flow_core::registry::SinkBuilder =
             Arc::new(move |ctx, parameters, dynamic| match class {
+                SinkClass::Batching | SinkClass::ShardedBatching if has_template(parameters) => {
+                    tables::sink::build(class, ctx, parameters, dynamic)
+                }
                 SinkClass::Batching | SinkClass::ShardedBatching => {
                     exactly_once::sink::build(class, ctx, parameters, dynamic)
                 }
@@ -110,4 +118,12 @@ pub fn register(registry: &mut Registry) {
         registry.register_sink(class.class_name(), Arc::clone(&builder));
         registry.register_sink(&class.reference_name(), builder);
     }
+}
+
+/// Whether the spec's `table` is a template (many tables from one stream, see `tables/`).
+fn has_template(parameters: &serde_yaml::Value) -> bool {
+    parameters
+        .get("table")
+        .and_then(serde_yaml::Value::as_str)
+        .is_some_and(tables::template::TableTemplate::is_template)
 }

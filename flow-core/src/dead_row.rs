@@ -6,8 +6,10 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use crate::json_form::{write_json_string, write_row_object};
-use crate::message::{Row, Value};
+use std::sync::Arc;
+
+use crate::json_form::{push_json_text, write_json_string, write_row_object};
+use crate::message::{MessageBatch, MessageId, Row, Value};
 
 /// A sink's dead row as stored (the dead letter's `reason` holds the why).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -34,6 +36,21 @@ pub struct DeadRow {
     /// What the sink needs to send the row again as it was (rows the server refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resend: Option<ResendRow>,
+    /// The table the row named when that table did not exist (a sink with a table template):
+    /// the row was not encoded, and a requeue has the sink encode it for the table then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_table: Option<TableRow>,
+}
+
+/// Where a row set aside for a missing table goes once requeued ([`DeadRow::for_table`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableRow {
+    /// e.g. `default.events_click`.
+    pub target: String,
+    /// The deduplication token the row is sent under, fixed when it was set aside so that a
+    /// requeue repeated after a crash is deduplicated.
+    pub token: String,
 }
 
 /// A refused row as its sink encoded it, so that `dead-letters requeue` can put it back into the
@@ -116,9 +133,51 @@ impl DeadRow {
         out
     }
 
+    /// [`DeadRow::encode`] of a row whose table `for_table.target` did not exist.
+    pub fn encode_for_table(row: &Row<'_>, columns: &[String], for_table: &TableRow) -> Vec<u8> {
+        let mut out = DeadRow::encode(row, columns, None, None, None);
+        out.pop();
+        out.extend_from_slice(b",\"for_table\":{\"target\":");
+        write_json_string(&mut out, for_table.target.as_bytes());
+        out.extend_from_slice(b",\"token\":");
+        write_json_string(&mut out, for_table.token.as_bytes());
+        out.extend_from_slice(b"}}");
+        out
+    }
+
     /// Reads a stored dead row.
     pub fn decode(payload: &[u8]) -> Result<DeadRow, serde_json::Error> {
         serde_json::from_slice(payload)
+    }
+
+    /// Appends the row back to `batch` (of the stream it was read from): the values by column
+    /// name, strings that were not UTF-8 from `row_base64`. The error names the column.
+    pub fn push_into(&self, batch: &mut MessageBatch) -> Result<(), String> {
+        let id: MessageId = self
+            .message_id
+            .parse()
+            .map_err(|err: crate::ValueError| err.to_string())?;
+        let schema = Arc::clone(batch.schema());
+        let mut writer = batch.start_row(id);
+        for column in schema.columns() {
+            if let Some(encoded) = self.row_base64.get(&column.name) {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|err| {
+                        format!("column `{}`: row_base64 is not base64: {err}", column.name)
+                    })?;
+                writer
+                    .push(Value::Bytes(&bytes))
+                    .map_err(|err| format!("column `{}`: {err}", column.name))?;
+                continue;
+            }
+            let json = self
+                .row
+                .get(&column.name)
+                .map_or_else(|| "null".to_owned(), serde_json::Value::to_string);
+            push_json_text(&mut writer, &json).map_err(|err| err.to_string())?;
+        }
+        writer.finish().map_err(|err| err.to_string())
     }
 }
 
@@ -227,8 +286,40 @@ mod tests {
                 row: serde_json::json!({"id": 5, "name": "a \"quoted\"\n name"}),
                 row_base64: BTreeMap::new(),
                 resend: None,
+                for_table: None,
             }
         );
+    }
+
+    #[test]
+    fn a_row_set_aside_for_a_missing_table_comes_back_whole() {
+        let schema = StreamSchema::new(vec![
+            Column::new("id", StreamType::Uint64),
+            Column::new("raw", StreamType::String),
+            Column::new("kind", StreamType::Optional(Box::new(StreamType::Utf8))),
+        ])
+        .unwrap();
+        let mut batch = MessageBatch::new(Arc::clone(&schema));
+        let mut writer = batch.start_row(MessageId::new(2, 9));
+        writer.push(Value::Uint(u64::MAX)).unwrap();
+        writer.push(Value::Bytes(b"\xff\x00ok")).unwrap();
+        writer.push(Value::Null).unwrap();
+        writer.finish().unwrap();
+        let columns: Vec<String> = ["id", "raw", "kind"].map(String::from).to_vec();
+        let table = TableRow {
+            target: "default.events_x".to_owned(),
+            token: "p.s/events_x/requeued/2-9".to_owned(),
+        };
+        let payload = DeadRow::encode_for_table(&batch.row(0), &columns, &table);
+        let dead = DeadRow::decode(&payload).unwrap();
+        assert_eq!(dead.for_table, Some(table));
+        let mut back = MessageBatch::new(schema);
+        dead.push_into(&mut back).unwrap();
+        let row = back.row(0);
+        assert_eq!(row.id(), MessageId::new(2, 9));
+        assert_eq!(row.get(0), Value::Uint(u64::MAX));
+        assert_eq!(row.get(1), Value::Bytes(b"\xff\x00ok"));
+        assert_eq!(row.get(2), Value::Null);
     }
 
     #[test]

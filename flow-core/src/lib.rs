@@ -79,7 +79,7 @@ mod types;
 mod wide_int;
 
 pub use capacity::{reserve_projected, CapacityDecay, FaultedIn, Headroom, PROJECT_AFTER};
-pub use dead_row::{base64_of, DeadRow, ExactBytes, ResendRow};
+pub use dead_row::{base64_of, DeadRow, ExactBytes, ResendRow, TableRow};
 pub use error::{
     BoxError, ProcessorError, ReplayError, RuntimeError, SinkError, SourceError, SpecError,
     ValueError, Violation,

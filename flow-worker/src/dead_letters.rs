@@ -177,6 +177,10 @@ fn export_line(d: &StoredDeadLetter) -> Json {
             if !row.row_base64.is_empty() {
                 line["row_base64"] = json!(row.row_base64);
             }
+            if let Some(for_table) = &row.for_table {
+                // Set aside because this table did not exist; a requeue sends it there.
+                line["table"] = json!(for_table.target);
+            }
             line
         }
         None => {

@@ -31,8 +31,8 @@ use flow_core::{to_section, ConfigError, SinkConfig};
 use crate::config::dynamic::{self, AtMostOnceDynamic, ClickHouseDynamicParams};
 use crate::config::guarantee::SinkClass;
 use crate::config::params::{
-    self, AtMostOnceStrategy, ClickHouseParams, Codec, HostSelectionPolicy, OnBadRows,
-    OnExpiredBacklog,
+    self, AtMostOnceStrategy, ClickHouseParams, Codec, HostSelectionPolicy, MissingTable,
+    OnBadRows, OnExpiredBacklog,
 };
 
 /// Builds the configuration of a ClickHouse sink of one class; unset parameters keep the
@@ -190,7 +190,8 @@ impl ClickHouseSink {
         self
     }
 
-    /// `table`: the target table (required).
+    /// `table`: the target table (required), or a template over input columns
+    /// (`events_{event_type}`, exactly-once classes only).
     pub fn table(mut self, table: impl Into<String>) -> Self {
         self.parameters.table = table.into();
         self
@@ -240,6 +241,12 @@ impl ClickHouseSink {
     /// Static `at_most_once_strategy` (`AtMostOnceClickHouseSink` only).
     pub fn at_most_once_strategy(mut self, strategy: AtMostOnceStrategy) -> Self {
         self.parameters.at_most_once_strategy = Some(strategy);
+        self
+    }
+
+    /// `missing_table` (with a table template): what a message whose table does not exist does.
+    pub fn missing_table(mut self, missing_table: MissingTable) -> Self {
+        self.parameters.missing_table = Some(missing_table);
         self
     }
 

@@ -22,6 +22,7 @@ use crate::config::guarantee::{HostForms, SinkClass};
 use crate::config::settings::{self, SettingValue};
 use crate::config::topology::{Endpoint, Shard, Topology};
 use crate::server::tls::TlsConfig;
+use crate::tables::template::TableTemplate;
 
 /// The default HTTP port of ClickHouse.
 pub const DEFAULT_PORT: u16 = 8123;
@@ -60,6 +61,18 @@ pub enum OnBadRows {
     Stop,
     /// The row goes to the sink's dead letters and the rest of the epoch goes on.
     DeadLetter,
+}
+
+/// What a sink with a table template does with a message whose table does not exist (static
+/// `missing_table`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MissingTable {
+    /// The message goes to the sink's dead letters, naming the table; the epoch goes on.
+    #[default]
+    DeadLetter,
+    /// The epoch is vetoed and read again after a pause, until the table exists.
+    Wait,
 }
 
 /// What an exactly-once sink does with a pending part that is older than its shard's
@@ -127,8 +140,12 @@ pub struct ClickHouseParams {
     pub password_file: Option<PathBuf>,
     /// The database of `table` (default `default`).
     pub database: String,
-    /// Required.
+    /// Required: a table name, or a template over input columns (`events_{event_type}`,
+    /// exactly-once classes only).
     pub table: String,
+    /// With a table template: what a message whose table does not exist does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missing_table: Option<MissingTable>,
     /// HTTP compression of inserted data (default LZ4).
     pub codec: Codec,
     /// Talk HTTPS instead of HTTP; every other TLS option is rejected without it.
@@ -199,6 +216,7 @@ impl Default for ClickHouseParams {
             password_file: None,
             database: "default".to_owned(),
             table: String::new(),
+            missing_table: None,
             codec: Codec::default(),
             enable_tls: false,
             tls_ca_files: Vec::new(),
@@ -262,8 +280,12 @@ pub struct PasswordEnvError {
 pub struct SinkParams {
     /// The database of `table`.
     pub database: String,
-    /// The target table (on every host of every shard).
+    /// The target table (on every host of every shard); with a template, the template's text
+    /// until a row resolves it (see [`crate::tables`]).
     pub table: String,
+    /// `table` as a template over input columns.
+    pub table_template: Option<TableTemplate>,
+    pub missing_table: MissingTable,
     pub topology: Topology,
     /// The port of host entries without one (part of the endpoint target fingerprint).
     pub port: u16,
@@ -363,6 +385,10 @@ impl ClickHouseParams {
             (v, Some(topology)) if v.is_empty() => Ok(SinkParams {
                 database: self.database.clone(),
                 table: self.table.clone(),
+                table_template: TableTemplate::is_template(&self.table)
+                    .then(|| TableTemplate::parse(&self.table).ok())
+                    .flatten(),
+                missing_table: self.missing_table.unwrap_or_default(),
                 topology,
                 port: self.port,
                 tls: self.tls_config(),
@@ -407,7 +433,7 @@ impl ClickHouseParams {
         self.validate_host_forms(class, &mut v);
         let topology = self.validate_endpoints(&mut v);
         self.validate_sharding_key(&mut v);
-        self.validate_target(&mut v);
+        self.validate_target(class, &mut v);
         self.validate_tls(&mut v);
         self.validate_password_file(&mut v);
         settings::validate(&self.settings, &mut v);
@@ -662,8 +688,10 @@ impl ClickHouseParams {
         }
     }
 
-    fn validate_target(&self, v: &mut Vec<Violation>) {
-        if self.table.is_empty() {
+    fn validate_target(&self, class: SinkClass, v: &mut Vec<Violation>) {
+        if TableTemplate::is_template(&self.table) {
+            self.validate_template(class, v);
+        } else if self.table.is_empty() {
             v.push(Violation::new(
                 "parameters.table",
                 "the target table is required: set `table` to its name (letters, digits, `_`)",
@@ -676,6 +704,13 @@ impl ClickHouseParams {
                      table name (the database goes to `database`)",
                     self.table
                 ),
+            ));
+        }
+        if self.missing_table.is_some() && !TableTemplate::is_template(&self.table) {
+            v.push(Violation::new(
+                "parameters.missing_table",
+                "missing_table applies to a table template (`table: \"events_{event_type}\"`); \
+                 remove it, or make `table` a template",
             ));
         }
         if self.database.is_empty() {
@@ -721,6 +756,25 @@ impl ClickHouseParams {
                 "parameters.password_file",
                 "password_file and password_env_var both name where the password is; keep one \
                  of them",
+            ));
+        }
+    }
+
+    /// `table` as a template: its syntax (its columns are checked against the input stream when
+    /// the sink is built), and a class that can write many tables.
+    fn validate_template(&self, class: SinkClass, v: &mut Vec<Violation>) {
+        if let Err(violation) = TableTemplate::parse(&self.table) {
+            v.push(violation);
+        }
+        if !class.is_exactly_once() {
+            v.push(Violation::new(
+                "parameters.table",
+                format!(
+                    "{class} writes one table; a table template (`{}`) needs \
+                     ClickHouseBatchingSink or ShardedClickHouseBatchingSink, or one sink per \
+                     table with a filter before each",
+                    self.table
+                ),
             ));
         }
     }
@@ -1178,6 +1232,49 @@ mod tests {
             v.message.starts_with("`host` and `hosts` are all set"),
             "{}",
             v.message
+        );
+    }
+
+    #[test]
+    fn a_table_template_needs_an_exactly_once_class_and_missing_table_a_template() {
+        let p = resolved(
+            SinkClass::ShardedBatching,
+            "{shard_hosts: {a: [h]}, table: 'events_{kind}', missing_table: wait}",
+        );
+        assert_eq!(p.missing_table, MissingTable::Wait);
+        assert_eq!(
+            p.table_template.map(|t| t.text),
+            Some("events_{kind}".to_owned())
+        );
+        assert_eq!(
+            resolved(SinkClass::Batching, "{host: h, table: 'e_{kind}'}").missing_table,
+            MissingTable::DeadLetter
+        );
+        for class in [SinkClass::AtLeastOnce, SinkClass::AtMostOnce] {
+            let v = single(class, "{host: h, table: 'e_{kind}'}", "");
+            assert_eq!(v.path, "parameters.table");
+            assert_eq!(
+                v.message,
+                format!("{class} writes one table; a table template (`e_{{kind}}`) needs ClickHouseBatchingSink or ShardedClickHouseBatchingSink, or one sink per table with a filter before each")
+            );
+        }
+        let v = single(SinkClass::Batching, "{host: h, table: 'e_{kind'}", "");
+        assert_eq!(v.path, "parameters.table");
+        assert!(
+            v.message
+                .starts_with("table template `e_{kind`: the `{` at character 3 is not closed"),
+            "{}",
+            v.message
+        );
+        let v = single(
+            SinkClass::Batching,
+            "{host: h, table: t, missing_table: dead_letter}",
+            "",
+        );
+        assert_eq!(v.path, "parameters.missing_table");
+        assert_eq!(
+            v.message,
+            "missing_table applies to a table template (`table: \"events_{event_type}\"`); remove it, or make `table` a template"
         );
     }
 

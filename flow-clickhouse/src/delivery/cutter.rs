@@ -117,7 +117,7 @@ impl BatchCutter {
             return Ok(());
         };
         for batch in slice.inputs {
-            self.cut(shared, &session, at, batch).await?;
+            self.cut(shared, &session, at, batch, &|_| true).await?;
         }
         Ok(())
     }
@@ -136,9 +136,22 @@ impl BatchCutter {
         session: &WriterSession,
         epoch: &Epoch<'_>,
     ) -> Result<EpochCut, SinkError> {
+        self.cut_epoch_rows(shared, session, epoch, |_| true).await
+    }
+
+    /// [`BatchCutter::cut_epoch`] over the rows whose index `keep` accepts (the rows of one
+    /// table of a table template, see [`crate::tables`]). The batches' bounds are the kept rows'
+    /// ids, so a batch spans the other tables' rows between them.
+    pub async fn cut_epoch_rows(
+        &mut self,
+        shared: &SinkShared,
+        session: &WriterSession,
+        epoch: &Epoch<'_>,
+        keep: impl Fn(usize) -> bool,
+    ) -> Result<EpochCut, SinkError> {
         let at = (epoch.number, epoch.max_messages);
         for batch in epoch.inputs {
-            self.cut(shared, session, at, batch).await?;
+            self.cut(shared, session, at, batch, &keep).await?;
             self.seal_open(shared, batch_limits(shared));
         }
         Ok(self.take_epoch())
@@ -155,6 +168,7 @@ impl BatchCutter {
         session: &WriterSession,
         (number, epoch_bound): (u64, usize),
         batch: &MessageBatch,
+        keep: &impl Fn(usize) -> bool,
     ) -> Result<(), SinkError> {
         self.join_epoch((number, epoch_bound));
         let shards = shared.router.shards().len().max(1);
@@ -166,6 +180,9 @@ impl BatchCutter {
         for (index, row) in batch.rows().enumerate() {
             if index % YIELD_EVERY_ROWS == YIELD_EVERY_ROWS - 1 {
                 tokio::task::yield_now().await;
+            }
+            if !keep(index) {
+                continue;
             }
             self.open.first_offset.get_or_insert(row.id().offset);
             self.open.last_offset = row.id().offset;

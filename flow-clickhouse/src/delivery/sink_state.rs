@@ -24,6 +24,7 @@ use crate::config::params::{self, SinkParams};
 use crate::config::topology::ShardIndex;
 use crate::delivery::backoff::RetryBackoff;
 use crate::encode::routing::RendezvousRouter;
+use crate::server::probe::SessionError;
 use crate::server::session::WriterSession;
 
 /// State shared by every partition of one sink.
@@ -190,14 +191,29 @@ impl SinkShared {
         &self,
         stop: &watch::Receiver<bool>,
     ) -> Result<Option<Arc<WriterSession>>, SinkError> {
+        match self.table_session(stop).await? {
+            TableSession::Up(session) => Ok(Some(session)),
+            TableSession::Stopping => Ok(None),
+            TableSession::Missing(err) => Err(err.into_sink_error()),
+        }
+    }
+
+    /// [`SinkShared::session`] for one table of a table template: a table that does not exist
+    /// is an answer, not an error, and is looked up again at the next call (a failed start is
+    /// not kept), so a table created while the pipeline runs is found.
+    pub async fn table_session(
+        &self,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<TableSession, SinkError> {
         let mut stop = stop.clone();
         let started = self
             .session
             .get_or_try_init(|| wait_for_session(self, &mut stop))
             .await;
         match started {
-            Ok(session) => Ok(Some(Arc::clone(session))),
-            Err(SessionWait::Stopped) => Ok(None),
+            Ok(session) => Ok(TableSession::Up(Arc::clone(session))),
+            Err(SessionWait::Stopped) => Ok(TableSession::Stopping),
+            Err(SessionWait::NoTable(err)) => Ok(TableSession::Missing(err)),
             Err(SessionWait::Refused(err)) => Err(err),
         }
     }
@@ -205,6 +221,26 @@ impl SinkShared {
     /// The session if it started, without waiting for it.
     pub fn started_session(&self) -> Option<Arc<WriterSession>> {
         self.session.get().cloned()
+    }
+
+    /// The shared state of table `table` of a sink with a table template: these parameters
+    /// with `table` resolved, a session of its own, the dynamic parameters in force.
+    pub fn for_table(&self, table: &str) -> Arc<SinkShared> {
+        let mut params = self.params.clone();
+        params.table = table.to_owned();
+        params.table_template = None;
+        Arc::new(SinkShared {
+            class: self.class,
+            params,
+            stream: Arc::clone(&self.stream),
+            key_columns: self.key_columns.clone(),
+            router: RendezvousRouter::new(&self.params.topology.shard_names()),
+            sharded: self.sharded,
+            partitions: self.partitions,
+            session: OnceCell::new(),
+            session_started_early: AtomicBool::new(false),
+            dynamic: RwLock::new(self.dynamic()),
+        })
     }
 
     /// The answer for an epoch when [`SinkShared::session`] found the pipeline stopping before
@@ -267,6 +303,15 @@ impl Readiness for SinkShared {
     }
 }
 
+/// A table's session, or why there is none ([`SinkShared::table_session`]).
+pub enum TableSession {
+    Up(Arc<WriterSession>),
+    /// The table does not exist on a shard ([`SessionError::NoTable`]).
+    Missing(SessionError),
+    /// The pipeline began stopping while an endpoint was unreachable.
+    Stopping,
+}
+
 /// How often a session start that keeps failing on unreachable endpoints warns again.
 pub const SESSION_WAIT_WARNING_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -274,6 +319,8 @@ pub const SESSION_WAIT_WARNING_INTERVAL: Duration = Duration::from_secs(30);
 pub(crate) enum SessionWait {
     /// The pipeline began stopping while an endpoint was unreachable.
     Stopped,
+    /// The table does not exist on a shard.
+    NoTable(SessionError),
     Refused(SinkError),
 }
 
@@ -341,6 +388,7 @@ pub(crate) async fn wait_for_session(
                     _ = stop.wait_for(|s| *s) => return Err(SessionWait::Stopped),
                 }
             }
+            Err(err @ SessionError::NoTable { .. }) => return Err(SessionWait::NoTable(err)),
             Err(err) => return Err(SessionWait::Refused(err.into_sink_error())),
         }
     }

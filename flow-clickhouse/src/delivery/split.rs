@@ -32,6 +32,7 @@ use crate::encode::compress::{is_framed, seal, unframe};
 use crate::encode::row_spans::{row_base64, row_json, RowSpans};
 use crate::server::classify::{is_row_rejection, ClassifiedError};
 use crate::server::session::WriterSession;
+use crate::tables::requeued::unencoded_batch;
 
 /// The sink value that marks pending entry `seq` of `partition` as delivered in pieces.
 pub fn marker_name(partition: u32, seq: u64) -> String {
@@ -273,6 +274,7 @@ impl RefusedPart<'_> {
                 row,
                 row_base64,
                 resend,
+                for_table: None,
             },
         })
     }
@@ -401,6 +403,9 @@ impl SplitPart<'_> {
 /// its bytes framed as its batch was, under the token it was refused with, so that a requeue
 /// repeated after a crash is deduplicated.
 pub fn requeued_batch(dead: &DeadRow, sealed_at_ms: u64) -> Result<SealedBatch, String> {
+    if let (None, Some(for_table)) = (&dead.resend, &dead.for_table) {
+        return unencoded_batch(dead, for_table, sealed_at_ms);
+    }
     let resend = dead
         .resend
         .as_ref()

@@ -23,12 +23,13 @@ use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, S
 use flow_state::SealedBatch;
 
 use crate::config::guarantee::SinkClass;
-use crate::delivery::cutter::{BatchCutter, EpochCut};
+use crate::delivery::cutter::{BatchCutter, EpochCut, Part};
 use crate::delivery::sink_state::{build_shared, SinkShared};
 use crate::exactly_once::deliverer::{ClickHouseDeliverer, PartitionMarks};
 use crate::exactly_once::fingerprint::{check_topology, TopologyDecision};
 use crate::exactly_once::rebuild::Requeue;
 use crate::exactly_once::state::ExactlyOnce;
+use crate::server::session::ColumnsPlan;
 
 /// Builds either batching class from its spec parameters.
 pub fn build(
@@ -44,6 +45,43 @@ pub fn build(
         shared,
         delivery,
     }))
+}
+
+/// The outbox entries of an epoch's `parts` for the table of `shared`, under the tokens
+/// `<token_prefix><partition>-<last id>[:<shard>]` ([`ExactlyOnce::token`]).
+pub fn sealed_batches(
+    shared: &SinkShared,
+    plan: &ColumnsPlan,
+    parts: Vec<Part>,
+    token_prefix: &str,
+    partition: u32,
+) -> Vec<SealedBatch> {
+    let target = format!("{}.{}", shared.params.database, shared.params.table);
+    let columns = plan.encoder.column_names();
+    let plan = plan.encoder.plan_fingerprint();
+    let sealed_at_ms = now_ms();
+    parts
+        .into_iter()
+        .map(|part| {
+            let name = shared.shard_name(part.shard);
+            let shard = shared.sharded.then_some(name);
+            SealedBatch {
+                target: target.clone(),
+                columns: columns.clone(),
+                format: part.format.as_str().to_owned(),
+                token: ExactlyOnce::token(token_prefix, partition, part.last_offset, shard),
+                shard: name.to_owned(),
+                first_offset: part.first_offset,
+                last_offset: part.last_offset,
+                rows: part.rows,
+                encoded_bytes: part.encoded_bytes,
+                plan: plan.to_owned(),
+                sealed_at_ms,
+                content_hash: part.content_hash,
+                payload: part.payload,
+            }
+        })
+        .collect()
 }
 
 struct BatchingSinkFactory {
@@ -195,38 +233,13 @@ impl Sealer for BatchingSink {
         // The plan the epoch was encoded with: a change adopted meanwhile applies from the
         // next epoch on.
         let plan = plan.unwrap_or_else(|| session.plan());
-        let target = format!(
-            "{}.{}",
-            self.shared.params.database, self.shared.params.table
+        let batches = sealed_batches(
+            &self.shared,
+            &plan,
+            parts,
+            &self.token_prefix,
+            self.ctx.partition,
         );
-        let columns = plan.encoder.column_names();
-        let plan = plan.encoder.plan_fingerprint();
-        let sealed_at_ms = now_ms();
-        let partition = self.ctx.partition;
-        let batches = parts
-            .into_iter()
-            .map(|part| {
-                let name = self.shared.shard_name(part.shard);
-                let shard = self.shared.sharded.then_some(name);
-                let token =
-                    ExactlyOnce::token(&self.token_prefix, partition, part.last_offset, shard);
-                SealedBatch {
-                    target: target.clone(),
-                    columns: columns.clone(),
-                    format: part.format.as_str().to_owned(),
-                    token,
-                    shard: name.to_owned(),
-                    first_offset: part.first_offset,
-                    last_offset: part.last_offset,
-                    rows: part.rows,
-                    encoded_bytes: part.encoded_bytes,
-                    plan: plan.to_owned(),
-                    sealed_at_ms,
-                    content_hash: part.content_hash,
-                    payload: part.payload,
-                }
-            })
-            .collect();
         Ok(EpochOutcome::Commit(EpochWrite {
             batches,
             dead_letters,

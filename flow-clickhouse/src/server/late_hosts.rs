@@ -271,7 +271,9 @@ async fn admit(host: &LateHost, check: &LateCheck) -> Result<EndpointMetadata, N
         Ok(meta) => meta,
         Err(SessionError::Unreachable { .. }) => return Err(NotYet::Unreachable),
         Err(SessionError::Refused { reason, .. }) => return Err(NotYet::Mismatch(reason)),
-        Err(err @ SessionError::Clients { .. }) => return Err(NotYet::Mismatch(err.to_string())),
+        Err(err @ (SessionError::Clients { .. } | SessionError::NoTable { .. })) => {
+            return Err(NotYet::Mismatch(err.to_string()))
+        }
     };
     check_table(&meta, check)?;
     let Some(reference) = &host.reference else {

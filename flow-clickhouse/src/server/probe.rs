@@ -34,6 +34,14 @@ pub enum SessionError {
         #[source]
         source: ClientsError,
     },
+    /// The table does not exist on an endpoint (a sink with a table template dead-letters or
+    /// waits on it; any other sink refuses to start, as for [`SessionError::Refused`]).
+    #[error("the table does not exist on {endpoint}. Create `{database}`.`{table}` on every host of every shard")]
+    NoTable {
+        database: String,
+        table: String,
+        endpoint: String,
+    },
     /// The target cannot be written as configured; the message says why and what to do.
     #[error("{reason}")]
     Refused {
@@ -48,7 +56,9 @@ impl SessionError {
     pub fn class(&self) -> ErrorClass {
         match self {
             SessionError::Unreachable { .. } => ErrorClass::Retryable,
-            SessionError::Refused { .. } | SessionError::Clients { .. } => ErrorClass::Permanent,
+            SessionError::Refused { .. }
+            | SessionError::NoTable { .. }
+            | SessionError::Clients { .. } => ErrorClass::Permanent,
         }
     }
 
@@ -57,6 +67,9 @@ impl SessionError {
     pub fn into_sink_error(self) -> SinkError {
         let context = match &self {
             SessionError::Refused {
+                database, table, ..
+            }
+            | SessionError::NoTable {
                 database, table, ..
             }
             | SessionError::Clients {
@@ -270,10 +283,11 @@ async fn probe(
     let answers = ask(endpoint, params, timeout).await;
     let tables = answers.tables.map_err(fail)?;
     let Some(row) = tables.first() else {
-        return Err(refused(format!(
-            "the table does not exist on {}. Create `{}`.`{}` on every host of every shard",
-            endpoint.endpoint, params.database, params.table
-        )));
+        return Err(SessionError::NoTable {
+            database: params.database.clone(),
+            table: params.table.clone(),
+            endpoint: endpoint.endpoint.to_string(),
+        });
     };
     let engine = json_text(row, "engine");
     let kind = engine_kind(&engine, endpoint, params).map_err(refused)?;

@@ -452,7 +452,10 @@ impl WriterSession {
                     // detached or missing there, say) is that host's failure, as it is for an
                     // insert (`crate::delivery::insert`): the session starts on the others and
                     // `late_hosts` admits this one once it answers with the same table.
-                    Err(SessionError::Refused { reason, .. }) if answered => {
+                    Err(err @ (SessionError::Refused { .. } | SessionError::NoTable { .. }))
+                        if answered =>
+                    {
+                        let reason = err.to_string();
                         warn!(
                             database = %params.database,
                             table = %params.table,

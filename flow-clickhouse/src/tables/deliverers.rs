@@ -1,0 +1,116 @@
+//! Delivering the batches of a sink partition with a table template ([`TableDeliverers`]): each
+//! stored batch names its table (`target`), and goes to that table's
+//! [`ClickHouseDeliverer`], made on first use with the table's session and give-up latch. The
+//! partition keeps one queue (its lanes are per shard, in outbox order), so the tables of an
+//! epoch are delivered in the order they were sealed. A requeued row set aside for a missing
+//! table is encoded for its table here ([`encode_requeued`]).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use flow_core::delivery::{blocking, BatchDeliverer};
+use flow_core::{SinkContext, SinkError};
+use flow_state::{SealedBatch, SinkPartition};
+use tokio::sync::watch;
+
+use crate::exactly_once::deliverer::{ClickHouseDeliverer, PartitionMarks};
+use crate::tables::requeued::{encode_requeued, UNENCODED_FORMAT};
+use crate::tables::targets::{TableState, Targets};
+
+/// The per-table deliverers of one sink partition.
+pub struct TableDeliverers {
+    targets: Arc<Targets>,
+    ctx: SinkContext,
+    by_target: Mutex<BTreeMap<String, Arc<ClickHouseDeliverer>>>,
+}
+
+impl TableDeliverers {
+    pub fn new(targets: Arc<Targets>, ctx: SinkContext) -> TableDeliverers {
+        TableDeliverers {
+            targets,
+            ctx,
+            by_target: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The deliverer of a stored batch's `target`.
+    async fn of(&self, target: &str) -> Result<Arc<ClickHouseDeliverer>, SinkError> {
+        if let Some(found) = self.by_target().get(target) {
+            return Ok(Arc::clone(found));
+        }
+        let table = self.targets.of_stored(target)?;
+        // Each table's deliverer reads the partition's marks; it only consults those of the
+        // entries it delivers, which are its table's.
+        let (store, key) = (self.ctx.store.clone(), self.ctx.state_key());
+        let marks = blocking(move || PartitionMarks::load(&store, &key)).await?;
+        let made = Arc::new(ClickHouseDeliverer::new(
+            Arc::clone(&table.shared),
+            Arc::clone(&table.exactly_once),
+            self.ctx.clone(),
+            marks,
+            self.ctx.metrics.clone(),
+        ));
+        Ok(Arc::clone(
+            self.by_target().entry(target.to_owned()).or_insert(made),
+        ))
+    }
+
+    fn by_target(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<ClickHouseDeliverer>>> {
+        self.by_target
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl BatchDeliverer for TableDeliverers {
+    /// As for one table: a sharded sink's lanes may set a stalled shard's batches aside.
+    fn reloads(&self) -> bool {
+        self.targets.base.sharded
+    }
+
+    async fn reload(
+        &self,
+        key: &SinkPartition,
+        shard: &str,
+        after: Option<u64>,
+    ) -> Result<Option<(u64, SealedBatch)>, SinkError> {
+        let (store, task_key, task_shard) = (self.ctx.store.clone(), key.clone(), shard.to_owned());
+        let next = blocking(move || store.next_undelivered(&task_key, &task_shard, after)).await?;
+        let Some(stored) = next else {
+            return Ok(None);
+        };
+        // The table's own deliverer reads it back (its payload, or rebuilt from its bounds).
+        self.of(&stored.batch.target)
+            .await?
+            .reload(key, shard, after)
+            .await
+    }
+
+    async fn deliver(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(), SinkError> {
+        let deliverer = self.of(&batch.target).await?;
+        if batch.format != UNENCODED_FORMAT {
+            return deliverer.deliver(key, seq, batch, stop).await;
+        }
+        let target = self.targets.of_stored(&batch.target)?;
+        match target.state(stop).await? {
+            TableState::Up(session) => {
+                let encoded = encode_requeued(&target.shared, &session, batch)?;
+                deliverer.deliver(key, seq, &encoded, stop).await
+            }
+            // Stopping: the row stays in the outbox for the next run.
+            TableState::Stopping => Ok(()),
+            TableState::Missing(reason) => Err(SinkError::Refused(format!(
+                "{key}: a requeued dead letter (token {}) is for `{}`, which still does not exist: {reason}. Create the table, then start the pipeline again",
+                batch.token, batch.target
+            ))),
+        }
+    }
+}

@@ -1,0 +1,5 @@
+pub mod deliverers;
+pub mod requeued;
+pub mod sink;
+pub mod targets;
+pub mod template;

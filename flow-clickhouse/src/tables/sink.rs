@@ -1,0 +1,405 @@
+//! The exactly-once classes with a table template (`table: "events_{event_type}"`): each epoch's
+//! rows are resolved to their tables in message order, and each table's rows are cut, routed
+//! and encoded as one table's sink would ([`BatchCutter::cut_epoch_rows`]), under tokens of the
+//! table's own namespace `<prefix><table>/<partition>-<max id>[:<shard>]`.
+//!
+//! Deterministic replays: the outbox keeps these batches' payloads (the writes are not marked
+//! rebuildable), so a replay after a crash sends the stored bytes under the stored token, and the
+//! decision that a table is missing, taken once at seal time, is committed with the epoch as the
+//! row's dead letter: a replay never sends that row to a table that exists by then. See
+//! docs/clickhouse.md "Many tables from one stream".
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flow_core::delivery::{
+    blocking, load_backlog, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer, SinkDelivery,
+};
+use flow_core::registry::{BuildResult, SinkBuildContext};
+use flow_core::{
+    DeadRow, Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory, TableRow,
+};
+use flow_state::{DeadLetter, StoredBatch};
+
+use crate::config::guarantee::SinkClass;
+use crate::config::params::MissingTable;
+use crate::delivery::cutter::{BatchCutter, EpochCut};
+use crate::delivery::sink_state::{build_shared, SinkShared};
+use crate::exactly_once::fingerprint::{check_topology, TopologyDecision};
+use crate::exactly_once::rebuild::Requeue;
+use crate::exactly_once::sink::sealed_batches;
+use crate::exactly_once::state::ExactlyOnce;
+use crate::server::session::WriterSession;
+use crate::tables::deliverers::TableDeliverers;
+use crate::tables::requeued::{requeued_token, UNENCODED_FORMAT};
+use crate::tables::targets::{TableState, TableTarget, Targets};
+use crate::tables::template::BoundTemplate;
+
+/// How long an epoch vetoed under `missing_table: wait` waits before it is read again.
+const MISSING_TABLE_WAIT: Duration = Duration::from_secs(1);
+
+/// Builds either batching class with a table template.
+pub fn build(
+    class: SinkClass,
+    ctx: &SinkBuildContext<'_>,
+    parameters: &serde_yaml::Value,
+    dynamic: &serde_yaml::Value,
+) -> BuildResult<Arc<dyn SinkFactory>> {
+    let base = build_shared(class, ctx, parameters, dynamic)?;
+    let Some(template) = &base.params.table_template else {
+        return Err(vec![flow_core::Violation::new(
+            "parameters.table",
+            "a table template was expected here; this is a bug, please report it",
+        )]);
+    };
+    let template = Arc::new(template.bind(&base.stream)?);
+    let delivery = SinkDelivery::new(ctx.sink, base.in_flight_budget());
+    Ok(Arc::new(TemplatedFactory {
+        targets: Arc::new(Targets::new(base)),
+        template,
+        delivery,
+    }))
+}
+
+struct TemplatedFactory {
+    targets: Arc<Targets>,
+    template: Arc<BoundTemplate>,
+    delivery: Arc<SinkDelivery>,
+}
+
+impl SinkFactory for TemplatedFactory {
+    fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+        let token_prefix = ExactlyOnce::token_prefix(&self.targets.base, &ctx)?;
+        Ok(Box::new(OutboxSink::new(TemplatedSink {
+            targets: Arc::clone(&self.targets),
+            template: Arc::clone(&self.template),
+            delivery: Arc::clone(&self.delivery),
+            token_prefix,
+            ctx,
+            checked: BTreeSet::new(),
+            cutter: BatchCutter::default(),
+            name: String::new(),
+        })))
+    }
+
+    fn reconfigure(&self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+        self.targets.reconfigure(dynamic)?;
+        self.delivery
+            .budget
+            .resize(self.targets.base.in_flight_budget());
+        Ok(())
+    }
+}
+
+struct TemplatedSink {
+    targets: Arc<Targets>,
+    template: Arc<BoundTemplate>,
+    delivery: Arc<SinkDelivery>,
+    /// The sink's token prefix; a table's tokens add `<table>/`.
+    token_prefix: String,
+    ctx: SinkContext,
+    /// Tables whose fingerprints this partition compared with (or stored as) the current ones.
+    checked: BTreeSet<String>,
+    /// Cuts one table's rows at a time (its buffers are reused across tables and epochs).
+    cutter: BatchCutter,
+    /// The name being resolved.
+    name: String,
+}
+
+/// The rows of one epoch by table, in message order within each table.
+struct Resolved {
+    /// Table index (into `tables`) of each row; `None`: the row names no valid table.
+    of_row: Vec<Option<usize>>,
+    /// The tables named, in name order.
+    tables: Vec<String>,
+    dead_letters: Vec<DeadLetter>,
+}
+
+impl TemplatedSink {
+    /// The topology guard of one table (see [`crate::exactly_once::sink`]): its fingerprints are
+    /// stored under `<table>/` in the partition's map, next to the other tables'.
+    async fn check_fingerprints(
+        &mut self,
+        table: &str,
+        target: &TableTarget,
+        session: &WriterSession,
+        undelivered: u64,
+        oldest: Option<String>,
+    ) -> Result<(), SinkError> {
+        let store = self.ctx.store.clone();
+        let key = self.ctx.state_key();
+        let all = blocking(move || store.fingerprints(&key)).await?;
+        let prefix = format!("{table}/");
+        let persisted: BTreeMap<String, String> = all
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.to_owned(), v.clone())))
+            .collect();
+        let mut current = target.exactly_once.current_fingerprints(session);
+        session.late_targets.fill(&mut current, &persisted);
+        let decision = check_topology(&persisted, &current, undelivered, oldest.as_deref())
+            .map_err(|err| SinkError::Plugin(Box::new(err)))?;
+        if decision == TopologyDecision::Adopt && persisted != current {
+            let mut merged: BTreeMap<String, String> = all
+                .into_iter()
+                .filter(|(k, _)| !k.starts_with(&prefix))
+                .collect();
+            merged.extend(
+                current
+                    .into_iter()
+                    .map(|(k, v)| (format!("{prefix}{k}"), v)),
+            );
+            self.ctx
+                .store
+                .set_fingerprints(&self.ctx.state_key(), merged)
+                .await?;
+        }
+        self.checked.insert(table.to_owned());
+        Ok(())
+    }
+
+    /// Resolves every row's table; a row whose value makes no valid name is a dead letter.
+    fn resolve(&mut self, epoch: &Epoch<'_>) -> Result<Resolved, SinkError> {
+        let [batch] = epoch.inputs else {
+            return Err(SinkError::Refused(
+                "a ClickHouse sink reads exactly one stream".to_owned(),
+            ));
+        };
+        let mut by_name: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        let mut dead_letters = Vec::new();
+        let mut of_row = vec![None; batch.len()];
+        for (index, row) in batch.rows().enumerate() {
+            match self.template.resolve(&row, &mut self.name) {
+                Ok(()) => match by_name.get_mut(self.name.as_str()) {
+                    Some(rows) => rows.push(index),
+                    None => {
+                        by_name.insert(self.name.clone(), vec![index]);
+                    }
+                },
+                Err(err) => dead_letters.push(self.dead_letter(&row, err.to_string())),
+            }
+        }
+        let mut tables = Vec::with_capacity(by_name.len());
+        for (t, (name, rows)) in by_name.into_iter().enumerate() {
+            for index in rows {
+                of_row[index] = Some(t);
+            }
+            tables.push(name);
+        }
+        Ok(Resolved {
+            of_row,
+            tables,
+            dead_letters,
+        })
+    }
+
+    fn dead_letter(&self, row: &flow_core::Row<'_>, reason: String) -> DeadLetter {
+        DeadLetter {
+            partition: row.id().partition,
+            offset: Some(row.id().offset),
+            reason,
+            payload: DeadRow::encode(row, &self.columns(), None, None, None),
+        }
+    }
+
+    /// The dead letter of a row whose table does not exist: it keeps the table and the token a
+    /// requeue sends it under ([`crate::tables::requeued`]).
+    fn missing_table_letter(
+        &self,
+        row: &flow_core::Row<'_>,
+        table: &str,
+        reason: String,
+    ) -> DeadLetter {
+        let id = row.id();
+        let for_table = TableRow {
+            target: format!("{}.{table}", self.targets.base.params.database),
+            token: requeued_token(&self.token_prefix, table, id.partition, id.offset),
+        };
+        DeadLetter {
+            partition: id.partition,
+            offset: Some(id.offset),
+            reason,
+            payload: DeadRow::encode_for_table(row, &self.columns(), &for_table),
+        }
+    }
+
+    /// The input stream's column names (a dead row's values by name).
+    fn columns(&self) -> Vec<String> {
+        let stream = &self.targets.base.stream;
+        stream.columns().iter().map(|c| c.name.clone()).collect()
+    }
+
+    /// Fails once any table of this sink gave an insert up.
+    fn check_gave_up(&self) -> Result<(), SinkError> {
+        for target in self.targets.all() {
+            target
+                .exactly_once
+                .check_gave_up(self.ctx.partition, None)?;
+        }
+        Ok(())
+    }
+
+    /// Queues the backlog found at open, one run of consecutive entries of one table at a
+    /// time, each through its table's [`Requeue`] (stored payloads as they are, bounds rebuilt).
+    async fn requeue(
+        &mut self,
+        backlog: Vec<StoredBatch>,
+        delivery: &mut OutboxDelivery,
+    ) -> Result<(), SinkError> {
+        let mut runs: Vec<Vec<StoredBatch>> = Vec::new();
+        for stored in backlog {
+            match runs.last_mut() {
+                Some(run) if run[0].batch.target == stored.batch.target => run.push(stored),
+                _ => runs.push(vec![stored]),
+            }
+        }
+        for run in runs {
+            let target = self.targets.of_stored(&run[0].batch.target)?;
+            let table = target.shared.params.table.clone();
+            let session = match target.state(&self.ctx.shutdown).await? {
+                TableState::Up(session) => session,
+                TableState::Stopping => return Ok(()),
+                TableState::Missing(reason) => {
+                    return Err(SinkError::Refused(format!(
+                        "{}: {} pending batch(es) are for table `{}`, which is gone: {reason}. Create it again as it was, or start on a new state directory to give these rows up",
+                        self.ctx.state_key(),
+                        run.len(),
+                        run[0].batch.target
+                    )))
+                }
+            };
+            if !self.checked.contains(&table) {
+                let pending = run.len() as u64;
+                let bound = format!("{}-{}", self.ctx.partition, run[0].batch.last_offset);
+                self.check_fingerprints(&table, &target, &session, pending, Some(bound))
+                    .await?;
+            }
+            let requeue = Requeue {
+                shared: &target.shared,
+                session: &session,
+                ctx: &self.ctx,
+            };
+            // Requeued rows for a table that was missing are queued as stored (they are
+            // encoded when delivered), in outbox order with the rest.
+            let key = self.ctx.state_key();
+            let mut encoded = Vec::new();
+            for stored in run {
+                if stored.batch.format != UNENCODED_FORMAT {
+                    encoded.push(stored);
+                    continue;
+                }
+                requeue.run(std::mem::take(&mut encoded), delivery).await?;
+                if !delivery.push_stored(&self.ctx.store, &key, stored).await? {
+                    return Ok(());
+                }
+            }
+            requeue.run(encoded, delivery).await?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Sealer for TemplatedSink {
+    async fn open(&mut self, delivery: &mut OutboxDelivery) -> Result<(), SinkError> {
+        self.ctx.metrics.clear_gave_up().await?;
+        let key = self.ctx.state_key();
+        let backlog = load_backlog(&self.ctx.store, &key).await?;
+        let deliverer: Arc<dyn BatchDeliverer> = Arc::new(TableDeliverers::new(
+            Arc::clone(&self.targets),
+            self.ctx.clone(),
+        ));
+        delivery.open(
+            key,
+            deliverer,
+            Arc::clone(&self.delivery),
+            self.ctx.shutdown.clone(),
+        );
+        self.requeue(backlog, delivery).await
+    }
+
+    async fn seal(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        self.check_gave_up()?;
+        let Resolved {
+            of_row,
+            tables,
+            mut dead_letters,
+        } = self.resolve(epoch)?;
+        let mut batches = Vec::new();
+        for (t, table) in tables.iter().enumerate() {
+            let target = self.targets.get(table);
+            let session = match target.state(&self.ctx.shutdown).await? {
+                TableState::Up(session) => session,
+                TableState::Stopping => return Ok(SinkShared::not_started()),
+                TableState::Missing(reason) => {
+                    let database = &self.targets.base.params.database;
+                    if self.targets.base.params.missing_table == MissingTable::Wait {
+                        return Ok(EpochOutcome::Veto {
+                            reason: format!(
+                                "table `{database}`.`{table}` named by a row does not exist ({reason}); waiting for it (missing_table: wait)"
+                            ),
+                            retry_after: MISSING_TABLE_WAIT,
+                        });
+                    }
+                    let why = format!(
+                        "table `{database}`.`{table}` does not exist: {reason}. Create it, then `flow-worker dead-letters requeue` sends this row to it"
+                    );
+                    let [batch] = epoch.inputs else {
+                        continue;
+                    };
+                    for (index, row) in batch.rows().enumerate() {
+                        if of_row[index] == Some(t) {
+                            let letter = self.missing_table_letter(&row, table, why.clone());
+                            dead_letters.push(letter);
+                        }
+                    }
+                    continue;
+                }
+            };
+            if !self.checked.contains(table) {
+                self.check_fingerprints(table, &target, &session, 0, None)
+                    .await?;
+            }
+            let EpochCut {
+                parts,
+                dead_letters: bad_rows,
+                plan,
+            } = self
+                .cutter
+                .cut_epoch_rows(&target.shared, &session, epoch, |index| {
+                    of_row.get(index).copied().flatten() == Some(t)
+                })
+                .await?;
+            dead_letters.extend(bad_rows);
+            let prefix = format!("{}{table}/", self.token_prefix);
+            let partition = self.ctx.partition;
+            // The plan the table's rows were encoded with (see the exactly-once sink).
+            let plan = plan.unwrap_or_else(|| session.plan());
+            batches.extend(sealed_batches(
+                &target.shared,
+                &plan,
+                parts,
+                &prefix,
+                partition,
+            ));
+        }
+        // Dead letters in message order, whichever table (or none) each row named.
+        dead_letters.sort_by_key(|d| d.offset);
+        Ok(EpochOutcome::Commit(EpochWrite {
+            batches,
+            dead_letters,
+            // Payloads are kept: see the module doc.
+            rebuildable: false,
+            counters: Vec::new(),
+        }))
+    }
+
+    fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
+        self.targets.reconfigure(dynamic)?;
+        self.delivery
+            .budget
+            .resize(self.targets.base.in_flight_budget());
+        Ok(())
+    }
+}

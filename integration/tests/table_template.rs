@@ -1,0 +1,245 @@
+//! Many tables from one stream (issue 26 item 2): a JetStream stream of three event kinds into
+//! three tables by `table: '<name>_{kind}'` through the sharded exactly-once sink, with `kill -9`s
+//! and one table (`_buy`) created only mid-run.
+//!
+//! The first run reads the first half of the stream while `_buy` does not exist: its `buy` rows
+//! become dead letters naming the table, the others land. The table is then created and the
+//! worker killed twice more while the second half is published: the second half's `buy` rows
+//! land in `_buy`. `dead-letters requeue` then puts the set-aside rows back and `drain` sends
+//! them: every message is once in its table, on the shard it routes to, on both replicas. One
+//! message whose kind makes no table name (`a-b`) is a dead letter naming the value and is kept
+//! by the requeue.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _, Result};
+use async_nats::jetstream;
+use flow_integration::nats::new_stream;
+use flow_integration::worker::*;
+use flow_integration::*;
+
+const PARTITIONS: u64 = 4;
+/// Messages 0..HALF are read before `_buy` exists, HALF..TOTAL after.
+const HALF: u64 = 12_000;
+const TOTAL: u64 = 24_000;
+/// The message whose kind makes no table name.
+const BAD_ID: u64 = TOTAL;
+const KINDS: [&str; 3] = ["click", "view", "buy"];
+const COLUMNS: &str = "id UInt64, kind String, payload String";
+
+fn kind(id: u64) -> &'static str {
+    if id == BAD_ID {
+        "a-b"
+    } else {
+        KINDS[(id % 3) as usize]
+    }
+}
+
+/// Publishes `ids` (id `k` to subject `<prefix>.<k % PARTITIONS>`), awaiting the
+/// acknowledgements of every 500: the client holds a publish back while too many are unanswered.
+async fn publish(
+    js: &jetstream::Context,
+    prefix: &str,
+    ids: impl Iterator<Item = u64>,
+) -> Result<()> {
+    let ids: Vec<u64> = ids.collect();
+    for chunk in ids.chunks(500) {
+        let mut acks = Vec::with_capacity(chunk.len());
+        for &id in chunk {
+            let body = format!(
+                r#"{{"id": {id}, "kind": "{}", "payload": "message {id}"}}"#,
+                kind(id)
+            );
+            let subject = format!("{prefix}.{}", id % PARTITIONS);
+            acks.push(js.publish(subject, body.into()).await?);
+        }
+        for ack in acks {
+            ack.await?;
+        }
+    }
+    Ok(())
+}
+
+fn write_spec(dir: &Path, stream: &str, name: &str) -> PathBuf {
+    let hosts =
+        |nodes: [Node; 2]| format!("['{}', '{}']", nodes[0].http_addr(), nodes[1].http_addr());
+    let yaml = format!(
+        "pipeline: tables_it\npartitions: {PARTITIONS}\nepoch: {{max_messages: 3000, max_duration_ms: 300}}\n\
+         source:\n  class: nats_jetstream\n  parameters:\n    servers: ['nats://{}']\n    stream: {stream}\n    subject_template: '{stream}.p.{{partition}}'\n    format: json\n    schema: [{{name: id, type: uint64}}, {{name: kind, type: string}}, {{name: payload, type: string}}]\n\
+         sinks:\n  - name: out\n    sink_class_name: ShardedClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{shard_hosts: {{a: {}, b: {}}}, database: default, table: '{name}_{{kind}}'}}\n    dynamic_parameters: {{max_rows_per_batch: 1000, retry_backoff: 100ms, max_retry_backoff: 1s}}\n",
+        nats::NATS_ADDR,
+        hosts(SHARD_A),
+        hosts(SHARD_B),
+    );
+    let spec = dir.join("spec.yaml");
+    std::fs::write(&spec, yaml).unwrap();
+    spec
+}
+
+/// Waits until `status` shows every partition caught up with the stream.
+fn wait_caught_up(state: &Path, worker: &Worker) -> Result<()> {
+    let mut lags = Vec::new();
+    wait_until(Duration::from_secs(60), || {
+        lags = partition_lags(worker_bin!(), state, "tables_it")?;
+        Ok(lags.len() == PARTITIONS as usize && lags.iter().all(|&lag| lag == Some(0)))
+    })
+    .with_context(|| format!("status shows lags {lags:?}\n{}", worker.log_tail()))
+}
+
+fn ids_of(kind_name: &str, range: std::ops::Range<u64>) -> u64 {
+    range.filter(|&id| kind(id) == kind_name).count() as u64
+}
+
+#[test]
+fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are_requeued(
+) -> Result<()> {
+    require_cluster()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let name = unique_name("tables_it");
+    let js = rt.block_on(new_stream(&name))?;
+    let prefix = format!("{name}.p");
+    let click =
+        ReplicatedTable::create("default", &format!("{name}_click"), COLUMNS, "id", &NODES)?;
+    let view = ReplicatedTable::create("default", &format!("{name}_view"), COLUMNS, "id", &NODES)?;
+    let dir = tempfile::tempdir()?;
+    let spec = write_spec(dir.path(), &name, &name);
+    let state = dir.path().join("state");
+    rt.block_on(publish(&js, &prefix, (0..HALF).chain([BAD_ID])))?;
+
+    // Run 1: `_buy` does not exist; the whole first half is committed.
+    let log = |n: u32| dir.path().join(format!("w{n}.log"));
+    let mut worker = Worker::spawn(worker_bin!(), &spec, &state, log(0))?;
+    wait_caught_up(&state, &worker)?;
+    worker.kill_9()?;
+    let buy = ReplicatedTable::create("default", &format!("{name}_buy"), COLUMNS, "id", &NODES)?;
+
+    // Runs 2 to 4: the second half is published while the worker is killed twice.
+    worker = Worker::spawn(worker_bin!(), &spec, &state, log(1))?;
+    let publisher = {
+        let (js, prefix) = (js.clone(), prefix.clone());
+        rt.spawn(async move { publish(&js, &prefix, HALF..TOTAL).await })
+    };
+    for run in 2..4 {
+        std::thread::sleep(Duration::from_millis(2_000));
+        if worker.exited()?.is_some() {
+            bail!("the worker exited on its own\n{}", worker.log_tail());
+        }
+        worker.kill_9()?;
+        worker = Worker::spawn(worker_bin!(), &spec, &state, log(run))?;
+    }
+    rt.block_on(publisher)??;
+    let expected = |kind_name: &str| ids_of(kind_name, 0..TOTAL);
+    let second_half_buys = ids_of("buy", HALF..TOTAL);
+    wait_until(Duration::from_secs(60), || {
+        Ok(
+            landed_on_both_shards(&click.qualified())?.0 == expected("click")
+                && landed_on_both_shards(&view.qualified())?.0 == expected("view")
+                && landed_on_both_shards(&buy.qualified())?.0 == second_half_buys,
+        )
+    })
+    .with_context(|| format!("not every message landed\n{}", worker.log_tail()))?;
+    wait_caught_up(&state, &worker)?;
+    worker.kill_9()?;
+
+    // The first half's `buy` rows are dead letters naming the table; the `a-b` one names its value.
+    let letters = export_dead_letters(worker_bin!(), &state)?;
+    let buy_target = format!("default.{name}_buy");
+    let mut set_aside = BTreeSet::new();
+    let mut bad = Vec::new();
+    for letter in &letters {
+        let reason = letter["reason"].as_str().unwrap_or_default();
+        let id = letter["row"]["id"]
+            .as_u64()
+            .context("a dead letter without its row id")?;
+        if letter["table"].as_str() == Some(buy_target.as_str()) {
+            assert!(
+                reason.starts_with(&format!(
+                    "table `default`.`{name}_buy` does not exist: the table does not exist on 127.0.0.1:181"
+                )) && reason.ends_with(&format!(
+                    "Create `default`.`{name}_buy` on every host of every shard. Create it, then `flow-worker dead-letters requeue` sends this row to it"
+                )),
+                "{reason}"
+            );
+            set_aside.insert(id);
+        } else {
+            bad.push((id, reason.to_owned()));
+        }
+    }
+    let first_half_buys: BTreeSet<u64> = (0..HALF).filter(|&id| kind(id) == "buy").collect();
+    assert_eq!(
+        set_aside, first_half_buys,
+        "exactly the first half's buy rows are set aside"
+    );
+    assert_eq!(
+        bad,
+        vec![(
+            BAD_ID,
+            format!("table template `{name}_{{kind}}`: column `kind` holds `a-b`, which makes the table name `{name}_a-b`; a table name may only contain letters, digits and `_`. Fix the message, or map the value before this sink")
+        )]
+    );
+
+    // Requeue: the set-aside rows go back to the outbox, the bad one stays; drain sends them.
+    let requeue = dead_letters_command(worker_bin!(), "requeue", &state)?;
+    assert_eq!(
+        requeue.code,
+        Some(1),
+        "{}{}",
+        requeue.stdout,
+        requeue.stderr
+    );
+    assert!(
+        requeue.stdout.contains(&format!(
+            "requeued {} dead letter(s) into the outbox",
+            first_half_buys.len()
+        )) && requeue
+            .stdout
+            .contains("1 dead letter(s) cannot be requeued and were kept"),
+        "{}",
+        requeue.stdout
+    );
+    let (spec_arg, state_arg) = (spec.display().to_string(), state.display().to_string());
+    let drain = run_worker(
+        worker_bin!(),
+        &["drain", &spec_arg, "--state-dir", &state_arg],
+        &[],
+        Duration::from_secs(60),
+    )?;
+    assert_eq!(drain.code, Some(0), "{}", drain.stderr);
+
+    for table in [&click, &view, &buy] {
+        for node in NODES {
+            sync_when_writable(node, "default", &table.table, Duration::from_secs(60))?;
+        }
+    }
+    for (table, kind_name) in [(&click, "click"), (&view, "view"), (&buy, "buy")] {
+        let qualified = table.qualified();
+        let (rows, distinct) = landed_on_both_shards(&qualified)?;
+        assert_eq!(
+            (rows, distinct),
+            (expected(kind_name), expected(kind_name)),
+            "{qualified}: every {kind_name} message once"
+        );
+        let other = query_u64(
+            A1.http_port,
+            &format!("SELECT count() FROM {qualified} WHERE kind != '{kind_name}'"),
+        )?;
+        assert_eq!(other, 0, "{qualified} holds only {kind_name} rows");
+        for [first, second] in [SHARD_A, SHARD_B] {
+            assert_eq!(
+                count_uniq(first, &qualified)?,
+                count_uniq(second, &qualified)?
+            );
+        }
+    }
+    assert_eq!(export_dead_letters(worker_bin!(), &state)?.len(), 1);
+    println!(
+        "{TOTAL} messages into 3 tables over 4 runs; {} rows set aside while `_buy` was missing, requeued and landed once",
+        first_half_buys.len()
+    );
+    let _ = rt.block_on(js.delete_stream(&name));
+    Ok(())
+}
