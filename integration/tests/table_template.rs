@@ -243,3 +243,61 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
     let _ = rt.block_on(js.delete_stream(&name));
     Ok(())
 }
+
+/// The generator's columns.
+const GENERATOR_COLUMNS: &str =
+    "id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String";
+
+/// `max_tables` bounds the tables a template's rows may name: four partitions each naming a
+/// table of their own (`{partition}`) under `max_tables: 3` write exactly three tables, and every
+/// row of the fourth (whichever partition came last) is a dead letter naming the bound.
+#[test]
+fn rows_naming_a_table_beyond_max_tables_are_dead_letters() -> Result<()> {
+    require_cluster()?;
+    let name = unique_name("maxt");
+    let tables = (0..PARTITIONS)
+        .map(|p| {
+            ReplicatedTable::create(
+                "default",
+                &format!("{name}_{p}"),
+                GENERATOR_COLUMNS,
+                "id",
+                &SHARD_A,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let dir = tempfile::tempdir()?;
+    let spec = dir.path().join("spec.yaml");
+    let parameters = format!(
+        "{{hosts: ['{}', '{}'], table: '{name}_{{partition}}', max_tables: 3}}",
+        A1.http_addr(),
+        A2.http_addr()
+    );
+    let yaml = GeneratorSpec::new("max_tables", "ClickHouseBatchingSink", parameters)
+        .partitions(PARTITIONS)
+        .count(500)
+        .yaml();
+    std::fs::write(&spec, yaml)?;
+    let state = dir.path().join("state");
+    let out = run_spec(worker_bin!(), &spec, &state, Duration::from_secs(120))?;
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let mut counts = Vec::new();
+    for table in &tables {
+        counts.push(count_uniq(A1, &table.qualified())?);
+    }
+    let written = counts.iter().filter(|&&c| c == (500, 500)).count();
+    let empty = counts.iter().filter(|&&c| c == (0, 0)).count();
+    assert_eq!((written, empty), (3, 1), "{counts:?}");
+    let letters = export_dead_letters(worker_bin!(), &state)?;
+    assert_eq!(letters.len(), 500);
+    for letter in &letters {
+        let reason = letter["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains(
+                "but the sink's rows already named max_tables (3) tables; raise max_tables"
+            ),
+            "{reason}"
+        );
+    }
+    Ok(())
+}

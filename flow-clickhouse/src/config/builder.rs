@@ -250,6 +250,12 @@ impl ClickHouseSink {
         self
     }
 
+    /// `max_tables` (with a table template): the most distinct tables the sink's rows may name.
+    pub fn max_tables(mut self, max_tables: usize) -> Self {
+        self.parameters.max_tables = Some(max_tables);
+        self
+    }
+
     /// `on_bad_rows`: what a row that fails its checks does.
     pub fn on_bad_rows(mut self, on_bad_rows: OnBadRows) -> Self {
         self.parameters.on_bad_rows = on_bad_rows;

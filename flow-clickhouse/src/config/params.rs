@@ -146,6 +146,9 @@ pub struct ClickHouseParams {
     /// With a table template: what a message whose table does not exist does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub missing_table: Option<MissingTable>,
+    /// With a table template: the most distinct tables the sink's rows may name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tables: Option<usize>,
     /// HTTP compression of inserted data (default LZ4).
     pub codec: Codec,
     /// Talk HTTPS instead of HTTP; every other TLS option is rejected without it.
@@ -195,6 +198,13 @@ pub struct ClickHouseParams {
     pub auto_add_columns: bool,
 }
 
+/// The bounds of `max_tables`.
+pub const MAX_TABLES: std::ops::RangeInclusive<usize> = 1..=10_000;
+/// The default `max_tables`: a template over a column with a few values (event kinds, tenants)
+/// stays far below it; one over an identifier (a user id) reaches it at once, and its rows become
+/// dead letters instead of a writer session (and a probe of every host) each.
+pub const DEFAULT_MAX_TABLES: usize = 100;
+
 /// The bounds of `schema_refresh_interval_ms`: at most ten re-reads a second, at least one a day.
 pub const SCHEMA_REFRESH_INTERVAL_MS: std::ops::RangeInclusive<u64> = 100..=86_400_000;
 
@@ -217,6 +227,7 @@ impl Default for ClickHouseParams {
             database: "default".to_owned(),
             table: String::new(),
             missing_table: None,
+            max_tables: None,
             codec: Codec::default(),
             enable_tls: false,
             tls_ca_files: Vec::new(),
@@ -286,6 +297,8 @@ pub struct SinkParams {
     /// `table` as a template over input columns.
     pub table_template: Option<TableTemplate>,
     pub missing_table: MissingTable,
+    /// With a table template: the most distinct tables its rows may name ([`MAX_TABLES`]).
+    pub max_tables: usize,
     pub topology: Topology,
     /// The port of host entries without one (part of the endpoint target fingerprint).
     pub port: u16,
@@ -389,6 +402,7 @@ impl ClickHouseParams {
                     .then(|| TableTemplate::parse(&self.table).ok())
                     .flatten(),
                 missing_table: self.missing_table.unwrap_or_default(),
+                max_tables: self.max_tables.unwrap_or(DEFAULT_MAX_TABLES),
                 topology,
                 port: self.port,
                 tls: self.tls_config(),
@@ -705,6 +719,23 @@ impl ClickHouseParams {
                     self.table
                 ),
             ));
+        }
+        match self.max_tables {
+            Some(_) if !TableTemplate::is_template(&self.table) => v.push(Violation::new(
+                "parameters.max_tables",
+                "max_tables applies to a table template (`table: \"events_{event_type}\"`); \
+                 remove it, or make `table` a template",
+            )),
+            Some(n) if !MAX_TABLES.contains(&n) => v.push(Violation::new(
+                "parameters.max_tables",
+                format!(
+                    "{n} is outside {}..={}: every table keeps a writer session whose columns are \
+                     re-read every schema_refresh_interval_ms",
+                    MAX_TABLES.start(),
+                    MAX_TABLES.end()
+                ),
+            )),
+            _ => {}
         }
         if self.missing_table.is_some() && !TableTemplate::is_template(&self.table) {
             v.push(Violation::new(
@@ -1232,6 +1263,41 @@ mod tests {
             v.message.starts_with("`host` and `hosts` are all set"),
             "{}",
             v.message
+        );
+    }
+
+    #[test]
+    fn max_tables_defaults_to_100_is_bounded_and_needs_a_template() {
+        let template = "{host: h, table: 'e_{kind}'";
+        assert_eq!(
+            resolved(SinkClass::Batching, &format!("{template}}}")).max_tables,
+            DEFAULT_MAX_TABLES
+        );
+        assert_eq!(
+            resolved(SinkClass::Batching, &format!("{template}, max_tables: 3}}")).max_tables,
+            3
+        );
+        for bad in [0, 10_001] {
+            let v = single(
+                SinkClass::Batching,
+                &format!("{template}, max_tables: {bad}}}"),
+                "",
+            );
+            assert_eq!(v.path, "parameters.max_tables");
+            assert_eq!(
+                v.message,
+                format!("{bad} is outside 1..=10000: every table keeps a writer session whose columns are re-read every schema_refresh_interval_ms")
+            );
+        }
+        let v = single(
+            SinkClass::Batching,
+            "{host: h, table: t, max_tables: 5}",
+            "",
+        );
+        assert_eq!(v.path, "parameters.max_tables");
+        assert_eq!(
+            v.message,
+            "max_tables applies to a table template (`table: \"events_{event_type}\"`); remove it, or make `table` a template"
         );
     }
 

@@ -169,16 +169,22 @@ impl TemplatedSink {
         let mut by_name: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         let mut dead_letters = Vec::new();
         let mut of_row = vec![None; batch.len()];
+        let max_tables = self.targets.base.params.max_tables;
         for (index, row) in batch.rows().enumerate() {
-            match self.template.resolve(&row, &mut self.name) {
-                Ok(()) => match by_name.get_mut(self.name.as_str()) {
-                    Some(rows) => rows.push(index),
-                    None => {
-                        by_name.insert(self.name.clone(), vec![index]);
-                    }
-                },
-                Err(err) => dead_letters.push(self.dead_letter(&row, err.to_string())),
+            if let Err(err) = self.template.resolve(&row, &mut self.name) {
+                dead_letters.push(self.dead_letter(&row, err.to_string()));
+                continue;
             }
+            if let Some(rows) = by_name.get_mut(self.name.as_str()) {
+                rows.push(index);
+                continue;
+            }
+            if !self.targets.admit(&self.name, max_tables) {
+                let reason = too_many_tables(&self.name, max_tables);
+                dead_letters.push(self.dead_letter(&row, reason));
+                continue;
+            }
+            by_name.insert(self.name.clone(), vec![index]);
         }
         let mut tables = Vec::with_capacity(by_name.len());
         for (t, (name, rows)) in by_name.into_iter().enumerate() {
@@ -298,6 +304,13 @@ impl TemplatedSink {
         }
         Ok(())
     }
+}
+
+/// Why a row naming one table more than `max_tables` allows is a dead letter.
+fn too_many_tables(table: &str, max_tables: usize) -> String {
+    format!(
+        "the row names table `{table}`, but the sink's rows already named max_tables ({max_tables}) tables; raise max_tables if the template's column really has that many values (each table keeps a writer session), or template over a column with fewer"
+    )
 }
 
 #[async_trait]

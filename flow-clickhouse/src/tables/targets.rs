@@ -88,14 +88,18 @@ impl Targets {
         if let Some(target) = tables.get(table) {
             return Arc::clone(target);
         }
+        let target = self.target(table);
+        tables.insert(table.to_owned(), Arc::clone(&target));
+        target
+    }
+
+    fn target(&self, table: &str) -> Arc<TableTarget> {
         let shared = self.base.for_table(table);
-        let target = Arc::new(TableTarget {
+        Arc::new(TableTarget {
             exactly_once: Arc::new(ExactlyOnce::new(&shared)),
             shared,
             missing: Mutex::new(None),
-        });
-        tables.insert(table.to_owned(), Arc::clone(&target));
-        target
+        })
     }
 
     /// The table of a stored batch's `target` (`<database>.<table>`), refused when it is in
@@ -108,6 +112,21 @@ impl Targets {
                 "a pending batch is for `{target}`, which is not a table of database `{database}` that this sink writes; set `database` back to the one it had when the batch was sealed, or drain the outbox with that spec first"
             ))),
         }
+    }
+
+    /// Whether rows may name `table`: it has a target already, or one is made for it while
+    /// fewer than `max_tables` exist. Decided under the map's lock, so that partitions naming
+    /// new tables at once cannot together pass the bound.
+    pub fn admit(&self, table: &str, max_tables: usize) -> bool {
+        let mut tables = self.tables();
+        if tables.contains_key(table) {
+            return true;
+        }
+        if tables.len() >= max_tables {
+            return false;
+        }
+        tables.insert(table.to_owned(), self.target(table));
+        true
     }
 
     /// Every target made so far.
