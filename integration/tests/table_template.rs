@@ -301,3 +301,48 @@ fn rows_naming_a_table_beyond_max_tables_are_dead_letters() -> Result<()> {
     }
     Ok(())
 }
+
+/// `missing_table: wait`: a partition whose rows name a table that does not exist waits for it
+/// (its epoch vetoed and read again) instead of setting rows aside; once the table is created
+/// every row lands in it once, and there is no dead letter.
+#[test]
+fn with_missing_table_wait_rows_wait_for_their_table_and_land_once_it_exists() -> Result<()> {
+    require_cluster()?;
+    let name = unique_name("waitt");
+    let dir = tempfile::tempdir()?;
+    let spec = dir.path().join("spec.yaml");
+    let parameters = format!(
+        "{{hosts: ['{}', '{}'], table: '{name}_{{partition}}', missing_table: wait}}",
+        A1.http_addr(),
+        A2.http_addr()
+    );
+    let yaml = GeneratorSpec::new("missing_wait", "ClickHouseBatchingSink", parameters)
+        .partitions(1)
+        .count(2_000)
+        .yaml();
+    std::fs::write(&spec, yaml)?;
+    let state = dir.path().join("state");
+    let mut worker = Worker::spawn(worker_bin!(), &spec, &state, dir.path().join("run.log"))?;
+    // The worker says it waits, and is still running, before the table exists.
+    let waiting = format!("table `default`.`{name}_0` named by a row does not exist");
+    wait_until(Duration::from_secs(30), || {
+        Ok(std::fs::read_to_string(worker.log())?.contains(&waiting))
+    })?;
+    assert!(worker.running(), "{}", worker.log_tail());
+    let table = ReplicatedTable::create(
+        "default",
+        &format!("{name}_0"),
+        GENERATOR_COLUMNS,
+        "id",
+        &SHARD_A,
+    )?;
+    assert_eq!(
+        worker.wait_exit(Duration::from_secs(60))?,
+        Some(0),
+        "{}",
+        worker.log_tail()
+    );
+    assert_eq!(count_uniq(A1, &table.qualified())?, (2_000, 2_000));
+    assert_eq!(export_dead_letters(worker_bin!(), &state)?.len(), 0);
+    Ok(())
+}
