@@ -454,24 +454,18 @@ impl RowWriter<'_> {
             Some(cell) => Ok(cell),
             None => self.checked_cell(column_index, value),
         };
-        let end = self.batch.arena.len();
-        let cell = match checked {
-            Ok(Cell::Bytes { .. }) => match (u32::try_from(start), u32::try_from(end)) {
+        // `check_value` stores a byte string as bytes or refuses it: the cell is always `Bytes`.
+        let stored = checked.and_then(|_| {
+            match (u32::try_from(start), u32::try_from(self.batch.arena.len())) {
                 (Ok(start32), Ok(end32)) => Ok(Cell::Bytes {
                     start: start32,
                     len: end32 - start32,
                 }),
                 _ => Err(self.arena_full(column_index)),
-            },
-            other => other,
-        };
-        match cell {
-            Ok(Cell::Bytes { start, len }) => self.batch.cells.push(Cell::Bytes { start, len }),
-            Ok(other) => {
-                // The check turned the bytes into another kind of cell: they are not stored.
-                self.batch.arena.truncate(start);
-                self.batch.cells.push(other);
             }
+        });
+        match stored {
+            Ok(cell) => self.batch.cells.push(cell),
             Err(err) => {
                 self.batch.arena.truncate(start);
                 return Err(err);

@@ -333,11 +333,7 @@ mod tests {
     use crate::encode::rowbinary::RowBinaryEncoder;
 
     fn column(name: &str, index: usize, ty: &str) -> EncodedColumn {
-        EncodedColumn {
-            name: name.to_owned(),
-            stream_index: index,
-            ty: ChType::parse(ty),
-        }
+        EncodedColumn::parsed(name, index, ty)
     }
 
     #[test]

@@ -38,6 +38,18 @@ pub struct EncodedColumn {
     pub ty: ChType,
 }
 
+#[cfg(test)]
+impl EncodedColumn {
+    /// The column `name` taking stream value `stream_index`, of the table type written as `ty`.
+    pub(crate) fn parsed(name: &str, stream_index: usize, ty: &str) -> EncodedColumn {
+        EncodedColumn {
+            name: name.to_owned(),
+            stream_index,
+            ty: ChType::parse(ty),
+        }
+    }
+}
+
 /// Encodes rows in ClickHouse's RowBinary format for an
 /// `INSERT INTO t (names...) FORMAT RowBinary`, columns in the plan order.
 #[derive(Clone, Debug)]

@@ -136,11 +136,7 @@ mod tests {
     use crate::encode::rowbinary::RowBinaryEncoder;
 
     fn column(name: &str, index: usize, ty: &str) -> EncodedColumn {
-        EncodedColumn {
-            name: name.to_owned(),
-            stream_index: index,
-            ty: ChType::parse(ty),
-        }
+        EncodedColumn::parsed(name, index, ty)
     }
 
     /// Widened rows are the bytes the encoder writes for the wider columns from the same values.
