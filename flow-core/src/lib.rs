@@ -97,8 +97,8 @@ pub use plugin::{
 };
 pub use registry::Registry;
 pub use runtime::{
-    DrainReport, OutboxBacklog, PartitionReport, PendingOutbox, Pipeline, PipelineControl,
-    Progress, ReloadOutcome, RunReport,
+    DrainReport, LeaseError, OutboxBacklog, PartitionLeases, PartitionReport, PendingOutbox,
+    Pipeline, PipelineControl, Progress, ReloadOutcome, RunReport,
 };
 pub use sources::{PushError, PushHandle, PushOptions, PushSource, Receipt, Route};
 pub use spec::{

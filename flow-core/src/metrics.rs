@@ -213,6 +213,19 @@ struct SourceFamilies {
     stalled_pulls: Family<PartitionLabels, Counter>,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OwnershipLabels {
+    pipeline: String,
+    partition: u32,
+    change: &'static str,
+}
+
+/// The families of a worker in a cluster (`flow-worker run --cluster`).
+struct ClusterFamilies {
+    ownership_changes: Family<OwnershipLabels, Counter>,
+    fencing_refusals: Family<PartitionLabels, Counter>,
+}
+
 /// The families of the sink side.
 struct SinkFamilies {
     rows_delivered: Family<ShardLabels, Counter>,
@@ -235,6 +248,7 @@ pub struct Metrics {
     registry: Registry,
     source: SourceFamilies,
     sink: SinkFamilies,
+    cluster: ClusterFamilies,
     /// The label sets the backlog gauges were ever set for (0 while their backlog is empty).
     backlog_labels: Mutex<BTreeSet<ShardLabels>>,
     runs: Mutex<BTreeMap<(String, String, u32), SinkRunStatus>>,
@@ -274,10 +288,12 @@ impl Metrics {
         let mut registry = Registry::default();
         let source = SourceFamilies::register(&mut registry);
         let sink = SinkFamilies::register(&mut registry);
+        let cluster = ClusterFamilies::register(&mut registry);
         Arc::new(Metrics {
             registry,
             source,
             sink,
+            cluster,
             backlog_labels: Mutex::new(BTreeSet::new()),
             runs: Mutex::new(BTreeMap::new()),
             started_ms: crate::clock::now_ms(),
@@ -290,6 +306,24 @@ impl Metrics {
     /// replaces it: every partition of a sink registers the sink's one probe).
     pub fn register_readiness(&self, component: String, probe: Weak<dyn Readiness>) {
         lock(&self.readiness).insert(component, probe);
+    }
+
+    /// Counts a change of a partition's ownership in a cluster: `acquired`, `released` (handed
+    /// over or stopped) or `lost` (a commit refused by the fence: another worker holds it).
+    pub fn ownership_changed(&self, pipeline: &str, partition: u32, change: &'static str) {
+        let labels = OwnershipLabels {
+            pipeline: pipeline.to_owned(),
+            partition,
+            change,
+        };
+        self.cluster.ownership_changes.get_or_create(&labels).inc();
+        if change == "lost" {
+            let labels = PartitionLabels {
+                pipeline: pipeline.to_owned(),
+                partition,
+            };
+            self.cluster.fencing_refusals.get_or_create(&labels).inc();
+        }
     }
 
     /// Records that a partition failed: `/ready` reports it until the worker restarts.
@@ -520,6 +554,26 @@ impl SourceFamilies {
             "flow_source_stalled_pulls",
             "Broker pulls the partition's source found silent (no message, no heartbeat) and made again",
             families.stalled_pulls.clone(),
+        );
+        families
+    }
+}
+
+impl ClusterFamilies {
+    fn register(registry: &mut Registry) -> ClusterFamilies {
+        let families = ClusterFamilies {
+            ownership_changes: Family::default(),
+            fencing_refusals: Family::default(),
+        };
+        registry.register(
+            "flow_partition_ownership_changes",
+            "Partitions this worker took (acquired), gave back (released) or lost to a fence (lost), in cluster mode",
+            families.ownership_changes.clone(),
+        );
+        registry.register(
+            "flow_fencing_refusals",
+            "Commits of a partition the cluster refused because another worker owns it now (cluster mode)",
+            families.fencing_refusals.clone(),
         );
         families
     }

@@ -19,6 +19,8 @@
 //! - `replay`: the source reopened and the processors run again for a sink rebuilding a batch;
 //! - `delivery_tracker`: what each sink acknowledged, told to the source's observer;
 //! - `outbox_report`: what [`Pipeline::drain`] found pending and left;
+//! - `owned`: only the partitions a cluster grants this worker, started and handed over as
+//!   ownership moves ([`Pipeline::run_owned`]);
 //! - `lag`, `progress`: the per-partition source lag and the run's progress counters.
 
 mod answers;
@@ -26,6 +28,7 @@ mod delivery_tracker;
 mod graph;
 mod lag;
 mod outbox_report;
+mod owned;
 mod partition;
 mod progress;
 mod replay;
@@ -43,6 +46,7 @@ use crate::registry::Registry;
 use crate::spec::{PipelineSpec, ValidatedPipeline};
 
 pub use outbox_report::{DrainReport, OutboxBacklog, PendingOutbox};
+pub use owned::{LeaseError, PartitionLeases};
 pub use partition::PartitionReport;
 pub use progress::Progress;
 
@@ -350,6 +354,12 @@ impl Pipeline {
     }
 
     fn runner(&self, partition: u32) -> PartitionRunner {
+        self.runner_stopped_by(partition, self.control.shutdown.subscribe())
+    }
+
+    /// A runner that stops when `stop` turns true (in a cluster: the pipeline's shutdown or the
+    /// partition assigned to another worker).
+    fn runner_stopped_by(&self, partition: u32, stop: watch::Receiver<bool>) -> PartitionRunner {
         PartitionRunner {
             pipeline: Arc::clone(&self.validated),
             store: self.store.clone(),
@@ -357,7 +367,7 @@ impl Pipeline {
             lags: self.control.lags.clone(),
             progress: self.control.progress.clone(),
             metrics: Arc::clone(&self.metrics),
-            shutdown: self.control.shutdown.subscribe(),
+            shutdown: stop,
             dynamic: self
                 .control
                 .dynamic
