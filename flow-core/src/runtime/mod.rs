@@ -440,6 +440,27 @@ impl Pipeline {
         })
     }
 
+    /// Runs the partitions `leases` grants this worker until a shutdown: a partition starts once
+    /// its lease is held and stops (ending its epoch, delivering what it committed within the
+    /// drain bound) when it is assigned elsewhere; its lease is given back after its runner
+    /// ended. Fails, after the shutdown, if a partition failed while its lease was held.
+    pub async fn run_owned(
+        self,
+        leases: Arc<dyn PartitionLeases>,
+    ) -> Result<RunReport, RuntimeError> {
+        self.claim_store().await?;
+        self.load_counters().await?;
+        let shutdown = self.control.shutdown.subscribe();
+        let host = owned::Host {
+            name: self.validated.name.clone(),
+            partitions: self.validated.partitions,
+            metrics: Arc::clone(&self.metrics),
+            runner: Box::new(move |partition, stop| self.runner_stopped_by(partition, stop)),
+        };
+        let partitions = owned::run(host, shutdown, leases).await?;
+        Ok(RunReport { partitions })
+    }
+
     /// Delivers every batch pending in the outbox of this pipeline's sinks, then returns what
     /// was pending before and what still is (nothing, unless a stop interrupted it). No source
     /// is read. The sinks open as for `run`, so their guards (the topology guard of the

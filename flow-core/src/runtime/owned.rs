@@ -19,8 +19,9 @@ use tokio::task::{AbortHandle, JoinSet};
 use tracing::{error, info, warn};
 
 use super::partition::PartitionReport;
-use super::{Pipeline, RunReport};
+use super::partition::PartitionRunner;
 use crate::error::RuntimeError;
+use crate::metrics::Metrics;
 use crate::plugin::PartitionEnd;
 
 /// How long a partition whose lease could not be taken, or was lost, waits before it is asked
@@ -82,64 +83,63 @@ struct Owned {
     stopping: bool,
 }
 
-impl Pipeline {
-    /// Runs the partitions `leases` grants this worker until a shutdown: a partition starts once
-    /// its lease is held and stops (ending its epoch, delivering what it committed within the
-    /// drain bound) when it is assigned elsewhere; its lease is given back after its runner
-    /// ended. Fails, after the shutdown, if a partition failed while its lease was held.
-    pub async fn run_owned(
-        self,
-        leases: Arc<dyn PartitionLeases>,
-    ) -> Result<RunReport, RuntimeError> {
-        self.claim_store().await?;
-        self.load_counters().await?;
-        let mut assigned = leases.assigned();
-        let mut shutdown = self.control.shutdown.subscribe();
-        let mut owned = Owned::new();
-        let current = assigned.borrow_and_update().clone();
-        owned.reconcile(&self, &leases, &current);
-        // A worker with nothing to run waits for partitions or a shutdown; it ends only once
-        // stopping and every task of its own ended.
-        loop {
-            tokio::select! {
-                changed = assigned.changed(), if !owned.stopping => {
-                    if changed.is_err() {
-                        owned.stop_all(&leases);
-                        continue;
-                    }
-                    let current = assigned.borrow_and_update().clone();
-                    owned.reconcile(&self, &leases, &current);
+/// What the coordinator needs of the pipeline whose partitions it runs.
+pub(super) struct Host {
+    pub(super) name: String,
+    pub(super) partitions: u32,
+    pub(super) metrics: Arc<Metrics>,
+    /// A partition's runner that stops when its receiver turns true.
+    pub(super) runner: Box<dyn Fn(u32, watch::Receiver<bool>) -> PartitionRunner + Send + Sync>,
+}
+
+/// Runs the partitions `leases` grants until `shutdown` (see the module doc); the reports of
+/// every runner that ended, in partition order. Fails, after the shutdown, if a partition
+/// failed while its lease was held.
+pub(super) async fn run(
+    host: Host,
+    mut shutdown: watch::Receiver<bool>,
+    leases: Arc<dyn PartitionLeases>,
+) -> Result<Vec<PartitionReport>, RuntimeError> {
+    let mut assigned = leases.assigned();
+    let mut owned = Owned::new();
+    let current = assigned.borrow_and_update().clone();
+    owned.reconcile(&host, &leases, &current);
+    // A worker with nothing to run waits for partitions or a shutdown; it ends only once
+    // stopping and every task of its own ended.
+    loop {
+        tokio::select! {
+            changed = assigned.changed(), if !owned.stopping => {
+                if changed.is_err() {
+                    owned.stop_all(&leases);
+                    continue;
                 }
-                () = stop_requested(&mut shutdown), if !owned.stopping => owned.stop_all(&leases),
-                joined = owned.tasks.join_next(), if !owned.tasks.is_empty() => {
-                    let Some(joined) = joined else { break };
-                    let event = joined.map_err(|source| RuntimeError::Join { partition: u32::MAX, source });
-                    match event {
-                        Ok(event) => {
-                            let current = assigned.borrow().clone();
-                            owned.on_event(&self, &leases, event, &current).await;
-                        }
-                        Err(err) if err_is_cancel(&err) => {}
-                        Err(err) => owned.failed.push(err),
-                    }
-                }
+                let current = assigned.borrow_and_update().clone();
+                owned.reconcile(&host, &leases, &current);
             }
-            if owned.stopping && owned.tasks.is_empty() {
-                break;
+            () = stop_requested(&mut shutdown), if !owned.stopping => owned.stop_all(&leases),
+            joined = owned.tasks.join_next(), if !owned.tasks.is_empty() => {
+                let Some(joined) = joined else { break };
+                match joined {
+                    Ok(event) => {
+                        let current = assigned.borrow().clone();
+                        owned.on_event(&host, &leases, event, &current).await;
+                    }
+                    Err(err) if err.is_cancelled() => {}
+                    Err(source) => owned.failed.push(RuntimeError::Join { partition: u32::MAX, source }),
+                }
             }
         }
-        owned.finish()
+        if owned.stopping && owned.tasks.is_empty() {
+            break;
+        }
     }
+    owned.finish()
 }
 
 /// Resolves once a shutdown was asked for (or the pipeline's control is gone).
 async fn stop_requested(shutdown: &mut watch::Receiver<bool>) {
     // The guard `wait_for` returns is not `Send`: drop it inside.
     let _ = shutdown.wait_for(|stop| *stop).await.map(|_| ());
-}
-
-fn err_is_cancel(err: &RuntimeError) -> bool {
-    matches!(err, RuntimeError::Join { source, .. } if source.is_cancelled())
 }
 
 impl Owned {
@@ -159,17 +159,14 @@ impl Owned {
     /// requests of those assigned elsewhere.
     fn reconcile(
         &mut self,
-        pipeline: &Pipeline,
+        pipeline: &Host,
         leases: &Arc<dyn PartitionLeases>,
         assigned: &BTreeSet<u32>,
     ) {
         for &partition in assigned {
             let busy =
                 self.acquiring.contains_key(&partition) || self.running.contains_key(&partition);
-            if !busy
-                && !self.drained.contains(&partition)
-                && partition < pipeline.validated.partitions
-            {
+            if !busy && !self.drained.contains(&partition) && partition < pipeline.partitions {
                 self.acquire(leases, partition);
             }
         }
@@ -184,7 +181,7 @@ impl Owned {
         }
         for (partition, stop) in &self.running {
             if !assigned.contains(partition) {
-                info!(pipeline = %pipeline.validated.name, partition, "partition assigned to another worker; stopping it and handing it over");
+                info!(pipeline = %pipeline.name, partition, "partition assigned to another worker; stopping it and handing it over");
                 stop.send_replace(true);
             }
         }
@@ -198,21 +195,21 @@ impl Owned {
         self.acquiring.insert(partition, handle);
     }
 
-    fn start(&mut self, pipeline: &Pipeline, partition: u32) {
+    fn start(&mut self, pipeline: &Host, partition: u32) {
         let (stop, stopped) = watch::channel(false);
-        let runner = pipeline.runner_stopped_by(partition, stopped);
+        let runner = (pipeline.runner)(partition, stopped);
         self.tasks
             .spawn(async move { Event::Ended(partition, runner.run().await) });
         self.running.insert(partition, stop);
         pipeline
             .metrics
-            .ownership_changed(&pipeline.validated.name, partition, "acquired");
-        info!(pipeline = %pipeline.validated.name, partition, "partition owned; running it");
+            .ownership_changed(&pipeline.name, partition, "acquired");
+        info!(pipeline = %pipeline.name, partition, "partition owned; running it");
     }
 
     async fn on_event(
         &mut self,
-        pipeline: &Pipeline,
+        pipeline: &Host,
         leases: &Arc<dyn PartitionLeases>,
         event: Event,
         assigned: &BTreeSet<u32>,
@@ -228,7 +225,7 @@ impl Owned {
             }
             Event::Acquired(partition, Err(err)) => {
                 self.acquiring.remove(&partition);
-                warn!(pipeline = %pipeline.validated.name, partition, error = %err, "could not take the partition's lease; asking again in 1 s");
+                warn!(pipeline = %pipeline.name, partition, error = %err, "could not take the partition's lease; asking again in 1 s");
                 self.retry_later(partition);
             }
             Event::RetryDue(partition) => {
@@ -255,12 +252,12 @@ impl Owned {
 
     async fn ended(
         &mut self,
-        pipeline: &Pipeline,
+        pipeline: &Host,
         leases: &Arc<dyn PartitionLeases>,
         partition: u32,
         result: Result<PartitionReport, RuntimeError>,
     ) {
-        let name = &pipeline.validated.name;
+        let name = &pipeline.name;
         match result {
             Ok(report) => {
                 if report.end == PartitionEnd::Drained {
@@ -318,13 +315,11 @@ impl Owned {
         }
     }
 
-    fn finish(mut self) -> Result<RunReport, RuntimeError> {
+    fn finish(mut self) -> Result<Vec<PartitionReport>, RuntimeError> {
         if !self.failed.is_empty() {
             return Err(RuntimeError::PartitionsFailed(self.failed));
         }
         self.reports.sort_by_key(|r| r.partition);
-        Ok(RunReport {
-            partitions: self.reports,
-        })
+        Ok(self.reports)
     }
 }
