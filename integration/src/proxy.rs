@@ -40,6 +40,8 @@ const BUF_SIZE: usize = 64 * 1024;
 const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause between forwarding the last allowed request bytes and cutting, so that they reach the server.
 const CUT_SETTLE: Duration = Duration::from_millis(20);
+/// How often a held request looks whether its hold ended.
+const HOLD_POLL: Duration = Duration::from_millis(20);
 
 /// What the proxy does to connections and requests.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +65,10 @@ pub enum Fault {
     Latency(Duration),
     /// Accept and read, but never forward nor answer (the client's timeout fires).
     Stall,
+    /// Hold the request back: nothing of it is forwarded (and no more of it read) until the
+    /// standing fault for it is no longer `Hold`; it then goes on under that fault. The request
+    /// reaches the server late, e.g. after another worker sent the same batch.
+    Hold,
 }
 
 /// Counters of a [`FaultProxy`] since it started.
@@ -81,6 +87,10 @@ pub struct ProxyStats {
     pub cuts: u64,
     /// Requests swallowed by [`Fault::Stall`].
     pub stalled: u64,
+    /// Requests held back by [`Fault::Hold`] (counted when the hold starts).
+    pub held: u64,
+    /// Held requests let go (counted when the hold ends).
+    pub released: u64,
     /// Bytes forwarded client → upstream.
     pub bytes_up: u64,
     /// Bytes forwarded upstream → client.
@@ -97,6 +107,8 @@ struct Counters {
     responses: AtomicU64,
     cuts: AtomicU64,
     stalled: AtomicU64,
+    held: AtomicU64,
+    released: AtomicU64,
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
     upstream_errors: AtomicU64,
@@ -175,6 +187,17 @@ impl Shared {
             }
             Some(fault) => fault,
             None => mode.base_for(is_insert),
+        }
+    }
+
+    /// Once the standing fault for a held request is no longer `Hold`: that fault.
+    async fn released(&self, is_insert: bool) -> Fault {
+        loop {
+            let fault = lock(&self.mode).base_for(is_insert);
+            if fault != Fault::Hold {
+                return fault;
+            }
+            tokio::time::sleep(HOLD_POLL).await;
         }
     }
 
@@ -295,6 +318,8 @@ impl FaultProxy {
             responses: get(&c.responses),
             cuts: get(&c.cuts),
             stalled: get(&c.stalled),
+            held: get(&c.held),
+            released: get(&c.released),
             bytes_up: get(&c.bytes_up),
             bytes_down: get(&c.bytes_down),
             upstream_errors: get(&c.upstream_errors),
@@ -529,8 +554,21 @@ async fn pump_up(
             }
             (st.fault.clone(), st.request_bytes, started)
         };
+        let (fault, sent) = match fault {
+            Fault::Hold => {
+                bump(&counters.held, 1);
+                let is_insert = lock(state).is_insert;
+                let fault = shared.released(is_insert).await;
+                bump(&counters.released, 1);
+                lock(state).fault = fault.clone();
+                (fault, sent)
+            }
+            fault => (fault, sent),
+        };
         let forward = match fault {
             Fault::Pass | Fault::CutResponse => n,
+            // A standing `Hold` was released above; a one-shot one ends with its request.
+            Fault::Hold => n,
             Fault::Refuse => {
                 bump(&counters.refused, 1);
                 return Outcome::Abort;

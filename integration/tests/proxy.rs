@@ -385,6 +385,36 @@ async fn stall_makes_the_client_time_out() {
     proxy.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hold_keeps_a_request_from_the_server_until_released_then_it_is_answered() {
+    let proxy = a1_proxy().await;
+    proxy.set(Fault::Hold);
+    let addr = proxy.addr();
+    let request = tokio::spawn(async move {
+        http_timeout(addr, "POST", "/", b"SELECT 7", Duration::from_secs(20)).await
+    });
+    wait_until(Duration::from_secs(5), || Ok(proxy.stats().held == 1)).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = proxy.stats();
+    assert_eq!(
+        (s.held, s.released, s.bytes_up, s.responses),
+        (1, 0, 0, 0),
+        "{s:?}"
+    );
+    assert!(!request.is_finished());
+
+    proxy.set(Fault::Pass);
+    let reply = request.await.unwrap().unwrap();
+    assert_eq!((reply.status, reply.text()), (200, "7\n".to_owned()));
+    let s = proxy.stats();
+    assert_eq!(
+        (s.requests, s.held, s.released, s.responses),
+        (1, 1, 1, 1),
+        "{s:?}"
+    );
+    proxy.stop().await;
+}
+
 /// Modes are evaluated per request, so they reach a reused keep-alive connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn keep_alive_connection_picks_up_the_mode_per_request() {
