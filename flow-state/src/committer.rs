@@ -2,48 +2,22 @@
 //! one `db.flush()` + one fsync of sled's data file.
 
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::codec::{encode_batch, show_key, BodyRecord};
-use crate::counters::PreparedCounter;
 use crate::durability::Durability;
 use crate::error::StateError;
-use crate::prepare::{PreparedAck, PreparedBody, PreparedCommit, PreparedFingerprints};
+use crate::prepare::{PreparedBody, PreparedCommit};
+use crate::request::{Op, Outcome, Reply, Request};
 use crate::segments::Segments;
 use crate::stats::{bump, StatCounters};
 use crate::transactions::{
     apply_ack, apply_commit, apply_dead_letter_removal, apply_fingerprints, apply_sink_value,
 };
 use crate::trees::{tx_error, Trees};
-use crate::types::CommitReceipt;
-
-pub(crate) enum Op {
-    Commit(PreparedCommit),
-    Ack(PreparedAck),
-    SetFingerprints(PreparedFingerprints),
-    /// Sets (`Some`) or removes (`None`) one `sink_values` key.
-    SetSinkValue(Vec<u8>, Option<Vec<u8>>),
-    /// Removes these `dead_letters` keys (their owners' counters stay: seqs are never reused).
-    RemoveDeadLetters(Vec<Vec<u8>>),
-    /// Adds to counters on their own (what no commit or acknowledgement carries: failures).
-    AddCounters(Vec<PreparedCounter>),
-    Shutdown,
-}
-
-pub(crate) enum Outcome {
-    Commit(CommitReceipt),
-    Done,
-    /// How many of the requested entries existed and were removed.
-    Removed(u64),
-}
-
-pub(crate) type Reply = Box<dyn FnOnce(Result<Outcome, StateError>) + Send>;
-
-pub(crate) struct Request {
-    pub op: Op,
-    pub reply: Reply,
-}
+use crate::zk::load;
+use crate::zk::ZkMirror;
 
 pub(crate) struct Committer {
     pub trees: Trees,
@@ -51,6 +25,8 @@ pub(crate) struct Committer {
     pub segments: Segments,
     pub stats: Arc<StatCounters>,
     pub max_group: usize,
+    /// Cluster mode's ZooKeeper mirror, once attached; writes go to it before sled.
+    pub mirror: Arc<OnceLock<ZkMirror>>,
 }
 
 impl Committer {
@@ -81,11 +57,19 @@ impl Committer {
 
     /// Stages every commit of the group and makes the payloads durable before any sled
     /// transaction can reference them; a commit whose staging failed is answered with its error.
-    fn stage_group(&mut self, group: &mut [Request]) -> Vec<Option<StateError>> {
+    /// `refused` (empty without a mirror) holds the requests the ZooKeeper mirror refused:
+    /// they are answered with that and not staged.
+    fn stage_group(
+        &mut self,
+        group: &mut [Request],
+        refused: Vec<Option<StateError>>,
+    ) -> Vec<Option<StateError>> {
+        let mut refused = refused.into_iter();
         let mut failures: Vec<Option<StateError>> = group
             .iter_mut()
-            .map(|req| match &mut req.op {
-                Op::Commit(c) => self.stage(c).err(),
+            .map(|req| match (&mut req.op, refused.next().flatten()) {
+                (_, Some(refusal)) => Some(refusal),
+                (Op::Commit(c), None) => self.stage(c).err(),
                 _ => None,
             })
             .collect();
@@ -128,6 +112,12 @@ impl Committer {
             Op::RemoveDeadLetters(keys) => {
                 apply_dead_letter_removal(&self.trees, keys).map(Outcome::Removed)
             }
+            Op::Replace(prepared) => {
+                for (queue, segment) in load::apply(&self.trees, prepared)? {
+                    self.segments.released(&queue, segment);
+                }
+                Ok(Outcome::Done)
+            }
             Op::AddCounters(adds) => self
                 .trees
                 .counters
@@ -151,10 +141,15 @@ impl Committer {
                 }
             }
             let started = Instant::now();
-            let staged = self.stage_group(&mut group);
+            // Cluster mode: ZooKeeper first. `mirrored`: the partition each request wrote there.
+            let (refused, mirrored) = match self.mirror.get() {
+                Some(mirror) => write_ahead(mirror, &group, &self.stats),
+                None => (Vec::new(), Vec::new()),
+            };
+            let staged = self.stage_group(&mut group, refused);
             let mut answered = Vec::with_capacity(group.len());
             let mut wrote = false;
-            for (req, staging) in group.into_iter().zip(staged) {
+            for (i, (req, staging)) in group.into_iter().zip(staged).enumerate() {
                 if matches!(req.op, Op::Shutdown) {
                     running = false;
                     shutdown_replies.push(req.reply);
@@ -164,6 +159,11 @@ impl Committer {
                     Some(e) => Err(e),
                     None => self.apply(&req.op),
                 };
+                if let (Err(e), Some(Some(partition)), Some(mirror)) =
+                    (&result, mirrored.get(i), self.mirror.get())
+                {
+                    mirror.lost(*partition, e);
+                }
                 bump(&self.stats.requests, 1);
                 match (&req.op, &result) {
                     (_, Err(e)) => {
@@ -183,6 +183,11 @@ impl Committer {
             } else {
                 Ok(())
             };
+            if let (Err(e), Some(mirror)) = (&durable, self.mirror.get()) {
+                for partition in mirrored.iter().flatten() {
+                    mirror.lost(*partition, e);
+                }
+            }
             match &durable {
                 // Only now may segments freed by this group's acknowledgements go.
                 Ok(()) => match self.segments.delete_freed() {
@@ -225,4 +230,34 @@ impl Committer {
         tracing::debug!("state committer stopped");
         result
     }
+}
+
+/// Writes the requests of a group to ZooKeeper. Returns, per request, why the mirror refused it
+/// (it is then answered with that, not applied) and the partition it wrote, if any.
+fn write_ahead(
+    mirror: &ZkMirror,
+    group: &[Request],
+    stats: &StatCounters,
+) -> (Vec<Option<StateError>>, Vec<Option<u32>>) {
+    let ops: Vec<&Op> = group.iter().map(|req| &req.op).collect();
+    let (results, multis) = mirror.write_ahead(&ops);
+    bump(&stats.zk_multis, multis);
+    let mut refused = Vec::with_capacity(results.len());
+    let mut mirrored = Vec::with_capacity(results.len());
+    for result in results {
+        match result {
+            Ok(partition) => {
+                refused.push(None);
+                mirrored.push(partition);
+            }
+            Err(e) => {
+                if matches!(e, StateError::Fenced { .. }) {
+                    bump(&stats.fenced, 1);
+                }
+                refused.push(Some(e));
+                mirrored.push(None);
+            }
+        }
+    }
+    (refused, mirrored)
 }

@@ -147,6 +147,92 @@ pub enum StateError {
         /// The queue (or dead-letter owner and partition) whose sequence counter is exhausted.
         target: String,
     },
+    /// Cluster mode: this worker may not write the partition (it does not own it, the owner
+    /// node moved past its generation, or ZooKeeper did not confirm the write). Nothing was
+    /// applied locally.
+    #[error("partition {partition} of pipeline `{pipeline}` is fenced: {why}. Nothing of this request was applied locally; this worker must stop the partition and send nothing more for it (another worker owns it now, or will after loading it from ZooKeeper)")]
+    Fenced {
+        /// The pipeline's name.
+        pipeline: String,
+        /// The partition refused.
+        partition: u32,
+        /// Why, in words (not owned, the owner node's version, the session).
+        why: String,
+        /// ZooKeeper's answer, when it gave one.
+        #[source]
+        source: Option<zookeeper_client::Error>,
+    },
+    /// Cluster mode: the partition has `pending` batches in ZooKeeper, and this commit would take
+    /// it past `bound`. Nothing was applied; retry after acknowledgements (back-pressure, not
+    /// loss: [`crate::StateStore::commit`] waits and retries by itself).
+    #[error("partition {partition} of pipeline `{pipeline}` has {pending} pending batch(es) in ZooKeeper and this commit adds {adding}, above the bound of {bound}: the commit waits until deliveries acknowledge some")]
+    PendingBound {
+        /// The pipeline's name.
+        pipeline: String,
+        /// The partition.
+        partition: u32,
+        /// Batches pending in ZooKeeper now.
+        pending: usize,
+        /// Batches the commit would add.
+        adding: usize,
+        /// The bound ([`crate::zk::ZkMirror::with_pending_bound`]).
+        bound: usize,
+    },
+    /// Cluster mode: a ZooKeeper node would hold more than flow lets one hold.
+    #[error("ZooKeeper node {path} would hold {bytes} bytes, above the {limit}-byte limit flow keeps every node under (ZooKeeper refuses about 1 MiB): the partition cannot commit this in cluster mode; make what the node holds smaller (a shorter source position, fewer tables per sink)")]
+    NodeTooLarge {
+        /// The node's path.
+        path: String,
+        /// The bytes it would hold.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Cluster mode: one request would write more to ZooKeeper than one multi-op may carry.
+    #[error("the write of partition {partition} of pipeline `{pipeline}` would send {bytes} bytes to ZooKeeper in one multi-op, above the {limit}-byte limit flow keeps requests under (ZooKeeper drops a connection whose request passes about 1 MiB): commit smaller epochs (fewer batches, fewer columns per batch)")]
+    MultiTooLarge {
+        /// The pipeline's name.
+        pipeline: String,
+        /// The partition.
+        partition: u32,
+        /// The bytes the request would send.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Cluster mode: a request that is not allowed while the store is mirrored in ZooKeeper.
+    #[error("{what} is not allowed in cluster mode: {reason}")]
+    ClusterRefused {
+        /// The request.
+        what: &'static str,
+        /// Why, and what to do instead.
+        reason: String,
+    },
+    /// A cluster-mode request on a store without a ZooKeeper mirror.
+    #[error("{what} needs the ZooKeeper mirror of cluster mode, and this store has none: attach one (`StateStore::attach_mirror`) first")]
+    NoMirror {
+        /// The request.
+        what: &'static str,
+    },
+    /// A ZooKeeper read or write failed outside a fenced write (loading a partition).
+    #[error("ZooKeeper {op} of {path} failed: {source}; check that ZooKeeper answers and that this worker still owns the partition, then load it again")]
+    ZooKeeper {
+        /// The operation, e.g. `list children`.
+        op: &'static str,
+        /// The node.
+        path: String,
+        /// ZooKeeper's reason.
+        #[source]
+        source: zookeeper_client::Error,
+    },
+    /// A value read from ZooKeeper does not fit the state layout.
+    #[error("cannot decode ZooKeeper node {path}: {detail}; the partition's state in ZooKeeper was not written by this flow version, or was changed by hand")]
+    BadNode {
+        /// The node's path.
+        path: String,
+        /// Why.
+        detail: String,
+    },
 }
 
 impl StateError {
@@ -232,6 +318,60 @@ impl StateError {
             StateError::CommitterPanicked => StateError::CommitterPanicked,
             StateError::Overflow { target } => StateError::Overflow {
                 target: target.clone(),
+            },
+            StateError::Fenced {
+                pipeline,
+                partition,
+                why,
+                source,
+            } => StateError::Fenced {
+                pipeline: pipeline.clone(),
+                partition: *partition,
+                why: why.clone(),
+                source: source.clone(),
+            },
+            StateError::PendingBound {
+                pipeline,
+                partition,
+                pending,
+                adding,
+                bound,
+            } => StateError::PendingBound {
+                pipeline: pipeline.clone(),
+                partition: *partition,
+                pending: *pending,
+                adding: *adding,
+                bound: *bound,
+            },
+            StateError::NodeTooLarge { path, bytes, limit } => StateError::NodeTooLarge {
+                path: path.clone(),
+                bytes: *bytes,
+                limit: *limit,
+            },
+            StateError::MultiTooLarge {
+                pipeline,
+                partition,
+                bytes,
+                limit,
+            } => StateError::MultiTooLarge {
+                pipeline: pipeline.clone(),
+                partition: *partition,
+                bytes: *bytes,
+                limit: *limit,
+            },
+            StateError::ClusterRefused { what, reason } => StateError::ClusterRefused {
+                what,
+                reason: reason.clone(),
+            },
+            StateError::NoMirror { what } => StateError::NoMirror { what },
+            StateError::ZooKeeper { op, path, source } => StateError::ZooKeeper {
+                op,
+                path: path.clone(),
+                source: source.clone(),
+            },
+            StateError::BadNode { path, detail } => StateError::BadNode {
+                path: path.clone(),
+                detail: detail.clone(),
             },
         }
     }

@@ -3,14 +3,17 @@
 //! **Layout.**
 //! - `store`: the [`StateStore`] handle (open, requests, reads); `prepare`: requests encoded on
 //!   the caller's thread.
-//! - `committer`: the committer thread; `transactions`: the sled transaction of each request;
+//! - `request`: the requests sent to the committer thread; `committer`: the committer thread; `transactions`: the sled transaction of each request;
 //!   `durability`: flush and fsync of a commit group; `stats`: its counters; `trees`: the sled
 //!   trees.
 //! - `codec`: keys and values; `segments`: payload segment files; `counters`: persisted counters;
 //!   `identity`: which pipeline a directory belongs to, and the outbox's own identity;
 //!   `read_copy`: reading a directory this process cannot write, through a temporary copy.
+//! - `zk`: cluster mode, the partition state mirrored in ZooKeeper with fencing ([`zk::ZkMirror`]).
 //! - `types`: the data exchanged with the store; `summary`: what `flow-worker status` shows;
 //!   `error`: [`StateError`].
+//! - `cluster`: cluster mode's ZooKeeper session, membership, partition assignment and ownership
+//!   ([`cluster::Cluster`]).
 //!
 //! **Key layout.** One sled tree per kind of data; names are joined with a NUL byte and integers
 //! are big-endian so iteration order is numeric order:
@@ -38,11 +41,14 @@
 //! killed process but not a power cut, sled issue 1452), then an fsync of new sled blob files
 //! (`blobs/<lsn>`, written by sled without any sync) and their directory, ONE fsync of sled's data
 //! file `db` through our own file handle, and an fsync of the store directory if its entries
-//! changed. Only then is every request of the group answered. Reads (`position`, `undelivered`,
+//! changed. Only then is every request of the group answered. In cluster mode (`zk`) the group
+//! is first written to ZooKeeper as one multi-op fenced by each partition's owner node; what
+//! ZooKeeper refuses is answered with the refusal and never applied to sled. Reads (`position`, `undelivered`,
 //! ...) read sled directly and may observe a commit that is still being made durable.
 
 #![warn(missing_docs)]
 
+pub mod cluster;
 mod codec;
 mod committer;
 mod counters;
@@ -51,6 +57,7 @@ mod error;
 mod identity;
 mod prepare;
 mod read_copy;
+mod request;
 mod segments;
 mod stats;
 mod store;
@@ -58,6 +65,7 @@ mod summary;
 mod transactions;
 mod trees;
 mod types;
+pub mod zk;
 
 pub use codec::SOURCE_OWNER;
 pub use error::StateError;

@@ -18,6 +18,8 @@ pub(crate) struct StatCounters {
     pub(crate) commits: AtomicU64,
     pub(crate) acknowledgements: AtomicU64,
     pub(crate) failed_requests: AtomicU64,
+    pub(crate) zk_multis: AtomicU64,
+    pub(crate) fenced: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64, by: u64) {
@@ -38,6 +40,8 @@ impl StatCounters {
             commits: self.commits.load(Ordering::Relaxed),
             acknowledgements: self.acknowledgements.load(Ordering::Relaxed),
             failed_requests: self.failed_requests.load(Ordering::Relaxed),
+            zk_multis: self.zk_multis.load(Ordering::Relaxed),
+            fenced: self.fenced.load(Ordering::Relaxed),
         }
     }
 }

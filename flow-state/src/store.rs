@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::codec::{self, check_name, show_key, BodyRecord};
-use crate::committer::{Committer, Op, Outcome, Reply, Request};
+use crate::committer::Committer;
 use crate::counters;
 use crate::durability::Durability;
 use crate::error::StateError;
@@ -18,6 +18,7 @@ use crate::prepare::{
     dead_letter_key, prepare_ack, prepare_commit, prepare_dead_letters, prepare_fingerprints,
     prepare_requeue,
 };
+use crate::request::{Op, Outcome, Reply, Request};
 use crate::segments::{self, Segments};
 use crate::stats::StatCounters;
 use crate::summary::{self, StateSummary};
@@ -27,6 +28,10 @@ use crate::types::{
     PipelineIdentity, SealedBatch, SinkPartition, StoreOptions, StoreStats, StoredBatch,
     StoredCounter, StoredDeadLetter,
 };
+use crate::zk::{self, ZkMirror};
+
+/// How long a commit refused at the pending bound waits at most before it is tried again.
+const PENDING_RETRY: Duration = Duration::from_millis(500);
 
 /// Handle to an open store. Cheap to clone; the committer thread stops (after pending requests,
 /// with a final flush + fsync) on [`StateStore::close`] or when the last clone is dropped.
@@ -43,6 +48,8 @@ struct Inner {
     stats: Arc<StatCounters>,
     /// Durable acknowledgements since the store opened (see [`StateStore::acknowledgements`]).
     acks: tokio::sync::watch::Sender<u64>,
+    /// Cluster mode's ZooKeeper mirror, shared with the committer thread.
+    mirror: Arc<OnceLock<ZkMirror>>,
 }
 
 impl Inner {
@@ -166,6 +173,7 @@ impl StateStore {
         let segments = Segments::open(dir, options.fsync, &referenced_segments(&trees)?)?;
         let durability = Durability::new(dir, options.fsync)?;
         let stats = Arc::new(StatCounters::default());
+        let mirror = Arc::new(OnceLock::new());
         let (tx, rx) = mpsc::channel();
         let committer = Committer {
             trees: trees.clone(),
@@ -173,6 +181,7 @@ impl StateStore {
             segments,
             stats: stats.clone(),
             max_group: options.max_group,
+            mirror: mirror.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("flow-state-committer".to_owned())
@@ -191,6 +200,7 @@ impl StateStore {
                 thread: Mutex::new(Some(thread)),
                 stats,
                 acks: tokio::sync::watch::Sender::new(0),
+                mirror,
             }),
         })
     }
@@ -201,12 +211,68 @@ impl StateStore {
     }
 
     /// Durable atomic commit of one partition's epoch; resolves after the data is durable.
+    ///
+    /// In cluster mode a commit that would take the partition past its bound of pending batches
+    /// ([`StateError::PendingBound`]) waits for acknowledgements and is tried again
+    /// (back-pressure); every other refusal is returned.
     pub async fn commit(&self, commit: EpochCommit) -> Result<CommitReceipt, StateError> {
-        let op = Op::Commit(prepare_commit(&commit)?);
-        self.inner.submit(op).await.map(receipt)
+        if self.inner.mirror.get().is_none() {
+            let op = Op::Commit(prepare_commit(&commit)?);
+            return self.inner.submit(op).await.map(receipt);
+        }
+        loop {
+            // Subscribed before the attempt: an acknowledgement made while it is refused wakes it.
+            let mut acks = self.inner.acks.subscribe();
+            let op = Op::Commit(prepare_commit(&commit)?);
+            match self.inner.submit(op).await {
+                Err(StateError::PendingBound { .. }) => {
+                    // Also wakes now and then: a partition fenced meanwhile acknowledges nothing
+                    // more, and the next attempt reports the refusal.
+                    let _ = tokio::time::timeout(PENDING_RETRY, acks.changed()).await;
+                }
+                result => return result.map(receipt),
+            }
+        }
     }
 
-    /// Blocking form of [`StateStore::commit`] (not from inside an async task).
+    /// Attaches cluster mode's ZooKeeper mirror: from now on every write of a partition goes to
+    /// ZooKeeper first, fenced (see [`crate::zk`]). Refused when one is attached already.
+    pub fn attach_mirror(&self, mirror: ZkMirror) -> Result<(), StateError> {
+        let pipeline = mirror.pipeline().to_owned();
+        self.inner
+            .mirror
+            .set(mirror)
+            .map_err(|_| StateError::ClusterRefused {
+                what: "attaching a second ZooKeeper mirror",
+                reason: format!("this store already mirrors pipeline `{pipeline}` or another; one store has one mirror"),
+            })
+    }
+
+    /// The ZooKeeper mirror, when the store runs in cluster mode.
+    pub fn mirror(&self) -> Option<&ZkMirror> {
+        self.inner.mirror.get()
+    }
+
+    /// Cluster mode: reads `partition`'s state from ZooKeeper and replaces the partition's local
+    /// entries with it (positions, batch queues and their bounds, fingerprints, counters, dead
+    /// letters, partition-scoped sink values), so that `position`, `undelivered`, ... answer from
+    /// it. The partition must be owned ([`ZkMirror::own`]); its writes are refused from the start
+    /// of the load until it is done.
+    pub async fn load_partition(&self, pipeline: &str, partition: u32) -> Result<(), StateError> {
+        let mirror = self.mirror().ok_or(StateError::NoMirror {
+            what: "loading a partition",
+        })?;
+        let generation = mirror.begin_load(pipeline, partition)?;
+        let state = mirror.state_path(partition);
+        let (prepared, model) =
+            zk::load::read(&mirror.client(), &state, pipeline, partition, true).await?;
+        self.inner.submit(Op::Replace(prepared)).await?;
+        mirror.finish_load(partition, generation, model);
+        Ok(())
+    }
+
+    /// Blocking form of [`StateStore::commit`] (not from inside an async task). In cluster mode
+    /// it returns [`StateError::PendingBound`] at the bound instead of waiting.
     pub fn commit_blocking(&self, commit: EpochCommit) -> Result<CommitReceipt, StateError> {
         let op = Op::Commit(prepare_commit(&commit)?);
         self.inner.submit_blocking(op).map(receipt)

@@ -304,6 +304,12 @@ pub struct StoreStats {
     pub acknowledgements: u64,
     /// Requests answered with an error.
     pub failed_requests: u64,
+    /// Cluster mode: multi-ops sent to ZooKeeper (one per commit group, plus one per resend
+    /// after a refused partition).
+    pub zk_multis: u64,
+    /// Cluster mode: requests refused with [`crate::StateError::Fenced`] (counted in
+    /// `failed_requests` too).
+    pub fenced: u64,
 }
 
 /// The identity of one outbox (one state directory): 64 random bits drawn when the store is
