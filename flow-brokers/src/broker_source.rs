@@ -91,6 +91,9 @@ pub(crate) trait Broker: Send + Sync + 'static {
     /// The error text when no target is configured for `partition`.
     fn no_target(partition: u32) -> String;
 
+    /// The broker subject of a partition reading `target` ([`SourceFactory::subject`]).
+    fn subject(&self, target: &Self::Target) -> String;
+
     /// The reader of `partition` from its committed position (`None` before any commit).
     fn open(
         &self,
@@ -166,6 +169,11 @@ impl<B: Broker> SourceFactory for BrokerFactory<B> {
         self.broker.stalled_pulls(partition)
     }
 
+    fn subject(&self, partition: u32) -> Option<String> {
+        let target = self.targets.get(partition as usize)?;
+        Some(self.broker.subject(target))
+    }
+
     fn open_partition(
         &self,
         partition: u32,
@@ -236,7 +244,49 @@ pub(crate) fn utc_text(nanos: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use flow_core::registry::SourceBuildContext;
+
     use super::utc_text;
+
+    /// What a sink names its tables after: the subject each partition reads.
+    #[test]
+    fn each_partition_reports_its_subject() {
+        let ctx = SourceBuildContext {
+            pipeline: "p",
+            partitions: 2,
+        };
+        let build = |yaml: &str, kafka: bool| {
+            let parameters: serde_yaml::Value = serde_yaml::from_str(yaml).unwrap();
+            let factory = if kafka {
+                crate::kafka::build(&ctx, &parameters)
+            } else {
+                crate::nats::build(&ctx, &parameters)
+            };
+            let factory = factory.unwrap_or_else(|v| panic!("{v:?}"));
+            (0..3).map(|p| factory.subject(p)).collect::<Vec<_>>()
+        };
+        let some = |s: &str| Some(s.to_owned());
+        assert_eq!(
+            build(
+                "{servers: ['nats://h:4222'], stream: s, subject_template: 'orders.{partition}.x', format: raw}",
+                false
+            ),
+            [some("orders.0.x"), some("orders.1.x"), None]
+        );
+        assert_eq!(
+            build(
+                "{servers: ['nats://h:4222'], stream: s, subjects: [orders.created, orders.cancelled], format: raw}",
+                false
+            ),
+            [some("orders.created"), some("orders.cancelled"), None]
+        );
+        assert_eq!(
+            build("{brokers: ['h:9092'], topic: orders, format: raw}", true),
+            [some("orders"), some("orders"), None]
+        );
+    }
 
     #[test]
     fn utc_text_of_known_instants() {

@@ -628,6 +628,7 @@ mod tests {
             class: SinkClass::AtMostOnce.class_name(),
             partitions: 1,
             inputs: &inputs,
+            subjects: flow_core::registry::SourceSubjects::Unknown,
         };
         let parameters: serde_yaml::Value = serde_yaml::from_str(
             "{host: '127.0.0.1:1', table: t, at_most_once_strategy: {enabled: true}}",

@@ -18,8 +18,9 @@
 //! - `exactly_once/`: the exactly-once classes: the sink, its state, the per-partition
 //!   `deliverer`, batches `rebuild`-t from the source, topology `fingerprint`s, and the check
 //!   whether a part sent while the table's columns changed `landed` (by message id).
-//! - `tables/`: many tables from one stream (`table: "events_{event_type}"`, exactly-once
-//!   classes): the `template`, the per-table `targets` (each its own session, schema check,
+//! - `tables/`: many tables from one stream (`table: "events_{event_type}"`, `{subject[1]}`,
+//!   a `tables:` map; exactly-once classes): the `template`, the broker `subjects` resolved
+//!   per partition, the per-table `targets` (each its own session, schema check,
 //!   fingerprints, tokens), the `sink` that splits an epoch by table and the `deliverers` that
 //!   send each stored batch through its table's deliverer.
 //! - `at_least_once.rs`, `at_most_once.rs`: the other two classes.
@@ -120,10 +121,12 @@ pub fn register(registry: &mut Registry) {
     }
 }
 
-/// Whether the spec's `table` is a template (many tables from one stream, see `tables/`).
+/// Whether the spec's `table` is a template or it has a `tables` map (many tables from one
+/// stream, see `tables/`).
 fn has_template(parameters: &serde_yaml::Value) -> bool {
-    parameters
+    let template = parameters
         .get("table")
         .and_then(serde_yaml::Value::as_str)
-        .is_some_and(tables::template::TableTemplate::is_template)
+        .is_some_and(tables::template::TableTemplate::is_template);
+    template || parameters.get("tables").is_some()
 }

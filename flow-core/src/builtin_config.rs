@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use crate::error::Violation;
 use crate::processors::project::{self, ProjectParams};
-use crate::registry::{BuildResult, SinkBuildContext, SourceBuildContext};
+use crate::registry::{BuildResult, SinkBuildContext, SourceBuildContext, SourceSubjects};
 use crate::sinks::debug::{self, DebugSinkDynamicParams, DebugSinkParams};
 use crate::sources::generator::{self, GeneratorParams};
 use crate::sources::jsonl::{self, JsonlFileParams, OnBadRecord};
@@ -208,6 +208,7 @@ impl DebugSinkConfig {
             class: "DebugSink",
             partitions: 1,
             inputs: &[],
+            subjects: SourceSubjects::Unknown,
         };
         let built = debug::build(&ctx, &self.parameters(), &self.dynamic_parameters());
         violations(built)

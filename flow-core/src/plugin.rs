@@ -75,6 +75,15 @@ pub trait SourceFactory: Send + Sync {
         let _ = partition;
         0
     }
+
+    /// The broker subject `partition` reads (a JetStream subject, a Kafka topic), which a sink
+    /// may name its tables after; `None` (the default) for a source without subjects. Known
+    /// from the spec, so that the registry hands it to the sinks at validation
+    /// ([`crate::registry::SourceSubjects`]).
+    fn subject(&self, partition: u32) -> Option<String> {
+        let _ = partition;
+        None
+    }
 }
 
 /// How a partition ended.

@@ -9,6 +9,9 @@
 //! them: every message is once in its table, on the shard it routes to, on both replicas. One
 //! message whose kind makes no table name (`a-b`) is a dead letter naming the value and is kept
 //! by the requeue.
+//!
+//! The other tests: `max_tables`, `missing_table: wait`, and the broker subject naming the tables
+//! (`{subject[2]}` and a `tables:` map).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -39,11 +42,12 @@ fn kind(id: u64) -> &'static str {
     }
 }
 
-/// Publishes `ids` (id `k` to subject `<prefix>.<k % PARTITIONS>`), awaiting the
-/// acknowledgements of every 500: the client holds a publish back while too many are unanswered.
+/// Publishes `ids` (id `k` to subject `<prefix>.<subject(k)>`), awaiting the acknowledgements
+/// of every 500: the client holds a publish back while too many are unanswered.
 async fn publish(
     js: &jetstream::Context,
     prefix: &str,
+    subject: fn(u64) -> String,
     ids: impl Iterator<Item = u64>,
 ) -> Result<()> {
     let ids: Vec<u64> = ids.collect();
@@ -54,8 +58,10 @@ async fn publish(
                 r#"{{"id": {id}, "kind": "{}", "payload": "message {id}"}}"#,
                 kind(id)
             );
-            let subject = format!("{prefix}.{}", id % PARTITIONS);
-            acks.push(js.publish(subject, body.into()).await?);
+            acks.push(
+                js.publish(format!("{prefix}.{}", subject(id)), body.into())
+                    .await?,
+            );
         }
         for ack in acks {
             ack.await?;
@@ -80,12 +86,17 @@ fn write_spec(dir: &Path, stream: &str, name: &str) -> PathBuf {
     spec
 }
 
-/// Waits until `status` shows every partition caught up with the stream.
-fn wait_caught_up(state: &Path, worker: &Worker) -> Result<()> {
+/// The subject of message `id` in the first test: one per partition.
+fn by_partition(id: u64) -> String {
+    (id % PARTITIONS).to_string()
+}
+
+/// Waits until `status` shows every partition of `pipeline` caught up with the stream.
+fn wait_caught_up(state: &Path, worker: &Worker, pipeline: &str, partitions: u64) -> Result<()> {
     let mut lags = Vec::new();
     wait_until(Duration::from_secs(60), || {
-        lags = partition_lags(worker_bin!(), state, "tables_it")?;
-        Ok(lags.len() == PARTITIONS as usize && lags.iter().all(|&lag| lag == Some(0)))
+        lags = partition_lags(worker_bin!(), state, pipeline)?;
+        Ok(lags.len() == partitions as usize && lags.iter().all(|&lag| lag == Some(0)))
     })
     .with_context(|| format!("status shows lags {lags:?}\n{}", worker.log_tail()))
 }
@@ -108,12 +119,17 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
     let dir = tempfile::tempdir()?;
     let spec = write_spec(dir.path(), &name, &name);
     let state = dir.path().join("state");
-    rt.block_on(publish(&js, &prefix, (0..HALF).chain([BAD_ID])))?;
+    rt.block_on(publish(
+        &js,
+        &prefix,
+        by_partition,
+        (0..HALF).chain([BAD_ID]),
+    ))?;
 
     // Run 1: `_buy` does not exist; the whole first half is committed.
     let log = |n: u32| dir.path().join(format!("w{n}.log"));
     let mut worker = Worker::spawn(worker_bin!(), &spec, &state, log(0))?;
-    wait_caught_up(&state, &worker)?;
+    wait_caught_up(&state, &worker, "tables_it", PARTITIONS)?;
     worker.kill_9()?;
     let buy = ReplicatedTable::create("default", &format!("{name}_buy"), COLUMNS, "id", &NODES)?;
 
@@ -121,7 +137,7 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
     worker = Worker::spawn(worker_bin!(), &spec, &state, log(1))?;
     let publisher = {
         let (js, prefix) = (js.clone(), prefix.clone());
-        rt.spawn(async move { publish(&js, &prefix, HALF..TOTAL).await })
+        rt.spawn(async move { publish(&js, &prefix, by_partition, HALF..TOTAL).await })
     };
     for run in 2..4 {
         std::thread::sleep(Duration::from_millis(2_000));
@@ -142,7 +158,7 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
         )
     })
     .with_context(|| format!("not every message landed\n{}", worker.log_tail()))?;
-    wait_caught_up(&state, &worker)?;
+    wait_caught_up(&state, &worker, "tables_it", PARTITIONS)?;
     worker.kill_9()?;
 
     // The first half's `buy` rows are dead letters naming the table; the `a-b` one names its value.
@@ -344,5 +360,124 @@ fn with_missing_table_wait_rows_wait_for_their_table_and_land_once_it_exists() -
     );
     assert_eq!(count_uniq(A1, &table.qualified())?, (2_000, 2_000));
     assert_eq!(export_dead_letters(worker_bin!(), &state)?.len(), 0);
+    Ok(())
+}
+
+/// The event subjects of the subject test, one per partition: `<stream>.p.<event>`.
+const EVENTS: [&str; 3] = ["created", "cancelled", "shipped"];
+const EVENT_MESSAGES: u64 = 6_000;
+
+fn by_event(id: u64) -> String {
+    EVENTS[(id % 3) as usize].to_owned()
+}
+
+/// The broker subject names the tables: three JetStream subjects `<stream>.p.created`,
+/// `.cancelled`, `.shipped` (one per partition) into `<name>_<event>` by `{subject[2]}`, and into
+/// `<name>_m_<event>` by a `tables:` map, through two sharded exactly-once sinks of one pipeline,
+/// with a `kill -9` while the second half is published: every message once in its event's
+/// table of each sink, on both replicas, and no dead letter.
+#[test]
+fn jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill() -> Result<()> {
+    require_cluster()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let name = unique_name("subj_it");
+    let js = rt.block_on(new_stream(&name))?;
+    let prefix = format!("{name}.p");
+    let mut tables = Vec::new();
+    for event in EVENTS {
+        for table in [format!("{name}_{event}"), format!("{name}_m_{event}")] {
+            tables.push((
+                event,
+                ReplicatedTable::create("default", &table, COLUMNS, "id", &NODES)?,
+            ));
+        }
+    }
+    let dir = tempfile::tempdir()?;
+    let hosts =
+        |nodes: [Node; 2]| format!("['{}', '{}']", nodes[0].http_addr(), nodes[1].http_addr());
+    let shard_hosts = format!("{{a: {}, b: {}}}", hosts(SHARD_A), hosts(SHARD_B));
+    let subjects: Vec<String> = EVENTS.iter().map(|e| format!("'{prefix}.{e}'")).collect();
+    let map: Vec<String> = EVENTS
+        .iter()
+        .map(|e| format!("'{prefix}.{e}': {name}_m_{e}"))
+        .collect();
+    let sink = |sink: &str, target: &str| {
+        format!(
+            "  - name: {sink}\n    sink_class_name: ShardedClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{shard_hosts: {shard_hosts}, database: default, {target}}}\n    dynamic_parameters: {{max_rows_per_batch: 500, retry_backoff: 100ms, max_retry_backoff: 1s}}\n"
+        )
+    };
+    let yaml = format!(
+        "pipeline: subjects_it\npartitions: 3\nepoch: {{max_messages: 1000, max_duration_ms: 300}}\n\
+         source:\n  class: nats_jetstream\n  parameters:\n    servers: ['nats://{}']\n    stream: {name}\n    subjects: [{}]\n    format: json\n    schema: [{{name: id, type: uint64}}, {{name: kind, type: string}}, {{name: payload, type: string}}]\n\
+         sinks:\n{}{}",
+        nats::NATS_ADDR,
+        subjects.join(", "),
+        sink("tokens", &format!("table: '{name}_{{subject[2]}}'")),
+        sink("mapped", &format!("tables: {{{}}}", map.join(", "))),
+    );
+    let spec = dir.path().join("spec.yaml");
+    std::fs::write(&spec, yaml)?;
+    let state = dir.path().join("state");
+    let half = EVENT_MESSAGES / 2;
+    rt.block_on(publish(&js, &prefix, by_event, 0..half))?;
+
+    let log = |n: u32| dir.path().join(format!("w{n}.log"));
+    let mut worker = Worker::spawn(worker_bin!(), &spec, &state, log(0))?;
+    let publisher = {
+        let (js, prefix) = (js.clone(), prefix.clone());
+        rt.spawn(async move { publish(&js, &prefix, by_event, half..EVENT_MESSAGES).await })
+    };
+    // Killed once the first rows landed, while the second half is being published.
+    wait_until(Duration::from_secs(30), || {
+        if worker.exited()?.is_some() {
+            bail!("the worker exited on its own\n{}", worker.log_tail());
+        }
+        landed_on_both_shards(&tables[0].1.qualified()).map(|(rows, _)| rows > 0)
+    })?;
+    let at_kill = landed_on_both_shards(&tables[0].1.qualified())?.0;
+    worker.kill_9()?;
+    worker = Worker::spawn(worker_bin!(), &spec, &state, log(1))?;
+    rt.block_on(publisher)??;
+    let per_event = EVENT_MESSAGES / 3;
+    wait_until(Duration::from_secs(60), || {
+        for (_, table) in &tables {
+            if landed_on_both_shards(&table.qualified())?.0 != per_event {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })
+    .with_context(|| format!("not every message landed\n{}", worker.log_tail()))?;
+    wait_caught_up(&state, &worker, "subjects_it", 3)?;
+    worker.kill_9()?;
+
+    for (event, table) in &tables {
+        let qualified = table.qualified();
+        for node in NODES {
+            sync_when_writable(node, "default", &table.table, Duration::from_secs(60))?;
+        }
+        assert_eq!(
+            landed_on_both_shards(&qualified)?,
+            (per_event, per_event),
+            "{qualified}: every {event} message once"
+        );
+        let stray_sql = format!(
+            "SELECT count() FROM {qualified} WHERE id % 3 != {}",
+            EVENTS.iter().position(|e| e == event).unwrap_or_default()
+        );
+        let stray = query_u64(A1.http_port, &stray_sql)? + query_u64(B1.http_port, &stray_sql)?;
+        assert_eq!(stray, 0, "{qualified} holds only {event} messages");
+        for [first, second] in [SHARD_A, SHARD_B] {
+            assert_eq!(
+                count_uniq(first, &qualified)?,
+                count_uniq(second, &qualified)?
+            );
+        }
+    }
+    assert_eq!(export_dead_letters(worker_bin!(), &state)?.len(), 0);
+    println!(
+        "{EVENT_MESSAGES} messages of 3 subjects into 3 tables by `{{subject[2]}}` and 3 by `tables:`, across a kill -9 (at {at_kill} of {per_event} rows in the first): every message once"
+    );
+    let _ = rt.block_on(js.delete_stream(&name));
     Ok(())
 }

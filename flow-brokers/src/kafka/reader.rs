@@ -56,6 +56,11 @@ impl Broker for KafkaTopic {
         format!("no Kafka partition is configured for flow partition {partition}")
     }
 
+    /// Every partition of a topic has the topic as its subject.
+    fn subject(&self, _: &i32) -> String {
+        self.topic.clone()
+    }
+
     /// The same offset, whatever identity each position carries: a reader opened at a position
     /// committed without one adopts the topic's, and the low watermark in it is as each reader
     /// last saw it, so a replay must stop at the committed offset however it was written.

@@ -241,6 +241,10 @@ impl Broker for JetStream {
         format!("no subject is configured for partition {partition}")
     }
 
+    fn subject(&self, subject: &String) -> String {
+        subject.clone()
+    }
+
     /// `read` pulls only when the epoch's deadline is more than [`MIN_PULL`] away: an epoch of
     /// `MIN_PULL` or less would end every time without a pull and read nothing, silently.
     fn min_epoch_duration(&self) -> Option<(Duration, String)> {

@@ -190,8 +190,8 @@ impl ClickHouseSink {
         self
     }
 
-    /// `table`: the target table (required), or a template over input columns
-    /// (`events_{event_type}`, exactly-once classes only).
+    /// `table`: the target table (required unless `tables`), or a template over input columns
+    /// and the broker subject (`events_{event_type}`, `{subject[1]}`; exactly-once classes only).
     pub fn table(mut self, table: impl Into<String>) -> Self {
         self.parameters.table = table.into();
         self
@@ -241,6 +241,19 @@ impl ClickHouseSink {
     /// Static `at_most_once_strategy` (`AtMostOnceClickHouseSink` only).
     pub fn at_most_once_strategy(mut self, strategy: AtMostOnceStrategy) -> Self {
         self.parameters.at_most_once_strategy = Some(strategy);
+        self
+    }
+
+    /// `tables`: the table of each broker subject (instead of `table`); every partition's
+    /// subject must be one of them, which the registry checks against the source.
+    pub fn tables<S: Into<String>, T: Into<String>>(
+        mut self,
+        tables: impl IntoIterator<Item = (S, T)>,
+    ) -> Self {
+        self.parameters.tables = tables
+            .into_iter()
+            .map(|(subject, table)| (subject.into(), table.into()))
+            .collect();
         self
     }
 

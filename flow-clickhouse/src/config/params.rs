@@ -140,9 +140,13 @@ pub struct ClickHouseParams {
     pub password_file: Option<PathBuf>,
     /// The database of `table` (default `default`).
     pub database: String,
-    /// Required: a table name, or a template over input columns (`events_{event_type}`,
-    /// exactly-once classes only).
+    /// Required unless `tables` is set: a table name, or a template over input columns and
+    /// the broker subject (`events_{event_type}`, `{subject[1]}`; exactly-once classes only).
     pub table: String,
+    /// Broker subject -> table (`tables: {"orders.created": orders_created}`); instead of
+    /// `table`, exactly-once classes only.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tables: BTreeMap<String, String>,
     /// With a table template: what a message whose table does not exist does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub missing_table: Option<MissingTable>,
@@ -226,6 +230,7 @@ impl Default for ClickHouseParams {
             password_file: None,
             database: "default".to_owned(),
             table: String::new(),
+            tables: BTreeMap::new(),
             missing_table: None,
             max_tables: None,
             codec: Codec::default(),
@@ -294,8 +299,10 @@ pub struct SinkParams {
     /// The target table (on every host of every shard); with a template, the template's text
     /// until a row resolves it (see [`crate::tables`]).
     pub table: String,
-    /// `table` as a template over input columns.
+    /// `table` as a template over input columns and the broker subject.
     pub table_template: Option<TableTemplate>,
+    /// `tables`: broker subject -> table (then `table` is empty and `table_template` `None`).
+    pub tables: BTreeMap<String, String>,
     pub missing_table: MissingTable,
     /// With a table template: the most distinct tables its rows may name ([`MAX_TABLES`]).
     pub max_tables: usize,
@@ -401,6 +408,7 @@ impl ClickHouseParams {
                 table_template: TableTemplate::is_template(&self.table)
                     .then(|| TableTemplate::parse(&self.table).ok())
                     .flatten(),
+                tables: self.tables.clone(),
                 missing_table: self.missing_table.unwrap_or_default(),
                 max_tables: self.max_tables.unwrap_or(DEFAULT_MAX_TABLES),
                 topology,
@@ -702,8 +710,15 @@ impl ClickHouseParams {
         }
     }
 
+    /// Whether the sink writes many tables: `table` is a template, or `tables` is set.
+    pub fn names_many_tables(&self) -> bool {
+        TableTemplate::is_template(&self.table) || !self.tables.is_empty()
+    }
+
     fn validate_target(&self, class: SinkClass, v: &mut Vec<Violation>) {
-        if TableTemplate::is_template(&self.table) {
+        if !self.tables.is_empty() {
+            self.validate_tables(class, v);
+        } else if TableTemplate::is_template(&self.table) {
             self.validate_template(class, v);
         } else if self.table.is_empty() {
             v.push(Violation::new(
@@ -721,7 +736,7 @@ impl ClickHouseParams {
             ));
         }
         match self.max_tables {
-            Some(_) if !TableTemplate::is_template(&self.table) => v.push(Violation::new(
+            Some(_) if !self.names_many_tables() => v.push(Violation::new(
                 "parameters.max_tables",
                 "max_tables applies to a table template (`table: \"events_{event_type}\"`); \
                  remove it, or make `table` a template",
@@ -737,7 +752,7 @@ impl ClickHouseParams {
             )),
             _ => {}
         }
-        if self.missing_table.is_some() && !TableTemplate::is_template(&self.table) {
+        if self.missing_table.is_some() && !self.names_many_tables() {
             v.push(Violation::new(
                 "parameters.missing_table",
                 "missing_table applies to a table template (`table: \"events_{event_type}\"`); \
@@ -805,6 +820,39 @@ impl ClickHouseParams {
                      ClickHouseBatchingSink or ShardedClickHouseBatchingSink, or one sink per \
                      table with a filter before each",
                     self.table
+                ),
+            ));
+        }
+    }
+
+    /// `tables` (subject -> table): instead of `table`, names for values, and a class that can
+    /// write many tables. Whether every partition's subject is a key is checked when the sink
+    /// is built, against the source's subjects.
+    fn validate_tables(&self, class: SinkClass, v: &mut Vec<Violation>) {
+        if !self.table.is_empty() {
+            v.push(Violation::new(
+                "parameters.tables",
+                format!(
+                    "parameters.table (`{}`) and parameters.tables both name the target tables; keep one: `table` for one table or a template, `tables` for a table per broker subject",
+                    self.table
+                ),
+            ));
+        }
+        for (subject, table) in &self.tables {
+            if !is_identifier(table) {
+                v.push(Violation::new(
+                    format!("parameters.tables.{subject}"),
+                    format!(
+                        "table name `{table}` may only contain letters, digits and `_`; give the bare table name (the database goes to `database`)"
+                    ),
+                ));
+            }
+        }
+        if !class.is_exactly_once() {
+            v.push(Violation::new(
+                "parameters.tables",
+                format!(
+                    "{class} writes one table; a `tables` map needs ClickHouseBatchingSink or ShardedClickHouseBatchingSink, or one sink per table with a filter before each"
                 ),
             ));
         }
@@ -1342,6 +1390,43 @@ mod tests {
             v.message,
             "missing_table applies to a table template (`table: \"events_{event_type}\"`); remove it, or make `table` a template"
         );
+    }
+
+    #[test]
+    fn a_tables_map_is_instead_of_table_names_tables_and_needs_an_exactly_once_class() {
+        let p = resolved(
+            SinkClass::ShardedBatching,
+            "{shard_hosts: {a: [h]}, tables: {orders.created: created}, max_tables: 5, missing_table: wait}",
+        );
+        assert_eq!(
+            p.tables.into_iter().collect::<Vec<_>>(),
+            [("orders.created".to_owned(), "created".to_owned())]
+        );
+        assert_eq!((p.max_tables, p.table_template), (5, None));
+        let v = violations(
+            SinkClass::Batching,
+            "{host: h, table: t, tables: {a.b: 'x-y', c: ok}}",
+            "",
+        );
+        let found: Vec<(&str, &str)> = v
+            .iter()
+            .map(|v| (v.path.as_str(), v.message.as_str()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("parameters.tables", "parameters.table (`t`) and parameters.tables both name the target tables; keep one: `table` for one table or a template, `tables` for a table per broker subject"),
+                ("parameters.tables.a.b", "table name `x-y` may only contain letters, digits and `_`; give the bare table name (the database goes to `database`)"),
+            ]
+        );
+        for class in [SinkClass::AtLeastOnce, SinkClass::AtMostOnce] {
+            let v = single(class, "{host: h, tables: {a: b}}", "");
+            assert_eq!(v.path, "parameters.tables");
+            assert_eq!(
+                v.message,
+                format!("{class} writes one table; a `tables` map needs ClickHouseBatchingSink or ShardedClickHouseBatchingSink, or one sink per table with a filter before each")
+            );
+        }
     }
 
     #[test]

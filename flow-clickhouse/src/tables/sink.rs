@@ -1,5 +1,7 @@
-//! The exactly-once classes with a table template (`table: "events_{event_type}"`): each epoch's
-//! rows are resolved to their tables in message order, and each table's rows are cut, routed
+//! The exactly-once classes with a table template (`table: "events_{event_type}"`) or a
+//! `tables:` map: each partition's template has its broker subject resolved when the sink is
+//! built ([`crate::tables::subjects`]); each epoch's rows are resolved to their tables in
+//! message order, and each table's rows are cut, routed
 //! and encoded as one table's sink would ([`BatchCutter::cut_epoch_rows`]), under tokens of the
 //! table's own namespace `<prefix><table>/<partition>-<max id>[:<shard>]`.
 //!
@@ -34,6 +36,7 @@ use crate::exactly_once::state::ExactlyOnce;
 use crate::server::session::WriterSession;
 use crate::tables::deliverers::TableDeliverers;
 use crate::tables::requeued::{requeued_token, UNENCODED_FORMAT};
+use crate::tables::subjects::{partition_templates, PartitionTemplates};
 use crate::tables::targets::{TableState, TableTarget, Targets};
 use crate::tables::template::BoundTemplate;
 
@@ -48,33 +51,36 @@ pub fn build(
     dynamic: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SinkFactory>> {
     let base = build_shared(class, ctx, parameters, dynamic)?;
-    let Some(template) = &base.params.table_template else {
-        return Err(vec![flow_core::Violation::new(
-            "parameters.table",
-            "a table template was expected here; this is a bug, please report it",
-        )]);
-    };
-    let template = Arc::new(template.bind(&base.stream)?);
+    let templates = partition_templates(&base.params, ctx.subjects, &base.stream)?;
     let delivery = SinkDelivery::new(ctx.sink, base.in_flight_budget());
     Ok(Arc::new(TemplatedFactory {
         targets: Arc::new(Targets::new(base)),
-        template,
+        templates,
         delivery,
     }))
 }
 
 struct TemplatedFactory {
     targets: Arc<Targets>,
-    template: Arc<BoundTemplate>,
+    /// Each partition's template, its subject resolved.
+    templates: PartitionTemplates,
     delivery: Arc<SinkDelivery>,
 }
 
 impl SinkFactory for TemplatedFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
         let token_prefix = ExactlyOnce::token_prefix(&self.targets.base, &ctx)?;
+        let template = self.templates.of(ctx.partition).ok_or_else(|| {
+            SinkError::Refused(format!(
+                "{}: no table template was resolved for partition {} of {}; this is a bug, please report it",
+                ctx.state_key(),
+                ctx.partition,
+                ctx.partitions
+            ))
+        })?;
         Ok(Box::new(OutboxSink::new(TemplatedSink {
             targets: Arc::clone(&self.targets),
-            template: Arc::clone(&self.template),
+            template: Arc::clone(template),
             delivery: Arc::clone(&self.delivery),
             token_prefix,
             ctx,

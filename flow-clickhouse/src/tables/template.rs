@@ -2,9 +2,11 @@
 //! ([`TableTemplate::parse`]), bound to the input stream's columns when the sink is built
 //! ([`TableTemplate::bind`]), and resolved per row ([`BoundTemplate::resolve`]).
 //!
-//! A template is literal text (letters, digits, `_`) with `{column}` placeholders. A placeholder
-//! names a column of the input stream of type `string`, `utf8` or an integer (`int8`..`uint64`),
-//! optional or not. The resolved name is checked again per row (a string value may hold any
+//! A template is literal text (letters, digits, `_`) with `{column}` placeholders, and
+//! `{subject}` / `{subject[N]}` ones for the partition's broker subject, which are replaced per
+//! partition before binding ([`crate::tables::subjects`]). A column placeholder names a column
+//! of the input stream of type `string`, `utf8` or an integer (`int8`..`uint64`), optional or
+//! not. The resolved name is checked again per row (a string value may hold any
 //! byte): a row whose value would make a name with other characters, or whose value is null,
 //! resolves to an error naming the value, which the sink turns into a dead letter.
 
@@ -22,6 +24,10 @@ pub enum Piece {
     Literal(String),
     /// The value of this input column.
     Column(String),
+    /// The partition's broker subject: `{subject}` (`None`, its dots written as `_`) or
+    /// `{subject[N]}` (its 0-based dot-separated token N). Replaced by text per partition
+    /// ([`crate::tables::subjects`]) before the template is bound.
+    Subject(Option<usize>),
 }
 
 /// A parsed template: at least one placeholder.
@@ -72,10 +78,20 @@ impl TableTemplate {
                             at + 1
                         )));
                     }
-                    if name.starts_with("subject") {
-                        return Err(fail(format!(
-                            "`{{{name}}}`: the broker subject is not passed to sinks; put the value in a message column (e.g. a processor that copies it) and name that column"
-                        )));
+                    match subject_placeholder(&name) {
+                        SubjectPlaceholder::No => {}
+                        SubjectPlaceholder::Malformed => {
+                            return Err(fail(format!(
+                                "`{{{name}}}` is not a subject placeholder: write `{{subject}}` or `{{subject[N]}}` with N a 0-based token number"
+                            )))
+                        }
+                        SubjectPlaceholder::Yes(token) => {
+                            if !literal.is_empty() {
+                                pieces.push(Piece::Literal(std::mem::take(&mut literal)));
+                            }
+                            pieces.push(Piece::Subject(token));
+                            continue;
+                        }
                     }
                     if !is_name_char_str(&name) {
                         return Err(fail(format!(
@@ -111,14 +127,27 @@ impl TableTemplate {
         })
     }
 
+    /// Whether a placeholder names the broker subject.
+    pub fn has_subject(&self) -> bool {
+        self.pieces.iter().any(|p| matches!(p, Piece::Subject(_)))
+    }
+
     /// Binds every placeholder to its input column, checking that it exists and has a type a
-    /// name can be made of.
+    /// name can be made of. Subject placeholders are replaced before
+    /// ([`crate::tables::subjects`]); one left here is a bug, refused as such.
     pub fn bind(&self, stream: &StreamSchema) -> Result<BoundTemplate, Vec<Violation>> {
         let mut pieces = Vec::new();
         let mut violations = Vec::new();
         for piece in &self.pieces {
             match piece {
                 Piece::Literal(text) => pieces.push(BoundPiece::Literal(text.clone())),
+                Piece::Subject(_) => violations.push(Violation::new(
+                    PATH,
+                    format!(
+                        "table template `{}`: the subject was not resolved for the partition; this is a bug, please report it",
+                        self.text
+                    ),
+                )),
                 Piece::Column(name) => match stream.index_of(name) {
                     None => {
                         let names: Vec<&str> =
@@ -253,6 +282,33 @@ impl BoundTemplate {
     }
 }
 
+/// What a placeholder's text says about the subject.
+enum SubjectPlaceholder {
+    /// A column (`subject_id` is one).
+    No,
+    /// `{subject}` (`None`) or `{subject[N]}`.
+    Yes(Option<usize>),
+    /// `{subject[x]}`, `{subject[1}`, ...
+    Malformed,
+}
+
+fn subject_placeholder(name: &str) -> SubjectPlaceholder {
+    if name == "subject" {
+        return SubjectPlaceholder::Yes(None);
+    }
+    let Some(rest) = name.strip_prefix("subject[") else {
+        return SubjectPlaceholder::No;
+    };
+    match rest
+        .strip_suffix(']')
+        .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        .and_then(|n| n.parse().ok())
+    {
+        Some(token) => SubjectPlaceholder::Yes(Some(token)),
+        None => SubjectPlaceholder::Malformed,
+    }
+}
+
 /// Whether values of `ty` can make part of a table name.
 fn names_a_table(ty: &StreamType) -> bool {
     use StreamType as T;
@@ -275,7 +331,7 @@ fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
 
-fn is_name_char_str(text: &str) -> bool {
+pub(crate) fn is_name_char_str(text: &str) -> bool {
     !text.is_empty() && text.chars().all(is_name_char)
 }
 
@@ -317,6 +373,17 @@ mod tests {
             ]
         );
         assert!(TableTemplate::is_template("events_{event_type}"));
+        let t = TableTemplate::parse("{subject}_{subject[2]}{subject_id}").unwrap();
+        assert_eq!(
+            t.pieces,
+            vec![
+                Piece::Subject(None),
+                Piece::Literal("_".into()),
+                Piece::Subject(Some(2)),
+                Piece::Column("subject_id".into()),
+            ]
+        );
+        assert!(t.has_subject());
         assert!(!TableTemplate::is_template("events"));
     }
 
@@ -346,8 +413,12 @@ mod tests {
             format!("table template `{{a b}}`: `{{a b}}` is not a column name (letters, digits, `_`){hint}")
         );
         assert_eq!(
-            message("{subject[1]}"),
-            format!("table template `{{subject[1]}}`: `{{subject[1]}}`: the broker subject is not passed to sinks; put the value in a message column (e.g. a processor that copies it) and name that column{hint}")
+            message("{subject[x]}"),
+            format!("table template `{{subject[x]}}`: `{{subject[x]}}` is not a subject placeholder: write `{{subject}}` or `{{subject[N]}}` with N a 0-based token number{hint}")
+        );
+        assert_eq!(
+            message("{subject[1}"),
+            format!("table template `{{subject[1}}`: `{{subject[1}}` is not a subject placeholder: write `{{subject}}` or `{{subject[N]}}` with N a 0-based token number{hint}")
         );
         assert_eq!(TableTemplate::parse("{").unwrap_err().path, PATH);
     }

@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::classes::{ProcessorBuildContext, Registry, SinkBuildContext, SourceBuildContext};
+use super::classes::{
+    ProcessorBuildContext, Registry, SinkBuildContext, SourceBuildContext, SourceSubjects,
+};
 use crate::error::{SpecError, Violation};
 use crate::plugin::SourceFactory;
 use crate::spec::{
@@ -183,6 +185,18 @@ impl Registry {
                 "a pipeline needs at least one sink",
             ));
         }
+        // Every partition's subject, or none when the source has none (all or nothing: a
+        // source reports a subject for each of its partitions or for none).
+        let subjects: Option<Vec<String>> = source
+            .as_ref()
+            .and_then(|source| (0..partitions).map(|p| source.subject(p)).collect());
+        let source_subjects = match (&source, &subjects) {
+            (Some(_), Some(subjects)) => SourceSubjects::Known(subjects),
+            (Some(_), None) => SourceSubjects::None {
+                source_class: &spec.source.class,
+            },
+            (None, _) => SourceSubjects::Unknown,
+        };
         let mut sinks = Vec::new();
         let mut sink_names = HashSet::new();
         for (i, s) in spec.sinks.iter().enumerate() {
@@ -248,6 +262,7 @@ impl Registry {
                 class: &s.sink_class_name,
                 partitions,
                 inputs: &inputs,
+                subjects: source_subjects,
             };
             match builder(&ctx, &s.parameters, &s.dynamic_parameters) {
                 Ok(_) if !resolved => {}
@@ -513,6 +528,39 @@ mod tests {
         .unwrap();
         let err = registry.build(&spec).err().unwrap();
         assert_eq!(paths(&err), vec!["source.parameters.count"]);
+    }
+
+    #[test]
+    fn sinks_are_told_whether_the_source_has_subjects() {
+        let mut registry = Registry::with_builtins();
+        // Says what it was told, as a violation.
+        registry.register_sink(
+            "Told",
+            Arc::new(
+                |ctx: &SinkBuildContext<'_>, _: &serde_yaml::Value, _: &serde_yaml::Value| {
+                    Err(vec![Violation::new(
+                        "parameters",
+                        format!("{:?}", ctx.subjects),
+                    )])
+                },
+            ),
+        );
+        let told = |source: &str| {
+            let spec = format!("pipeline: p\nsource: {source}\nsinks:\n  - {{name: out, sink_class_name: Told, input_stream_ids: [rows]}}\n");
+            let err = registry.build_yaml(&spec).err().unwrap();
+            err.violations
+                .iter()
+                .map(|v| format!("{}: {}", v.path, v.message))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            told("{class: generator, parameters: {count: 1}}"),
+            ["sinks[0].parameters: None { source_class: \"generator\" }"]
+        );
+        assert_eq!(
+            told("{class: generator, parameters: {count: -1}}")[1],
+            "sinks[0].parameters: Unknown"
+        );
     }
 
     #[test]

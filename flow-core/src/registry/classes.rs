@@ -37,6 +37,24 @@ pub struct SinkBuildContext<'a> {
     pub partitions: u32,
     /// `(stream id, schema)` per input stream, in `input_stream_ids` order.
     pub inputs: &'a [(String, Arc<StreamSchema>)],
+    /// The broker subject of each partition, as the pipeline's source reports it.
+    pub subjects: SourceSubjects<'a>,
+}
+
+/// The broker subject each partition reads ([`SourceFactory::subject`]), for a sink that names
+/// its targets after it; it is the same for every message of a partition, so a sink resolves
+/// it once per partition and a replay resolves it the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceSubjects<'a> {
+    /// The subject of every partition, in partition order.
+    Known(&'a [String]),
+    /// The source has no subjects.
+    None {
+        /// The source's class, as the spec names it.
+        source_class: &'a str,
+    },
+    /// The source did not build (its violations say why) or is not known here.
+    Unknown,
 }
 
 /// Builder results carry violations with paths relative to the plugin's spec entry

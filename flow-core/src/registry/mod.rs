@@ -13,6 +13,6 @@ mod parameters;
 
 pub use classes::{
     BuildResult, ProcessorBuildContext, ProcessorBuilder, Registry, SinkBuildContext, SinkBuilder,
-    SourceBuildContext, SourceBuilder,
+    SourceBuildContext, SourceBuilder, SourceSubjects,
 };
 pub use parameters::parse_parameters;
