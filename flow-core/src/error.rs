@@ -350,6 +350,60 @@ pub enum RuntimeError {
     PartitionsFailed(Vec<RuntimeError>),
 }
 
+impl RuntimeError {
+    /// Whether the state store refused a commit of the partition because this worker may no
+    /// longer own it (cluster mode: [`flow_state::StateError::Fenced`], anywhere in the causes).
+    pub fn is_fenced(&self) -> bool {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(err) = next {
+            if let Some(flow_state::StateError::Fenced { .. }) = err.downcast_ref() {
+                return true;
+            }
+            next = err.source();
+        }
+        false
+    }
+}
+
 fn list(errors: &[RuntimeError]) -> String {
     errors.iter().map(|e| format!("\n  {e}")).collect()
+}
+
+#[cfg(test)]
+mod fenced_tests {
+    use super::*;
+
+    fn fenced() -> flow_state::StateError {
+        flow_state::StateError::Fenced {
+            pipeline: "p".to_owned(),
+            partition: 3,
+            why: "the owner node moved on".to_owned(),
+            source: None,
+        }
+    }
+
+    #[test]
+    fn a_fenced_commit_is_recognised_through_a_sink_error_and_nothing_else_is() {
+        let direct = RuntimeError::State {
+            partition: 3,
+            source: fenced(),
+        };
+        let through_sink = RuntimeError::Sink {
+            partition: 3,
+            sink: "out".to_owned(),
+            source: SinkError::State(fenced()),
+        };
+        let other = RuntimeError::State {
+            partition: 3,
+            source: flow_state::StateError::NoMirror { what: "load" },
+        };
+        let task = RuntimeError::Task {
+            partition: 3,
+            reason: "fenced".to_owned(),
+        };
+        assert_eq!(
+            [&direct, &through_sink, &other, &task].map(RuntimeError::is_fenced),
+            [true, true, false, false]
+        );
+    }
 }

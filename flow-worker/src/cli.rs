@@ -40,6 +40,16 @@ enum Command {
         /// over `metrics.listen` in the spec.
         #[arg(long, value_name = "HOST:PORT")]
         metrics_addr: Option<std::net::SocketAddr>,
+        /// Run as one of several workers of the pipeline, coordinated through ZooKeeper: the
+        /// partitions are spread over the live workers, each owned and fenced through the
+        /// cluster, and their committed state lives there (`--state-dir` is this worker's own).
+        #[arg(long, value_name = "zk://HOST:PORT[,HOST:PORT]/PATH")]
+        cluster: Option<flow_state::cluster::ClusterUrl>,
+        /// With --cluster: the ZooKeeper session timeout this worker asks for, in milliseconds
+        /// (default 10000; the server bounds it to 2..20 of its ticks). A worker cut off longer
+        /// loses its partitions to the others.
+        #[arg(long, value_name = "MS", requires = "cluster")]
+        session_timeout_ms: Option<u64>,
     },
     /// Deliver every batch pending in the outbox without reading the source, then exit 0: the
     /// topology can then be changed. Run it on a stopped worker with the unchanged spec.
@@ -125,14 +135,25 @@ pub fn main() -> ExitCode {
             spec,
             state_dir,
             metrics_addr,
+            cluster,
+            session_timeout_ms,
         } => {
             let progress = progress::wanted(cli.log_format == LogFormat::Json);
             run::run(
                 &registry,
                 &spec,
-                state_dir.as_deref(),
-                progress,
-                metrics_addr,
+                run::RunOptions {
+                    state_dir: state_dir.as_deref(),
+                    show_progress: progress,
+                    metrics_addr,
+                    cluster: cluster.map(|url| run::ClusterOptions {
+                        url,
+                        session_timeout: session_timeout_ms.map_or(
+                            flow_state::cluster::DEFAULT_SESSION_TIMEOUT,
+                            std::time::Duration::from_millis,
+                        ),
+                    }),
+                },
             )
         }
         Command::Drain { spec, state_dir } => drain::drain(&registry, &spec, state_dir.as_deref()),

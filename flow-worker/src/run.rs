@@ -6,21 +6,47 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use flow_core::{Pipeline, PipelineControl, PipelineSpec, Registry};
+use flow_state::cluster::ClusterUrl;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::progress::{OutboxSample, ProgressLine};
 
+/// What `flow-worker run` was asked for besides the spec.
+pub struct RunOptions<'a> {
+    pub state_dir: Option<&'a Path>,
+    pub show_progress: bool,
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    pub cluster: Option<ClusterOptions>,
+}
+
+/// `--cluster` and its session timeout.
+pub struct ClusterOptions {
+    pub url: ClusterUrl,
+    pub session_timeout: std::time::Duration,
+}
+
 pub fn run(
     registry: &Registry,
     spec_path: &Path,
-    state_dir: Option<&Path>,
-    show_progress: bool,
-    metrics_addr: Option<std::net::SocketAddr>,
+    options: RunOptions<'_>,
 ) -> anyhow::Result<ExitCode> {
+    let RunOptions {
+        state_dir,
+        show_progress,
+        metrics_addr,
+        cluster,
+    } = options;
     let spec = PipelineSpec::from_file(spec_path)?;
     let validated = registry.build(&spec)?;
+    if cluster.is_some() && !validated.stores_bounds() {
+        bail!(
+            "pipeline `{}` cannot run with --cluster: its outbox would keep batch payloads (the source `{}` cannot re-read a committed range, or `outbox.payloads: always`), and a cluster keeps only batch bounds in ZooKeeper; run it without --cluster",
+            spec.pipeline,
+            spec.source.class
+        );
+    }
     let state_dir = resolve_state_dir(spec_path, state_dir, &validated)?;
     let metrics_addr = metrics_addr.or(validated.metrics.map(|m| m.listen));
     // Before the runtime's threads exist, so that every arena gets the settings.
@@ -32,8 +58,14 @@ pub fn run(
         .context("starting the tokio runtime")?;
     let outcome = runtime.block_on(async move {
         let store = flow::open_state_store(&state_dir).await?;
-        flow::warn_if_no_earlier_state(&store, &spec.pipeline, spec.partitions)
-            .context("reading the committed positions")?;
+        let leases = match &cluster {
+            Some(options) => Some(join_cluster(options, &store, &spec).await?),
+            None => {
+                flow::warn_if_no_earlier_state(&store, &spec.pipeline, spec.partitions)
+                    .context("reading the committed positions")?;
+                None
+            }
+        };
         let pipeline = Pipeline::new(validated, store.clone());
         let control = pipeline.control();
         let metrics = pipeline.metrics();
@@ -59,7 +91,10 @@ pub fn run(
             spec_path.to_path_buf(),
         ));
         info!(pipeline = %spec.pipeline, partitions = spec.partitions, state_dir = %state_dir.display(), "pipeline started");
-        let result = pipeline.run().await;
+        let result = match leases {
+            Some(leases) => pipeline.run_owned(leases).await,
+            None => pipeline.run().await,
+        };
         if let Some(line) = progress {
             line.stop();
         }
@@ -87,6 +122,42 @@ pub fn run(
     // Blocking tasks still stuck in the file system are not waited for.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     outcome
+}
+
+/// This process's id among the pipeline's workers: unique while it runs (a restarted worker is
+/// a new member; its predecessor's session may still be alive for a while).
+fn worker_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| {
+            h.trim()
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect::<String>()
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+async fn join_cluster(
+    options: &ClusterOptions,
+    store: &flow_state::StateStore,
+    spec: &PipelineSpec,
+) -> anyhow::Result<Arc<flow::ClusterLeases>> {
+    let id = worker_id();
+    let url = &options.url;
+    let leases = flow::ClusterLeases::join(
+        url,
+        &id,
+        options.session_timeout,
+        store,
+        &spec.pipeline,
+        spec.partitions,
+    )
+    .await?;
+    info!(pipeline = %spec.pipeline, worker = %id, cluster = %url, "running in cluster mode");
+    Ok(leases)
 }
 
 /// The state directory, absolute: `--state-dir` (relative to the working directory: it is a path

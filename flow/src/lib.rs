@@ -5,6 +5,8 @@
 //!   registry of every built-in class.
 //! - `handle`: [`PipelineHandle`] and [`StartOptions`]; `store_lifecycle`: opening and closing
 //!   its state store; `error`: [`HandleError`].
+//! - `cluster_leases`: cluster mode, this worker's membership and partition leases in the
+//!   pipeline's ZooKeeper cluster ([`ClusterLeases`]).
 //! - `live_status`: the status snapshot of a running pipeline; `metrics_snapshot`: metrics read
 //!   back; `metrics_endpoint`: the Prometheus `/metrics` server and the `/health` and `/ready`
 //!   probes.
@@ -43,6 +45,7 @@
 
 pub mod config;
 
+mod cluster_leases;
 mod error;
 mod handle;
 mod live_status;
@@ -51,6 +54,7 @@ mod metrics_snapshot;
 mod registry;
 mod store_lifecycle;
 
+pub use cluster_leases::{ClusterLeases, JoinError};
 pub use config::ConfigError;
 pub use error::HandleError;
 pub use handle::{PipelineHandle, StartOptions};

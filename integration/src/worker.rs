@@ -177,6 +177,17 @@ pub struct Worker {
 
 impl Worker {
     pub fn spawn(bin: &Path, spec: &Path, state: &Path, log: PathBuf) -> Result<Worker> {
+        Worker::spawn_with(bin, spec, state, &[], log)
+    }
+
+    /// As [`Worker::spawn`], with `extra` arguments after the state directory (`--cluster ...`).
+    pub fn spawn_with(
+        bin: &Path,
+        spec: &Path,
+        state: &Path,
+        extra: &[&str],
+        log: PathBuf,
+    ) -> Result<Worker> {
         let file =
             File::create(&log).with_context(|| format!("creating the log {}", log.display()))?;
         let child = Command::new(bin)
@@ -184,6 +195,7 @@ impl Worker {
             .arg(spec)
             .arg("--state-dir")
             .arg(state)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()

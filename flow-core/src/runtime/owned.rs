@@ -39,7 +39,8 @@ pub trait PartitionLeases: Send + Sync + 'static {
     /// dropping the future.
     async fn acquire(&self, partition: u32) -> Result<(), LeaseError>;
 
-    /// Whether this worker still holds `partition`'s lease (asked after its runner failed).
+    /// Whether this worker still holds `partition`'s lease (asked after its runner failed for
+    /// another reason than a refused commit).
     async fn holds(&self, partition: u32) -> bool;
 
     /// Stops fencing the store's commits for `partition` and gives its lease back (if still
@@ -269,8 +270,8 @@ impl Owned {
                     .metrics
                     .ownership_changed(name, partition, "released");
             }
-            Err(err) if !leases.holds(partition).await => {
-                warn!(pipeline = %name, partition, error = %err, "lost ownership of the partition (fenced: another worker holds it now); stopped it, nothing more is sent for it");
+            Err(err) if err.is_fenced() || !leases.holds(partition).await => {
+                warn!(pipeline = %name, partition, error = %err, "lost ownership of the partition (fenced: another worker holds it now, or ZooKeeper did not confirm a commit); stopped it, nothing more is sent for it; it is taken and loaded again if it stays assigned here");
                 pipeline.metrics.ownership_changed(name, partition, "lost");
                 leases.release(partition).await;
                 if !self.stopping {

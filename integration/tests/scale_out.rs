@@ -1,0 +1,352 @@
+//! Scale-out (issue 27): one JetStream pipeline of 8 partitions on up to 4 workers joined through
+//! ZooKeeper (`flow-worker run --cluster`), into the sharded exactly-once sink, under a seeded
+//! schedule of faults: `kill -9` of a worker (restarted on its state directory), a worker added,
+//! a worker removed (SIGTERM), a ZooKeeper restart, and a zombie: a worker whose INSERT is held
+//! back by its proxy is frozen (SIGSTOP) past its session timeout, its partitions are taken over
+//! and replayed by the others, then the held INSERT is let go and the worker thawed (SIGCONT). The
+//! zombie must log that it lost its partitions (fenced), and every message must be exactly once
+//! on the shard it routes to, on both replicas, with `verify` clean.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _, Result};
+use async_nats::jetstream;
+use flow_integration::nats::new_stream;
+use flow_integration::proxy::{Fault, FaultProxy};
+use flow_integration::worker::*;
+use flow_integration::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const PARTITIONS: u64 = 8;
+const MESSAGES: u64 = 40_000;
+const USERS: u64 = 1_000;
+/// Worker slots: each has its own state directory, proxies and spec.
+const SLOTS: usize = 4;
+const FAULTS: usize = 30;
+/// The session timeout the workers ask for: the shortest this ZooKeeper grants (2 ticks).
+const SESSION_TIMEOUT_MS: u64 = 4_000;
+const COLUMNS: &str = "id UInt64, user_id UInt64, payload String";
+
+/// Publishes every message, `MESSAGES / 40` at a time every 0.5 s: the stream grows while the
+/// faults happen (about 20 s), then stays.
+async fn publish(js: jetstream::Context, prefix: String) -> Result<()> {
+    let chunk = MESSAGES / 40;
+    for first in (0..MESSAGES).step_by(chunk as usize) {
+        let mut acks = Vec::with_capacity(chunk as usize);
+        for id in first..(first + chunk).min(MESSAGES) {
+            let body = format!(
+                r#"{{"id": {id}, "user_id": {}, "payload": "message {id}"}}"#,
+                id % USERS
+            );
+            acks.push(
+                js.publish(format!("{prefix}.{}", id % PARTITIONS), body.into())
+                    .await?,
+            );
+        }
+        for ack in acks {
+            ack.await?;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+/// One worker slot: its state directory, its spec (whose hosts are its own proxies, so that one
+/// worker's INSERTs can be held back), and the worker running in it, if any.
+struct Slot {
+    state: PathBuf,
+    spec: PathBuf,
+    proxies: Vec<FaultProxy>,
+    worker: Option<Worker>,
+    runs: u32,
+}
+
+struct Run {
+    dir: tempfile::TempDir,
+    cluster: String,
+    slots: Vec<Slot>,
+}
+
+impl Run {
+    async fn new(stream: &str, table: &str) -> Result<Run> {
+        let dir = tempfile::tempdir()?;
+        let cluster = format!("zk://127.0.0.1:12181/flow-it/{}", unique_name("scale"));
+        let mut slots = Vec::new();
+        for slot in 0..SLOTS {
+            let mut proxies = Vec::new();
+            for node in NODES {
+                proxies.push(FaultProxy::start(node.http_addr().parse()?).await?);
+            }
+            let hosts =
+                |i: usize| format!("['{}', '{}']", proxies[i].addr(), proxies[i + 1].addr());
+            let yaml = format!(
+                "pipeline: scale_it\npartitions: {PARTITIONS}\nepoch: {{max_messages: 2000, max_duration_ms: 300}}\n\
+                 source:\n  class: nats_jetstream\n  parameters:\n    servers: ['nats://{}']\n    stream: {stream}\n    subject_template: '{stream}.p.{{partition}}'\n    format: json\n    schema: [{{name: id, type: uint64}}, {{name: user_id, type: uint64}}, {{name: payload, type: string}}]\n\
+                 sinks:\n  - name: out\n    sink_class_name: ShardedClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{shard_hosts: {{a: {}, b: {}}}, database: default, table: {table}, sharding_key_columns: [user_id]}}\n    dynamic_parameters: {{max_rows_per_batch: 1000, retry_backoff: 100ms, max_retry_backoff: 1s, write_timeout: 5s}}\n",
+                nats::NATS_ADDR,
+                hosts(0),
+                hosts(2),
+            );
+            let spec = dir.path().join(format!("spec{slot}.yaml"));
+            std::fs::write(&spec, yaml)?;
+            slots.push(Slot {
+                state: dir.path().join(format!("state{slot}")),
+                spec,
+                proxies,
+                worker: None,
+                runs: 0,
+            });
+        }
+        Ok(Run {
+            dir,
+            cluster,
+            slots,
+        })
+    }
+
+    fn start(&mut self, slot: usize) -> Result<()> {
+        let s = &mut self.slots[slot];
+        let log = self.dir.path().join(format!("w{slot}-{}.log", s.runs));
+        s.runs += 1;
+        let timeout = SESSION_TIMEOUT_MS.to_string();
+        let extra = ["--cluster", &self.cluster, "--session-timeout-ms", &timeout];
+        s.worker = Some(Worker::spawn_with(
+            worker_bin!(),
+            &s.spec,
+            &s.state,
+            &extra,
+            log,
+        )?);
+        Ok(())
+    }
+
+    fn running(&mut self) -> Result<Vec<usize>> {
+        let mut running = Vec::new();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(worker) = &mut slot.worker {
+                if let Some(code) = worker.exited()? {
+                    bail!(
+                        "worker {i} exited on its own ({code:?})\n{}",
+                        worker.log_tail()
+                    );
+                }
+                running.push(i);
+            }
+        }
+        Ok(running)
+    }
+
+    fn logs(&self) -> String {
+        let mut all = String::new();
+        for slot in &self.slots {
+            if let Some(worker) = &slot.worker {
+                all.push_str(&worker.log_tail());
+                all.push('\n');
+            }
+        }
+        all
+    }
+
+    /// Holds the slot's INSERTs back until one is held, freezes the worker past its session
+    /// timeout while the others take its partitions over and replay them, then lets the held
+    /// INSERT go (ClickHouse drops it as a copy) and thaws the worker, which must find itself
+    /// fenced, stop those partitions and join again. Returns the log lines it wrote about losing
+    /// partitions; `None` when no INSERT of the worker came to be held (it owned nothing).
+    fn zombie(&mut self, slot: usize) -> Result<Option<Vec<String>>> {
+        let s = &mut self.slots[slot];
+        for proxy in &s.proxies {
+            proxy.set_on_inserts(Fault::Hold);
+        }
+        let held = || s.proxies.iter().map(|p| p.stats().held).sum::<u64>();
+        let before = held();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while held() == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if held() == before {
+            for proxy in &s.proxies {
+                proxy.set(Fault::Pass);
+            }
+            return Ok(None);
+        }
+        let worker = s
+            .worker
+            .as_mut()
+            .context("no worker in the zombie's slot")?;
+        worker.signal("STOP")?;
+        std::thread::sleep(Duration::from_millis(SESSION_TIMEOUT_MS + 5_000));
+        for proxy in &s.proxies {
+            proxy.set(Fault::Pass);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        worker.signal("CONT")?;
+        // Thawed, it finds its commits refused, stops those partitions and joins again.
+        let log = worker.log().to_path_buf();
+        let fenced_lines = || -> Result<Vec<String>> {
+            Ok(std::fs::read_to_string(&log)?
+                .lines()
+                .filter(|l| l.contains("fenced") || l.contains("lost ownership"))
+                .map(str::to_owned)
+                .collect())
+        };
+        wait_until(Duration::from_secs(30), || Ok(!fenced_lines()?.is_empty())).with_context(
+            || {
+                format!(
+                    "the thawed zombie never said it was fenced\n{}",
+                    worker.log_tail()
+                )
+            },
+        )?;
+        wait_until(Duration::from_secs(30), || {
+            Ok(std::fs::read_to_string(&log)?.contains("joined the cluster again"))
+        })
+        .with_context(|| {
+            format!(
+                "the thawed zombie did not join again\n{}",
+                worker.log_tail()
+            )
+        })?;
+        let fenced = fenced_lines()?;
+        let released: u64 = s.proxies.iter().map(|p| p.stats().released).sum();
+        ensure!(released >= 1, "the held INSERT was never let go");
+        Ok(Some(fenced))
+    }
+}
+
+#[test]
+fn workers_joining_leaving_killed_and_frozen_hand_partitions_over_and_every_message_lands_once(
+) -> Result<()> {
+    require_cluster()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let name = unique_name("scale_it");
+    let js = rt.block_on(new_stream(&name))?;
+    let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &NODES)?;
+    let mut run = rt.block_on(Run::new(&name, &name))?;
+    let publisher = rt.spawn(publish(js.clone(), format!("{name}.p")));
+    for slot in 0..3 {
+        run.start(slot)?;
+    }
+
+    let seed = fault_seed(27);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut done = Vec::new();
+    let mut fenced_lines = Vec::new();
+    while done.len() < FAULTS {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(300..900)));
+        let running = run.running()?;
+        let free: Vec<usize> = (0..SLOTS).filter(|s| !running.contains(s)).collect();
+        let pick = |rng: &mut StdRng, from: &[usize]| from[rng.gen_range(0..from.len())];
+        match rng.gen_range(0..10) {
+            0..=3 if !running.is_empty() => {
+                let slot = pick(&mut rng, &running);
+                run.slots[slot]
+                    .worker
+                    .as_mut()
+                    .context("worker")?
+                    .kill_9()?;
+                run.slots[slot].worker = None;
+                run.start(slot)?;
+                done.push(format!("kill -9 {slot}"));
+            }
+            4..=5 if !free.is_empty() => {
+                let slot = pick(&mut rng, &free);
+                run.start(slot)?;
+                done.push(format!("add {slot}"));
+            }
+            6..=7 if running.len() > 1 => {
+                let slot = pick(&mut rng, &running);
+                let worker = run.slots[slot].worker.as_mut().context("worker")?;
+                worker.signal("TERM")?;
+                let code = worker.wait_exit(Duration::from_secs(30))?;
+                ensure!(
+                    code == Some(0),
+                    "SIGTERM: worker {slot} exited {code:?}\n{}",
+                    worker.log_tail()
+                );
+                run.slots[slot].worker = None;
+                done.push(format!("remove {slot}"));
+            }
+            8 if fenced_lines.is_empty() && running.len() > 1 => {
+                let slot = pick(&mut rng, &running);
+                if let Some(lines) = run.zombie(slot)? {
+                    ensure!(
+                        !lines.is_empty(),
+                        "the zombie {slot} never said it was fenced"
+                    );
+                    fenced_lines.extend(lines);
+                    run.start(slot)?;
+                    done.push(format!("zombie {slot}"));
+                }
+            }
+            9 if !done.iter().any(|d| d == "zookeeper restart") => {
+                cluster_sh(&["stop", "zk"])?;
+                std::thread::sleep(Duration::from_millis(500));
+                cluster_sh(&["start", "zk"])?;
+                done.push("zookeeper restart".to_owned());
+            }
+            _ => {}
+        }
+    }
+    ensure!(
+        !fenced_lines.is_empty(),
+        "the schedule (seed {seed}) froze no zombie: {done:?}"
+    );
+    if run.running()?.is_empty() {
+        run.start(0)?;
+    }
+    rt.block_on(publisher)??;
+
+    let qualified = table.qualified();
+    wait_until(Duration::from_secs(120), || {
+        Ok(landed_on_both_shards(&qualified)?.1 == MESSAGES)
+    })
+    .with_context(|| format!("not every message landed after {done:?}\n{}", run.logs()))?;
+    for slot in run.running()? {
+        let worker = run.slots[slot].worker.as_mut().context("worker")?;
+        worker.signal("TERM")?;
+        let code = worker.wait_exit(Duration::from_secs(30))?;
+        ensure!(
+            code == Some(0),
+            "final SIGTERM: worker {slot} exited {code:?}\n{}",
+            worker.log_tail()
+        );
+    }
+    for node in NODES {
+        sync_when_writable(node, "default", &name, Duration::from_secs(60))?;
+    }
+    assert_eq!(
+        landed_on_both_shards(&qualified)?,
+        (MESSAGES, MESSAGES),
+        "every message once"
+    );
+    for [first, second] in [SHARD_A, SHARD_B] {
+        assert_eq!(
+            count_uniq(first, &qualified)?,
+            count_uniq(second, &qualified)?
+        );
+    }
+    check_routing(
+        &[("a", SHARD_A.to_vec()), ("b", SHARD_B.to_vec())],
+        &qualified,
+        USERS,
+    )?;
+    let verify = run_worker(
+        worker_bin!(),
+        &["verify", &run.slots[0].spec.display().to_string()],
+        &[],
+        Duration::from_secs(60),
+    )?;
+    assert_eq!(verify.code, Some(0), "{}{}", verify.stdout, verify.stderr);
+    println!(
+        "seed {seed}: {} faults ({:?}); the zombie said: {:?}",
+        done.len(),
+        done,
+        fenced_lines
+    );
+    let _ = rt.block_on(js.delete_stream(&name));
+    Ok(())
+}
