@@ -1,7 +1,7 @@
 //! The command line: argument parsing, logging set-up and dispatch.
 
 use crate::dead_letters::{self, Action};
-use crate::{drain, progress, run, status, status_watch, verify};
+use crate::{drain, progress, run, status, status_cluster, status_watch, verify};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -58,6 +58,10 @@ enum Command {
         /// State directory; wins over `state_dir` in the spec.
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Drain a pipeline run by several workers (`run --cluster`): stop every worker first;
+        /// the drain takes every partition and delivers what ZooKeeper holds pending.
+        #[arg(long, value_name = "zk://HOST:PORT[,HOST:PORT]/PATH")]
+        cluster: Option<flow_state::cluster::ClusterUrl>,
     },
     /// Parse and validate a spec without connecting anywhere; exit 1 on any violation.
     Validate { spec: PathBuf },
@@ -70,10 +74,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show committed positions, undelivered batches, fingerprints and dead letters.
+    /// Show committed positions, undelivered batches, fingerprints and dead letters: of a state
+    /// directory, or (`--cluster URL --pipeline NAME`) of a pipeline run by several workers, as
+    /// ZooKeeper holds it, with its members and each partition's owner.
     Status {
-        #[arg(long)]
-        state_dir: PathBuf,
+        #[arg(long, required_unless_present = "cluster", conflicts_with = "cluster")]
+        state_dir: Option<PathBuf>,
+        /// The cluster the pipeline's workers joined (`run --cluster`).
+        #[arg(
+            long,
+            value_name = "zk://HOST:PORT[,HOST:PORT]/PATH",
+            requires = "pipeline",
+            conflicts_with = "watch"
+        )]
+        cluster: Option<flow_state::cluster::ClusterUrl>,
+        /// With --cluster: the pipeline's name (`pipeline:` in its spec).
+        #[arg(long, requires = "cluster")]
+        pipeline: Option<String>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -156,21 +173,35 @@ pub fn main() -> ExitCode {
                 },
             )
         }
-        Command::Drain { spec, state_dir } => drain::drain(&registry, &spec, state_dir.as_deref()),
+        Command::Drain {
+            spec,
+            state_dir,
+            cluster,
+        } => drain::drain(&registry, &spec, state_dir.as_deref(), cluster.as_ref()),
         Command::Validate { spec } => Ok(validate(&registry, &spec)),
         Command::Verify { spec, json } => verify::verify(&registry, &spec, json),
         Command::Status {
-            state_dir,
+            cluster: Some(url),
+            pipeline: Some(pipeline),
+            json,
+            ..
+        } => status_cluster::status(&url, &pipeline, json),
+        Command::Status {
+            state_dir: Some(state_dir),
             json,
             watch: false,
             ..
         } => status::status(&state_dir, json),
         Command::Status {
-            state_dir,
+            state_dir: Some(state_dir),
             json,
             interval,
             ..
         } => status_watch::watch(&state_dir, json, std::time::Duration::from_secs(interval)),
+        // clap requires --state-dir unless --cluster, and --pipeline with --cluster.
+        Command::Status { .. } => Err(anyhow::anyhow!(
+            "status needs --state-dir DIR, or --cluster URL with --pipeline NAME"
+        )),
         Command::DeadLetters {
             action,
             state_dir,

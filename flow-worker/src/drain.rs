@@ -7,25 +7,41 @@
 //! recorded topology instead is not possible: the state keeps only the fingerprints and shard
 //! names of the pending batches, not the hosts they were meant for. So the order is: stop the
 //! worker, drain with the unchanged spec, edit the spec, run.
+//!
+//! In cluster mode (`--cluster`) every worker of the pipeline is stopped first (a drain refuses
+//! to run beside live members); the drain then takes every partition's lease, loads its state
+//! from ZooKeeper and delivers and acknowledges with the same fencing as a worker.
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
+use flow::DrainLeases;
 use flow_core::{DrainReport, Pipeline, PipelineControl, PipelineSpec, Registry};
+use flow_state::cluster::{ClusterUrl, DEFAULT_SESSION_TIMEOUT};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{info, warn};
+
+/// How long a cluster drain waits for each partition's lease: a worker killed just before keeps
+/// its leases until its ZooKeeper session expires (at most 20 ZooKeeper ticks, 40 s by default).
+const LEASE_WAIT: Duration = Duration::from_secs(45);
 
 pub fn drain(
     registry: &Registry,
     spec_path: &Path,
     state_dir: Option<&Path>,
+    cluster: Option<&ClusterUrl>,
 ) -> anyhow::Result<ExitCode> {
     let spec = PipelineSpec::from_file(spec_path)?;
     let validated = registry.build(&spec)?;
+    if cluster.is_some() {
+        crate::run::check_cluster_capable(&spec, &validated)?;
+    }
     let state_dir = crate::run::resolve_state_dir(spec_path, state_dir, &validated)?;
-    // A mistyped directory must not read as "nothing pending: change the topology".
-    if !crate::run::is_state_dir(&state_dir) {
+    // A mistyped directory must not read as "nothing pending: change the topology". In cluster
+    // mode the pending batches are in ZooKeeper and the directory is only this process's cache.
+    if cluster.is_none() && !crate::run::is_state_dir(&state_dir) {
         bail!(
             "`{}` is not a flow state directory: nothing was ever committed there; pass the state directory of the pipeline to drain",
             state_dir.display()
@@ -40,10 +56,34 @@ pub fn drain(
     let outcome = runtime.block_on(async {
         info!(pipeline = %spec.pipeline, state_dir = %state_dir.display(), "draining the outbox");
         let store = flow::open_state_store(&state_dir).await?;
+        let leases = match cluster {
+            Some(url) => {
+                let taken = DrainLeases::take_all(
+                    url,
+                    DEFAULT_SESSION_TIMEOUT,
+                    &store,
+                    &spec.pipeline,
+                    spec.partitions,
+                    LEASE_WAIT,
+                )
+                .await;
+                match taken {
+                    Ok(leases) => Some(leases),
+                    Err(err) => {
+                        let _ = flow::close_state_store(store).await;
+                        return Err(err.into());
+                    }
+                }
+            }
+            None => None,
+        };
         let pipeline = Pipeline::new(validated, store.clone());
         let signals = tokio::spawn(stop_on_signal(pipeline.control()));
         let drained = pipeline.drain().await;
         signals.abort();
+        if let Some(leases) = leases {
+            leases.release_all(&store).await;
+        }
         let closed = flow::close_state_store(store).await;
         let report = drained?;
         closed?;

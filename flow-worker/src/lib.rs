@@ -28,6 +28,7 @@ mod memory;
 mod progress;
 mod run;
 mod status;
+mod status_cluster;
 mod status_watch;
 mod stdout;
 mod verify;

@@ -40,12 +40,8 @@ pub fn run(
     } = options;
     let spec = PipelineSpec::from_file(spec_path)?;
     let validated = registry.build(&spec)?;
-    if cluster.is_some() && !validated.stores_bounds() {
-        bail!(
-            "pipeline `{}` cannot run with --cluster: its outbox would keep batch payloads (the source `{}` cannot re-read a committed range, or `outbox.payloads: always`), and a cluster keeps only batch bounds in ZooKeeper; run it without --cluster",
-            spec.pipeline,
-            spec.source.class
-        );
+    if cluster.is_some() {
+        check_cluster_capable(&spec, &validated)?;
     }
     let state_dir = resolve_state_dir(spec_path, state_dir, &validated)?;
     let metrics_addr = metrics_addr.or(validated.metrics.map(|m| m.listen));
@@ -122,6 +118,22 @@ pub fn run(
     // Blocking tasks still stuck in the file system are not waited for.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     outcome
+}
+
+/// Cluster mode keeps only batch bounds in ZooKeeper: a pipeline whose outbox keeps payloads
+/// cannot run in it.
+pub(crate) fn check_cluster_capable(
+    spec: &PipelineSpec,
+    validated: &flow_core::ValidatedPipeline,
+) -> anyhow::Result<()> {
+    if !validated.stores_bounds() {
+        bail!(
+            "pipeline `{}` cannot run with --cluster: its outbox would keep batch payloads (the source `{}` cannot re-read a committed range, or `outbox.payloads: always`), and a cluster keeps only batch bounds in ZooKeeper; run it without --cluster",
+            spec.pipeline,
+            spec.source.class
+        );
+    }
+    Ok(())
 }
 
 /// This process's id among the pipeline's workers: unique while it runs (a restarted worker is

@@ -6,7 +6,8 @@
 //! - `handle`: [`PipelineHandle`] and [`StartOptions`]; `store_lifecycle`: opening and closing
 //!   its state store; `error`: [`HandleError`].
 //! - `cluster_leases`: cluster mode, this worker's membership and partition leases in the
-//!   pipeline's ZooKeeper cluster ([`ClusterLeases`]).
+//!   pipeline's ZooKeeper cluster ([`ClusterLeases`]); `cluster_drain`: every partition of a
+//!   stopped pipeline held by one process for `drain` ([`DrainLeases`]).
 //! - `live_status`: the status snapshot of a running pipeline; `metrics_snapshot`: metrics read
 //!   back; `metrics_endpoint`: the Prometheus `/metrics` server and the `/health` and `/ready`
 //!   probes.
@@ -45,6 +46,7 @@
 
 pub mod config;
 
+mod cluster_drain;
 mod cluster_leases;
 mod error;
 mod handle;
@@ -54,6 +56,7 @@ mod metrics_snapshot;
 mod registry;
 mod store_lifecycle;
 
+pub use cluster_drain::{DrainLeaseError, DrainLeases};
 pub use cluster_leases::{ClusterLeases, JoinError};
 pub use config::ConfigError;
 pub use error::HandleError;

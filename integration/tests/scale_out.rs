@@ -124,6 +124,55 @@ impl Run {
         Ok(())
     }
 
+    /// `flow-worker status --cluster ... --json`: what ZooKeeper holds of the pipeline.
+    fn status(&self) -> Result<serde_json::Value> {
+        let out = run_worker(
+            worker_bin!(),
+            &[
+                "status",
+                "--cluster",
+                &self.cluster,
+                "--pipeline",
+                "scale_it",
+                "--json",
+            ],
+            &[],
+            Duration::from_secs(30),
+        )?;
+        ensure!(
+            out.code == Some(0),
+            "status --cluster: {}{}",
+            out.stdout,
+            out.stderr
+        );
+        Ok(serde_json::from_str(&out.stdout)?)
+    }
+
+    /// Every partition is listed once with a committed position (and, if `held` says, with or
+    /// without a lease holder); the rows still pending in ZooKeeper.
+    fn check_partitions(&self, partitions: &serde_json::Value, held: Option<bool>) -> Result<u64> {
+        let partitions = partitions.as_array().context("partitions")?;
+        let listed: Vec<u64> = partitions
+            .iter()
+            .filter_map(|p| p["partition"].as_u64())
+            .collect();
+        ensure!(
+            listed == (0..PARTITIONS).collect::<Vec<_>>(),
+            "status --cluster lists partitions {listed:?}"
+        );
+        let mut pending_rows = 0;
+        for p in partitions {
+            ensure!(p["position"]["value"].is_string(), "no position: {p}");
+            if let Some(held) = held {
+                ensure!(p["lease_holder"].is_string() == held, "lease holder: {p}");
+            }
+            for batch in p["pending"].as_array().context("pending")? {
+                pending_rows += batch["rows"].as_u64().context("rows")?;
+            }
+        }
+        Ok(pending_rows)
+    }
+
     fn running(&mut self) -> Result<Vec<usize>> {
         let mut running = Vec::new();
         for (i, slot) in self.slots.iter_mut().enumerate() {
@@ -305,6 +354,15 @@ fn workers_joining_leaving_killed_and_frozen_hand_partitions_over_and_every_mess
         Ok(landed_on_both_shards(&qualified)?.1 == MESSAGES)
     })
     .with_context(|| format!("not every message landed after {done:?}\n{}", run.logs()))?;
+    let live = run.running()?.len();
+    let status = run.status()?;
+    let (members, partitions) = (&status["members"], &status["partitions"]);
+    ensure!(
+        members.as_array().map(Vec::len) == Some(live),
+        "status --cluster with {live} workers running: {status}"
+    );
+    let pending_rows = run.check_partitions(partitions, None)?;
+    println!("status --cluster while running: {live} members, {pending_rows} row(s) pending");
     for slot in run.running()? {
         let worker = run.slots[slot].worker.as_mut().context("worker")?;
         worker.signal("TERM")?;
@@ -315,6 +373,16 @@ fn workers_joining_leaving_killed_and_frozen_hand_partitions_over_and_every_mess
             worker.log_tail()
         );
     }
+    let status = run.status()?;
+    ensure!(
+        status["members"].as_array().is_some_and(Vec::is_empty),
+        "status --cluster after every worker stopped: {status}"
+    );
+    let pending_rows = run.check_partitions(&status["partitions"], Some(false))?;
+    assert_eq!(
+        pending_rows, 0,
+        "nothing pending after every worker stopped: {status}"
+    );
     for node in NODES {
         sync_when_writable(node, "default", &name, Duration::from_secs(60))?;
     }

@@ -87,6 +87,20 @@ impl Cluster {
         Ok(receiver)
     }
 
+    /// The live members of `pipeline` now, read once (what `flow-worker status` shows); empty
+    /// when no worker ever joined. Creates nothing.
+    pub async fn member_list(&self, pipeline: &str) -> Result<BTreeSet<String>, ClusterError> {
+        paths::check_name("pipeline name", pipeline)?;
+        let dir = paths::members_dir(self.url().root(), pipeline);
+        loop {
+            match self.client.list_children(&dir).await {
+                Ok(children) => return Ok(children.into_iter().collect()),
+                Err(zk::Error::NoNode) => return Ok(BTreeSet::new()),
+                Err(error) => self.recover("list children", &dir, error).await?,
+            }
+        }
+    }
+
     /// Deletes an ephemeral node if this session holds it; `false` if it is gone or another
     /// session's.
     pub(super) async fn delete_if_ours(&self, path: &str) -> Result<bool, ClusterError> {
