@@ -19,6 +19,33 @@ const IDENTITY_KEY: &[u8] = b"flow/pipeline-identity";
 /// Key of the outbox identity in sled's default tree: 8 bytes, big-endian.
 const OUTBOX_ID_KEY: &[u8] = b"flow/outbox-id";
 
+/// Key of the cluster-cache mark in sled's default tree: the name of the pipeline whose worker
+/// ran on this directory in cluster mode.
+const CLUSTER_CACHE_KEY: &[u8] = b"flow/cluster-cache";
+
+/// Marks the directory as a cluster worker's cache of `pipeline` (durably: a kill -9 right after
+/// must not leave a directory that looks like a single process's outbox).
+pub(crate) fn mark_cluster_cache(trees: &Trees, pipeline: &str) -> Result<(), StateError> {
+    trees
+        .db
+        .insert(CLUSTER_CACHE_KEY, pipeline.as_bytes())
+        .map_err(|e| StateError::sled("insert", "cluster-cache mark", e))?;
+    trees
+        .db
+        .flush()
+        .map_err(|e| StateError::sled("flush", "cluster-cache mark", e))?;
+    Ok(())
+}
+
+/// The pipeline whose cluster worker used this directory, if one did.
+pub(crate) fn cluster_cache(trees: &Trees) -> Result<Option<String>, StateError> {
+    let value = trees
+        .db
+        .get(CLUSTER_CACHE_KEY)
+        .map_err(|e| StateError::sled("get", "cluster-cache mark", e))?;
+    Ok(value.map(|v| String::from_utf8_lossy(&v).into_owned()))
+}
+
 /// The outbox identity, if the store has one.
 pub(crate) fn outbox_id(trees: &Trees) -> Result<Option<OutboxId>, StateError> {
     let value = trees

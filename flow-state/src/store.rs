@@ -237,8 +237,11 @@ impl StateStore {
 
     /// Attaches cluster mode's ZooKeeper mirror: from now on every write of a partition goes to
     /// ZooKeeper first, fenced (see [`crate::zk`]). Refused when one is attached already.
+    /// The directory is marked as a cluster worker's cache: its dead letters can no longer be
+    /// requeued or purged by a process without the mirror ([`StateStore::cluster_cache`]).
     pub fn attach_mirror(&self, mirror: ZkMirror) -> Result<(), StateError> {
         let pipeline = mirror.pipeline().to_owned();
+        identity::mark_cluster_cache(&self.inner.trees, &pipeline)?;
         self.inner
             .mirror
             .set(mirror)
@@ -531,12 +534,34 @@ impl StateStore {
         Ok(out)
     }
 
+    /// The pipeline whose worker ran on this directory in cluster mode, if one did: the
+    /// directory is then that worker's cache, and ZooKeeper holds the partitions' state.
+    pub fn cluster_cache(&self) -> Result<Option<String>, StateError> {
+        identity::cluster_cache(&self.inner.trees)
+    }
+
+    /// A dead-letter change on a cluster worker's cache would not reach ZooKeeper, and the
+    /// next load of the partition would undo it: refused.
+    fn refuse_on_cluster_cache(&self, what: &'static str) -> Result<(), StateError> {
+        match self.cluster_cache()? {
+            Some(pipeline) => Err(StateError::ClusterRefused {
+                what,
+                reason: format!(
+                    "this directory is the local cache of a cluster worker of pipeline `{pipeline}`: the partitions' dead-letter references live in ZooKeeper, which a change here would not update, and the next worker to load a partition would undo it; export the dead letters (`dead-letters export`) and publish the fixed records to the source again"
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Durably removes these dead letters (blocking); returns how many were still there. The
-    /// owners' counters stay, so later dead letters never reuse a seq.
+    /// owners' counters stay, so later dead letters never reuse a seq. Refused on a cluster
+    /// worker's directory.
     pub fn remove_dead_letters_blocking(
         &self,
         letters: &[StoredDeadLetter],
     ) -> Result<u64, StateError> {
+        self.refuse_on_cluster_cache("removing dead letters")?;
         let keys = letters.iter().map(dead_letter_key).collect();
         match self.inner.submit_blocking(Op::RemoveDeadLetters(keys))? {
             Outcome::Removed(removed) => Ok(removed),
@@ -552,6 +577,7 @@ impl StateStore {
         &self,
         requeued: Vec<(StoredDeadLetter, SealedBatch)>,
     ) -> Result<u64, StateError> {
+        self.refuse_on_cluster_cache("requeueing dead letters")?;
         let mut by_partition: BTreeMap<(String, u32), Vec<(StoredDeadLetter, SealedBatch)>> =
             BTreeMap::new();
         for (letter, batch) in requeued {

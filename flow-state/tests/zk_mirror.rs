@@ -755,4 +755,26 @@ fn an_oversized_node_and_writes_cluster_mode_cannot_mirror_are_refused() {
     );
     store.close().unwrap();
     plain.close().unwrap();
+
+    // Reopened without its mirror (`dead-letters` on a stopped worker's directory), the
+    // directory still refuses dead-letter changes ZooKeeper would not see.
+    let reopened = StateStore::open(dir.path()).unwrap();
+    assert_eq!(reopened.cluster_cache().unwrap().as_deref(), Some(PIPE));
+    for err in [
+        reopened.remove_dead_letters_blocking(&[]).unwrap_err(),
+        reopened
+            .requeue_dead_letters_blocking(Vec::new())
+            .unwrap_err(),
+    ] {
+        let err = err.to_string();
+        assert!(
+            err.contains("is not allowed in cluster mode: this directory is the local cache of a cluster worker of pipeline `pipe`"),
+            "{err}"
+        );
+    }
+    reopened.close().unwrap();
+    let plain = StateStore::open(plain_dir.path()).unwrap();
+    assert_eq!(plain.cluster_cache().unwrap(), None);
+    assert_eq!(plain.remove_dead_letters_blocking(&[]).unwrap(), 0);
+    plain.close().unwrap();
 }

@@ -43,12 +43,13 @@ enum Command {
         /// Run as one of several workers of the pipeline, coordinated through ZooKeeper: the
         /// partitions are spread over the live workers, each owned and fenced through the
         /// cluster, and their committed state lives there (`--state-dir` is this worker's own).
+        /// Wins over `cluster.url` of the spec.
         #[arg(long, value_name = "zk://HOST:PORT[,HOST:PORT]/PATH")]
         cluster: Option<flow_state::cluster::ClusterUrl>,
         /// With --cluster: the ZooKeeper session timeout this worker asks for, in milliseconds
-        /// (default 10000; the server bounds it to 2..20 of its ticks). A worker cut off longer
-        /// loses its partitions to the others.
-        #[arg(long, value_name = "MS", requires = "cluster")]
+        /// (default 10000, or `cluster.session_timeout_ms` of the spec; the server bounds it to
+        /// 2..20 of its ticks). A worker cut off longer loses its partitions to the others.
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=120_000))]
         session_timeout_ms: Option<u64>,
     },
     /// Deliver every batch pending in the outbox without reading the source, then exit 0: the
@@ -58,8 +59,9 @@ enum Command {
         /// State directory; wins over `state_dir` in the spec.
         #[arg(long)]
         state_dir: Option<PathBuf>,
-        /// Drain a pipeline run by several workers (`run --cluster`): stop every worker first;
-        /// the drain takes every partition and delivers what ZooKeeper holds pending.
+        /// Drain a pipeline run by several workers (`run --cluster`, or `cluster` in the spec):
+        /// stop every worker first; the drain takes every partition and delivers what ZooKeeper
+        /// holds pending. Wins over `cluster.url` of the spec.
         #[arg(long, value_name = "zk://HOST:PORT[,HOST:PORT]/PATH")]
         cluster: Option<flow_state::cluster::ClusterUrl>,
     },
@@ -163,13 +165,10 @@ pub fn main() -> ExitCode {
                     state_dir: state_dir.as_deref(),
                     show_progress: progress,
                     metrics_addr,
-                    cluster: cluster.map(|url| run::ClusterOptions {
-                        url,
-                        session_timeout: session_timeout_ms.map_or(
-                            flow_state::cluster::DEFAULT_SESSION_TIMEOUT,
-                            std::time::Duration::from_millis,
-                        ),
-                    }),
+                    cluster: run::ClusterArgs {
+                        url: cluster,
+                        session_timeout: session_timeout_ms.map(std::time::Duration::from_millis),
+                    },
                 },
             )
         }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use flow::DrainLeases;
 use flow_core::{DrainReport, Pipeline, PipelineControl, PipelineSpec, Registry};
-use flow_state::cluster::{ClusterUrl, DEFAULT_SESSION_TIMEOUT};
+use flow_state::cluster::ClusterUrl;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{info, warn};
 
@@ -35,6 +35,11 @@ pub fn drain(
 ) -> anyhow::Result<ExitCode> {
     let spec = PipelineSpec::from_file(spec_path)?;
     let validated = registry.build(&spec)?;
+    let cluster = crate::run::ClusterArgs {
+        url: cluster.cloned(),
+        session_timeout: None,
+    }
+    .resolve(validated.cluster.as_ref());
     if cluster.is_some() {
         crate::run::check_cluster_capable(&spec, &validated)?;
     }
@@ -56,11 +61,11 @@ pub fn drain(
     let outcome = runtime.block_on(async {
         info!(pipeline = %spec.pipeline, state_dir = %state_dir.display(), "draining the outbox");
         let store = flow::open_state_store(&state_dir).await?;
-        let leases = match cluster {
-            Some(url) => {
+        let leases = match &cluster {
+            Some(options) => {
                 let taken = DrainLeases::take_all(
-                    url,
-                    DEFAULT_SESSION_TIMEOUT,
+                    &options.url,
+                    options.session_timeout,
                     &store,
                     &spec.pipeline,
                     spec.partitions,

@@ -18,7 +18,31 @@ pub struct RunOptions<'a> {
     pub state_dir: Option<&'a Path>,
     pub show_progress: bool,
     pub metrics_addr: Option<std::net::SocketAddr>,
-    pub cluster: Option<ClusterOptions>,
+    /// `--cluster` and `--session-timeout-ms`; they win over the spec's `cluster`.
+    pub cluster: ClusterArgs,
+}
+
+/// What the command line says about cluster mode.
+#[derive(Default)]
+pub struct ClusterArgs {
+    pub url: Option<ClusterUrl>,
+    pub session_timeout: Option<std::time::Duration>,
+}
+
+impl ClusterArgs {
+    /// The cluster to join: the command line's URL, else the spec's; the session timeout of the
+    /// command line, else of the spec, else the default. `None`: one process, no cluster.
+    pub fn resolve(self, spec: Option<&flow_core::ClusterSettings>) -> Option<ClusterOptions> {
+        let url = self.url.or_else(|| spec.map(|s| s.url.clone()))?;
+        let session_timeout = self
+            .session_timeout
+            .or_else(|| spec.map(|s| s.session_timeout))
+            .unwrap_or(flow_state::cluster::DEFAULT_SESSION_TIMEOUT);
+        Some(ClusterOptions {
+            url,
+            session_timeout,
+        })
+    }
 }
 
 /// `--cluster` and its session timeout.
@@ -40,6 +64,7 @@ pub fn run(
     } = options;
     let spec = PipelineSpec::from_file(spec_path)?;
     let validated = registry.build(&spec)?;
+    let cluster = cluster.resolve(validated.cluster.as_ref());
     if cluster.is_some() {
         check_cluster_capable(&spec, &validated)?;
     }

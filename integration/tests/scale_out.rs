@@ -83,8 +83,14 @@ impl Run {
             }
             let hosts =
                 |i: usize| format!("['{}', '{}']", proxies[i].addr(), proxies[i + 1].addr());
+            // Odd slots join through the spec's `cluster` key, even ones through `--cluster`.
+            let cluster_key = if slot % 2 == 1 {
+                format!("cluster: {{url: '{cluster}', session_timeout_ms: {SESSION_TIMEOUT_MS}}}\n")
+            } else {
+                String::new()
+            };
             let yaml = format!(
-                "pipeline: scale_it\npartitions: {PARTITIONS}\nepoch: {{max_messages: 2000, max_duration_ms: 300}}\n\
+                "pipeline: scale_it\npartitions: {PARTITIONS}\n{cluster_key}epoch: {{max_messages: 2000, max_duration_ms: 300}}\n\
                  source:\n  class: nats_jetstream\n  parameters:\n    servers: ['nats://{}']\n    stream: {stream}\n    subject_template: '{stream}.p.{{partition}}'\n    format: json\n    schema: [{{name: id, type: uint64}}, {{name: user_id, type: uint64}}, {{name: payload, type: string}}]\n\
                  sinks:\n  - name: out\n    sink_class_name: ShardedClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{shard_hosts: {{a: {}, b: {}}}, database: default, table: {table}, sharding_key_columns: [user_id]}}\n    dynamic_parameters: {{max_rows_per_batch: 1000, retry_backoff: 100ms, max_retry_backoff: 1s, write_timeout: 5s}}\n",
                 nats::NATS_ADDR,
@@ -113,12 +119,13 @@ impl Run {
         let log = self.dir.path().join(format!("w{slot}-{}.log", s.runs));
         s.runs += 1;
         let timeout = SESSION_TIMEOUT_MS.to_string();
-        let extra = ["--cluster", &self.cluster, "--session-timeout-ms", &timeout];
+        let flags = ["--cluster", &self.cluster, "--session-timeout-ms", &timeout];
+        let extra: &[&str] = if slot % 2 == 1 { &[] } else { &flags };
         s.worker = Some(Worker::spawn_with(
             worker_bin!(),
             &s.spec,
             &s.state,
-            &extra,
+            extra,
             log,
         )?);
         Ok(())

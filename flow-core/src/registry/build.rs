@@ -11,8 +11,9 @@ use super::classes::{
 use crate::error::{SpecError, Violation};
 use crate::plugin::SourceFactory;
 use crate::spec::{
-    is_valid_name, EpochSettings, PipelineSpec, ValidatedPipeline, ValidatedProcessor,
-    ValidatedSink, MAX_DRAIN_TIMEOUT_MS, MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
+    is_valid_name, EpochSettings, PayloadPolicy, PipelineSpec, ValidatedPipeline,
+    ValidatedProcessor, ValidatedSink, MAX_DRAIN_TIMEOUT_MS, MAX_EPOCH_DURATION_MS,
+    MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
 };
 use crate::types::StreamSchema;
 
@@ -76,6 +77,10 @@ impl Registry {
             .metrics
             .as_ref()
             .and_then(|m| m.validate(&mut violations));
+        let cluster = spec
+            .cluster
+            .as_ref()
+            .and_then(|c| c.validate(&mut violations));
         let partitions = spec.partitions.clamp(1, MAX_PARTITIONS);
 
         let mut streams: BTreeMap<String, Arc<StreamSchema>> = BTreeMap::new();
@@ -283,6 +288,17 @@ impl Registry {
             }
         }
 
+        if let (Some(_), Some(source)) = (&cluster, &source) {
+            if spec.outbox.payloads != PayloadPolicy::Auto || !source.replayable() {
+                violations.push(Violation::new(
+                    "cluster",
+                    format!(
+                        "a cluster keeps only batch bounds in ZooKeeper, but this outbox would keep batch payloads (the source `{}` cannot re-read a committed range, or `outbox.payloads` is not `auto`); remove `cluster` to run in one process",
+                        spec.source.class
+                    ),
+                ));
+            }
+        }
         match source {
             Some(source) if violations.is_empty() => Ok(ValidatedPipeline {
                 name: spec.pipeline.clone(),
@@ -295,6 +311,7 @@ impl Registry {
                 payloads: spec.outbox.payloads,
                 drain_timeout: Duration::from_millis(spec.shutdown.drain_timeout_ms),
                 metrics,
+                cluster,
                 source,
                 processors,
                 sinks,
@@ -585,5 +602,68 @@ mod tests {
         assert_eq!(paths(&err), vec!["metrics.port"]);
         let none = registry.build_yaml(&spec("null")).unwrap();
         assert_eq!(none.metrics, None);
+    }
+
+    #[test]
+    fn the_cluster_section_is_parsed_once_and_its_mistakes_name_their_path() {
+        let spec = |cluster: &str, outbox: &str| {
+            format!(
+                "pipeline: p
+cluster: {cluster}
+{outbox}source: {{class: generator, parameters: {{count: 1}}}}
+{DEBUG_SINK}"
+            )
+        };
+        let registry = Registry::with_builtins();
+        let built = registry
+            .build_yaml(&spec("{url: 'zk://127.0.0.1:2181,10.0.0.2:2181/flow'}", ""))
+            .unwrap();
+        let cluster = built.cluster.unwrap();
+        assert_eq!(
+            cluster.url.to_string(),
+            "zk://127.0.0.1:2181,10.0.0.2:2181/flow"
+        );
+        assert_eq!(cluster.session_timeout, Duration::from_secs(10));
+        let built = registry
+            .build_yaml(&spec("{url: 'zk://h:1/x', session_timeout_ms: 4000}", ""))
+            .unwrap();
+        assert_eq!(
+            built.cluster.unwrap().session_timeout,
+            Duration::from_millis(4000)
+        );
+
+        let err = registry
+            .build_yaml(&spec("{url: 'http://h:1/x', session_timeout_ms: 0}", ""))
+            .err()
+            .unwrap();
+        assert_eq!(
+            paths(&err),
+            vec!["cluster.url", "cluster.session_timeout_ms"]
+        );
+        assert!(
+            err.violations[1]
+                .message
+                .contains("0 is out of range 1..=120000"),
+            "{err}"
+        );
+        let err =
+            PipelineSpec::from_yaml(&spec("{url: 'zk://h:1/x', timeout: 1}", "")).unwrap_err();
+        assert_eq!(paths(&err), vec!["cluster.timeout"]);
+        // Payloads cannot live in ZooKeeper: a cluster needs an outbox of bounds.
+        let err = registry
+            .build_yaml(&spec("{url: 'zk://h:1/x'}", "outbox: {payloads: always}\n"))
+            .err()
+            .unwrap();
+        assert_eq!(paths(&err), vec!["cluster"]);
+        assert!(
+            err.violations[0]
+                .message
+                .contains("remove `cluster` to run in one process"),
+            "{err}"
+        );
+        assert_eq!(
+            registry.build_yaml(&spec("null", "")).unwrap().cluster,
+            None
+        );
     }
 }

@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 
 use super::pipeline_spec::{
-    EpochSpec, MetricsSpec, OutboxSpec, PipelineSpec, ProcessorSpec, ShutdownSpec, SinkSpec,
-    SourceSpec,
+    ClusterSpec, EpochSpec, MetricsSpec, OutboxSpec, PipelineSpec, ProcessorSpec, ShutdownSpec,
+    SinkSpec, SourceSpec,
 };
 use super::plugin_config::{ProcessorConfig, SinkConfig, SourceConfig};
 
@@ -35,6 +35,7 @@ struct SpecParts {
     outbox: OutboxSpec,
     shutdown: ShutdownSpec,
     metrics: Option<MetricsSpec>,
+    cluster: Option<ClusterSpec>,
     processors: Vec<ProcessorSpec>,
     sinks: Vec<SinkSpec>,
 }
@@ -68,6 +69,7 @@ impl PipelineSpec {
                 outbox: OutboxSpec::default(),
                 shutdown: ShutdownSpec::default(),
                 metrics: None,
+                cluster: None,
                 processors: Vec::new(),
                 sinks: Vec::new(),
             },
@@ -111,6 +113,12 @@ impl<S> PipelineSpecBuilder<S> {
     /// `metrics`: where to serve Prometheus text at `/metrics`.
     pub fn metrics(mut self, metrics: MetricsSpec) -> Self {
         self.spec.metrics = Some(metrics);
+        self
+    }
+
+    /// `cluster`: run as one of several workers coordinated through ZooKeeper.
+    pub fn cluster(mut self, cluster: ClusterSpec) -> Self {
+        self.spec.cluster = Some(cluster);
         self
     }
 
@@ -159,6 +167,7 @@ impl PipelineSpecBuilder<SourceSpec> {
             outbox,
             shutdown,
             metrics,
+            cluster,
             processors,
             sinks,
         } = self.spec;
@@ -170,6 +179,7 @@ impl PipelineSpecBuilder<SourceSpec> {
             outbox,
             shutdown,
             metrics,
+            cluster,
             source: self.source,
             processors,
             sinks,

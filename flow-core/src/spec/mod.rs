@@ -21,9 +21,10 @@ mod validated;
 
 pub use builder::{NoSource, PipelineSpecBuilder};
 pub use pipeline_spec::{
-    is_valid_name, EpochSpec, MetricsSettings, MetricsSpec, OutboxSpec, PayloadPolicy,
-    PipelineSpec, ProcessorSpec, ShutdownSpec, SinkSpec, SourceSpec, MAX_DRAIN_TIMEOUT_MS,
-    MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
+    is_valid_name, ClusterSettings, ClusterSpec, EpochSpec, MetricsSettings, MetricsSpec,
+    OutboxSpec, PayloadPolicy, PipelineSpec, ProcessorSpec, ShutdownSpec, SinkSpec, SourceSpec,
+    MAX_DRAIN_TIMEOUT_MS, MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
+    MAX_SESSION_TIMEOUT_MS,
 };
 pub use plugin_config::{to_section, ConfigError, ProcessorConfig, SinkConfig, SourceConfig};
 pub use text::MAX_SPEC_NESTING;

@@ -4,6 +4,9 @@
 //! be swapped while the pipeline runs.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use flow_state::cluster::{ClusterUrl, DEFAULT_SESSION_TIMEOUT};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -48,6 +51,10 @@ pub struct PipelineSpec {
     /// The Prometheus endpoint; none when absent (`--metrics-addr` wins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsSpec>,
+    /// Run as one of several workers coordinated through ZooKeeper; none when absent
+    /// (`--cluster` wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterSpec>,
     /// Where the messages come from: the source class and its parameters.
     pub source: SourceSpec,
     /// Processors, each turning one stream into another.
@@ -151,6 +158,59 @@ impl MetricsSpec {
     }
 }
 
+/// `cluster: { url: zk://HOST:PORT[,HOST:PORT]/PATH, session_timeout_ms: MS }`: the pipeline
+/// runs on every worker started with it, its partitions spread over them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// The ZooKeeper servers and the path under which the pipeline's workers meet.
+    pub url: String,
+    /// The ZooKeeper session timeout asked for (default 10 000; the server bounds it to 2..20
+    /// of its ticks): a worker cut off longer loses its partitions to the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_timeout_ms: Option<u64>,
+}
+
+/// The validated `cluster` section.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// The parsed URL.
+    pub url: ClusterUrl,
+    /// The session timeout asked for.
+    pub session_timeout: Duration,
+}
+
+/// The longest `cluster.session_timeout_ms`: ZooKeeper grants at most 20 ticks, and a longer
+/// timeout only delays the handover of a dead worker's partitions.
+pub const MAX_SESSION_TIMEOUT_MS: u64 = 120_000;
+
+impl ClusterSpec {
+    pub(crate) fn validate(&self, violations: &mut Vec<Violation>) -> Option<ClusterSettings> {
+        let url = match self.url.parse::<ClusterUrl>() {
+            Ok(url) => Some(url),
+            Err(err) => {
+                violations.push(Violation::new("cluster.url", err.to_string()));
+                None
+            }
+        };
+        let session_timeout = match self.session_timeout_ms {
+            None => Some(DEFAULT_SESSION_TIMEOUT),
+            Some(ms @ 1..=MAX_SESSION_TIMEOUT_MS) => Some(Duration::from_millis(ms)),
+            Some(ms) => {
+                violations.push(Violation::new(
+                    "cluster.session_timeout_ms",
+                    format!("{ms} is out of range 1..={MAX_SESSION_TIMEOUT_MS}; remove it for the default 10000"),
+                ));
+                None
+            }
+        };
+        Some(ClusterSettings {
+            url: url?,
+            session_timeout: session_timeout?,
+        })
+    }
+}
+
 /// What the outbox keeps of a sealed batch.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -233,6 +293,7 @@ const TOP_LEVEL_FIELDS: &[&str] = &[
     "outbox",
     "shutdown",
     "metrics",
+    "cluster",
     "source",
     "processors",
     "sinks",
@@ -318,6 +379,7 @@ impl PipelineSpec {
         let outbox = optional::<OutboxSpec>(get("outbox"), "outbox", &mut violations);
         let shutdown = optional::<ShutdownSpec>(get("shutdown"), "shutdown", &mut violations);
         let metrics = optional::<MetricsSpec>(get("metrics"), "metrics", &mut violations).flatten();
+        let cluster = optional::<ClusterSpec>(get("cluster"), "cluster", &mut violations).flatten();
         let source = required::<SourceSpec>(get("source"), "source", &mut violations);
         let processors = list::<ProcessorSpec>(get("processors"), "processors", &mut violations);
         let sinks = match get("sinks") {
@@ -351,6 +413,7 @@ impl PipelineSpec {
                 outbox: outbox.unwrap_or_default(),
                 shutdown: shutdown.unwrap_or_default(),
                 metrics,
+                cluster,
                 source,
                 processors,
                 sinks,

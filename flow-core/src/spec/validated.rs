@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::pipeline_spec::ClusterSettings;
+
 use crate::plugin::{ProcessorFactory, SinkFactory, SourceFactory};
 use crate::types::StreamSchema;
 
@@ -62,6 +64,8 @@ pub struct ValidatedPipeline {
     pub drain_timeout: Duration,
     /// The Prometheus endpoint of the spec, if any.
     pub metrics: Option<MetricsSettings>,
+    /// The cluster of the spec, if any.
+    pub cluster: Option<ClusterSettings>,
     /// Builds the source of each partition.
     pub source: Arc<dyn SourceFactory>,
     /// The processors, in spec order.
