@@ -52,7 +52,9 @@ const EPOCH_MAX_MESSAGES: u64 = 200_000;
 /// Each partition's last epoch waits for its deadline (nothing more to read), which every
 /// measurement pays once; 1 s keeps that tail small against a 10-40 s run while an epoch of a
 /// capped worker still holds thousands of rows (one ZooKeeper commit and one INSERT per shard).
-const EPOCH_MAX_DURATION_MS: u64 = 1_000;
+/// `FLOW_BENCH_SCALE_EPOCH_MS` changes it: a capped worker cuts every epoch on this deadline, so
+/// it sets how many INSERTs (and parts) per second the servers take.
+const DEFAULT_EPOCH_MAX_DURATION_MS: u64 = 1_000;
 /// A worker's longest run before the case gives up on it.
 const LAND_TIMEOUT: Duration = Duration::from_secs(600);
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -66,6 +68,11 @@ struct Sample {
     /// Time the cgroups held the workers back, summed over the workers.
     throttled_s: f64,
     server_cpu_s: f64,
+    /// CPU of the NATS server (not among the bench's "servers", which other cases share).
+    nats_cpu_s: f64,
+    /// CPU the whole machine used (`/proc/stat`), whoever used it: on a shared machine, what is
+    /// left for the workers.
+    machine_cpu_s: f64,
 }
 
 /// Runs the case; `Ok(Some(reason))` when it could not run here (no writable cgroup).
@@ -81,6 +88,12 @@ pub fn run(ch: &ClickHouse, work: &Path, repetitions: usize) -> Result<Option<St
         "FLOW_BENCH_SCALE_CPU={cpu}: must be a number of cores above 0 (0.25 is a quarter core)"
     );
     let quota_us = ((cpu * CFS_PERIOD_US as f64).round() as u64).max(1_000);
+    let epoch_ms =
+        env_parse::<u64>("FLOW_BENCH_SCALE_EPOCH_MS")?.unwrap_or(DEFAULT_EPOCH_MAX_DURATION_MS);
+    ensure!(
+        epoch_ms > 0,
+        "FLOW_BENCH_SCALE_EPOCH_MS=0: an epoch deadline must be at least 1 ms"
+    );
     if let Err(err) = CpuCap::create(&format!("flow-bench-{}-probe", std::process::id()), quota_us)
     {
         let reason = format!(
@@ -93,8 +106,11 @@ pub fn run(ch: &ClickHouse, work: &Path, repetitions: usize) -> Result<Option<St
     println!(
         "# scale_out: {rows} rows, {PARTITIONS} JetStream partitions -> {}, workers {WORKER_COUNTS:?}, \
          each capped at {cpu} CPU (cfs_quota_us {quota_us} / cfs_period_us {CFS_PERIOD_US}), \
-         epoch {{max_messages: {EPOCH_MAX_MESSAGES}, max_duration_ms: {EPOCH_MAX_DURATION_MS}}}, repetitions {repetitions} (medians)",
-        Case::Sharded.class()
+         epoch {{max_messages: {EPOCH_MAX_MESSAGES}, max_duration_ms: {epoch_ms}}}, repetitions {repetitions} (medians), \
+         {} cores, load average {}",
+        Case::Sharded.class(),
+        cores(),
+        load_average(),
     );
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); WORKER_COUNTS.len()];
     for repetition in 1..=repetitions {
@@ -106,12 +122,27 @@ pub fn run(ch: &ClickHouse, work: &Path, repetitions: usize) -> Result<Option<St
         for index in order {
             let workers = WORKER_COUNTS[index];
             let tag = format!("scale_out-{workers}w-{repetition}");
-            let sample = run_once(ch, work, &stream, rows, workers, quota_us, &tag)?;
+            let settings = Settings {
+                stream: &stream,
+                rows,
+                quota_us,
+                epoch_ms,
+            };
+            let sample = run_once(ch, work, &settings, workers, &tag)?;
             samples[index].push(sample);
         }
     }
     print_table(rows, cpu, &samples);
+    println!("load average at the end: {}", load_average());
     Ok(None)
+}
+
+/// What every measurement of one invocation shares.
+struct Settings<'a> {
+    stream: &'a str,
+    rows: u64,
+    quota_us: u64,
+    epoch_ms: u64,
 }
 
 /// The stream of `rows`: partition `p`'s offsets to subject `<stream>.<p>` as the JSON of the
@@ -180,9 +211,9 @@ fn json_row(partition: u32, offset: u64, payload: &mut Vec<u8>, json: &mut Strin
     );
 }
 
-fn spec(stream: &str, table: &str) -> String {
+fn spec(stream: &str, table: &str, epoch_ms: u64) -> String {
     format!(
-        "pipeline: bench_scale_out\npartitions: {PARTITIONS}\nepoch: {{max_messages: {EPOCH_MAX_MESSAGES}, max_duration_ms: {EPOCH_MAX_DURATION_MS}}}\n\
+        "pipeline: bench_scale_out\npartitions: {PARTITIONS}\nepoch: {{max_messages: {EPOCH_MAX_MESSAGES}, max_duration_ms: {epoch_ms}}}\n\
          source:\n  class: nats_jetstream\n  parameters:\n    servers: ['{NATS_URL}']\n    stream: {stream}\n    subject_template: '{stream}.{{partition}}'\n    format: json\n    schema: {BROKER_SCHEMA}\n\
          sinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {parameters}\n    dynamic_parameters: {{max_rows_per_batch: {EPOCH_MAX_MESSAGES}, max_bytes_per_batch: {MAX_BYTES_PER_BATCH}}}\n",
         class = Case::Sharded.sink_class(),
@@ -193,18 +224,20 @@ fn spec(stream: &str, table: &str) -> String {
 fn run_once(
     ch: &ClickHouse,
     work: &Path,
-    stream: &str,
-    rows: u64,
+    settings: &Settings<'_>,
     workers: usize,
-    quota_us: u64,
     tag: &str,
 ) -> Result<Sample> {
+    let rows = settings.rows;
     let case = Case::ScaleOut;
     let table = case.table();
     ch.settle()?;
     ch.create_table(&table, &case.shards())?;
     let spec_path = work.join(format!("{tag}.yaml"));
-    std::fs::write(&spec_path, spec(stream, &table))
+    std::fs::write(
+        &spec_path,
+        spec(settings.stream, &table, settings.epoch_ms),
+    )
         .with_context(|| format!("writing {}", spec_path.display()))?;
     // A root of its own per measurement: no member, owner or position of an earlier run.
     let cluster = format!(
@@ -217,11 +250,13 @@ fn run_once(
     for worker in 0..workers {
         caps.push(CpuCap::create(
             &format!("flow-bench-{}-{tag}-w{worker}", std::process::id()),
-            quota_us,
+            settings.quota_us,
         )?);
     }
     let mut running = Workers::default();
     let servers_before = server_cpu_s();
+    let nats_before = process_cpu_s("nats-server");
+    let machine_before = machine_cpu_s();
     let started = Instant::now();
     for (worker, cap) in caps.iter().enumerate() {
         let state_dir = work.join(format!("{tag}-w{worker}-state"));
@@ -249,6 +284,8 @@ fn run_once(
         std::thread::sleep(Duration::from_millis(100));
     };
     let server_cpu_s = server_cpu_s() - servers_before;
+    let nats_cpu_s = process_cpu_s("nats-server") - nats_before;
+    let machine_cpu_s = machine_cpu_s() - machine_before;
     let worker_cpu_s = running.cpu_s();
     let throttled_s = caps.iter().map(CpuCap::throttled_s).sum();
     running.stop(tag)?;
@@ -264,9 +301,11 @@ fn run_once(
         worker_cpu_s,
         throttled_s,
         server_cpu_s,
+        nats_cpu_s,
+        machine_cpu_s,
     };
     println!(
-        "  {tag:<22} {:>6.2} s {:>9.0} rows/s  worker cpu {:>6.2} s ({})  throttled {:>6.2} s  servers {:>6.2} s  table rows {table_rows}",
+        "  {tag:<22} {:>6.2} s {:>9.0} rows/s  worker cpu {:>6.2} s ({})  throttled {:>6.2} s  servers {:>6.2} s  nats {:>5.2} s  machine {:>6.2} of {:.2} CPU s  table rows {table_rows}",
         sample.wall_s,
         rows as f64 / sample.wall_s,
         sample.worker_cpu_s.iter().sum::<f64>(),
@@ -278,6 +317,9 @@ fn run_once(
             .join("/"),
         sample.throttled_s,
         sample.server_cpu_s,
+        sample.nats_cpu_s,
+        sample.machine_cpu_s,
+        sample.wall_s * cores() as f64,
     );
     if std::env::var_os("FLOW_BENCH_KEEP").is_none() {
         for worker in 0..workers {
@@ -294,8 +336,8 @@ fn print_table(rows: u64, cpu: f64, samples: &[Vec<Sample>]) {
         return;
     };
     println!();
-    println!("| workers (each {cpu} CPU) | rows | rows/s | vs 1 worker (target) | wall s per repetition | worker CPU s (sum) | throttled s (sum) | server CPU s |");
-    println!("| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |");
+    println!("| workers (each {cpu} CPU) | rows | rows/s | vs 1 worker (target) | wall s per repetition | worker CPU s (sum) | throttled s (sum) | server CPU s | NATS CPU s | machine busy |");
+    println!("| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |");
     for (&workers, runs) in WORKER_COUNTS.iter().zip(samples) {
         if runs.is_empty() {
             continue;
@@ -309,7 +351,7 @@ fn print_table(rows: u64, cpu: f64, samples: &[Vec<Sample>]) {
             format!("{ratio:.2} (>= {:.1}, NOT met)", target(workers))
         };
         println!(
-            "| {workers} | {rows} | {:.0} | {verdict} | {} | {:.2} | {:.2} | {:.2} |",
+            "| {workers} | {rows} | {:.0} | {verdict} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} % |",
             rate(runs),
             runs.iter()
                 .map(|s| format!("{:.2}", s.wall_s))
@@ -318,6 +360,12 @@ fn print_table(rows: u64, cpu: f64, samples: &[Vec<Sample>]) {
             median(runs.iter().map(|s| s.worker_cpu_s.iter().sum()).collect()),
             median(runs.iter().map(|s| s.throttled_s).collect()),
             median(runs.iter().map(|s| s.server_cpu_s).collect()),
+            median(runs.iter().map(|s| s.nats_cpu_s).collect()),
+            median(
+                runs.iter()
+                    .map(|s| 100.0 * s.machine_cpu_s / (s.wall_s * cores() as f64))
+                    .collect()
+            ),
         );
     }
 }
@@ -434,10 +482,7 @@ impl Workers {
 
     /// User + system CPU seconds of each worker so far (`/proc/PID/stat`, all its threads).
     fn cpu_s(&self) -> Vec<f64> {
-        let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .ok()
-            .flatten()
-            .unwrap_or(100) as f64;
+        let ticks_per_s = ticks_per_s();
         self.children
             .iter()
             .map(|(child, _)| {
@@ -507,4 +552,64 @@ fn tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().rev().take(20).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
+fn ticks_per_s() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// The 1, 5 and 15 minute load averages, as `uptime` shows them.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+/// User + system CPU seconds so far of the processes whose `comm` is `name`.
+fn process_cpu_s(name: &str) -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    let ticks: u64 = entries
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
+        .filter_map(|stat| {
+            let (head, tail) = stat.rsplit_once(") ")?;
+            if head.split_once(" (")?.1 != name {
+                return None;
+            }
+            let fields: Vec<&str> = tail.split_whitespace().collect();
+            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+        })
+        .sum();
+    ticks as f64 / ticks_per_s()
+}
+
+/// CPU seconds the whole machine was busy so far (every field of `/proc/stat`'s `cpu` line but
+/// idle and iowait).
+fn machine_cpu_s() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return 0.0;
+    };
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return 0.0;
+    };
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    let ticks: u64 = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .filter_map(|(_, t)| t.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / ticks_per_s()
 }
