@@ -94,8 +94,10 @@ pub fn run(ch: &ClickHouse, work: &Path, repetitions: usize) -> Result<Option<St
         epoch_ms > 0,
         "FLOW_BENCH_SCALE_EPOCH_MS=0: an epoch deadline must be at least 1 ms"
     );
-    if let Err(err) = CpuCap::create(&format!("flow-bench-{}-probe", std::process::id()), quota_us)
-    {
+    if let Err(err) = CpuCap::create(
+        &format!("flow-bench-{}-probe", std::process::id()),
+        quota_us,
+    ) {
         let reason = format!(
             "scale_out needs a writable cgroup v1 cpu controller to cap each worker ({err:#}); run as root on a host with {CGROUP_ROOT}"
         );
@@ -234,10 +236,7 @@ fn run_once(
     ch.settle()?;
     ch.create_table(&table, &case.shards())?;
     let spec_path = work.join(format!("{tag}.yaml"));
-    std::fs::write(
-        &spec_path,
-        spec(settings.stream, &table, settings.epoch_ms),
-    )
+    std::fs::write(&spec_path, spec(settings.stream, &table, settings.epoch_ms))
         .with_context(|| format!("writing {}", spec_path.display()))?;
     // A root of its own per measurement: no member, owner or position of an earlier run.
     let cluster = format!(
@@ -486,8 +485,8 @@ impl Workers {
         self.children
             .iter()
             .map(|(child, _)| {
-                let stat =
-                    std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap_or_default();
+                let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id()))
+                    .unwrap_or_default();
                 // `pid (comm) state ppid ...`: utime and stime are fields 14 and 15.
                 let ticks: u64 = stat
                     .rsplit_once(") ")
@@ -568,7 +567,12 @@ fn cores() -> usize {
 /// The 1, 5 and 15 minute load averages, as `uptime` shows them.
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
-        .map(|text| text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .unwrap_or_else(|_| "unknown".to_owned())
 }
 
