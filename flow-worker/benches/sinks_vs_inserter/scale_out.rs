@@ -99,7 +99,7 @@ pub fn run(ch: &ClickHouse, work: &Path, repetitions: usize) -> Result<Option<St
         quota_us,
     ) {
         let reason = format!(
-            "scale_out needs a writable cgroup v1 cpu controller to cap each worker ({err:#}); run as root on a host with {CGROUP_ROOT}"
+            "no cgroup to cap the workers with ({err:#}); the case needs root and cgroup v1's cpu controller at {CGROUP_ROOT}"
         );
         println!("scale_out NOT RUN: {reason}");
         return Ok(Some(reason));
