@@ -13,7 +13,7 @@ impl StopWhenLanded {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
             while std::time::Instant::now() < deadline {
                 std::thread::sleep(std::time::Duration::from_millis(100));
-                if count(&table).is_some_and(|n| n >= rows) {
+                if count(super::A1, &table).is_some_and(|n| n >= rows) {
                     break;
                 }
             }
@@ -29,14 +29,13 @@ impl StopWhenLanded {
     }
 }
 
-fn count(table: &str) -> Option<u64> {
+/// `count()` of `default.<table>` on `node` (`host:port` of its HTTP interface); `None` while the
+/// node does not answer or the table does not exist.
+pub fn count(node: &str, table: &str) -> Option<u64> {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(super::A1).ok()?;
+    let mut stream = std::net::TcpStream::connect(node).ok()?;
     let query = format!("SELECT%20count()%20FROM%20default.{table}");
-    let request = format!(
-        "GET /?query={query} HTTP/1.0\r\nHost: {}\r\n\r\n",
-        super::A1
-    );
+    let request = format!("GET /?query={query} HTTP/1.0\r\nHost: {node}\r\n\r\n");
     stream.write_all(request.as_bytes()).ok()?;
     let mut reply = String::new();
     stream.read_to_string(&mut reply).ok()?;

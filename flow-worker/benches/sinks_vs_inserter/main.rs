@@ -12,7 +12,9 @@
 //! `jetstream_consumer_none` and `jetstream_consumer_all` (the hand-written pull consumers of the
 //! same stream, `AckPolicy::None` / `All`), `kafka` (the batching sink reading the same JSON from
 //! a Kafka topic), `kafka_consumer` (the hand-written rdkafka consumer of it), `brokers` (those
-//! five) and `batching_scraped` (the batching sink serving `/metrics`, scraped every second)),
+//! five), `batching_scraped` (the batching sink serving `/metrics`, scraped every second) and
+//! `scale_out` (8 JetStream partitions into the sharded sink on 1, 2 and 3 `--cluster` workers,
+//! each capped by a cgroup CPU quota; `FLOW_BENCH_SCALE_ROWS`, `FLOW_BENCH_SCALE_CPU`)),
 //! `FLOW_BENCH_KAFKA=host:port` (a real Kafka-protocol broker instead of librdkafka's mock
 //! cluster, which keeps only 5 MiB per partition), `FLOW_BENCH_KEEP=1` (keep state directories
 //! and worker logs), `FLOW_BENCH_ENDLESS_SECS` (run the endless flat-footprint check instead, at
@@ -45,6 +47,7 @@ mod hand_written;
 mod jetstream;
 mod kafka;
 mod landed;
+mod scale_out;
 
 const ROLE: &str = "FLOW_BENCH_ROLE";
 /// The role the runner gives its child; unset means "not this binary" (flow-worker).
@@ -133,6 +136,9 @@ enum Case {
     KafkaConsumer,
     /// `ClickHouseBatchingSink` serving `/metrics`, scraped every second.
     BatchingScraped,
+    /// `ShardedClickHouseBatchingSink` fed by 8 JetStream partitions, on 1, 2 and 3 capped
+    /// workers in cluster mode: measured by `scale_out.rs`, not by [`run_case`].
+    ScaleOut,
 }
 
 impl Case {
@@ -145,13 +151,14 @@ impl Case {
         Case::AtMostOnce,
     ];
     /// Run only when `FLOW_BENCH_ONLY` names them.
-    const ON_REQUEST: [Case; 6] = [
+    const ON_REQUEST: [Case; 7] = [
         Case::JetStream,
         Case::JetStreamConsumerNone,
         Case::JetStreamConsumerAll,
         Case::Kafka,
         Case::KafkaConsumer,
         Case::BatchingScraped,
+        Case::ScaleOut,
     ];
     /// What `FLOW_BENCH_ONLY=brokers` names.
     const BROKERS: [Case; 5] = [
@@ -176,6 +183,7 @@ impl Case {
             Case::Kafka => "kafka",
             Case::KafkaConsumer => "kafka_consumer",
             Case::BatchingScraped => "batching_scraped",
+            Case::ScaleOut => "scale_out",
         }
     }
 
@@ -183,6 +191,7 @@ impl Case {
     fn sink_class(self) -> &'static str {
         match self {
             Case::JetStream | Case::Kafka | Case::BatchingScraped => Case::Batching.class(),
+            Case::ScaleOut => Case::Sharded.class(),
             _ => self.class(),
         }
     }
@@ -201,6 +210,7 @@ impl Case {
             Case::Kafka => "ClickHouseBatchingSink from Kafka",
             Case::KafkaConsumer => "rdkafka StreamConsumer",
             Case::BatchingScraped => "ClickHouseBatchingSink, /metrics scraped every 1 s",
+            Case::ScaleOut => "ShardedClickHouseBatchingSink from JetStream, 1-3 capped workers",
         }
     }
 
@@ -211,7 +221,7 @@ impl Case {
     /// Replicas per shard; the first of each shard is where the rows are counted.
     fn shards(self) -> Vec<[&'static str; 2]> {
         match self {
-            Case::Sharded | Case::InserterSharded => vec![[A1, A2], [B1, B2]],
+            Case::Sharded | Case::InserterSharded | Case::ScaleOut => vec![[A1, A2], [B1, B2]],
             _ => vec![[A1, A2]],
         }
     }
@@ -275,7 +285,7 @@ impl Case {
 
     fn sink_parameters(self, table: &str) -> String {
         match self {
-            Case::Sharded => format!(
+            Case::Sharded | Case::ScaleOut => format!(
                 "{{shard_hosts: {{a: ['{A1}', '{A2}'], b: ['{B1}', '{B2}']}}, sharding_key_columns: [user_id], table: {table}}}"
             ),
             _ => format!("{{hosts: ['{A1}', '{A2}'], table: {table}}}"),
@@ -612,7 +622,8 @@ fn run_case(
         | Case::JetStreamConsumerAll
         | Case::Kafka
         | Case::KafkaConsumer
-        | Case::BatchingScraped => ensure!(
+        | Case::BatchingScraped
+        | Case::ScaleOut => ensure!(
             table_rows == rows && ids == rows,
             "{tag}: {} wrote {rows} rows but the table holds {table_rows} rows with {ids} distinct ids: rows were lost or duplicated",
             case.class()
@@ -720,7 +731,7 @@ fn orchestrate() -> Result<()> {
     let repetitions = env_parse::<usize>("FLOW_BENCH_REPETITIONS")?
         .unwrap_or(3)
         .max(1);
-    let cases: Vec<Case> = match std::env::var("FLOW_BENCH_ONLY") {
+    let mut cases: Vec<Case> = match std::env::var("FLOW_BENCH_ONLY") {
         Ok(only) if !only.trim().is_empty() => {
             let mut cases = Vec::new();
             for name in only.split(',').map(str::trim) {
@@ -744,6 +755,9 @@ fn orchestrate() -> Result<()> {
         }
         _ => Case::ALL.to_vec(),
     };
+    // Measured apart (its own row count, workers and table): see scale_out.rs.
+    let scale_out = cases.contains(&Case::ScaleOut);
+    cases.retain(|&case| case != Case::ScaleOut);
     // Lives until the end: librdkafka's mock cluster serves only while its creator runs.
     let kafka = if cases.iter().any(|case| case.reads_kafka()) {
         let broker = kafka::Broker::start()?;
@@ -814,8 +828,15 @@ fn orchestrate() -> Result<()> {
             }
         }
     }
+    if scale_out {
+        if let Some(why) = scale_out::run(&ch, &work, repetitions)? {
+            not_run.push(format!("scale_out: {why}"));
+        }
+    }
     ch.settle()?;
-    print_table(&samples);
+    if !samples.is_empty() {
+        print_table(&samples);
+    }
     for line in &not_run {
         println!("not run: {line}");
     }
