@@ -7,7 +7,7 @@
 //! low enough, the workers are the bottleneck, and the question is whether N of them deliver N
 //! times one of them, as the partitions' spread allows (8 over 3 workers is 3/3/2, so 3 workers
 //! can at best reach 8/3 = 2.67x). How low is low enough depends on what the servers spend per
-//! row: here the default 0.25 CPU (the example) is not, 0.1 is (docs/performance.md,
+//! row: here the example of 0.25 CPU is not, 0.1 (the default) is (docs/performance.md,
 //! the scale-out results), so the case prints the servers' and the whole machine's CPU beside
 //! the workers'.
 //!
@@ -42,12 +42,14 @@ fn target(workers: usize) -> f64 {
         _ => 1.0,
     }
 }
-/// A 1-worker run at 0.25 CPU takes about 30 s at this count: long against the fixed costs of
+/// A 1-worker run at 0.1 CPU takes about 40 s at this count: long against the fixed costs of
 /// a measurement (start, the last epoch's deadline), short enough for 9 measurements in a few
 /// minutes. `FLOW_BENCH_SCALE_ROWS` changes it.
-const DEFAULT_ROWS: u64 = 4_000_000;
-/// The default cap of each worker in cores; `FLOW_BENCH_SCALE_CPU` changes it.
-const DEFAULT_CPU: f64 = 0.25;
+const DEFAULT_ROWS: u64 = 2_000_000;
+/// The default cap of each worker in cores; `FLOW_BENCH_SCALE_CPU` changes it. At 0.25 the two
+/// cores are full before three workers are (docs/performance.md): the servers, not the workers,
+/// would be measured.
+const DEFAULT_CPU: f64 = 0.1;
 const CFS_PERIOD_US: u64 = 100_000;
 const CGROUP_ROOT: &str = "/sys/fs/cgroup/cpu";
 /// Per shard, as the `sharded` case: each shard's part of a batch up to 100k rows. A capped
