@@ -334,6 +334,28 @@ impl PartitionLeases for ClusterLeases {
         }
     }
 
+    async fn leave(&self) {
+        let cluster = self.cluster();
+        // Bounded: with ZooKeeper away, the session's end does the same later, and the stop must
+        // not wait for it.
+        let left = tokio::time::timeout(
+            self.join.session_timeout,
+            cluster.leave(&self.join.pipeline),
+        );
+        let failure = match left.await {
+            Ok(Ok(())) => {
+                info!(pipeline = %self.join.pipeline, worker = %self.join.worker_id, "left the cluster's members: the other workers take this worker's partitions as it hands them over");
+                return;
+            }
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => format!(
+                "ZooKeeper did not answer within {:?}",
+                self.join.session_timeout
+            ),
+        };
+        warn!(pipeline = %self.join.pipeline, error = %failure, "could not leave the cluster's members; the other workers take this worker's partitions once its ZooKeeper session ends");
+    }
+
     async fn release(&self, partition: u32) {
         if let Some(mirror) = self.store.mirror() {
             mirror.disown(partition);

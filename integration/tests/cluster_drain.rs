@@ -3,7 +3,8 @@
 //! are killed with `kill -9`. `status --cluster` shows every row pending in ZooKeeper; a drain is
 //! refused while a worker still runs (naming it); once the killed workers' sessions expired,
 //! `drain --cluster` from a new state directory takes every partition, delivers what ZooKeeper
-//! holds pending and leaves nothing pending: every message once on its shard.
+//! holds pending and leaves nothing pending: every message once on its shard. A worker stopped by
+//! SIGTERM leaves the members at once, before its session would have expired.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -223,5 +224,42 @@ fn a_cluster_drain_delivers_what_killed_workers_left_pending_in_zookeeper() -> R
         &qualified,
         USERS,
     )?;
+
+    // A worker stopped by SIGTERM leaves the members at once: the others need not wait for its
+    // session (4 s) to end before they take its partitions.
+    let mut workers = Vec::new();
+    for slot in 0..2 {
+        let state = setup.dir.path().join(format!("again{slot}"));
+        let log = setup.dir.path().join(format!("again{slot}.log"));
+        let extra = [
+            "--cluster",
+            &setup.cluster,
+            "--session-timeout-ms",
+            SESSION_TIMEOUT_MS,
+        ];
+        let spec = std::path::Path::new(&setup.spec);
+        workers.push(Worker::spawn_with(
+            worker_bin!(),
+            spec,
+            &state,
+            &extra,
+            log,
+        )?);
+    }
+    let members = |setup: &Setup| -> Result<usize> {
+        Ok(setup.status(&name)?["members"]
+            .as_array()
+            .map_or(0, Vec::len))
+    };
+    wait_until(Duration::from_secs(30), || Ok(members(&setup)? == 2))?;
+    workers[0].signal("TERM")?;
+    let code = workers[0].wait_exit(Duration::from_secs(30))?;
+    assert_eq!(code, Some(0), "{}", workers[0].log_tail());
+    let left_at = std::time::Instant::now();
+    assert_eq!(members(&setup)?, 1, "{}", workers[0].log_tail());
+    assert!(left_at.elapsed() < Duration::from_secs(3));
+    workers[1].signal("TERM")?;
+    assert_eq!(workers[1].wait_exit(Duration::from_secs(30))?, Some(0));
+    assert_eq!(landed_on_both_shards(&qualified)?, (MESSAGES, MESSAGES));
     Ok(())
 }

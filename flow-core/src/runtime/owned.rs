@@ -46,6 +46,11 @@ pub trait PartitionLeases: Send + Sync + 'static {
     /// Stops fencing the store's commits for `partition` and gives its lease back (if still
     /// held). Called once its runner ended.
     async fn release(&self, partition: u32);
+
+    /// This worker stops: the others may plan to take its partitions now, each as soon as its
+    /// lease is given back, instead of after this worker's session ends. Called once, when the
+    /// stop begins; the default does nothing.
+    async fn leave(&self) {}
 }
 
 /// Why a lease could not be taken now (asked again while the partition stays assigned here).
@@ -307,6 +312,11 @@ impl Owned {
 
     fn stop_all(&mut self, leases: &Arc<dyn PartitionLeases>) {
         self.stopping = true;
+        let leaving = Arc::clone(leases);
+        self.tasks.spawn(async move {
+            leaving.leave().await;
+            Event::Abandoned
+        });
         let acquiring: Vec<u32> = self.acquiring.keys().copied().collect();
         for partition in acquiring {
             self.abandon(leases, partition);
