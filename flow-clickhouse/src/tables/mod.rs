@@ -1,5 +1,6 @@
 pub mod deliverers;
 pub mod requeued;
+pub mod resolver;
 pub mod sink;
 pub mod subjects;
 pub mod targets;

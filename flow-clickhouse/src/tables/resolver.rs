@@ -1,0 +1,180 @@
+//! Which table each row of an epoch goes to ([`Resolver`]), shared by every class with a table
+//! template: the rows resolved by the partition's template in message order, the `max_tables`
+//! bound, and what a row whose table does not exist becomes (a dead letter naming the table, or
+//! a wait under `missing_table: wait`, [`Resolver::missing`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flow_core::{DeadRow, Epoch, EpochOutcome, Row, SinkError, TableRow};
+use flow_state::DeadLetter;
+
+use crate::config::params::MissingTable;
+use crate::tables::requeued::requeued_token;
+use crate::tables::targets::Targets;
+use crate::tables::template::BoundTemplate;
+
+/// How long an epoch vetoed under `missing_table: wait` waits before it is read again.
+pub const MISSING_TABLE_WAIT: Duration = Duration::from_secs(1);
+
+/// Resolves the rows of one sink partition to their tables.
+pub struct Resolver {
+    pub targets: Arc<Targets>,
+    template: Arc<BoundTemplate>,
+    /// The name being resolved (reused across rows).
+    name: String,
+}
+
+/// The rows of one epoch by table, in message order within each table.
+pub struct Resolved {
+    /// Table index (into `tables`) of each row; `None`: the row names no valid table.
+    pub of_row: Vec<Option<usize>>,
+    /// The tables named, in name order.
+    pub tables: Vec<String>,
+    pub dead_letters: Vec<DeadLetter>,
+}
+
+impl Resolved {
+    /// Whether row `index` goes to table `t`.
+    pub fn is_of(&self, index: usize, t: usize) -> bool {
+        self.of_row.get(index).copied().flatten() == Some(t)
+    }
+}
+
+impl Resolver {
+    pub fn new(targets: Arc<Targets>, template: Arc<BoundTemplate>) -> Resolver {
+        Resolver {
+            targets,
+            template,
+            name: String::new(),
+        }
+    }
+
+    /// Resolves every row's table; a row whose value makes no valid name, or that names one
+    /// table more than `max_tables` allows, is a dead letter.
+    pub fn resolve(&mut self, epoch: &Epoch<'_>) -> Result<Resolved, SinkError> {
+        let [batch] = epoch.inputs else {
+            return Err(SinkError::Refused(
+                "a ClickHouse sink reads exactly one stream".to_owned(),
+            ));
+        };
+        let mut by_name: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        let mut dead_letters = Vec::new();
+        let mut of_row = vec![None; batch.len()];
+        let max_tables = self.targets.base.params.max_tables;
+        for (index, row) in batch.rows().enumerate() {
+            if let Err(err) = self.template.resolve(&row, &mut self.name) {
+                dead_letters.push(self.dead_letter(&row, err.to_string()));
+                continue;
+            }
+            if let Some(rows) = by_name.get_mut(self.name.as_str()) {
+                rows.push(index);
+                continue;
+            }
+            if !self.targets.admit(&self.name, max_tables) {
+                let reason = too_many_tables(&self.name, max_tables);
+                dead_letters.push(self.dead_letter(&row, reason));
+                continue;
+            }
+            by_name.insert(self.name.clone(), vec![index]);
+        }
+        let mut tables = Vec::with_capacity(by_name.len());
+        for (t, (name, rows)) in by_name.into_iter().enumerate() {
+            for index in rows {
+                of_row[index] = Some(t);
+            }
+            tables.push(name);
+        }
+        Ok(Resolved {
+            of_row,
+            tables,
+            dead_letters,
+        })
+    }
+
+    /// What the rows of table `t` (`table`, found missing for `reason`) become: `Some` veto
+    /// under `missing_table: wait` (the epoch is not committed and is read again), else `None`
+    /// with each row's dead letter added to `resolved`, keeping the table and the token a
+    /// requeue sends it under.
+    pub fn missing(
+        &self,
+        epoch: &Epoch<'_>,
+        resolved: &mut Resolved,
+        t: usize,
+        reason: &str,
+        token_prefix: &str,
+    ) -> Option<EpochOutcome> {
+        let database = &self.targets.base.params.database;
+        let table = resolved.tables[t].clone();
+        if self.targets.base.params.missing_table == MissingTable::Wait {
+            return Some(EpochOutcome::Veto {
+                reason: format!(
+                    "table `{database}`.`{table}` named by a row does not exist ({reason}); waiting for it (missing_table: wait)"
+                ),
+                retry_after: MISSING_TABLE_WAIT,
+            });
+        }
+        let why = missing_table_reason(database, &table, reason);
+        if let [batch] = epoch.inputs {
+            for (index, row) in batch.rows().enumerate() {
+                if resolved.is_of(index, t) {
+                    let letter = self.missing_table_letter(&row, &table, why.clone(), token_prefix);
+                    resolved.dead_letters.push(letter);
+                }
+            }
+        }
+        None
+    }
+
+    fn dead_letter(&self, row: &Row<'_>, reason: String) -> DeadLetter {
+        DeadLetter {
+            partition: row.id().partition,
+            offset: Some(row.id().offset),
+            reason,
+            payload: DeadRow::encode(row, &self.columns(), None, None, None),
+        }
+    }
+
+    /// The dead letter of a row whose table does not exist: it keeps the table and the token a
+    /// requeue sends it under ([`crate::tables::requeued`]).
+    fn missing_table_letter(
+        &self,
+        row: &Row<'_>,
+        table: &str,
+        reason: String,
+        token_prefix: &str,
+    ) -> DeadLetter {
+        let id = row.id();
+        let for_table = TableRow {
+            target: format!("{}.{table}", self.targets.base.params.database),
+            token: requeued_token(token_prefix, table, id.partition, id.offset),
+        };
+        DeadLetter {
+            partition: id.partition,
+            offset: Some(id.offset),
+            reason,
+            payload: DeadRow::encode_for_table(row, &self.columns(), &for_table),
+        }
+    }
+
+    /// The input stream's column names (a dead row's values by name).
+    fn columns(&self) -> Vec<String> {
+        let stream = &self.targets.base.stream;
+        stream.columns().iter().map(|c| c.name.clone()).collect()
+    }
+}
+
+/// The dead letter reason of a row whose table does not exist (every class says the same).
+pub fn missing_table_reason(database: &str, table: &str, reason: &str) -> String {
+    format!(
+        "table `{database}`.`{table}` does not exist: {reason}. Create it, then `flow-worker dead-letters requeue` sends this row to it"
+    )
+}
+
+/// Why a row naming one table more than `max_tables` allows is a dead letter.
+fn too_many_tables(table: &str, max_tables: usize) -> String {
+    format!(
+        "the row names table `{table}`, but the sink's rows already named max_tables ({max_tables}) tables; raise max_tables if the template's column really has that many values (each table keeps a writer session), or template over a column with fewer"
+    )
+}
