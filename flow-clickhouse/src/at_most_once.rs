@@ -39,6 +39,7 @@ use crate::delivery::cutter::{encode_routed, reject_row, BadRows, BatchCutter, P
 use crate::delivery::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
 use crate::delivery::sink_state::{build_shared, SinkShared};
 use crate::encode::compress::seal;
+use crate::tables::direct::{EpochTables, ManyTables, PartitionTables, RemoveRequeued};
 
 /// Parts a partition may keep waiting for ordered delivery before its epochs wait.
 const PENDING_PARTS: usize = 8;
@@ -53,6 +54,7 @@ pub fn build(
     let shared = build_shared(SinkClass::AtMostOnce, ctx, parameters, dynamic)?;
     let queued = shared.params.at_most_once_queue;
     Ok(Arc::new(AtMostOnceFactory {
+        tables: ManyTables::of(&shared, ctx)?,
         counters: Arc::new(Counters::default()),
         budget: ByteBudget::new(shared.in_flight_budget()),
         queue: queued.then(|| Arc::new(SharedQueue::default())),
@@ -135,6 +137,8 @@ struct AtMostOnceFactory {
     budget: Arc<ByteBudget>,
     /// The bounded lossy queue (`enabled: true`), shared by every partition.
     queue: Option<Arc<SharedQueue>>,
+    /// With a table template (ordered mode only: validation refuses it with the queue).
+    tables: Option<ManyTables>,
 }
 
 impl Drop for AtMostOnceFactory {
@@ -148,7 +152,13 @@ impl Drop for AtMostOnceFactory {
 
 impl SinkFactory for AtMostOnceFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
-        self.shared.start_session_early(&ctx.shutdown, &ctx.metrics);
+        let tables = match &self.tables {
+            Some(many) => Some(many.partition(&ctx)?),
+            None => {
+                self.shared.start_session_early(&ctx.shutdown, &ctx.metrics);
+                None
+            }
+        };
         if let Some(queue) = &self.queue {
             queue.ensure_task(&self.shared, &self.counters, &ctx.metrics);
         }
@@ -160,13 +170,17 @@ impl SinkFactory for AtMostOnceFactory {
             ctx,
             cutter: BatchCutter::default(),
             pending: Vec::new(),
+            tables,
             ordered: None,
             key: Vec::new(),
         }))
     }
 
     fn reconfigure(&self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
-        self.shared.reconfigure(dynamic)?;
+        match &self.tables {
+            Some(many) => many.targets.reconfigure(dynamic)?,
+            None => self.shared.reconfigure(dynamic)?,
+        }
         self.budget.resize(self.shared.in_flight_budget());
         Ok(())
     }
@@ -179,15 +193,17 @@ struct AtMostOnceSink {
     queue: Option<Arc<SharedQueue>>,
     ctx: SinkContext,
     cutter: BatchCutter,
-    /// Parts of the epoch being committed (ordered mode).
-    pending: Vec<Part>,
+    /// Parts of the epoch being committed, each with its table's state (ordered mode).
+    pending: Vec<(Arc<SinkShared>, Part)>,
+    /// With a table template: this partition's tables.
+    tables: Option<PartitionTables>,
     ordered: Option<OrderedDelivery>,
     key: Vec<u8>,
 }
 
 /// The ordered mode's delivery task of one partition.
 struct OrderedDelivery {
-    tx: Option<mpsc::Sender<(Part, BudgetPermit)>>,
+    tx: Option<mpsc::Sender<(Arc<SinkShared>, Part, BudgetPermit)>>,
     task: JoinHandle<()>,
     stop: watch::Sender<bool>,
 }
@@ -195,6 +211,9 @@ struct OrderedDelivery {
 #[async_trait]
 impl Sink for AtMostOnceSink {
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        if self.tables.is_some() {
+            return self.write_tables(epoch).await;
+        }
         let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
             return Ok(SinkShared::not_started());
         };
@@ -225,7 +244,12 @@ impl Sink for AtMostOnceSink {
                     return Ok(SinkShared::not_started());
                 }
                 let cut = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
-                self.pending = cut.parts;
+                let shared = &self.shared;
+                self.pending = cut
+                    .parts
+                    .into_iter()
+                    .map(|p| (Arc::clone(shared), p))
+                    .collect();
                 dead_letters = cut.dead_letters;
             }
         }
@@ -239,7 +263,7 @@ impl Sink for AtMostOnceSink {
     /// The ordered mode takes slices; the queue mode takes whole epochs, since it enqueues
     /// rows as they are encoded and could not take back a slice of a vetoed epoch.
     fn takes_slices(&self) -> bool {
-        self.queue.is_none()
+        self.queue.is_none() && self.tables.is_none()
     }
 
     async fn write_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
@@ -254,17 +278,16 @@ impl Sink for AtMostOnceSink {
         }
         let ordered = self.ordered.get_or_insert_with(|| {
             start_ordered(
-                Arc::clone(&self.shared),
                 Arc::clone(&self.counters),
                 self.ctx.metrics.clone(),
                 self.ctx.partition,
             )
         });
-        for part in self.pending.drain(..) {
+        for (shared, part) in self.pending.drain(..) {
             let rows = part.rows;
             let permit = self.budget.acquire(part.payload.len()).await;
             let sent = match &ordered.tx {
-                Some(tx) => tx.send((part, permit)).await.is_ok(),
+                Some(tx) => tx.send((shared, part, permit)).await.is_ok(),
                 None => false,
             };
             if !sent {
@@ -308,23 +331,61 @@ impl Sink for AtMostOnceSink {
     }
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
-        self.shared.reconfigure(dynamic)?;
+        match &self.tables {
+            Some(tables) => tables.reconfigure(dynamic)?,
+            None => self.shared.reconfigure(dynamic)?,
+        }
         self.budget.resize(self.shared.in_flight_budget());
         Ok(())
     }
 }
 
-fn start_ordered(
-    shared: Arc<SinkShared>,
-    counters: Arc<Counters>,
-    metrics: SinkMetrics,
-    partition: u32,
-) -> OrderedDelivery {
-    let (tx, mut rx) = mpsc::channel::<(Part, BudgetPermit)>(PENDING_PARTS);
+impl AtMostOnceSink {
+    /// [`Sink::write_epoch`] with a table template: each table's parts wait for the commit, as
+    /// one table's do. Requeued rows are sent first, each removed from the outbox before its
+    /// INSERT.
+    async fn write_tables(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        let Some(tables) = &mut self.tables else {
+            return Err(SinkError::Refused(
+                "an at-most-once sink without a table template was asked for its tables; this is a bug, please report it".to_owned(),
+            ));
+        };
+        let sent = tables
+            .send_requeued(&self.ctx, RemoveRequeued::BeforeInsert)
+            .await?;
+        self.counters.delivered(sent.delivered);
+        self.counters.lost(sent.lost);
+        let (tables, dead_letters) = match tables.cut(epoch).await? {
+            EpochTables::Cut {
+                tables,
+                dead_letters,
+            } => (tables, dead_letters),
+            EpochTables::Outcome(outcome) => return Ok(outcome),
+        };
+        self.pending = tables
+            .into_iter()
+            .flat_map(|table| {
+                let shared = table.shared;
+                table
+                    .parts
+                    .into_iter()
+                    .map(move |p| (Arc::clone(&shared), p))
+            })
+            .collect();
+        Ok(EpochOutcome::Commit(EpochWrite {
+            dead_letters,
+            counters: self.counters.take(&self.ctx.metrics),
+            ..EpochWrite::default()
+        }))
+    }
+}
+
+fn start_ordered(counters: Arc<Counters>, metrics: SinkMetrics, partition: u32) -> OrderedDelivery {
+    let (tx, mut rx) = mpsc::channel::<(Arc<SinkShared>, Part, BudgetPermit)>(PENDING_PARTS);
     let (stop, mut stop_rx) = watch::channel(false);
     let task = tokio::spawn(async move {
         // The permit goes back to the budget once the part is delivered or lost.
-        while let Some((part, _permit)) = rx.recv().await {
+        while let Some((shared, part, _permit)) = rx.recv().await {
             if *stop_rx.borrow() {
                 counters.lost(part.rows);
                 continue;
@@ -650,6 +711,7 @@ mod tests {
             counters: Arc::new(Counters::default()),
             budget: ByteBudget::new(1 << 20),
             queue: Some(Arc::new(SharedQueue::default())),
+            tables: None,
             shared: Arc::clone(&shared),
         };
         let queue = factory.queue.clone().unwrap();

@@ -1,4 +1,5 @@
 pub mod deliverers;
+pub mod direct;
 pub mod requeued;
 pub mod resolver;
 pub mod sink;
