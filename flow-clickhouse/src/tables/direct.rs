@@ -25,7 +25,7 @@ use crate::delivery::sink_state::SinkShared;
 use crate::exactly_once::state::ExactlyOnce;
 use crate::server::session::WriterSession;
 use crate::tables::requeued::{encode_requeued_part, UNENCODED_FORMAT};
-use crate::tables::resolver::Resolver;
+use crate::tables::resolver::{Resolver, TableTurn};
 use crate::tables::subjects::{partition_templates, PartitionTemplates};
 use crate::tables::targets::{TableState, Targets};
 
@@ -121,20 +121,16 @@ impl PartitionTables {
         let mut resolved = self.resolver.resolve(epoch)?;
         let mut tables = Vec::with_capacity(resolved.tables.len());
         for t in 0..resolved.tables.len() {
-            let target = self.resolver.targets.get(&resolved.tables[t]);
-            let session = match target.state(&self.stop).await? {
-                TableState::Up(session) => session,
-                TableState::Stopping => return Ok(EpochTables::Outcome(SinkShared::not_started())),
-                TableState::Missing(reason) => {
-                    let prefix = &self.token_prefix;
-                    match self
-                        .resolver
-                        .missing(epoch, &mut resolved, t, &reason, prefix)
-                    {
-                        Some(wait) => return Ok(EpochTables::Outcome(wait)),
-                        None => continue,
-                    }
-                }
+            let stop = &self.stop;
+            let prefix = &self.token_prefix;
+            let (target, session) = match self
+                .resolver
+                .table(epoch, &mut resolved, t, stop, prefix)
+                .await?
+            {
+                TableTurn::Up(target, session) => (target, session),
+                TableTurn::Skip => continue,
+                TableTurn::Outcome(outcome) => return Ok(EpochTables::Outcome(outcome)),
             };
             let EpochCut {
                 parts,

@@ -10,9 +10,13 @@ use std::time::Duration;
 use flow_core::{DeadRow, Epoch, EpochOutcome, Row, SinkError, TableRow};
 use flow_state::DeadLetter;
 
+use tokio::sync::watch;
+
 use crate::config::params::MissingTable;
+use crate::delivery::sink_state::SinkShared;
+use crate::server::session::WriterSession;
 use crate::tables::requeued::requeued_token;
-use crate::tables::targets::Targets;
+use crate::tables::targets::{TableState, TableTarget, Targets};
 use crate::tables::template::BoundTemplate;
 
 /// How long an epoch vetoed under `missing_table: wait` waits before it is read again.
@@ -33,6 +37,15 @@ pub struct Resolved {
     /// The tables named, in name order.
     pub tables: Vec<String>,
     pub dead_letters: Vec<DeadLetter>,
+}
+
+/// What [`Resolver::table`] found for one table of an epoch.
+pub enum TableTurn {
+    Up(Arc<TableTarget>, Arc<WriterSession>),
+    /// The table is missing and its rows are dead letters now.
+    Skip,
+    /// The epoch ends here with this outcome.
+    Outcome(EpochOutcome),
 }
 
 impl Resolved {
@@ -93,11 +106,35 @@ impl Resolver {
         })
     }
 
+    /// The session of table `t` of `resolved`, or what its rows become without one: `Skip`
+    /// once set aside as dead letters (missing table), `Outcome` for the epoch when it waits
+    /// for the table or the pipeline is stopping ([`Resolver::missing`]).
+    pub async fn table(
+        &self,
+        epoch: &Epoch<'_>,
+        resolved: &mut Resolved,
+        t: usize,
+        stop: &watch::Receiver<bool>,
+        token_prefix: &str,
+    ) -> Result<TableTurn, SinkError> {
+        let target = self.targets.get(&resolved.tables[t]);
+        Ok(match target.state(stop).await? {
+            TableState::Up(session) => TableTurn::Up(target, session),
+            TableState::Stopping => TableTurn::Outcome(SinkShared::not_started()),
+            TableState::Missing(reason) => {
+                match self.missing(epoch, resolved, t, &reason, token_prefix) {
+                    Some(wait) => TableTurn::Outcome(wait),
+                    None => TableTurn::Skip,
+                }
+            }
+        })
+    }
+
     /// What the rows of table `t` (`table`, found missing for `reason`) become: `Some` veto
     /// under `missing_table: wait` (the epoch is not committed and is read again), else `None`
     /// with each row's dead letter added to `resolved`, keeping the table and the token a
     /// requeue sends it under.
-    pub fn missing(
+    fn missing(
         &self,
         epoch: &Epoch<'_>,
         resolved: &mut Resolved,

@@ -24,7 +24,7 @@ use flow_state::StoredBatch;
 
 use crate::config::guarantee::SinkClass;
 use crate::delivery::cutter::{BatchCutter, EpochCut};
-use crate::delivery::sink_state::{build_shared, SinkShared};
+use crate::delivery::sink_state::build_shared;
 use crate::exactly_once::fingerprint::{check_topology, TopologyDecision};
 use crate::exactly_once::rebuild::Requeue;
 use crate::exactly_once::sink::sealed_batches;
@@ -32,7 +32,7 @@ use crate::exactly_once::state::ExactlyOnce;
 use crate::server::session::WriterSession;
 use crate::tables::deliverers::TableDeliverers;
 use crate::tables::requeued::UNENCODED_FORMAT;
-use crate::tables::resolver::Resolver;
+use crate::tables::resolver::{Resolver, TableTurn};
 use crate::tables::subjects::{partition_templates, PartitionTemplates};
 use crate::tables::targets::{TableState, TableTarget, Targets};
 
@@ -235,20 +235,16 @@ impl Sealer for TemplatedSink {
         let mut batches = Vec::new();
         for t in 0..resolved.tables.len() {
             let table = resolved.tables[t].clone();
-            let target = self.targets.get(&table);
-            let session = match target.state(&self.ctx.shutdown).await? {
-                TableState::Up(session) => session,
-                TableState::Stopping => return Ok(SinkShared::not_started()),
-                TableState::Missing(reason) => {
-                    let prefix = &self.token_prefix;
-                    match self
-                        .resolver
-                        .missing(epoch, &mut resolved, t, &reason, prefix)
-                    {
-                        Some(wait) => return Ok(wait),
-                        None => continue,
-                    }
-                }
+            let stop = &self.ctx.shutdown;
+            let prefix = &self.token_prefix;
+            let (target, session) = match self
+                .resolver
+                .table(epoch, &mut resolved, t, stop, prefix)
+                .await?
+            {
+                TableTurn::Up(target, session) => (target, session),
+                TableTurn::Skip => continue,
+                TableTurn::Outcome(outcome) => return Ok(outcome),
             };
             if !self.checked.contains(&table) {
                 self.check_fingerprints(&table, &target, &session, 0, None)
