@@ -95,9 +95,6 @@ impl AtLeastOnceSink {
         epoch: &Epoch<'_>,
     ) -> Result<Result<(Vec<TableParts>, Vec<DeadLetter>), EpochOutcome>, SinkError> {
         if let Some(tables) = &mut self.tables {
-            tables
-                .send_requeued(&self.ctx, RemoveRequeued::AfterInsert)
-                .await?;
             return Ok(match tables.cut(epoch).await? {
                 EpochTables::Cut {
                     tables,
@@ -273,6 +270,15 @@ fn stopping(retry_after: Duration) -> EpochOutcome {
 
 #[async_trait]
 impl Sink for AtLeastOnceSink {
+    /// With a table template, sends the rows requeued for a table that was missing.
+    async fn open(&mut self) -> Result<(), SinkError> {
+        if let Some(tables) = &self.tables {
+            let remove = RemoveRequeued::AfterInsert;
+            tables.send_requeued(&self.ctx, remove).await?;
+        }
+        Ok(())
+    }
+
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         let (tables, dead_letters) = match self.cut(epoch).await? {
             Ok(cut) => cut,

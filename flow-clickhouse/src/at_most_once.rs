@@ -210,6 +210,18 @@ struct OrderedDelivery {
 
 #[async_trait]
 impl Sink for AtMostOnceSink {
+    /// With a table template, sends the rows requeued for a table that was missing, each
+    /// removed from the outbox before its INSERT.
+    async fn open(&mut self) -> Result<(), SinkError> {
+        if let Some(tables) = &self.tables {
+            let remove = RemoveRequeued::BeforeInsert;
+            let sent = tables.send_requeued(&self.ctx, remove).await?;
+            self.counters.delivered(sent.delivered);
+            self.counters.lost(sent.lost);
+        }
+        Ok(())
+    }
+
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         if self.tables.is_some() {
             return self.write_tables(epoch).await;
@@ -342,19 +354,13 @@ impl Sink for AtMostOnceSink {
 
 impl AtMostOnceSink {
     /// [`Sink::write_epoch`] with a table template: each table's parts wait for the commit, as
-    /// one table's do. Requeued rows are sent first, each removed from the outbox before its
-    /// INSERT.
+    /// one table's do.
     async fn write_tables(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         let Some(tables) = &mut self.tables else {
             return Err(SinkError::Refused(
                 "an at-most-once sink without a table template was asked for its tables; this is a bug, please report it".to_owned(),
             ));
         };
-        let sent = tables
-            .send_requeued(&self.ctx, RemoveRequeued::BeforeInsert)
-            .await?;
-        self.counters.delivered(sent.delivered);
-        self.counters.lost(sent.lost);
         let (tables, dead_letters) = match tables.cut(epoch).await? {
             EpochTables::Cut {
                 tables,

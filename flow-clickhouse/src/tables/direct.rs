@@ -7,7 +7,7 @@
 //! Rows whose table does not exist are dead letters committed with the epoch (or the epoch waits
 //! under `missing_table: wait`), as for the exactly-once classes; `dead-letters requeue` puts them
 //! into the sink partition's outbox, which these classes otherwise leave empty, and the partition
-//! sends them before its first epoch ([`PartitionTables::send_requeued`]): after the INSERT is
+//! sends them when it opens ([`PartitionTables::send_requeued`]): after the INSERT is
 //! acknowledged for at-least-once, removed before it for at-most-once.
 
 use std::sync::Arc;
@@ -59,7 +59,6 @@ impl ManyTables {
             cutter: BatchCutter::default(),
             token_prefix: ExactlyOnce::token_prefix(&self.targets.base, ctx)?,
             stop: ctx.shutdown.clone(),
-            requeued_sent: false,
         })
     }
 }
@@ -107,7 +106,6 @@ pub struct PartitionTables {
     /// The namespace of the tokens a requeued row's dead letter keeps.
     token_prefix: String,
     stop: watch::Receiver<bool>,
-    requeued_sent: bool,
 }
 
 impl PartitionTables {
@@ -157,18 +155,15 @@ impl PartitionTables {
         })
     }
 
-    /// Sends the rows `dead-letters requeue` put into this partition's outbox, once per run
-    /// (before the first epoch), in outbox order. A row whose table still does not exist stays,
+    /// Sends the rows `dead-letters requeue` put into this partition's outbox, in outbox order
+    /// (the sink calls it when it opens, so `run` and `drain` both send them). A row whose table still does not exist stays,
     /// with the rows after it, for a later run (logged).
     pub async fn send_requeued(
-        &mut self,
+        &self,
         ctx: &SinkContext,
         remove: RemoveRequeued,
     ) -> Result<RequeuedSent, SinkError> {
         let mut sent = RequeuedSent::default();
-        if std::mem::replace(&mut self.requeued_sent, true) {
-            return Ok(sent);
-        }
         let key = ctx.state_key();
         for stored in load_backlog(&ctx.store, &key).await? {
             let seq = stored.seq;
