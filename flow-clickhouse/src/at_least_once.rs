@@ -57,7 +57,10 @@ struct AtLeastOnceFactory {
 impl SinkFactory for AtLeastOnceFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
         let tables = match &self.tables {
-            Some(many) => Some(many.partition(&ctx)?),
+            Some(many) => {
+                many.targets.register_readiness(&ctx.metrics);
+                Some(many.partition(&ctx)?)
+            }
             None => {
                 self.shared.start_session_early(&ctx.shutdown, &ctx.metrics);
                 None

@@ -153,7 +153,10 @@ impl Drop for AtMostOnceFactory {
 impl SinkFactory for AtMostOnceFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
         let tables = match &self.tables {
-            Some(many) => Some(many.partition(&ctx)?),
+            Some(many) => {
+                many.targets.register_readiness(&ctx.metrics);
+                Some(many.partition(&ctx)?)
+            }
             None => {
                 self.shared.start_session_early(&ctx.shutdown, &ctx.metrics);
                 None
