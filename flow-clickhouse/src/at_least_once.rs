@@ -264,6 +264,14 @@ impl EpochInserts {
     }
 }
 
+/// The metrics handle of a table's inserts: labelled with the table when the sink writes many.
+fn table_metrics(metrics: &SinkMetrics, shared: &SinkShared, many: bool) -> SinkMetrics {
+    match many {
+        true => metrics.for_table(&shared.params.table),
+        false => metrics.clone(),
+    }
+}
+
 fn stopping(retry_after: Duration) -> EpochOutcome {
     EpochOutcome::Veto {
         reason: "the pipeline is stopping before the epoch was written".to_owned(),
@@ -287,12 +295,13 @@ impl Sink for AtLeastOnceSink {
             Ok(cut) => cut,
             Err(outcome) => return Ok(outcome),
         };
+        let many = self.tables.is_some();
         let inserts = tables
             .into_iter()
             .map(|table| EpochInserts {
+                metrics: table_metrics(&self.ctx.metrics, &table.shared, many),
                 shared: table.shared,
                 session: table.session,
-                metrics: self.ctx.metrics.clone(),
                 partition: self.ctx.partition,
                 stop: self.ctx.shutdown.clone(),
                 parts: table.parts,

@@ -197,7 +197,7 @@ struct AtMostOnceSink {
     ctx: SinkContext,
     cutter: BatchCutter,
     /// Parts of the epoch being committed, each with its table's state (ordered mode).
-    pending: Vec<(Arc<SinkShared>, Part)>,
+    pending: Vec<OrderedPart>,
     /// With a table template: this partition's tables.
     tables: Option<PartitionTables>,
     ordered: Option<OrderedDelivery>,
@@ -206,7 +206,7 @@ struct AtMostOnceSink {
 
 /// The ordered mode's delivery task of one partition.
 struct OrderedDelivery {
-    tx: Option<mpsc::Sender<(Arc<SinkShared>, Part, BudgetPermit)>>,
+    tx: Option<mpsc::Sender<(OrderedPart, BudgetPermit)>>,
     task: JoinHandle<()>,
     stop: watch::Sender<bool>,
 }
@@ -259,11 +259,15 @@ impl Sink for AtMostOnceSink {
                     return Ok(SinkShared::not_started());
                 }
                 let cut = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
-                let shared = &self.shared;
+                let (shared, metrics) = (&self.shared, &self.ctx.metrics);
                 self.pending = cut
                     .parts
                     .into_iter()
-                    .map(|p| (Arc::clone(shared), p))
+                    .map(|part| OrderedPart {
+                        shared: Arc::clone(shared),
+                        metrics: metrics.clone(),
+                        part,
+                    })
                     .collect();
                 dead_letters = cut.dead_letters;
             }
@@ -291,18 +295,14 @@ impl Sink for AtMostOnceSink {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let ordered = self.ordered.get_or_insert_with(|| {
-            start_ordered(
-                Arc::clone(&self.counters),
-                self.ctx.metrics.clone(),
-                self.ctx.partition,
-            )
-        });
-        for (shared, part) in self.pending.drain(..) {
-            let rows = part.rows;
-            let permit = self.budget.acquire(part.payload.len()).await;
+        let ordered = self
+            .ordered
+            .get_or_insert_with(|| start_ordered(Arc::clone(&self.counters), self.ctx.partition));
+        for ordered_part in self.pending.drain(..) {
+            let rows = ordered_part.part.rows;
+            let permit = self.budget.acquire(ordered_part.part.payload.len()).await;
             let sent = match &ordered.tx {
-                Some(tx) => tx.send((shared, part, permit)).await.is_ok(),
+                Some(tx) => tx.send((ordered_part, permit)).await.is_ok(),
                 None => false,
             };
             if !sent {
@@ -371,14 +371,18 @@ impl AtMostOnceSink {
             } => (tables, dead_letters),
             EpochTables::Outcome(outcome) => return Ok(outcome),
         };
+        let metrics = &self.ctx.metrics;
         self.pending = tables
             .into_iter()
             .flat_map(|table| {
+                // Its INSERTs' timings and errors carry the table's label.
+                let metrics = metrics.for_table(&table.shared.params.table);
                 let shared = table.shared;
-                table
-                    .parts
-                    .into_iter()
-                    .map(move |p| (Arc::clone(&shared), p))
+                table.parts.into_iter().map(move |part| OrderedPart {
+                    shared: Arc::clone(&shared),
+                    metrics: metrics.clone(),
+                    part,
+                })
             })
             .collect();
         Ok(EpochOutcome::Commit(EpochWrite {
@@ -389,12 +393,24 @@ impl AtMostOnceSink {
     }
 }
 
-fn start_ordered(counters: Arc<Counters>, metrics: SinkMetrics, partition: u32) -> OrderedDelivery {
-    let (tx, mut rx) = mpsc::channel::<(Arc<SinkShared>, Part, BudgetPermit)>(PENDING_PARTS);
+/// A part waiting for ordered delivery, with its table's state and metrics handle.
+struct OrderedPart {
+    shared: Arc<SinkShared>,
+    metrics: SinkMetrics,
+    part: Part,
+}
+
+fn start_ordered(counters: Arc<Counters>, partition: u32) -> OrderedDelivery {
+    let (tx, mut rx) = mpsc::channel::<(OrderedPart, BudgetPermit)>(PENDING_PARTS);
     let (stop, mut stop_rx) = watch::channel(false);
     let task = tokio::spawn(async move {
         // The permit goes back to the budget once the part is delivered or lost.
-        while let Some((shared, part, _permit)) = rx.recv().await {
+        while let Some((ordered, _permit)) = rx.recv().await {
+            let OrderedPart {
+                shared,
+                metrics,
+                part,
+            } = ordered;
             if *stop_rx.borrow() {
                 counters.lost(part.rows);
                 continue;

@@ -98,6 +98,17 @@ pub struct RequeuedSent {
     pub lost: u64,
 }
 
+/// One requeued row on its way into its table.
+struct RequeuedRow<'a> {
+    /// Its entry in the outbox.
+    seq: u64,
+    batch: &'a SealedBatch,
+    /// Encoded for the table as it is now.
+    part: &'a Part,
+    shared: &'a SinkShared,
+    session: &'a WriterSession,
+}
+
 /// The tables of one sink partition.
 pub struct PartitionTables {
     resolver: Resolver,
@@ -180,44 +191,65 @@ impl PartitionTables {
                 }
             };
             let (part, _) = encode_requeued_part(&target.shared, &session, &batch)?;
-            let shard = target.shared.shard_name(part.shard).to_owned();
-            if remove == RemoveRequeued::BeforeInsert {
-                ctx.store.acknowledge(&key, seq, Vec::new()).await?;
-            }
-            let request = InsertRequest::unrecorded(&part, &ctx.metrics);
-            let mut stop = self.stop.clone();
-            match (
-                insert_part(&target.shared, &session, request, &mut stop).await,
-                remove,
-            ) {
-                (Ok(_), RemoveRequeued::AfterInsert) => {
-                    let extras = AckExtras {
-                        counters: vec![
-                            ctx.metrics
-                                .add(SinkCount::RowsDelivered, Some(&shard), part.rows),
-                            ctx.metrics
-                                .add(SinkCount::BatchesDelivered, Some(&shard), 1),
-                        ],
-                        ..AckExtras::default()
-                    };
-                    ctx.store
-                        .acknowledge_with(&key, seq, extras.clone())
-                        .await?;
-                    ctx.metrics.applied(&extras.counters);
-                    sent.delivered += part.rows;
-                }
-                (Ok(_), RemoveRequeued::BeforeInsert) => sent.delivered += part.rows,
-                (Err(failure), RemoveRequeued::AfterInsert) => {
-                    return Err(failure.into_sink_error())
-                }
-                (Err(failure), RemoveRequeued::BeforeInsert) => {
-                    let error = failure.into_sink_error();
-                    warn!(sink = %key, table = %batch.target, token = %batch.token, error = %error, "a requeued at-most-once row was lost: its insert failed after it left the outbox");
-                    sent.lost += part.rows;
-                }
-            }
+            let row = RequeuedRow {
+                seq,
+                batch: &batch,
+                part: &part,
+                shared: &target.shared,
+                session: &session,
+            };
+            self.send_one(ctx, row, remove, &mut sent).await?;
         }
         Ok(sent)
+    }
+
+    /// Inserts one requeued row, removing it from the outbox before or after as `remove` says.
+    async fn send_one(
+        &self,
+        ctx: &SinkContext,
+        row: RequeuedRow<'_>,
+        remove: RemoveRequeued,
+        sent: &mut RequeuedSent,
+    ) -> Result<(), SinkError> {
+        let key = ctx.state_key();
+        let RequeuedRow {
+            seq,
+            batch,
+            part,
+            shared,
+            session,
+        } = row;
+        if remove == RemoveRequeued::BeforeInsert {
+            ctx.store.acknowledge(&key, seq, Vec::new()).await?;
+        }
+        let metrics = ctx.metrics.for_table(&shared.params.table);
+        let request = InsertRequest::unrecorded(part, &metrics);
+        let mut stop = self.stop.clone();
+        let inserted = insert_part(shared, session, request, &mut stop).await;
+        match (inserted, remove) {
+            (Ok(_), RemoveRequeued::AfterInsert) => {
+                let shard = Some(shared.shard_name(part.shard));
+                let counters = vec![
+                    metrics.add(SinkCount::RowsDelivered, shard, part.rows),
+                    metrics.add(SinkCount::BatchesDelivered, shard, 1),
+                ];
+                let extras = AckExtras {
+                    counters: counters.clone(),
+                    ..AckExtras::default()
+                };
+                ctx.store.acknowledge_with(&key, seq, extras).await?;
+                metrics.applied(&counters);
+                sent.delivered += part.rows;
+            }
+            (Ok(_), RemoveRequeued::BeforeInsert) => sent.delivered += part.rows,
+            (Err(failure), RemoveRequeued::AfterInsert) => return Err(failure.into_sink_error()),
+            (Err(failure), RemoveRequeued::BeforeInsert) => {
+                let error = failure.into_sink_error();
+                warn!(sink = %key, table = %batch.target, token = %batch.token, error = %error, "a requeued at-most-once row was lost: its insert failed after it left the outbox");
+                sent.lost += part.rows;
+            }
+        }
+        Ok(())
     }
 
     /// The requeued row of an outbox entry with its payload; `None` (logged) for an entry these
