@@ -56,16 +56,7 @@ struct AtLeastOnceFactory {
 
 impl SinkFactory for AtLeastOnceFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
-        let tables = match &self.tables {
-            Some(many) => {
-                many.targets.register_readiness(&ctx.metrics);
-                Some(many.partition(&ctx)?)
-            }
-            None => {
-                self.shared.start_session_early(&ctx.shutdown, &ctx.metrics);
-                None
-            }
-        };
+        let tables = ManyTables::for_partition(self.tables.as_ref(), &self.shared, &ctx)?;
         Ok(Box::new(AtLeastOnceSink {
             shared: Arc::clone(&self.shared),
             ctx,

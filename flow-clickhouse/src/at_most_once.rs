@@ -152,16 +152,7 @@ impl Drop for AtMostOnceFactory {
 
 impl SinkFactory for AtMostOnceFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
-        let tables = match &self.tables {
-            Some(many) => {
-                many.targets.register_readiness(&ctx.metrics);
-                Some(many.partition(&ctx)?)
-            }
-            None => {
-                self.shared.start_session_early(&ctx.shutdown, &ctx.metrics);
-                None
-            }
-        };
+        let tables = ManyTables::for_partition(self.tables.as_ref(), &self.shared, &ctx)?;
         if let Some(queue) = &self.queue {
             queue.ensure_task(&self.shared, &self.counters, &ctx.metrics);
         }

@@ -12,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
@@ -31,13 +32,7 @@ fn create(name: &str, partition: u64) -> Result<ReplicatedTable> {
     ReplicatedTable::create("default", &table, COLUMNS, "id", &SHARD_A)
 }
 
-fn spec(
-    dir: &std::path::Path,
-    pipeline: &str,
-    class: &str,
-    name: &str,
-    extra: &str,
-) -> Result<std::path::PathBuf> {
+fn spec(dir: &Path, pipeline: &str, class: &str, name: &str, extra: &str) -> Result<PathBuf> {
     let parameters = format!(
         "{{hosts: ['{}', '{}'], table: '{name}_{{partition}}'{extra}}}",
         A1.http_addr(),
@@ -52,6 +47,33 @@ fn spec(
     let spec = dir.join("spec.yaml");
     std::fs::write(&spec, yaml)?;
     Ok(spec)
+}
+
+/// One test run's tables (`_0` and `_1` exist, `_2` not yet), spec and state directory.
+struct Setup {
+    name: String,
+    present: [ReplicatedTable; 2],
+    dir: tempfile::TempDir,
+    spec: PathBuf,
+    state: PathBuf,
+}
+
+impl Setup {
+    /// `extra`: more sink parameters, each after a comma.
+    fn new(prefix: &str, class: &str, extra: &str) -> Result<Setup> {
+        let name = unique_name(prefix);
+        let present = [create(&name, 0)?, create(&name, 1)?];
+        let dir = tempfile::tempdir()?;
+        let spec = spec(dir.path(), prefix, class, &name, extra)?;
+        let state = dir.path().join("state");
+        Ok(Setup {
+            name,
+            present,
+            dir,
+            spec,
+            state,
+        })
+    }
 }
 
 /// Every row of a table written by one partition, once.
@@ -76,11 +98,13 @@ fn assert_every_row_once(table: &ReplicatedTable, class: &str) -> Result<()> {
 fn rows_naming_a_missing_table_are_dead_letters_and_land_once_requeued() -> Result<()> {
     require_cluster()?;
     for class in CLASSES {
-        let name = unique_name("tno");
-        let present = [create(&name, 0)?, create(&name, 1)?];
-        let dir = tempfile::tempdir()?;
-        let spec = spec(dir.path(), "no_outbox", class, &name, "")?;
-        let state = dir.path().join("state");
+        let Setup {
+            name,
+            present,
+            dir: _dir,
+            spec,
+            state,
+        } = Setup::new("tno", class, "")?;
         let out = run_spec(worker_bin!(), &spec, &state, Duration::from_secs(120))?;
         assert_eq!(out.code, Some(0), "{class}: {}", out.stderr);
         for table in &present {
@@ -139,13 +163,7 @@ fn rows_naming_a_missing_table_are_dead_letters_and_land_once_requeued() -> Resu
             "{class}: {}",
             requeue.stdout
         );
-        let (spec_arg, state_arg) = (spec.display().to_string(), state.display().to_string());
-        let drain = run_worker(
-            worker_bin!(),
-            &["drain", &spec_arg, "--state-dir", &state_arg],
-            &[],
-            Duration::from_secs(120),
-        )?;
+        let drain = drain_spec(worker_bin!(), &spec, &state, Duration::from_secs(120))?;
         assert_eq!(drain.code, Some(0), "{class}: {}", drain.stderr);
         for table in present.iter().chain([&missing]) {
             assert_every_row_once(table, class)?;
@@ -156,12 +174,7 @@ fn rows_naming_a_missing_table_are_dead_letters_and_land_once_requeued() -> Resu
             "{class}"
         );
         // A second drain has nothing left to send: the requeued rows left the outbox.
-        let again = run_worker(
-            worker_bin!(),
-            &["drain", &spec_arg, "--state-dir", &state_arg],
-            &[],
-            Duration::from_secs(60),
-        )?;
+        let again = drain_spec(worker_bin!(), &spec, &state, Duration::from_secs(60))?;
         assert_eq!(again.code, Some(0), "{class}: {}", again.stderr);
         assert_every_row_once(&missing, class)?;
         println!("{class}: {COUNT} rows set aside while `{name}_2` was missing, requeued and landed once");
@@ -176,17 +189,13 @@ fn rows_naming_a_missing_table_are_dead_letters_and_land_once_requeued() -> Resu
 fn with_missing_table_wait_rows_wait_for_their_table_and_land_once() -> Result<()> {
     require_cluster()?;
     for class in CLASSES {
-        let name = unique_name("tnw");
-        let present = [create(&name, 0)?, create(&name, 1)?];
-        let dir = tempfile::tempdir()?;
-        let spec = spec(
-            dir.path(),
-            "no_outbox_wait",
-            class,
-            &name,
-            ", missing_table: wait",
-        )?;
-        let state = dir.path().join("state");
+        let Setup {
+            name,
+            present,
+            dir,
+            spec,
+            state,
+        } = Setup::new("tnw", class, ", missing_table: wait")?;
         let mut worker = Worker::spawn(worker_bin!(), &spec, &state, dir.path().join("run.log"))?;
         let waiting = format!("table `default`.`{name}_2` named by a row does not exist");
         wait_until(Duration::from_secs(30), || {

@@ -51,6 +51,25 @@ impl ManyTables {
         }))
     }
 
+    /// The tables of sink partition `ctx` when the sink writes many (`tables`), registered for
+    /// `/ready`; else `None`, with the single table's session started early.
+    pub fn for_partition(
+        tables: Option<&ManyTables>,
+        shared: &Arc<SinkShared>,
+        ctx: &SinkContext,
+    ) -> Result<Option<PartitionTables>, SinkError> {
+        match tables {
+            Some(many) => {
+                many.targets.register_readiness(&ctx.metrics);
+                many.partition(ctx).map(Some)
+            }
+            None => {
+                shared.start_session_early(&ctx.shutdown, &ctx.metrics);
+                Ok(None)
+            }
+        }
+    }
+
     /// The per-partition part of sink partition `ctx`.
     pub fn partition(&self, ctx: &SinkContext) -> Result<PartitionTables, SinkError> {
         let template = self.templates.for_sink(ctx)?;
@@ -141,17 +160,10 @@ impl PartitionTables {
                 TableTurn::Skip => continue,
                 TableTurn::Outcome(outcome) => return Ok(EpochTables::Outcome(outcome)),
             };
-            let EpochCut {
-                parts,
-                dead_letters,
-                ..
-            } = self
-                .cutter
-                .cut_epoch_rows(&target.shared, &session, epoch, |index| {
-                    resolved.is_of(index, t)
-                })
+            let cutter = &mut self.cutter;
+            let EpochCut { parts, .. } = resolved
+                .cut_table(cutter, (&target, &session), epoch, t)
                 .await?;
-            resolved.dead_letters.extend(dead_letters);
             tables.push(TableParts {
                 shared: Arc::clone(&target.shared),
                 session,

@@ -13,6 +13,7 @@ use flow_state::DeadLetter;
 use tokio::sync::watch;
 
 use crate::config::params::MissingTable;
+use crate::delivery::cutter::{BatchCutter, EpochCut};
 use crate::delivery::sink_state::SinkShared;
 use crate::server::session::WriterSession;
 use crate::tables::requeued::requeued_token;
@@ -52,6 +53,22 @@ impl Resolved {
     /// Whether row `index` goes to table `t`.
     pub fn is_of(&self, index: usize, t: usize) -> bool {
         self.of_row.get(index).copied().flatten() == Some(t)
+    }
+
+    /// Cuts the epoch's rows of table `t` for `target` as one table's sink would; the rows its
+    /// checks set aside join the dead letters.
+    pub async fn cut_table(
+        &mut self,
+        cutter: &mut BatchCutter,
+        (target, session): (&TableTarget, &WriterSession),
+        epoch: &Epoch<'_>,
+        t: usize,
+    ) -> Result<EpochCut, SinkError> {
+        let mut cut = cutter
+            .cut_epoch_rows(&target.shared, session, epoch, |index| self.is_of(index, t))
+            .await?;
+        self.dead_letters.append(&mut cut.dead_letters);
+        Ok(cut)
     }
 }
 

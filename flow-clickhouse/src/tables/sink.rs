@@ -251,17 +251,10 @@ impl Sealer for TemplatedSink {
                 self.check_fingerprints(&table, &target, &session, 0, None)
                     .await?;
             }
-            let EpochCut {
-                parts,
-                dead_letters: bad_rows,
-                plan,
-            } = self
-                .cutter
-                .cut_epoch_rows(&target.shared, &session, epoch, |index| {
-                    resolved.is_of(index, t)
-                })
+            let cutter = &mut self.cutter;
+            let EpochCut { parts, plan, .. } = resolved
+                .cut_table(cutter, (&target, &session), epoch, t)
                 .await?;
-            resolved.dead_letters.extend(bad_rows);
             let prefix = format!("{}{table}/", self.token_prefix);
             let partition = self.ctx.partition;
             // The plan the table's rows were encoded with (see the exactly-once sink).
