@@ -91,6 +91,28 @@ fn assert_every_row_once(table: &ReplicatedTable, class: &str) -> Result<()> {
     Ok(())
 }
 
+/// `status` shows one line per table under each sink partition: partitions 0 and 1 inserted
+/// their tables' rows in batches, partition 2's rows were requeued and sent one by one.
+fn assert_status_per_table(state: &Path, name: &str) -> Result<()> {
+    let state_arg = state.display().to_string();
+    let status = run_worker(
+        worker_bin!(),
+        &["status", "--state-dir", &state_arg],
+        &[],
+        Duration::from_secs(30),
+    )?;
+    assert_eq!(status.code, Some(0), "{}", status.stderr);
+    for (table, rest) in [
+        (0, " rows in 9 batches delivered, 0 insert errors\n"),
+        (1, " rows in 9 batches delivered, 0 insert errors\n"),
+        (2, " rows in 1500 batches delivered, 0 insert errors\n"),
+    ] {
+        let line = format!("    table {name}_{table}: {COUNT}{rest}");
+        assert!(status.stdout.contains(&line), "{line} in {}", status.stdout);
+    }
+    Ok(())
+}
+
 /// Both classes: the rows naming the missing table are dead letters naming it (the same text as
 /// the exactly-once classes), the other tables get every row; once the table exists, `requeue`
 /// and `drain` land the set-aside rows, exactly once each, and no dead letter is left.
@@ -177,6 +199,9 @@ fn rows_naming_a_missing_table_are_dead_letters_and_land_once_requeued() -> Resu
         let again = drain_spec(worker_bin!(), &spec, &state, Duration::from_secs(60))?;
         assert_eq!(again.code, Some(0), "{class}: {}", again.stderr);
         assert_every_row_once(&missing, class)?;
+        if class == "AtLeastOnceClickHouseSink" {
+            assert_status_per_table(&state, &name)?;
+        }
         println!("{class}: {COUNT} rows set aside while `{name}_2` was missing, requeued and landed once");
     }
     Ok(())
