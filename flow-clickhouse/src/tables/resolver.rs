@@ -232,3 +232,110 @@ fn too_many_tables(table: &str, max_tables: usize) -> String {
         "the row names table `{table}`, but the sink's rows already named max_tables ({max_tables}) tables; raise max_tables if the template's column really has that many values (each table keeps a writer session), or template over a column with fewer"
     )
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use flow_core::{MessageBatch, MessageId, Value};
+
+    use super::*;
+    use crate::tables::targets::tests::targets_of;
+    use crate::tables::template::TableTemplate;
+
+    /// A resolver of `t_{partition}` with `extra` sink parameters.
+    fn resolver(extra: &str) -> Resolver {
+        let targets = targets_of(&format!(
+            "{{host: '127.0.0.1:1', table: 't_{{partition}}'{extra}}}"
+        ));
+        let template = TableTemplate::parse("t_{partition}")
+            .unwrap()
+            .bind(&targets.base.stream)
+            .unwrap();
+        Resolver::new(Arc::new(targets), Arc::new(template))
+    }
+
+    /// Rows of the generator's stream at offsets 0.., their `partition` column as given.
+    fn batch(partitions: &[u64]) -> MessageBatch {
+        let mut batch = MessageBatch::new(flow_core::sources::generator::schema());
+        for (offset, &partition) in (0u64..).zip(partitions) {
+            let mut w = batch.start_row(MessageId::new(0, offset));
+            w.push(Value::Uint(offset)).unwrap();
+            w.push(Value::Uint(partition)).unwrap();
+            w.push(Value::Uint(offset)).unwrap();
+            w.push(Value::Uint(1)).unwrap();
+            w.push(Value::Uint(0)).unwrap();
+            w.push(Value::Bytes(b"x")).unwrap();
+            w.finish().unwrap();
+        }
+        batch
+    }
+
+    fn epoch<'a>(inputs: &'a [&'a MessageBatch]) -> Epoch<'a> {
+        Epoch {
+            number: 0,
+            started_ms: 0,
+            max_messages: 10,
+            inputs,
+        }
+    }
+
+    #[test]
+    fn rows_go_to_their_tables_in_name_order_and_a_missing_tables_rows_become_its_dead_letters() {
+        let mut resolver = resolver("");
+        let rows = batch(&[1, 0, 1]);
+        let inputs = [&rows];
+        let mut resolved = resolver.resolve(&epoch(&inputs)).unwrap();
+        assert_eq!(resolved.tables, ["t_0", "t_1"]);
+        assert_eq!(resolved.of_row, [Some(1), Some(0), Some(1)]);
+        let missing = resolver.missing(&epoch(&inputs), &mut resolved, 1, "gone", "p/");
+        assert!(missing.is_none());
+        let letters: Vec<(Option<u64>, &str)> = resolved
+            .dead_letters
+            .iter()
+            .map(|d| (d.offset, d.reason.as_str()))
+            .collect();
+        let reason = "table `default`.`t_1` does not exist: gone. Create it, then `flow-worker dead-letters requeue` sends this row to it";
+        assert_eq!(letters, [(Some(0), reason), (Some(2), reason)]);
+        let dead = DeadRow::decode(&resolved.dead_letters[1].payload).unwrap();
+        let for_table = dead.for_table.unwrap();
+        assert_eq!(
+            (for_table.target.as_str(), for_table.token.as_str()),
+            ("default.t_1", "p/t_1/requeued/0-2")
+        );
+    }
+
+    #[test]
+    fn under_missing_table_wait_the_epoch_waits_and_nothing_is_set_aside() {
+        let mut resolver = resolver(", missing_table: wait");
+        let rows = batch(&[3]);
+        let inputs = [&rows];
+        let mut resolved = resolver.resolve(&epoch(&inputs)).unwrap();
+        match resolver.missing(&epoch(&inputs), &mut resolved, 0, "gone", "p/") {
+            Some(EpochOutcome::Veto {
+                reason,
+                retry_after,
+            }) => {
+                assert_eq!(reason, "table `default`.`t_3` named by a row does not exist (gone); waiting for it (missing_table: wait)");
+                assert_eq!(retry_after, MISSING_TABLE_WAIT);
+            }
+            other => panic!("expected a veto, got {other:?}"),
+        }
+        assert!(resolved.dead_letters.is_empty());
+    }
+
+    #[test]
+    fn a_row_naming_one_table_more_than_max_tables_is_a_dead_letter_naming_the_bound() {
+        let mut resolver = resolver(", max_tables: 1");
+        let rows = batch(&[0, 1, 0]);
+        let inputs = [&rows];
+        let resolved = resolver.resolve(&epoch(&inputs)).unwrap();
+        assert_eq!(resolved.tables, ["t_0"]);
+        assert_eq!(resolved.of_row, [Some(0), None, Some(0)]);
+        assert_eq!(resolved.dead_letters.len(), 1);
+        assert_eq!(resolved.dead_letters[0].offset, Some(1));
+        assert!(resolved.dead_letters[0].reason.starts_with(
+            "the row names table `t_1`, but the sink's rows already named max_tables (1) tables"
+        ));
+    }
+}

@@ -187,7 +187,7 @@ impl Readiness for Targets {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use flow_core::registry::{SinkBuildContext, SourceSubjects};
@@ -196,7 +196,9 @@ mod tests {
     use crate::config::guarantee::SinkClass;
     use crate::delivery::sink_state::build_shared;
 
-    fn targets(missing_table: &str) -> Targets {
+    /// The targets of an at-least-once sink over the generator's stream with `parameters` (a
+    /// YAML flow mapping, `table` a template).
+    pub(crate) fn targets_of(parameters: &str) -> Targets {
         let inputs = [("rows".to_owned(), flow_core::sources::generator::schema())];
         let ctx = SinkBuildContext {
             pipeline: "p",
@@ -206,10 +208,7 @@ mod tests {
             inputs: &inputs,
             subjects: SourceSubjects::Unknown,
         };
-        let parameters: serde_yaml::Value = serde_yaml::from_str(&format!(
-            "{{host: '127.0.0.1:1', table: 't_{{partition}}', missing_table: {missing_table}}}"
-        ))
-        .unwrap();
+        let parameters: serde_yaml::Value = serde_yaml::from_str(parameters).unwrap();
         let base = build_shared(
             SinkClass::AtLeastOnce,
             &ctx,
@@ -218,6 +217,12 @@ mod tests {
         )
         .unwrap();
         Targets::new(base)
+    }
+
+    fn targets(missing_table: &str) -> Targets {
+        targets_of(&format!(
+            "{{host: '127.0.0.1:1', table: 't_{{partition}}', missing_table: {missing_table}}}"
+        ))
     }
 
     #[test]
