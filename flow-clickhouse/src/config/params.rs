@@ -141,10 +141,10 @@ pub struct ClickHouseParams {
     /// The database of `table` (default `default`).
     pub database: String,
     /// Required unless `tables` is set: a table name, or a template over input columns and
-    /// the broker subject (`events_{event_type}`, `{subject[1]}`; exactly-once classes only).
+    /// the broker subject (`events_{event_type}`, `{subject[1]}`; every class but the at-most-once queue).
     pub table: String,
     /// Broker subject -> table (`tables: {"orders.created": orders_created}`); instead of
-    /// `table`, exactly-once classes only.
+    /// `table`; every class but the at-most-once queue.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub tables: BTreeMap<String, String>,
     /// With a table template: what a message whose table does not exist does.
