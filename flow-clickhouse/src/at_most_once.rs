@@ -16,6 +16,7 @@
 //! has ended) and the queue is empty, so a program that runs pipelines one after another does not
 //! accumulate tasks.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -63,13 +64,15 @@ pub fn build(
 }
 
 /// Rows by fate, for the whole sink: totals of this run, and what the persisted counters do not
-/// hold yet (committed with the next epoch of any partition, or at a drain or stop).
+/// hold yet (committed with the next epoch of any partition, or at a drain or stop); with a
+/// table template, what is not recorded yet is kept by table, for the counters' `table` label.
 #[derive(Default)]
 pub struct Counters {
     pub delivered_rows: AtomicU64,
     pub dropped_rows: AtomicU64,
     pub lost_rows: AtomicU64,
     unrecorded: [AtomicU64; 3],
+    unrecorded_by_table: Mutex<BTreeMap<String, [u64; 3]>>,
 }
 
 /// The persisted counts of [`Counters::unrecorded`], in its order.
@@ -80,32 +83,59 @@ const RECORDED: [SinkCount; 3] = [
 ];
 
 impl Counters {
-    fn delivered(&self, rows: u64) {
+    /// `rows` delivered, into `table` when the sink writes many (`None`: its one table).
+    fn delivered(&self, table: Option<&str>, rows: u64) {
         self.delivered_rows.fetch_add(rows, Ordering::Relaxed);
-        self.unrecorded[0].fetch_add(rows, Ordering::Relaxed);
+        self.unrecorded(0, table, rows);
     }
 
     fn dropped(&self, rows: u64) {
         self.dropped_rows.fetch_add(rows, Ordering::Relaxed);
-        self.unrecorded[1].fetch_add(rows, Ordering::Relaxed);
+        self.unrecorded(1, None, rows);
     }
 
-    fn lost(&self, rows: u64) {
+    /// `rows` lost, of `table` when the sink writes many.
+    fn lost(&self, table: Option<&str>, rows: u64) {
         self.lost_rows.fetch_add(rows, Ordering::Relaxed);
-        self.unrecorded[2].fetch_add(rows, Ordering::Relaxed);
+        self.unrecorded(2, table, rows);
+    }
+
+    /// Adds `rows` to the unrecorded count at `index` (of [`RECORDED`]), by table if any.
+    fn unrecorded(&self, index: usize, table: Option<&str>, rows: u64) {
+        let Some(table) = table else {
+            self.unrecorded[index].fetch_add(rows, Ordering::Relaxed);
+            return;
+        };
+        let mut by_table = self
+            .unrecorded_by_table
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        by_table.entry(table.to_owned()).or_default()[index] += rows;
     }
 
     /// What was counted since the last call, as additions to the persisted counters. Rows
     /// counted and not yet committed when the process dies are missing from the persisted
     /// totals: an at-most-once sink's counters are at most once too.
     fn take(&self, metrics: &SinkMetrics) -> Vec<CounterAdd> {
-        RECORDED
+        let mut adds: Vec<CounterAdd> = RECORDED
             .iter()
             .zip(&self.unrecorded)
             .map(|(count, pending)| (count, pending.swap(0, Ordering::Relaxed)))
             .filter(|(_, by)| *by > 0)
             .map(|(count, by)| metrics.add(count.clone(), None, by))
-            .collect()
+            .collect();
+        let by_table = std::mem::take(
+            &mut *self
+                .unrecorded_by_table
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        for (table, pending) in by_table {
+            let metrics = metrics.for_table(&table);
+            let counts = RECORDED.iter().zip(pending).filter(|(_, by)| *by > 0);
+            adds.extend(counts.map(|(count, by)| metrics.add(count.clone(), None, by)));
+        }
+        adds
     }
 
     /// Persists what was counted since the last commit, at a drain or a stop.
@@ -210,8 +240,9 @@ impl Sink for AtMostOnceSink {
         if let Some(tables) = &self.tables {
             let remove = RemoveRequeued::BeforeInsert;
             let sent = tables.send_requeued(&self.ctx, remove).await?;
-            self.counters.delivered(sent.delivered);
-            self.counters.lost(sent.lost);
+            // Requeued rows are counted for the sink as a whole.
+            self.counters.delivered(None, sent.delivered);
+            self.counters.lost(None, sent.lost);
         }
         Ok(())
     }
@@ -291,13 +322,14 @@ impl Sink for AtMostOnceSink {
             .get_or_insert_with(|| start_ordered(Arc::clone(&self.counters), self.ctx.partition));
         for ordered_part in self.pending.drain(..) {
             let rows = ordered_part.part.rows;
+            let table = ordered_part.metrics.table().map(str::to_owned);
             let permit = self.budget.acquire(ordered_part.part.payload.len()).await;
             let sent = match &ordered.tx {
                 Some(tx) => tx.send((ordered_part, permit)).await.is_ok(),
                 None => false,
             };
             if !sent {
-                self.counters.lost(rows);
+                self.counters.lost(table.as_deref(), rows);
             }
         }
         Ok(())
@@ -403,7 +435,7 @@ fn start_ordered(counters: Arc<Counters>, partition: u32) -> OrderedDelivery {
                 part,
             } = ordered;
             if *stop_rx.borrow() {
-                counters.lost(part.rows);
+                counters.lost(metrics.table(), part.rows);
                 continue;
             }
             let target = Target {
@@ -443,11 +475,11 @@ async fn deliver_once(
     let session = match shared.session(stop).await {
         Ok(Some(session)) => session,
         Ok(None) => {
-            counters.lost(part.rows);
+            counters.lost(metrics.table(), part.rows);
             return;
         }
         Err(err) => {
-            counters.lost(part.rows);
+            counters.lost(metrics.table(), part.rows);
             warn!(partition, rows = part.rows, error = %err, "at-most-once rows lost: the session cannot start");
             return;
         }
@@ -455,7 +487,7 @@ async fn deliver_once(
     let request = InsertRequest::unrecorded(part, metrics);
     match insert_part(shared, &session, request, stop).await {
         Ok(_) => {
-            counters.delivered(part.rows);
+            counters.delivered(metrics.table(), part.rows);
         }
         // Without an attempt log nothing expires, nothing is recorded and nothing is replanned.
         Err(
@@ -464,12 +496,12 @@ async fn deliver_once(
             | InsertFailure::State(_)
             | InsertFailure::Replanned,
         ) => {
-            counters.lost(part.rows);
+            counters.lost(metrics.table(), part.rows);
         }
         Err(InsertFailure::GaveUp(GaveUp {
             error, endpoint, ..
         })) => {
-            counters.lost(part.rows);
+            counters.lost(metrics.table(), part.rows);
             warn!(
                 database = %session.database,
                 table = %session.table,
@@ -718,6 +750,33 @@ mod tests {
             &serde_yaml::Value::Null,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn counts_of_a_table_of_a_sink_writing_many_are_recorded_with_its_table() {
+        let counters = Counters::default();
+        counters.delivered(None, 2);
+        counters.delivered(Some("t_a"), 5);
+        counters.lost(Some("t_a"), 1);
+        counters.delivered(Some("t_b"), 3);
+        let dir = tempfile::tempdir().unwrap();
+        let store = flow_state::StateStore::open(dir.path()).unwrap();
+        let metrics = SinkMetrics::new(flow_core::Metrics::new(), store, "p", "s", 0);
+        let adds: Vec<(String, u64)> = counters
+            .take(&metrics)
+            .into_iter()
+            .map(|add| (add.name, add.by))
+            .collect();
+        let expected = [
+            ("rows_delivered", 2),
+            ("rows_delivered;table=t_a", 5),
+            ("lost_rows;table=t_a", 1),
+            ("rows_delivered;table=t_b", 3),
+        ]
+        .map(|(name, by)| (name.to_owned(), by));
+        assert_eq!(adds, expected);
+        assert_eq!(counters.delivered_rows.load(Ordering::Relaxed), 10);
+        assert!(counters.take(&metrics).is_empty(), "taken once");
     }
 
     #[tokio::test]

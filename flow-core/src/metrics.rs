@@ -795,6 +795,11 @@ impl SinkMetrics {
         }
     }
 
+    /// The table of this handle ([`SinkMetrics::for_table`]); `None` for a sink's own.
+    pub fn table(&self) -> Option<&str> {
+        self.table.as_deref()
+    }
+
     /// Has `/ready` ask `probe` about this sink (one probe per sink: each partition's call
     /// replaces the last).
     pub fn register_readiness(&self, probe: Weak<dyn Readiness>) {
