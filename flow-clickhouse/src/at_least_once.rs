@@ -33,33 +33,43 @@ use crate::delivery::sink_state::{build_shared, SinkShared};
 use crate::delivery::split::{Isolated, RefusedPart};
 use crate::server::classify::{is_row_rejection, ClassifiedError};
 use crate::server::session::WriterSession;
+use crate::tables::direct::{EpochTables, ManyTables, PartitionTables, RemoveRequeued, TableParts};
 
 pub fn build(
     ctx: &SinkBuildContext<'_>,
     parameters: &serde_yaml::Value,
     dynamic: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SinkFactory>> {
+    let shared = build_shared(SinkClass::AtLeastOnce, ctx, parameters, dynamic)?;
     Ok(Arc::new(AtLeastOnceFactory {
-        shared: build_shared(SinkClass::AtLeastOnce, ctx, parameters, dynamic)?,
+        tables: ManyTables::of(&shared, ctx)?,
+        shared,
     }))
 }
 
 struct AtLeastOnceFactory {
+    /// The sink's state; with many tables, its parameters hold the template (each table has
+    /// its own in `tables`).
     shared: Arc<SinkShared>,
+    tables: Option<ManyTables>,
 }
 
 impl SinkFactory for AtLeastOnceFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
-        self.shared.start_session_early(&ctx.shutdown, &ctx.metrics);
+        let tables = ManyTables::for_partition(self.tables.as_ref(), &self.shared, &ctx)?;
         Ok(Box::new(AtLeastOnceSink {
             shared: Arc::clone(&self.shared),
             ctx,
             cutter: BatchCutter::default(),
+            tables,
         }))
     }
 
     fn reconfigure(&self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
-        self.shared.reconfigure(dynamic)
+        match &self.tables {
+            Some(many) => many.targets.reconfigure(dynamic),
+            None => self.shared.reconfigure(dynamic),
+        }
     }
 }
 
@@ -67,6 +77,64 @@ struct AtLeastOnceSink {
     shared: Arc<SinkShared>,
     ctx: SinkContext,
     cutter: BatchCutter,
+    /// With a table template: this partition's tables.
+    tables: Option<PartitionTables>,
+}
+
+impl AtLeastOnceSink {
+    /// The epoch's parts by table, and the rows set aside; or what the epoch is answered
+    /// without inserting (a wait, or a stop before the session started).
+    async fn cut(
+        &mut self,
+        epoch: &Epoch<'_>,
+    ) -> Result<Result<(Vec<TableParts>, Vec<DeadLetter>), EpochOutcome>, SinkError> {
+        if let Some(tables) = &mut self.tables {
+            return Ok(match tables.cut(epoch).await? {
+                EpochTables::Cut {
+                    tables,
+                    dead_letters,
+                } => Ok((tables, dead_letters)),
+                EpochTables::Outcome(outcome) => Err(outcome),
+            });
+        }
+        let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
+            return Ok(Err(SinkShared::not_started()));
+        };
+        let EpochCut {
+            parts,
+            dead_letters,
+            ..
+        } = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
+        let table = TableParts {
+            shared: Arc::clone(&self.shared),
+            session,
+            parts,
+        };
+        Ok(Ok((vec![table], dead_letters)))
+    }
+}
+
+/// Inserts each table's parts in turn; the epoch commits once every one is in, with the rows
+/// set aside (`dead_letters`, then those each table's inserts set aside) and what was delivered.
+async fn insert_tables(
+    tables: Vec<EpochInserts>,
+    mut dead_letters: Vec<DeadLetter>,
+) -> Result<EpochOutcome, SinkError> {
+    let mut counters = Vec::new();
+    for inserts in tables {
+        match inserts.run().await? {
+            EpochOutcome::Commit(write) => {
+                dead_letters.extend(write.dead_letters);
+                counters.extend(write.counters);
+            }
+            other => return Ok(other),
+        }
+    }
+    Ok(EpochOutcome::Commit(EpochWrite {
+        dead_letters,
+        counters,
+        ..EpochWrite::default()
+    }))
 }
 
 /// One epoch's parts on their way into ClickHouse. It owns the encoded parts, so the sink
@@ -187,6 +255,14 @@ impl EpochInserts {
     }
 }
 
+/// The metrics handle of a table's inserts: labelled with the table when the sink writes many.
+fn table_metrics(metrics: &SinkMetrics, shared: &SinkShared, many: bool) -> SinkMetrics {
+    match many {
+        true => metrics.for_table(&shared.params.table),
+        false => metrics.clone(),
+    }
+}
+
 fn stopping(retry_after: Duration) -> EpochOutcome {
     EpochOutcome::Veto {
         reason: "the pipeline is stopping before the epoch was written".to_owned(),
@@ -196,28 +272,41 @@ fn stopping(retry_after: Duration) -> EpochOutcome {
 
 #[async_trait]
 impl Sink for AtLeastOnceSink {
+    /// With a table template, sends the rows requeued for a table that was missing.
+    async fn open(&mut self) -> Result<(), SinkError> {
+        if let Some(tables) = &self.tables {
+            let remove = RemoveRequeued::AfterInsert;
+            tables.send_requeued(&self.ctx, remove).await?;
+        }
+        Ok(())
+    }
+
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
-        let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
-            return Ok(SinkShared::not_started());
+        let (tables, dead_letters) = match self.cut(epoch).await? {
+            Ok(cut) => cut,
+            Err(outcome) => return Ok(outcome),
         };
-        let EpochCut {
-            parts,
-            dead_letters,
-            ..
-        } = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
-        let inserts = EpochInserts {
-            shared: Arc::clone(&self.shared),
-            session,
-            metrics: self.ctx.metrics.clone(),
-            partition: self.ctx.partition,
-            stop: self.ctx.shutdown.clone(),
-            parts,
-            dead_letters,
-        };
-        Ok(EpochOutcome::Pending(PendingWrite::new(inserts.run())))
+        let many = self.tables.is_some();
+        let inserts = tables
+            .into_iter()
+            .map(|table| EpochInserts {
+                metrics: table_metrics(&self.ctx.metrics, &table.shared, many),
+                shared: table.shared,
+                session: table.session,
+                partition: self.ctx.partition,
+                stop: self.ctx.shutdown.clone(),
+                parts: table.parts,
+                dead_letters: Vec::new(),
+            })
+            .collect();
+        let pending = insert_tables(inserts, dead_letters);
+        Ok(EpochOutcome::Pending(PendingWrite::new(pending)))
     }
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
-        self.shared.reconfigure(dynamic)
+        match &self.tables {
+            Some(tables) => tables.reconfigure(dynamic),
+            None => self.shared.reconfigure(dynamic),
+        }
     }
 }

@@ -16,6 +16,7 @@
 //! has ended) and the queue is empty, so a program that runs pipelines one after another does not
 //! accumulate tasks.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,6 +40,7 @@ use crate::delivery::cutter::{encode_routed, reject_row, BadRows, BatchCutter, P
 use crate::delivery::insert::{insert_part, GaveUp, InsertFailure, InsertRequest};
 use crate::delivery::sink_state::{build_shared, SinkShared};
 use crate::encode::compress::seal;
+use crate::tables::direct::{EpochTables, ManyTables, PartitionTables, RemoveRequeued};
 
 /// Parts a partition may keep waiting for ordered delivery before its epochs wait.
 const PENDING_PARTS: usize = 8;
@@ -53,6 +55,7 @@ pub fn build(
     let shared = build_shared(SinkClass::AtMostOnce, ctx, parameters, dynamic)?;
     let queued = shared.params.at_most_once_queue;
     Ok(Arc::new(AtMostOnceFactory {
+        tables: ManyTables::of(&shared, ctx)?,
         counters: Arc::new(Counters::default()),
         budget: ByteBudget::new(shared.in_flight_budget()),
         queue: queued.then(|| Arc::new(SharedQueue::default())),
@@ -61,13 +64,15 @@ pub fn build(
 }
 
 /// Rows by fate, for the whole sink: totals of this run, and what the persisted counters do not
-/// hold yet (committed with the next epoch of any partition, or at a drain or stop).
+/// hold yet (committed with the next epoch of any partition, or at a drain or stop); with a
+/// table template, what is not recorded yet is kept by table, for the counters' `table` label.
 #[derive(Default)]
 pub struct Counters {
     pub delivered_rows: AtomicU64,
     pub dropped_rows: AtomicU64,
     pub lost_rows: AtomicU64,
     unrecorded: [AtomicU64; 3],
+    unrecorded_by_table: Mutex<BTreeMap<String, [u64; 3]>>,
 }
 
 /// The persisted counts of [`Counters::unrecorded`], in its order.
@@ -78,32 +83,59 @@ const RECORDED: [SinkCount; 3] = [
 ];
 
 impl Counters {
-    fn delivered(&self, rows: u64) {
+    /// `rows` delivered, into `table` when the sink writes many (`None`: its one table).
+    fn delivered(&self, table: Option<&str>, rows: u64) {
         self.delivered_rows.fetch_add(rows, Ordering::Relaxed);
-        self.unrecorded[0].fetch_add(rows, Ordering::Relaxed);
+        self.unrecorded(0, table, rows);
     }
 
     fn dropped(&self, rows: u64) {
         self.dropped_rows.fetch_add(rows, Ordering::Relaxed);
-        self.unrecorded[1].fetch_add(rows, Ordering::Relaxed);
+        self.unrecorded(1, None, rows);
     }
 
-    fn lost(&self, rows: u64) {
+    /// `rows` lost, of `table` when the sink writes many.
+    fn lost(&self, table: Option<&str>, rows: u64) {
         self.lost_rows.fetch_add(rows, Ordering::Relaxed);
-        self.unrecorded[2].fetch_add(rows, Ordering::Relaxed);
+        self.unrecorded(2, table, rows);
+    }
+
+    /// Adds `rows` to the unrecorded count at `index` (of [`RECORDED`]), by table if any.
+    fn unrecorded(&self, index: usize, table: Option<&str>, rows: u64) {
+        let Some(table) = table else {
+            self.unrecorded[index].fetch_add(rows, Ordering::Relaxed);
+            return;
+        };
+        let mut by_table = self
+            .unrecorded_by_table
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        by_table.entry(table.to_owned()).or_default()[index] += rows;
     }
 
     /// What was counted since the last call, as additions to the persisted counters. Rows
     /// counted and not yet committed when the process dies are missing from the persisted
     /// totals: an at-most-once sink's counters are at most once too.
     fn take(&self, metrics: &SinkMetrics) -> Vec<CounterAdd> {
-        RECORDED
+        let mut adds: Vec<CounterAdd> = RECORDED
             .iter()
             .zip(&self.unrecorded)
             .map(|(count, pending)| (count, pending.swap(0, Ordering::Relaxed)))
             .filter(|(_, by)| *by > 0)
             .map(|(count, by)| metrics.add(count.clone(), None, by))
-            .collect()
+            .collect();
+        let by_table = std::mem::take(
+            &mut *self
+                .unrecorded_by_table
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        for (table, pending) in by_table {
+            let metrics = metrics.for_table(&table);
+            let counts = RECORDED.iter().zip(pending).filter(|(_, by)| *by > 0);
+            adds.extend(counts.map(|(count, by)| metrics.add(count.clone(), None, by)));
+        }
+        adds
     }
 
     /// Persists what was counted since the last commit, at a drain or a stop.
@@ -135,6 +167,8 @@ struct AtMostOnceFactory {
     budget: Arc<ByteBudget>,
     /// The bounded lossy queue (`enabled: true`), shared by every partition.
     queue: Option<Arc<SharedQueue>>,
+    /// With a table template (ordered mode only: validation refuses it with the queue).
+    tables: Option<ManyTables>,
 }
 
 impl Drop for AtMostOnceFactory {
@@ -148,7 +182,7 @@ impl Drop for AtMostOnceFactory {
 
 impl SinkFactory for AtMostOnceFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
-        self.shared.start_session_early(&ctx.shutdown, &ctx.metrics);
+        let tables = ManyTables::for_partition(self.tables.as_ref(), &self.shared, &ctx)?;
         if let Some(queue) = &self.queue {
             queue.ensure_task(&self.shared, &self.counters, &ctx.metrics);
         }
@@ -160,13 +194,17 @@ impl SinkFactory for AtMostOnceFactory {
             ctx,
             cutter: BatchCutter::default(),
             pending: Vec::new(),
+            tables,
             ordered: None,
             key: Vec::new(),
         }))
     }
 
     fn reconfigure(&self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
-        self.shared.reconfigure(dynamic)?;
+        match &self.tables {
+            Some(many) => many.targets.reconfigure(dynamic)?,
+            None => self.shared.reconfigure(dynamic)?,
+        }
         self.budget.resize(self.shared.in_flight_budget());
         Ok(())
     }
@@ -179,22 +217,40 @@ struct AtMostOnceSink {
     queue: Option<Arc<SharedQueue>>,
     ctx: SinkContext,
     cutter: BatchCutter,
-    /// Parts of the epoch being committed (ordered mode).
-    pending: Vec<Part>,
+    /// Parts of the epoch being committed, each with its table's state (ordered mode).
+    pending: Vec<OrderedPart>,
+    /// With a table template: this partition's tables.
+    tables: Option<PartitionTables>,
     ordered: Option<OrderedDelivery>,
     key: Vec<u8>,
 }
 
 /// The ordered mode's delivery task of one partition.
 struct OrderedDelivery {
-    tx: Option<mpsc::Sender<(Part, BudgetPermit)>>,
+    tx: Option<mpsc::Sender<(OrderedPart, BudgetPermit)>>,
     task: JoinHandle<()>,
     stop: watch::Sender<bool>,
 }
 
 #[async_trait]
 impl Sink for AtMostOnceSink {
+    /// With a table template, sends the rows requeued for a table that was missing, each
+    /// removed from the outbox before its INSERT.
+    async fn open(&mut self) -> Result<(), SinkError> {
+        if let Some(tables) = &self.tables {
+            let remove = RemoveRequeued::BeforeInsert;
+            let sent = tables.send_requeued(&self.ctx, remove).await?;
+            // Requeued rows are counted for the sink as a whole.
+            self.counters.delivered(None, sent.delivered);
+            self.counters.lost(None, sent.lost);
+        }
+        Ok(())
+    }
+
     async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        if self.tables.is_some() {
+            return self.write_tables(epoch).await;
+        }
         let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
             return Ok(SinkShared::not_started());
         };
@@ -225,7 +281,16 @@ impl Sink for AtMostOnceSink {
                     return Ok(SinkShared::not_started());
                 }
                 let cut = self.cutter.cut_epoch(&self.shared, &session, epoch).await?;
-                self.pending = cut.parts;
+                let (shared, metrics) = (&self.shared, &self.ctx.metrics);
+                self.pending = cut
+                    .parts
+                    .into_iter()
+                    .map(|part| OrderedPart {
+                        shared: Arc::clone(shared),
+                        metrics: metrics.clone(),
+                        part,
+                    })
+                    .collect();
                 dead_letters = cut.dead_letters;
             }
         }
@@ -239,7 +304,7 @@ impl Sink for AtMostOnceSink {
     /// The ordered mode takes slices; the queue mode takes whole epochs, since it enqueues
     /// rows as they are encoded and could not take back a slice of a vetoed epoch.
     fn takes_slices(&self) -> bool {
-        self.queue.is_none()
+        self.queue.is_none() && self.tables.is_none()
     }
 
     async fn write_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
@@ -252,23 +317,19 @@ impl Sink for AtMostOnceSink {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let ordered = self.ordered.get_or_insert_with(|| {
-            start_ordered(
-                Arc::clone(&self.shared),
-                Arc::clone(&self.counters),
-                self.ctx.metrics.clone(),
-                self.ctx.partition,
-            )
-        });
-        for part in self.pending.drain(..) {
-            let rows = part.rows;
-            let permit = self.budget.acquire(part.payload.len()).await;
+        let ordered = self
+            .ordered
+            .get_or_insert_with(|| start_ordered(Arc::clone(&self.counters), self.ctx.partition));
+        for ordered_part in self.pending.drain(..) {
+            let rows = ordered_part.part.rows;
+            let table = ordered_part.metrics.table().map(str::to_owned);
+            let permit = self.budget.acquire(ordered_part.part.payload.len()).await;
             let sent = match &ordered.tx {
-                Some(tx) => tx.send((part, permit)).await.is_ok(),
+                Some(tx) => tx.send((ordered_part, permit)).await.is_ok(),
                 None => false,
             };
             if !sent {
-                self.counters.lost(rows);
+                self.counters.lost(table.as_deref(), rows);
             }
         }
         Ok(())
@@ -308,25 +369,73 @@ impl Sink for AtMostOnceSink {
     }
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {
-        self.shared.reconfigure(dynamic)?;
+        match &self.tables {
+            Some(tables) => tables.reconfigure(dynamic)?,
+            None => self.shared.reconfigure(dynamic)?,
+        }
         self.budget.resize(self.shared.in_flight_budget());
         Ok(())
     }
 }
 
-fn start_ordered(
+impl AtMostOnceSink {
+    /// [`Sink::write_epoch`] with a table template: each table's parts wait for the commit, as
+    /// one table's do.
+    async fn write_tables(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        let Some(tables) = &mut self.tables else {
+            return Err(SinkError::Refused(
+                "an at-most-once sink without a table template was asked for its tables; this is a bug, please report it".to_owned(),
+            ));
+        };
+        let (tables, dead_letters) = match tables.cut(epoch).await? {
+            EpochTables::Cut {
+                tables,
+                dead_letters,
+            } => (tables, dead_letters),
+            EpochTables::Outcome(outcome) => return Ok(outcome),
+        };
+        let metrics = &self.ctx.metrics;
+        self.pending = tables
+            .into_iter()
+            .flat_map(|table| {
+                // Its INSERTs' timings and errors carry the table's label.
+                let metrics = metrics.for_table(&table.shared.params.table);
+                let shared = table.shared;
+                table.parts.into_iter().map(move |part| OrderedPart {
+                    shared: Arc::clone(&shared),
+                    metrics: metrics.clone(),
+                    part,
+                })
+            })
+            .collect();
+        Ok(EpochOutcome::Commit(EpochWrite {
+            dead_letters,
+            counters: self.counters.take(&self.ctx.metrics),
+            ..EpochWrite::default()
+        }))
+    }
+}
+
+/// A part waiting for ordered delivery, with its table's state and metrics handle.
+struct OrderedPart {
     shared: Arc<SinkShared>,
-    counters: Arc<Counters>,
     metrics: SinkMetrics,
-    partition: u32,
-) -> OrderedDelivery {
-    let (tx, mut rx) = mpsc::channel::<(Part, BudgetPermit)>(PENDING_PARTS);
+    part: Part,
+}
+
+fn start_ordered(counters: Arc<Counters>, partition: u32) -> OrderedDelivery {
+    let (tx, mut rx) = mpsc::channel::<(OrderedPart, BudgetPermit)>(PENDING_PARTS);
     let (stop, mut stop_rx) = watch::channel(false);
     let task = tokio::spawn(async move {
         // The permit goes back to the budget once the part is delivered or lost.
-        while let Some((part, _permit)) = rx.recv().await {
+        while let Some((ordered, _permit)) = rx.recv().await {
+            let OrderedPart {
+                shared,
+                metrics,
+                part,
+            } = ordered;
             if *stop_rx.borrow() {
-                counters.lost(part.rows);
+                counters.lost(metrics.table(), part.rows);
                 continue;
             }
             let target = Target {
@@ -366,11 +475,11 @@ async fn deliver_once(
     let session = match shared.session(stop).await {
         Ok(Some(session)) => session,
         Ok(None) => {
-            counters.lost(part.rows);
+            counters.lost(metrics.table(), part.rows);
             return;
         }
         Err(err) => {
-            counters.lost(part.rows);
+            counters.lost(metrics.table(), part.rows);
             warn!(partition, rows = part.rows, error = %err, "at-most-once rows lost: the session cannot start");
             return;
         }
@@ -378,7 +487,7 @@ async fn deliver_once(
     let request = InsertRequest::unrecorded(part, metrics);
     match insert_part(shared, &session, request, stop).await {
         Ok(_) => {
-            counters.delivered(part.rows);
+            counters.delivered(metrics.table(), part.rows);
         }
         // Without an attempt log nothing expires, nothing is recorded and nothing is replanned.
         Err(
@@ -387,12 +496,12 @@ async fn deliver_once(
             | InsertFailure::State(_)
             | InsertFailure::Replanned,
         ) => {
-            counters.lost(part.rows);
+            counters.lost(metrics.table(), part.rows);
         }
         Err(InsertFailure::GaveUp(GaveUp {
             error, endpoint, ..
         })) => {
-            counters.lost(part.rows);
+            counters.lost(metrics.table(), part.rows);
             warn!(
                 database = %session.database,
                 table = %session.table,
@@ -643,6 +752,33 @@ mod tests {
         .unwrap()
     }
 
+    #[test]
+    fn counts_of_a_table_of_a_sink_writing_many_are_recorded_with_its_table() {
+        let counters = Counters::default();
+        counters.delivered(None, 2);
+        counters.delivered(Some("t_a"), 5);
+        counters.lost(Some("t_a"), 1);
+        counters.delivered(Some("t_b"), 3);
+        let dir = tempfile::tempdir().unwrap();
+        let store = flow_state::StateStore::open(dir.path()).unwrap();
+        let metrics = SinkMetrics::new(flow_core::Metrics::new(), store, "p", "s", 0);
+        let adds: Vec<(String, u64)> = counters
+            .take(&metrics)
+            .into_iter()
+            .map(|add| (add.name, add.by))
+            .collect();
+        let expected = [
+            ("rows_delivered", 2),
+            ("rows_delivered;table=t_a", 5),
+            ("lost_rows;table=t_a", 1),
+            ("rows_delivered;table=t_b", 3),
+        ]
+        .map(|(name, by)| (name.to_owned(), by));
+        assert_eq!(adds, expected);
+        assert_eq!(counters.delivered_rows.load(Ordering::Relaxed), 10);
+        assert!(counters.take(&metrics).is_empty(), "taken once");
+    }
+
     #[tokio::test]
     async fn queue_task_ends_once_the_factory_is_dropped_and_the_queue_is_empty() {
         let shared = shared();
@@ -650,6 +786,7 @@ mod tests {
             counters: Arc::new(Counters::default()),
             budget: ByteBudget::new(1 << 20),
             queue: Some(Arc::new(SharedQueue::default())),
+            tables: None,
             shared: Arc::clone(&shared),
         };
         let queue = factory.queue.clone().unwrap();

@@ -19,10 +19,12 @@
 //!   `deliverer`, batches `rebuild`-t from the source, topology `fingerprint`s, and the check
 //!   whether a part sent while the table's columns changed `landed` (by message id).
 //! - `tables/`: many tables from one stream (`table: "events_{event_type}"`, `{subject[1]}`,
-//!   a `tables:` map; exactly-once classes): the `template`, the broker `subjects` resolved
+//!   a `tables:` map; every class): the `template`, the broker `subjects` resolved
 //!   per partition, the per-table `targets` (each its own session, schema check,
-//!   fingerprints, tokens), the `sink` that splits an epoch by table and the `deliverers` that
-//!   send each stored batch through its table's deliverer.
+//!   fingerprints, tokens), the `resolver` of each row's table (and of a missing table's dead
+//!   letter or wait), the exactly-once `sink` that splits an epoch by table and the
+//!   `deliverers` that send each stored batch through its table's deliverer, and `direct`: the
+//!   same split into parts for the classes without an outbox.
 //! - `at_least_once.rs`, `at_most_once.rs`: the other two classes.
 //! - `verify.rs`: checks that the replicas of every shard hold the same rows.
 //!

@@ -17,7 +17,7 @@ use flow_state::{
     CounterAdd, ErrorRecord, PipelineSummary, SinkRunStatus, StateError, StateStore, StoredCounter,
     SOURCE_OWNER,
 };
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -100,6 +100,8 @@ pub struct SinkCounter {
     pub count: SinkCount,
     /// The shard (`None` when the sink is not sharded or the count is not a shard's).
     pub shard: Option<String>,
+    /// The table, for a sink that writes many (a table template); `None` for one table.
+    pub table: Option<String>,
 }
 
 impl SinkCounter {
@@ -108,11 +110,18 @@ impl SinkCounter {
         SinkCounter {
             count,
             shard: shard.filter(|s| !s.is_empty()).map(str::to_owned),
+            table: None,
         }
     }
 
+    /// The same counter of table `table` (`None`: the sink writes one table).
+    pub fn in_table(mut self, table: Option<&str>) -> SinkCounter {
+        self.table = table.filter(|t| !t.is_empty()).map(str::to_owned);
+        self
+    }
+
     /// The name it is persisted under: `rows_delivered`, `rows_delivered;shard=a`,
-    /// `insert_errors;shard=a;class=retryable;code=210`.
+    /// `rows_delivered;shard=a;table=events_buy`, `insert_errors;shard=a;class=retryable;code=210`.
     pub fn name(&self) -> String {
         let base = match &self.count {
             SinkCount::RowsDelivered => "rows_delivered",
@@ -129,6 +138,10 @@ impl SinkCounter {
         if let Some(shard) = &self.shard {
             name.push_str(";shard=");
             name.push_str(shard);
+        }
+        if let Some(table) = &self.table {
+            name.push_str(";table=");
+            name.push_str(table);
         }
         if let SinkCount::InsertErrors { class, code } = &self.count {
             name.push_str(";class=");
@@ -167,7 +180,10 @@ impl SinkCounter {
             "unanswered_inserts" => SinkCount::UnansweredInserts,
             _ => return None,
         };
-        Some(SinkCounter::new(count, labels.get("shard").copied()))
+        Some(
+            SinkCounter::new(count, labels.get("shard").copied())
+                .in_table(labels.get("table").copied()),
+        )
     }
 }
 
@@ -183,6 +199,22 @@ struct ShardLabels {
     sink: String,
     partition: u32,
     shard: Option<String>,
+    #[prometheus(flatten)]
+    table: TableLabel,
+}
+
+/// The `table` label of a sink that writes many tables; absent (not empty) for one table, so
+/// that a single table's series keep their labels.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, PartialOrd, Ord)]
+struct TableLabel(Option<String>);
+
+impl EncodeLabelSet for TableLabel {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        match &self.0 {
+            Some(table) => [("table", table.as_str())].encode(encoder),
+            None => Ok(()),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -191,6 +223,8 @@ struct ErrorLabels {
     sink: String,
     partition: u32,
     shard: Option<String>,
+    #[prometheus(flatten)]
+    table: TableLabel,
     class: String,
     code: Option<u32>,
 }
@@ -466,6 +500,7 @@ impl Metrics {
                 sink: sink.sink.clone(),
                 partition: sink.partition,
                 shard: shard.filter(|s| !s.is_empty()),
+                table: TableLabel::default(),
             };
             for (shard, backlog) in &sink.shards {
                 let labels = labels(Some(shard.clone()));
@@ -680,6 +715,7 @@ impl SinkFamilies {
             sink: sink.to_owned(),
             partition,
             shard: counter.shard.clone(),
+            table: TableLabel(counter.table.clone()),
         };
         let family = match &counter.count {
             SinkCount::RowsDelivered => &self.rows_delivered,
@@ -694,6 +730,7 @@ impl SinkFamilies {
                 let labels = ErrorLabels {
                     pipeline: labels.pipeline,
                     sink: labels.sink,
+                    table: labels.table,
                     partition,
                     shard: labels.shard,
                     class: class.clone(),
@@ -726,6 +763,8 @@ pub struct SinkMetrics {
     pipeline: String,
     sink: String,
     partition: u32,
+    /// The table of a sink that writes many; `None` for one table.
+    table: Option<String>,
 }
 
 impl SinkMetrics {
@@ -743,7 +782,22 @@ impl SinkMetrics {
             pipeline: pipeline.to_owned(),
             sink: sink.to_owned(),
             partition,
+            table: None,
         }
+    }
+
+    /// The handle of one table of a sink that writes many (a table template): its counts and
+    /// INSERT timings carry a `table` label.
+    pub fn for_table(&self, table: &str) -> SinkMetrics {
+        SinkMetrics {
+            table: Some(table.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    /// The table of this handle ([`SinkMetrics::for_table`]); `None` for a sink's own.
+    pub fn table(&self) -> Option<&str> {
+        self.table.as_deref()
     }
 
     /// Has `/ready` ask `probe` about this sink (one probe per sink: each partition's call
@@ -758,7 +812,9 @@ impl SinkMetrics {
     pub fn add(&self, count: SinkCount, shard: Option<&str>, by: u64) -> CounterAdd {
         CounterAdd {
             owner: self.sink.clone(),
-            name: SinkCounter::new(count, shard).name(),
+            name: SinkCounter::new(count, shard)
+                .in_table(self.table.as_deref())
+                .name(),
             by,
         }
     }
@@ -784,6 +840,7 @@ impl SinkMetrics {
             sink: self.sink.clone(),
             partition: self.partition,
             shard: shard.filter(|s| !s.is_empty()).map(str::to_owned),
+            table: TableLabel(self.table.clone()),
         };
         self.metrics
             .sink
@@ -928,6 +985,37 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("other"), "{text}");
+    }
+
+    #[test]
+    fn a_table_of_a_sink_writing_many_gets_a_table_label_and_one_table_none() {
+        let metrics = Metrics::new();
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let store = StateStore::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let sink = SinkMetrics::new(Arc::clone(&metrics), store, "p", "ch", 1);
+        let in_table = sink
+            .for_table("events_buy")
+            .add(SinkCount::RowsDelivered, Some("a"), 5);
+        assert_eq!(in_table.name, "rows_delivered;shard=a;table=events_buy");
+        assert_eq!(
+            SinkCounter::parse(&in_table.name),
+            Some(
+                SinkCounter::new(SinkCount::RowsDelivered, Some("a")).in_table(Some("events_buy"))
+            )
+        );
+        let one_table = sink.add(SinkCount::RowsDelivered, Some("a"), 3);
+        assert_eq!(one_table.name, "rows_delivered;shard=a");
+        sink.applied(&[in_table, one_table]);
+        sink.for_table("events_buy").observe_insert(Some("a"), 0.01);
+        let text = metrics.encode().unwrap_or_default();
+        let labels = "pipeline=\"p\",sink=\"ch\",partition=\"1\",shard=\"a\"";
+        for line in [
+            format!("flow_sink_rows_delivered_total{{{labels},table=\"events_buy\"}} 5\n"),
+            format!("flow_sink_rows_delivered_total{{{labels}}} 3\n"),
+            format!("flow_sink_insert_seconds_count{{{labels},table=\"events_buy\"}} 1\n"),
+        ] {
+            assert!(text.contains(&line), "{line} in {text}");
+        }
     }
 
     #[test]

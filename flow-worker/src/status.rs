@@ -256,6 +256,7 @@ fn render_live(summary: &StateSummary, unavailable: &Unavailable, now_ms: u64) -
                 );
             }
             render_counters(&mut out, sink);
+            render_tables(&mut out, sink);
             render_run(&mut out, sink, now_ms);
             for (name, value) in &sink.fingerprints {
                 let _ = writeln!(out, "    fingerprint {name} = {value}");
@@ -328,6 +329,35 @@ fn render_counters(out: &mut String, sink: &SinkPartitionSummary) {
     }
 }
 
+/// One line per table of a sink writing many (a table template), from its counters' `table`
+/// label: what landed in each table.
+fn render_tables(out: &mut String, sink: &SinkPartitionSummary) {
+    let mut tables: BTreeMap<String, [u64; 3]> = BTreeMap::new();
+    for (name, value) in &sink.counters {
+        let Some(SinkCounter {
+            count,
+            table: Some(table),
+            ..
+        }) = SinkCounter::parse(name)
+        else {
+            continue;
+        };
+        let slot = match count {
+            SinkCount::RowsDelivered => 0,
+            SinkCount::BatchesDelivered => 1,
+            SinkCount::InsertErrors { .. } => 2,
+            _ => continue,
+        };
+        tables.entry(table).or_default()[slot] += value;
+    }
+    for (table, [rows, batches, errors]) in tables {
+        let _ = writeln!(
+            out,
+            "    table {table}: {rows} rows in {batches} batches delivered, {errors} insert errors"
+        );
+    }
+}
+
 /// What a running worker saw since it started, and a give-up with its reason.
 fn render_run(out: &mut String, sink: &SinkPartitionSummary, now_ms: u64) {
     let ago = |at_ms: u64| show_age(now_ms.saturating_sub(at_ms));
@@ -381,6 +411,35 @@ fn show_age(ms: u64) -> String {
 mod tests {
     use super::*;
     use flow_state::{BatchInfo, ErrorRecord, ShardBacklog, ShardRunStatus, SinkRunStatus};
+
+    #[test]
+    fn a_sink_writing_many_tables_shows_one_line_per_table() {
+        let mut sink = SinkPartitionSummary::default();
+        for (name, value) in [
+            ("rows_delivered;shard=a;table=events_buy", 10),
+            ("rows_delivered;shard=b;table=events_buy", 5),
+            ("batches_delivered;shard=a;table=events_buy", 2),
+            ("rows_delivered;table=events_view", 7),
+            (
+                "insert_errors;table=events_view;class=retryable;code=210",
+                1,
+            ),
+            ("rows_delivered", 3),
+        ] {
+            sink.counters.insert(name.to_owned(), value);
+        }
+        let mut out = String::new();
+        render_tables(&mut out, &sink);
+        assert_eq!(
+            out,
+            "    table events_buy: 15 rows in 2 batches delivered, 0 insert errors\n    table events_view: 7 rows in 0 batches delivered, 1 insert errors\n"
+        );
+        // One table: no table line.
+        sink.counters.retain(|name, _| !name.contains("table="));
+        let mut out = String::new();
+        render_tables(&mut out, &sink);
+        assert_eq!(out, "");
+    }
 
     #[test]
     fn positions_of_builtin_sources_print_as_numbers() {

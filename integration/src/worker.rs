@@ -369,6 +369,18 @@ pub fn run_spec(bin: &Path, spec: &Path, state: &Path, timeout: Duration) -> Res
     run_worker(bin, &["run", &spec, "--state-dir", &state], &[], timeout)
 }
 
+/// `flow-worker-it drain SPEC --state-dir STATE`: delivers what the outbox holds, within
+/// `timeout`.
+pub fn drain_spec(
+    bin: &Path,
+    spec: &Path,
+    state: &Path,
+    timeout: Duration,
+) -> Result<WorkerOutput> {
+    let (spec, state) = (spec.display().to_string(), state.display().to_string());
+    run_worker(bin, &["drain", &spec, "--state-dir", &state], &[], timeout)
+}
+
 /// `flow-worker-it dead-letters ACTION --state-dir STATE` (the worker must not be running).
 pub fn dead_letters_command(bin: &Path, action: &str, state: &Path) -> Result<WorkerOutput> {
     let state = state.display().to_string();

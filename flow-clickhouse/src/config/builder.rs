@@ -191,7 +191,7 @@ impl ClickHouseSink {
     }
 
     /// `table`: the target table (required unless `tables`), or a template over input columns
-    /// and the broker subject (`events_{event_type}`, `{subject[1]}`; exactly-once classes only).
+    /// and the broker subject (`events_{event_type}`, `{subject[1]}`; every class but the at-most-once queue).
     pub fn table(mut self, table: impl Into<String>) -> Self {
         self.parameters.table = table.into();
         self

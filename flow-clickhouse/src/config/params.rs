@@ -141,10 +141,10 @@ pub struct ClickHouseParams {
     /// The database of `table` (default `default`).
     pub database: String,
     /// Required unless `tables` is set: a table name, or a template over input columns and
-    /// the broker subject (`events_{event_type}`, `{subject[1]}`; exactly-once classes only).
+    /// the broker subject (`events_{event_type}`, `{subject[1]}`; every class but the at-most-once queue).
     pub table: String,
     /// Broker subject -> table (`tables: {"orders.created": orders_created}`); instead of
-    /// `table`, exactly-once classes only.
+    /// `table`; every class but the at-most-once queue.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub tables: BTreeMap<String, String>,
     /// With a table template: what a message whose table does not exist does.
@@ -812,14 +812,22 @@ impl ClickHouseParams {
         if let Err(violation) = TableTemplate::parse(&self.table) {
             v.push(violation);
         }
-        if !class.is_exactly_once() {
+        self.validate_many_tables_class(class, &format!("a table template (`{}`)", self.table), v);
+    }
+
+    /// Every class writes many tables except the at-most-once queue (`at_most_once_strategy:
+    /// {enabled: true}`): it is one buffer per shard for the whole sink, encoded for one table's
+    /// columns under one plan, and sent by one task under one `total_queue_bytes_limit`.
+    fn validate_many_tables_class(&self, class: SinkClass, what: &str, v: &mut Vec<Violation>) {
+        let queued = self
+            .at_most_once_strategy
+            .as_ref()
+            .is_some_and(|s| s.enabled);
+        if class == SinkClass::AtMostOnce && queued {
             v.push(Violation::new(
-                "parameters.table",
+                "parameters.at_most_once_strategy.enabled",
                 format!(
-                    "{class} writes one table; a table template (`{}`) needs \
-                     ClickHouseBatchingSink or ShardedClickHouseBatchingSink, or one sink per \
-                     table with a filter before each",
-                    self.table
+                    "the at-most-once queue holds the rows of one table (one buffer per shard, encoded for that table's columns); {what} needs the ordered mode (`enabled: false`), or one sink per table with a filter before each"
                 ),
             ));
         }
@@ -848,14 +856,7 @@ impl ClickHouseParams {
                 ));
             }
         }
-        if !class.is_exactly_once() {
-            v.push(Violation::new(
-                "parameters.tables",
-                format!(
-                    "{class} writes one table; a `tables` map needs ClickHouseBatchingSink or ShardedClickHouseBatchingSink, or one sink per table with a filter before each"
-                ),
-            ));
-        }
+        self.validate_many_tables_class(class, "a `tables` map", v);
     }
 
     fn validate_tls(&self, v: &mut Vec<Violation>) {
@@ -1350,7 +1351,8 @@ mod tests {
     }
 
     #[test]
-    fn a_table_template_needs_an_exactly_once_class_and_missing_table_a_template() {
+    fn a_table_template_is_refused_only_with_the_at_most_once_queue_and_missing_table_needs_a_template(
+    ) {
         let p = resolved(
             SinkClass::ShardedBatching,
             "{shard_hosts: {a: [h]}, table: 'events_{kind}', missing_table: wait}",
@@ -1365,13 +1367,23 @@ mod tests {
             MissingTable::DeadLetter
         );
         for class in [SinkClass::AtLeastOnce, SinkClass::AtMostOnce] {
-            let v = single(class, "{host: h, table: 'e_{kind}'}", "");
-            assert_eq!(v.path, "parameters.table");
+            let p = resolved(class, "{host: h, table: 'e_{kind}', missing_table: wait}");
+            assert_eq!(p.missing_table, MissingTable::Wait);
             assert_eq!(
-                v.message,
-                format!("{class} writes one table; a table template (`e_{{kind}}`) needs ClickHouseBatchingSink or ShardedClickHouseBatchingSink, or one sink per table with a filter before each")
+                p.table_template.map(|t| t.text),
+                Some("e_{kind}".to_owned())
             );
         }
+        let v = single(
+            SinkClass::AtMostOnce,
+            "{host: h, table: 'e_{kind}', at_most_once_strategy: {enabled: true}}",
+            "",
+        );
+        assert_eq!(v.path, "parameters.at_most_once_strategy.enabled");
+        assert_eq!(
+            v.message,
+            "the at-most-once queue holds the rows of one table (one buffer per shard, encoded for that table's columns); a table template (`e_{kind}`) needs the ordered mode (`enabled: false`), or one sink per table with a filter before each"
+        );
         let v = single(SinkClass::Batching, "{host: h, table: 'e_{kind'}", "");
         assert_eq!(v.path, "parameters.table");
         assert!(
@@ -1393,7 +1405,8 @@ mod tests {
     }
 
     #[test]
-    fn a_tables_map_is_instead_of_table_names_tables_and_needs_an_exactly_once_class() {
+    fn a_tables_map_is_instead_of_table_names_tables_and_is_refused_only_with_the_at_most_once_queue(
+    ) {
         let p = resolved(
             SinkClass::ShardedBatching,
             "{shard_hosts: {a: [h]}, tables: {orders.created: created}, max_tables: 5, missing_table: wait}",
@@ -1420,13 +1433,19 @@ mod tests {
             ]
         );
         for class in [SinkClass::AtLeastOnce, SinkClass::AtMostOnce] {
-            let v = single(class, "{host: h, tables: {a: b}}", "");
-            assert_eq!(v.path, "parameters.tables");
-            assert_eq!(
-                v.message,
-                format!("{class} writes one table; a `tables` map needs ClickHouseBatchingSink or ShardedClickHouseBatchingSink, or one sink per table with a filter before each")
-            );
+            let p = resolved(class, "{host: h, tables: {a: b}}");
+            assert_eq!(p.tables.len(), 1);
         }
+        let v = single(
+            SinkClass::AtMostOnce,
+            "{host: h, tables: {a: b}, at_most_once_strategy: {enabled: true}}",
+            "",
+        );
+        assert_eq!(v.path, "parameters.at_most_once_strategy.enabled");
+        assert_eq!(
+            v.message,
+            "the at-most-once queue holds the rows of one table (one buffer per shard, encoded for that table's columns); a `tables` map needs the ordered mode (`enabled: false`), or one sink per table with a filter before each"
+        );
     }
 
     #[test]

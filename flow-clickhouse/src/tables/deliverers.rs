@@ -49,7 +49,8 @@ impl TableDeliverers {
             Arc::clone(&table.exactly_once),
             self.ctx.clone(),
             marks,
-            self.ctx.metrics.clone(),
+            // Its counts and timings carry the table's label.
+            self.ctx.metrics.for_table(&table.shared.params.table),
         ));
         Ok(Arc::clone(
             self.by_target().entry(target.to_owned()).or_insert(made),

@@ -4,12 +4,14 @@
 //! sink encodes it for the table when it delivers it ([`encode_requeued`]), under the token fixed
 //! when it was set aside.
 
+use std::sync::Arc;
+
 use flow_core::{DeadRow, Headroom, MessageBatch, SinkError, TableRow};
 use flow_state::SealedBatch;
 
-use crate::delivery::cutter::BatchCutter;
+use crate::delivery::cutter::{BatchCutter, Part};
 use crate::delivery::sink_state::SinkShared;
-use crate::server::session::WriterSession;
+use crate::server::session::{ColumnsPlan, WriterSession};
 
 /// The `format` of an outbox entry holding a dead row's JSON to be encoded at delivery.
 pub const UNENCODED_FORMAT: &str = "flow-dead-row";
@@ -57,6 +59,31 @@ pub fn encode_requeued(
     session: &WriterSession,
     batch: &SealedBatch,
 ) -> Result<SealedBatch, SinkError> {
+    let (part, plan) = encode_requeued_part(shared, session, batch)?;
+    Ok(SealedBatch {
+        target: batch.target.clone(),
+        columns: plan.encoder.column_names(),
+        format: part.format.as_str().to_owned(),
+        token: batch.token.clone(),
+        shard: shared.shard_name(part.shard).to_owned(),
+        first_offset: batch.first_offset,
+        last_offset: batch.last_offset,
+        rows: part.rows,
+        encoded_bytes: part.encoded_bytes,
+        plan: plan.encoder.plan_fingerprint().to_owned(),
+        sealed_at_ms: batch.sealed_at_ms,
+        content_hash: part.content_hash,
+        payload: part.payload,
+    })
+}
+
+/// The requeued row of `batch` encoded for its table's columns as they are now (a requeued row
+/// was never encoded): its part, routed to its shard, and the plan it was encoded with.
+pub fn encode_requeued_part(
+    shared: &SinkShared,
+    session: &WriterSession,
+    batch: &SealedBatch,
+) -> Result<(Part, Arc<ColumnsPlan>), SinkError> {
     let unreadable = |why: String| {
         SinkError::Refused(format!(
             "requeued row (token {}) for `{}` cannot be read back: {why}. Purge it with `flow-worker dead-letters purge` and feed the message in again",
@@ -64,9 +91,8 @@ pub fn encode_requeued(
         ))
     };
     let dead = DeadRow::decode(&batch.payload).map_err(|err| unreadable(err.to_string()))?;
-    let mut rows = MessageBatch::new(std::sync::Arc::clone(&shared.stream));
+    let mut rows = MessageBatch::new(Arc::clone(&shared.stream));
     dead.push_into(&mut rows).map_err(unreadable)?;
-    // Encoded for the table's columns as they are at delivery (a requeued row was never encoded).
     let plan = session.plan();
     let mut cutter = BatchCutter::default();
     cutter.push_row(shared, &plan, &rows.row(0))?;
@@ -83,21 +109,7 @@ pub fn encode_requeued(
             "it fails the table's checks (see the sink's on_bad_rows)".to_owned(),
         ));
     };
-    Ok(SealedBatch {
-        target: batch.target.clone(),
-        columns: plan.encoder.column_names(),
-        format: part.format.as_str().to_owned(),
-        token: batch.token.clone(),
-        shard: shared.shard_name(part.shard).to_owned(),
-        first_offset: batch.first_offset,
-        last_offset: batch.last_offset,
-        rows: part.rows,
-        encoded_bytes: part.encoded_bytes,
-        plan: plan.encoder.plan_fingerprint().to_owned(),
-        sealed_at_ms: batch.sealed_at_ms,
-        content_hash: part.content_hash,
-        payload: part.payload,
-    })
+    Ok((part, plan))
 }
 
 #[cfg(test)]

@@ -13,35 +13,28 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use flow_core::delivery::{
     blocking, load_backlog, BatchDeliverer, OutboxDelivery, OutboxSink, Sealer, SinkDelivery,
 };
 use flow_core::registry::{BuildResult, SinkBuildContext};
-use flow_core::{
-    DeadRow, Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory, TableRow,
-};
-use flow_state::{DeadLetter, StoredBatch};
+use flow_core::{Epoch, EpochOutcome, EpochWrite, Sink, SinkContext, SinkError, SinkFactory};
+use flow_state::StoredBatch;
 
 use crate::config::guarantee::SinkClass;
-use crate::config::params::MissingTable;
 use crate::delivery::cutter::{BatchCutter, EpochCut};
-use crate::delivery::sink_state::{build_shared, SinkShared};
+use crate::delivery::sink_state::build_shared;
 use crate::exactly_once::fingerprint::{check_topology, TopologyDecision};
 use crate::exactly_once::rebuild::Requeue;
 use crate::exactly_once::sink::sealed_batches;
 use crate::exactly_once::state::ExactlyOnce;
 use crate::server::session::WriterSession;
 use crate::tables::deliverers::TableDeliverers;
-use crate::tables::requeued::{requeued_token, UNENCODED_FORMAT};
+use crate::tables::requeued::UNENCODED_FORMAT;
+use crate::tables::resolver::{Resolver, TableTurn};
 use crate::tables::subjects::{partition_templates, PartitionTemplates};
 use crate::tables::targets::{TableState, TableTarget, Targets};
-use crate::tables::template::BoundTemplate;
-
-/// How long an epoch vetoed under `missing_table: wait` waits before it is read again.
-const MISSING_TABLE_WAIT: Duration = Duration::from_secs(1);
 
 /// Builds either batching class with a table template.
 pub fn build(
@@ -70,23 +63,16 @@ struct TemplatedFactory {
 impl SinkFactory for TemplatedFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
         let token_prefix = ExactlyOnce::token_prefix(&self.targets.base, &ctx)?;
-        let template = self.templates.of(ctx.partition).ok_or_else(|| {
-            SinkError::Refused(format!(
-                "{}: no table template was resolved for partition {} of {}; this is a bug, please report it",
-                ctx.state_key(),
-                ctx.partition,
-                ctx.partitions
-            ))
-        })?;
+        let template = self.templates.for_sink(&ctx)?;
+        self.targets.register_readiness(&ctx.metrics);
         Ok(Box::new(OutboxSink::new(TemplatedSink {
             targets: Arc::clone(&self.targets),
-            template: Arc::clone(template),
+            resolver: Resolver::new(Arc::clone(&self.targets), template),
             delivery: Arc::clone(&self.delivery),
             token_prefix,
             ctx,
             checked: BTreeSet::new(),
             cutter: BatchCutter::default(),
-            name: String::new(),
         })))
     }
 
@@ -101,7 +87,8 @@ impl SinkFactory for TemplatedFactory {
 
 struct TemplatedSink {
     targets: Arc<Targets>,
-    template: Arc<BoundTemplate>,
+    /// Each row's table.
+    resolver: Resolver,
     delivery: Arc<SinkDelivery>,
     /// The sink's token prefix; a table's tokens add `<table>/`.
     token_prefix: String,
@@ -110,17 +97,6 @@ struct TemplatedSink {
     checked: BTreeSet<String>,
     /// Cuts one table's rows at a time (its buffers are reused across tables and epochs).
     cutter: BatchCutter,
-    /// The name being resolved.
-    name: String,
-}
-
-/// The rows of one epoch by table, in message order within each table.
-struct Resolved {
-    /// Table index (into `tables`) of each row; `None`: the row names no valid table.
-    of_row: Vec<Option<usize>>,
-    /// The tables named, in name order.
-    tables: Vec<String>,
-    dead_letters: Vec<DeadLetter>,
 }
 
 impl TemplatedSink {
@@ -163,83 +139,6 @@ impl TemplatedSink {
         }
         self.checked.insert(table.to_owned());
         Ok(())
-    }
-
-    /// Resolves every row's table; a row whose value makes no valid name is a dead letter.
-    fn resolve(&mut self, epoch: &Epoch<'_>) -> Result<Resolved, SinkError> {
-        let [batch] = epoch.inputs else {
-            return Err(SinkError::Refused(
-                "a ClickHouse sink reads exactly one stream".to_owned(),
-            ));
-        };
-        let mut by_name: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-        let mut dead_letters = Vec::new();
-        let mut of_row = vec![None; batch.len()];
-        let max_tables = self.targets.base.params.max_tables;
-        for (index, row) in batch.rows().enumerate() {
-            if let Err(err) = self.template.resolve(&row, &mut self.name) {
-                dead_letters.push(self.dead_letter(&row, err.to_string()));
-                continue;
-            }
-            if let Some(rows) = by_name.get_mut(self.name.as_str()) {
-                rows.push(index);
-                continue;
-            }
-            if !self.targets.admit(&self.name, max_tables) {
-                let reason = too_many_tables(&self.name, max_tables);
-                dead_letters.push(self.dead_letter(&row, reason));
-                continue;
-            }
-            by_name.insert(self.name.clone(), vec![index]);
-        }
-        let mut tables = Vec::with_capacity(by_name.len());
-        for (t, (name, rows)) in by_name.into_iter().enumerate() {
-            for index in rows {
-                of_row[index] = Some(t);
-            }
-            tables.push(name);
-        }
-        Ok(Resolved {
-            of_row,
-            tables,
-            dead_letters,
-        })
-    }
-
-    fn dead_letter(&self, row: &flow_core::Row<'_>, reason: String) -> DeadLetter {
-        DeadLetter {
-            partition: row.id().partition,
-            offset: Some(row.id().offset),
-            reason,
-            payload: DeadRow::encode(row, &self.columns(), None, None, None),
-        }
-    }
-
-    /// The dead letter of a row whose table does not exist: it keeps the table and the token a
-    /// requeue sends it under ([`crate::tables::requeued`]).
-    fn missing_table_letter(
-        &self,
-        row: &flow_core::Row<'_>,
-        table: &str,
-        reason: String,
-    ) -> DeadLetter {
-        let id = row.id();
-        let for_table = TableRow {
-            target: format!("{}.{table}", self.targets.base.params.database),
-            token: requeued_token(&self.token_prefix, table, id.partition, id.offset),
-        };
-        DeadLetter {
-            partition: id.partition,
-            offset: Some(id.offset),
-            reason,
-            payload: DeadRow::encode_for_table(row, &self.columns(), &for_table),
-        }
-    }
-
-    /// The input stream's column names (a dead row's values by name).
-    fn columns(&self) -> Vec<String> {
-        let stream = &self.targets.base.stream;
-        stream.columns().iter().map(|c| c.name.clone()).collect()
     }
 
     /// Fails once any table of this sink gave an insert up.
@@ -312,13 +211,6 @@ impl TemplatedSink {
     }
 }
 
-/// Why a row naming one table more than `max_tables` allows is a dead letter.
-fn too_many_tables(table: &str, max_tables: usize) -> String {
-    format!(
-        "the row names table `{table}`, but the sink's rows already named max_tables ({max_tables}) tables; raise max_tables if the template's column really has that many values (each table keeps a writer session), or template over a column with fewer"
-    )
-}
-
 #[async_trait]
 impl Sealer for TemplatedSink {
     async fn open(&mut self, delivery: &mut OutboxDelivery) -> Result<(), SinkError> {
@@ -340,57 +232,29 @@ impl Sealer for TemplatedSink {
 
     async fn seal(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
         self.check_gave_up()?;
-        let Resolved {
-            of_row,
-            tables,
-            mut dead_letters,
-        } = self.resolve(epoch)?;
+        let mut resolved = self.resolver.resolve(epoch)?;
         let mut batches = Vec::new();
-        for (t, table) in tables.iter().enumerate() {
-            let target = self.targets.get(table);
-            let session = match target.state(&self.ctx.shutdown).await? {
-                TableState::Up(session) => session,
-                TableState::Stopping => return Ok(SinkShared::not_started()),
-                TableState::Missing(reason) => {
-                    let database = &self.targets.base.params.database;
-                    if self.targets.base.params.missing_table == MissingTable::Wait {
-                        return Ok(EpochOutcome::Veto {
-                            reason: format!(
-                                "table `{database}`.`{table}` named by a row does not exist ({reason}); waiting for it (missing_table: wait)"
-                            ),
-                            retry_after: MISSING_TABLE_WAIT,
-                        });
-                    }
-                    let why = format!(
-                        "table `{database}`.`{table}` does not exist: {reason}. Create it, then `flow-worker dead-letters requeue` sends this row to it"
-                    );
-                    let [batch] = epoch.inputs else {
-                        continue;
-                    };
-                    for (index, row) in batch.rows().enumerate() {
-                        if of_row[index] == Some(t) {
-                            let letter = self.missing_table_letter(&row, table, why.clone());
-                            dead_letters.push(letter);
-                        }
-                    }
-                    continue;
-                }
+        for t in 0..resolved.tables.len() {
+            let table = resolved.tables[t].clone();
+            let stop = &self.ctx.shutdown;
+            let prefix = &self.token_prefix;
+            let (target, session) = match self
+                .resolver
+                .table(epoch, &mut resolved, t, stop, prefix)
+                .await?
+            {
+                TableTurn::Up(target, session) => (target, session),
+                TableTurn::Skip => continue,
+                TableTurn::Outcome(outcome) => return Ok(outcome),
             };
-            if !self.checked.contains(table) {
-                self.check_fingerprints(table, &target, &session, 0, None)
+            if !self.checked.contains(&table) {
+                self.check_fingerprints(&table, &target, &session, 0, None)
                     .await?;
             }
-            let EpochCut {
-                parts,
-                dead_letters: bad_rows,
-                plan,
-            } = self
-                .cutter
-                .cut_epoch_rows(&target.shared, &session, epoch, |index| {
-                    of_row.get(index).copied().flatten() == Some(t)
-                })
+            let cutter = &mut self.cutter;
+            let EpochCut { parts, plan, .. } = resolved
+                .cut_table(cutter, (&target, &session), epoch, t)
                 .await?;
-            dead_letters.extend(bad_rows);
             let prefix = format!("{}{table}/", self.token_prefix);
             let partition = self.ctx.partition;
             // The plan the table's rows were encoded with (see the exactly-once sink).
@@ -404,6 +268,7 @@ impl Sealer for TemplatedSink {
             ));
         }
         // Dead letters in message order, whichever table (or none) each row named.
+        let mut dead_letters = resolved.dead_letters;
         dead_letters.sort_by_key(|d| d.offset);
         Ok(EpochOutcome::Commit(EpochWrite {
             batches,

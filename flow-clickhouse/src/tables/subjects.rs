@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use flow_core::registry::SourceSubjects;
-use flow_core::{StreamSchema, Violation};
+use flow_core::{SinkContext, SinkError, StreamSchema, Violation};
 
 use crate::config::params::SinkParams;
 use crate::tables::template::{is_name_char_str, BoundTemplate, Piece, TableTemplate};
@@ -31,6 +31,18 @@ impl PartitionTemplates {
             [shared] => Some(shared),
             all => all.get(partition as usize),
         }
+    }
+
+    /// The template of the sink partition `ctx`; none resolved for it is a bug, refused.
+    pub fn for_sink(&self, ctx: &SinkContext) -> Result<Arc<BoundTemplate>, SinkError> {
+        self.of(ctx.partition).cloned().ok_or_else(|| {
+            SinkError::Refused(format!(
+                "{}: no table template was resolved for partition {} of {}; this is a bug, please report it",
+                ctx.state_key(),
+                ctx.partition,
+                ctx.partitions
+            ))
+        })
     }
 }
 

@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flow_core::SinkError;
+use flow_core::{Readiness, SinkError, SinkMetrics};
 use tokio::sync::watch;
 
+use crate::config::params::MissingTable;
 use crate::delivery::sink_state::{SinkShared, TableSession};
 use crate::exactly_once::state::ExactlyOnce;
 
@@ -58,6 +59,11 @@ impl TableTarget {
             }
             TableSession::Stopping => TableState::Stopping,
         })
+    }
+
+    /// Why the table was last found missing, if it was and was not found since.
+    fn missing_reason(&self) -> Option<String> {
+        self.missing().as_ref().map(|(_, reason)| reason.clone())
     }
 
     fn missing(&self) -> std::sync::MutexGuard<'_, Option<(Instant, String)>> {
@@ -143,9 +149,110 @@ impl Targets {
         Ok(())
     }
 
+    /// Has `/ready` ask this sink about each of its tables (one probe per sink: each
+    /// partition's call replaces the last).
+    pub fn register_readiness(self: &Arc<Self>, metrics: &SinkMetrics) {
+        let probe: Arc<dyn Readiness> = Arc::clone(self) as Arc<dyn Readiness>;
+        metrics.register_readiness(Arc::downgrade(&probe));
+    }
+
     fn tables(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<TableTarget>>> {
         self.tables
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Not ready: each table the rows named whose session is not up, by name: missing (with the
+/// probe's reason and what its rows do meanwhile), not started, or with a shard none of whose
+/// hosts answered. A table no row named yet is not asked about.
+impl Readiness for Targets {
+    fn not_ready(&self) -> Vec<String> {
+        let database = &self.base.params.database;
+        let meanwhile = match self.base.params.missing_table {
+            MissingTable::DeadLetter => "its rows are set aside as dead letters",
+            MissingTable::Wait => "its partitions wait for it (missing_table: wait)",
+        };
+        let mut not_ready = Vec::new();
+        for (table, target) in self.tables().iter() {
+            match target.missing_reason() {
+                Some(reason) => not_ready.push(format!(
+                    "table `{database}`.`{table}` does not exist ({reason}); {meanwhile}"
+                )),
+                None => not_ready.extend(target.shared.not_ready()),
+            }
+        }
+        not_ready
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use flow_core::registry::{SinkBuildContext, SourceSubjects};
+
+    use super::*;
+    use crate::config::guarantee::SinkClass;
+    use crate::delivery::sink_state::build_shared;
+
+    /// The targets of an at-least-once sink over the generator's stream with `parameters` (a
+    /// YAML flow mapping, `table` a template).
+    pub(crate) fn targets_of(parameters: &str) -> Targets {
+        let inputs = [("rows".to_owned(), flow_core::sources::generator::schema())];
+        let ctx = SinkBuildContext {
+            pipeline: "p",
+            sink: "s",
+            class: SinkClass::AtLeastOnce.class_name(),
+            partitions: 1,
+            inputs: &inputs,
+            subjects: SourceSubjects::Unknown,
+        };
+        let parameters: serde_yaml::Value = serde_yaml::from_str(parameters).unwrap();
+        let base = build_shared(
+            SinkClass::AtLeastOnce,
+            &ctx,
+            &parameters,
+            &serde_yaml::Value::Null,
+        )
+        .unwrap();
+        Targets::new(base)
+    }
+
+    fn targets(missing_table: &str) -> Targets {
+        targets_of(&format!(
+            "{{host: '127.0.0.1:1', table: 't_{{partition}}', missing_table: {missing_table}}}"
+        ))
+    }
+
+    #[test]
+    fn readiness_names_each_table_whose_session_is_not_up() {
+        let targets = targets("dead_letter");
+        assert_eq!(
+            targets.not_ready(),
+            Vec::<String>::new(),
+            "no table named yet"
+        );
+        targets.get("t_0");
+        let missing = targets.get("t_1");
+        *missing.missing() = Some((Instant::now(), "no such table on 127.0.0.1:1".to_owned()));
+        assert_eq!(
+            targets.not_ready(),
+            vec![
+                "the ClickHouse writer session for `default`.`t_0` has not started: waiting for its hosts to answer (the log says which do not)".to_owned(),
+                "table `default`.`t_1` does not exist (no such table on 127.0.0.1:1); its rows are set aside as dead letters".to_owned(),
+            ]
+        );
+        let waiting = targets_waiting();
+        assert_eq!(
+            waiting,
+            vec!["table `default`.`t_2` does not exist (gone); its partitions wait for it (missing_table: wait)".to_owned()]
+        );
+    }
+
+    fn targets_waiting() -> Vec<String> {
+        let targets = targets("wait");
+        *targets.get("t_2").missing() = Some((Instant::now(), "gone".to_owned()));
+        targets.not_ready()
     }
 }
