@@ -116,10 +116,32 @@ fn assert_status_per_table(state: &Path, name: &str) -> Result<()> {
 /// Both classes: the rows naming the missing table are dead letters naming it (the same text as
 /// the exactly-once classes), the other tables get every row; once the table exists, `requeue`
 /// and `drain` land the set-aside rows, exactly once each, and no dead letter is left.
+// One test per class, so that the classes run side by side (each has its own tables).
 #[test]
-fn rows_naming_a_missing_table_are_dead_letters_and_land_once_requeued() -> Result<()> {
+fn at_least_once_rows_naming_a_missing_table_are_dead_letters_and_land_once_requeued() -> Result<()>
+{
+    missing_table_rows_are_dead_letters_and_land_once_requeued(CLASSES[0])
+}
+
+#[test]
+fn at_most_once_rows_naming_a_missing_table_are_dead_letters_and_land_once_requeued() -> Result<()>
+{
+    missing_table_rows_are_dead_letters_and_land_once_requeued(CLASSES[1])
+}
+
+#[test]
+fn at_least_once_with_missing_table_wait_rows_wait_for_their_table_and_land_once() -> Result<()> {
+    missing_table_wait_rows_land_once(CLASSES[0])
+}
+
+#[test]
+fn at_most_once_with_missing_table_wait_rows_wait_for_their_table_and_land_once() -> Result<()> {
+    missing_table_wait_rows_land_once(CLASSES[1])
+}
+
+fn missing_table_rows_are_dead_letters_and_land_once_requeued(class: &str) -> Result<()> {
     require_cluster()?;
-    for class in CLASSES {
+    {
         let Setup {
             name,
             present,
@@ -210,10 +232,9 @@ fn rows_naming_a_missing_table_are_dead_letters_and_land_once_requeued() -> Resu
 /// Both classes with `missing_table: wait`: the worker says it waits and keeps running while
 /// the table is missing (the epoch is not committed, so the wait loses nothing even at most
 /// once); once it exists every row lands once, and nothing is a dead letter.
-#[test]
-fn with_missing_table_wait_rows_wait_for_their_table_and_land_once() -> Result<()> {
+fn missing_table_wait_rows_land_once(class: &str) -> Result<()> {
     require_cluster()?;
-    for class in CLASSES {
+    {
         let Setup {
             name,
             present,
