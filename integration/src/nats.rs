@@ -22,3 +22,27 @@ pub async fn new_stream(name: &str) -> Result<jetstream::Context> {
     .with_context(|| format!("creating JetStream stream {name}"))?;
     Ok(js)
 }
+
+/// Publishes messages `ids` as `{"id", "user_id", "payload"}` JSON to subjects
+/// `<prefix>.<id % partitions>` (`user_id` = `id % users`), and waits for every acknowledgement.
+pub async fn publish_id_rows(
+    js: &jetstream::Context,
+    prefix: &str,
+    ids: std::ops::Range<u64>,
+    partitions: u64,
+    users: u64,
+) -> Result<()> {
+    let mut acks = Vec::with_capacity(ids.end.saturating_sub(ids.start) as usize);
+    for id in ids {
+        let body = format!(
+            r#"{{"id": {id}, "user_id": {}, "payload": "message {id}"}}"#,
+            id % users
+        );
+        let subject = format!("{prefix}.{}", id % partitions);
+        acks.push(js.publish(subject, body.into()).await?);
+    }
+    for ack in acks {
+        ack.await?;
+    }
+    Ok(())
+}

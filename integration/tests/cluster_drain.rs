@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
-use flow_integration::nats::new_stream;
+use flow_integration::nats::{new_stream, publish_id_rows};
 use flow_integration::proxy::{Fault, FaultProxy};
 use flow_integration::worker::*;
 use flow_integration::*;
@@ -30,20 +30,7 @@ struct Setup {
 
 async fn setup(name: &str) -> Result<Setup> {
     let js = new_stream(name).await?;
-    let mut acks = Vec::new();
-    for id in 0..MESSAGES {
-        let body = format!(
-            r#"{{"id": {id}, "user_id": {}, "payload": "m{id}"}}"#,
-            id % USERS
-        );
-        acks.push(
-            js.publish(format!("{name}.p.{}", id % PARTITIONS), body.into())
-                .await?,
-        );
-    }
-    for ack in acks {
-        ack.await?;
-    }
+    publish_id_rows(&js, &format!("{name}.p"), 0..MESSAGES, PARTITIONS, USERS).await?;
     let mut proxies = Vec::new();
     for node in NODES {
         let proxy = FaultProxy::start(node.http_addr().parse()?).await?;
@@ -90,6 +77,24 @@ impl Setup {
         Ok(serde_json::from_str(&out.stdout)?)
     }
 
+    /// `count` workers joined to the cluster, each with its own state directory and log.
+    fn start_workers(&self, count: usize) -> Result<Vec<Worker>> {
+        let spec = std::path::Path::new(&self.spec);
+        let extra = [
+            "--cluster",
+            &self.cluster,
+            "--session-timeout-ms",
+            SESSION_TIMEOUT_MS,
+        ];
+        (0..count)
+            .map(|slot| {
+                let state = self.dir.path().join(format!("state{slot}"));
+                let log = self.dir.path().join(format!("w{slot}.log"));
+                Worker::spawn_with(worker_bin!(), spec, &state, &extra, log)
+            })
+            .collect()
+    }
+
     fn drain(&self, state: &str) -> Result<WorkerOutput> {
         let state = self.dir.path().join(state).display().to_string();
         let args = [
@@ -127,24 +132,7 @@ fn a_cluster_drain_delivers_what_killed_workers_left_pending_in_zookeeper() -> R
         &NODES,
     )?;
     let setup = rt.block_on(setup(&name))?;
-    let mut workers = Vec::new();
-    for slot in 0..2 {
-        let state = setup.dir.path().join(format!("state{slot}"));
-        let log = setup.dir.path().join(format!("w{slot}.log"));
-        let extra = [
-            "--cluster",
-            &setup.cluster,
-            "--session-timeout-ms",
-            SESSION_TIMEOUT_MS,
-        ];
-        workers.push(Worker::spawn_with(
-            worker_bin!(),
-            std::path::Path::new(&setup.spec),
-            &state,
-            &extra,
-            log,
-        )?);
-    }
+    let mut workers = setup.start_workers(2)?;
     let logs = |workers: &[Worker]| workers.iter().map(Worker::log_tail).collect::<String>();
     wait_until(Duration::from_secs(60), || {
         Ok(pending_rows(&setup.status(&name)?) == MESSAGES)
@@ -247,25 +235,7 @@ fn a_worker_stopped_by_sigterm_leaves_the_members_at_once() -> Result<()> {
     for proxy in &setup.proxies {
         proxy.set(Fault::Pass);
     }
-    let mut workers = Vec::new();
-    for slot in 0..2 {
-        let state = setup.dir.path().join(format!("again{slot}"));
-        let log = setup.dir.path().join(format!("again{slot}.log"));
-        let extra = [
-            "--cluster",
-            &setup.cluster,
-            "--session-timeout-ms",
-            SESSION_TIMEOUT_MS,
-        ];
-        let spec = std::path::Path::new(&setup.spec);
-        workers.push(Worker::spawn_with(
-            worker_bin!(),
-            spec,
-            &state,
-            &extra,
-            log,
-        )?);
-    }
+    let mut workers = setup.start_workers(2)?;
     let members = |setup: &Setup| -> Result<usize> {
         Ok(setup.status(&name)?["members"]
             .as_array()

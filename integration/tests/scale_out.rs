@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use async_nats::jetstream;
-use flow_integration::nats::new_stream;
+use flow_integration::nats::{new_stream, publish_id_rows};
 use flow_integration::proxy::{Fault, FaultProxy};
 use flow_integration::worker::*;
 use flow_integration::*;
@@ -36,20 +36,8 @@ const COLUMNS: &str = "id UInt64, user_id UInt64, payload String";
 async fn publish(js: jetstream::Context, prefix: String) -> Result<()> {
     let chunk = MESSAGES / 40;
     for first in (0..MESSAGES).step_by(chunk as usize) {
-        let mut acks = Vec::with_capacity(chunk as usize);
-        for id in first..(first + chunk).min(MESSAGES) {
-            let body = format!(
-                r#"{{"id": {id}, "user_id": {}, "payload": "message {id}"}}"#,
-                id % USERS
-            );
-            acks.push(
-                js.publish(format!("{prefix}.{}", id % PARTITIONS), body.into())
-                    .await?,
-            );
-        }
-        for ack in acks {
-            ack.await?;
-        }
+        let ids = first..(first + chunk).min(MESSAGES);
+        publish_id_rows(&js, &prefix, ids, PARTITIONS, USERS).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Ok(())

@@ -16,7 +16,18 @@ pub fn name(rows: u64) -> String {
 /// Writes into `json` the generator's row at `offset` of `partition` as one JSON object, the
 /// columns in table order. `payload` is scratch space.
 pub fn json_row(partition: u32, offset: u64, payload: &mut Vec<u8>, json: &mut String) {
-    let (id, user_id, ts) = row_values(partition, offset, PARTITIONS);
+    json_row_of(PARTITIONS, partition, offset, payload, json);
+}
+
+/// [`json_row`] for a generator of `partitions` partitions (the scale-out case has 8).
+pub fn json_row_of(
+    partitions: u32,
+    partition: u32,
+    offset: u64,
+    payload: &mut Vec<u8>,
+    json: &mut String,
+) {
+    let (id, user_id, ts) = row_values(partition, offset, partitions);
     fill_payload(id, PAYLOAD_BYTES, payload);
     json.clear();
     // The payload alphabet is [a-z0-9]: no escaping needed.

@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use async_nats::jetstream::{self, stream};
 
-use super::broker_rows::{json_row, name as stream_name};
+use super::broker_rows::{json_row, json_row_of, name as stream_name};
 use super::{NATS_URL, PARTITIONS};
 
 /// A JetStream context on the local cluster's NATS node.
@@ -17,30 +17,42 @@ pub async fn connect() -> Result<jetstream::Context> {
 /// Publishes the rows the generator would produce for `rows` (partition `p`'s offsets to
 /// subject `<stream>.<p>`, as JSON), unless the stream already holds exactly them.
 pub fn publish_generator_rows(runtime: &tokio::runtime::Runtime, rows: u64) -> Result<()> {
-    let name = stream_name(rows);
+    publish_rows(runtime, &stream_name(rows), rows, PARTITIONS)
+}
+
+/// Publishes the rows a generator of `partitions` partitions would produce for `rows` to stream
+/// `name` (partition `p` to subject `<name>.<p>`), unless the stream already holds exactly them.
+pub fn publish_rows(
+    runtime: &tokio::runtime::Runtime,
+    name: &str,
+    rows: u64,
+    partitions: u32,
+) -> Result<()> {
     runtime.block_on(async {
         let js = connect().await?;
-        if let Ok(mut existing) = js.get_stream(&name).await {
+        if let Ok(mut existing) = js.get_stream(name).await {
             if existing.info().await?.state.messages == rows {
                 println!("jetstream: stream {name} already holds {rows} rows");
                 return Ok(());
             }
-            js.delete_stream(&name).await?;
+            js.delete_stream(name)
+                .await
+                .with_context(|| format!("deleting the stale stream {name}"))?;
         }
         js.create_stream(stream::Config {
-            name: name.clone(),
+            name: name.to_owned(),
             subjects: vec![format!("{name}.*")],
             storage: stream::StorageType::File,
             ..Default::default()
         })
-        .await?;
+        .await
+        .with_context(|| format!("creating stream {name}"))?;
         let started = std::time::Instant::now();
-        let per_partition = rows / u64::from(PARTITIONS);
         let (mut payload, mut json) = (Vec::new(), String::new());
         let mut acks = Vec::new();
-        for offset in 0..per_partition {
-            for partition in 0..PARTITIONS {
-                json_row(partition, offset, &mut payload, &mut json);
+        for offset in 0..rows / u64::from(partitions) {
+            for partition in 0..partitions {
+                json_row_of(partitions, partition, offset, &mut payload, &mut json);
                 acks.push(
                     js.publish(format!("{name}.{partition}"), json.clone().into())
                         .await?,

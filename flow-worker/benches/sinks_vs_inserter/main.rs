@@ -678,10 +678,12 @@ fn wait_for_idle_servers() {
 /// ZooKeeper's JVM): on a machine that runs client and servers on the same cores, what the
 /// client makes the servers do costs the client throughput too.
 fn server_cpu_s() -> f64 {
-    let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
+    processes_cpu_s(|comm| comm == "clickhouse-serv" || comm == "java")
+}
+
+/// User + system CPU seconds so far of the processes whose `comm` (as `/proc/PID/stat` has it,
+/// cut to 15 bytes) `wanted` accepts.
+fn processes_cpu_s(wanted: impl Fn(&str) -> bool) -> f64 {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return 0.0;
     };
@@ -692,8 +694,7 @@ fn server_cpu_s() -> f64 {
         .filter_map(|stat| {
             // `pid (comm) state ppid ...`: utime and stime are fields 14 and 15.
             let (head, tail) = stat.rsplit_once(") ")?;
-            let comm = head.split_once(" (")?.1;
-            if comm != "clickhouse-serv" && comm != "java" {
+            if !wanted(head.split_once(" (")?.1) {
                 return None;
             }
             let fields: Vec<&str> = tail.split_whitespace().collect();
@@ -702,7 +703,15 @@ fn server_cpu_s() -> f64 {
             Some(utime + stime)
         })
         .sum();
-    ticks as f64 / ticks_per_s
+    ticks as f64 / ticks_per_s()
+}
+
+/// The kernel's clock ticks per second, the unit of `/proc`'s CPU times.
+fn ticks_per_s() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64
 }
 
 fn median(mut values: Vec<f64>) -> f64 {

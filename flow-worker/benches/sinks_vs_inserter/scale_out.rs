@@ -22,13 +22,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use async_nats::jetstream::stream;
-
-use flow_core::sources::generator::{fill_payload, row_values};
 
 use super::{
-    env_parse, landed, median, server_cpu_s, Case, ClickHouse, BROKER_SCHEMA, MAX_BYTES_PER_BATCH,
-    NATS_URL, PAYLOAD_BYTES, WORKER,
+    env_parse, landed, median, processes_cpu_s, server_cpu_s, ticks_per_s, Case, ClickHouse,
+    BROKER_SCHEMA, MAX_BYTES_PER_BATCH, NATS_URL, WORKER,
 };
 
 /// The issue's setting: 8 partitions, so that 3 workers split them 3/3/2.
@@ -159,65 +156,8 @@ struct Settings<'a> {
 /// distinct). Reused when it already holds exactly `rows` messages; publishing is not timed.
 fn publish(runtime: &tokio::runtime::Runtime, rows: u64) -> Result<String> {
     let name = format!("bench_scale_{rows}");
-    runtime.block_on(async {
-        let js = super::jetstream::connect().await?;
-        if let Ok(mut existing) = js.get_stream(&name).await {
-            if existing.info().await?.state.messages == rows {
-                println!("jetstream: stream {name} already holds {rows} rows");
-                return Ok(name);
-            }
-            js.delete_stream(&name)
-                .await
-                .with_context(|| format!("deleting the stale stream {name}"))?;
-        }
-        js.create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{name}.*")],
-            storage: stream::StorageType::File,
-            ..Default::default()
-        })
-        .await
-        .with_context(|| format!("creating stream {name}"))?;
-        let started = Instant::now();
-        let (mut payload, mut json) = (Vec::new(), String::new());
-        let mut acks = Vec::new();
-        for offset in 0..rows / u64::from(PARTITIONS) {
-            for partition in 0..PARTITIONS {
-                json_row(partition, offset, &mut payload, &mut json);
-                acks.push(
-                    js.publish(format!("{name}.{partition}"), json.clone().into())
-                        .await?,
-                );
-                if acks.len() >= 4096 {
-                    for ack in acks.drain(..) {
-                        ack.await?;
-                    }
-                }
-            }
-        }
-        for ack in acks {
-            ack.await?;
-        }
-        println!(
-            "jetstream: published {rows} rows to stream {name} in {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-        anyhow::Ok(name)
-    })
-}
-
-/// The generator's row at `offset` of `partition` (of 8) as the broker cases' JSON.
-fn json_row(partition: u32, offset: u64, payload: &mut Vec<u8>, json: &mut String) {
-    use std::fmt::Write as _;
-    let (id, user_id, ts) = row_values(partition, offset, PARTITIONS);
-    fill_payload(id, PAYLOAD_BYTES, payload);
-    json.clear();
-    // The payload alphabet is [a-z0-9]: no escaping needed.
-    let _ = write!(
-        json,
-        r#"{{"id":{id},"partition":{partition},"offset":{offset},"user_id":{user_id},"ts":{ts},"payload":"{}"}}"#,
-        String::from_utf8_lossy(payload)
-    );
+    super::jetstream::publish_rows(runtime, &name, rows, PARTITIONS)?;
+    Ok(name)
 }
 
 fn spec(stream: &str, table: &str, epoch_ms: u64) -> String {
@@ -560,13 +500,6 @@ fn tail(log: &Path) -> String {
     lines.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 
-fn ticks_per_s() -> f64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64
-}
-
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
@@ -585,23 +518,7 @@ fn load_average() -> String {
 
 /// User + system CPU seconds so far of the processes whose `comm` is `name`.
 fn process_cpu_s(name: &str) -> f64 {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0.0;
-    };
-    let ticks: u64 = entries
-        .flatten()
-        .filter(|entry| entry.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
-        .filter_map(|stat| {
-            let (head, tail) = stat.rsplit_once(") ")?;
-            if head.split_once(" (")?.1 != name {
-                return None;
-            }
-            let fields: Vec<&str> = tail.split_whitespace().collect();
-            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-        })
-        .sum();
-    ticks as f64 / ticks_per_s()
+    processes_cpu_s(|comm| comm == name)
 }
 
 /// CPU seconds the whole machine was busy so far (every field of `/proc/stat`'s `cpu` line but
