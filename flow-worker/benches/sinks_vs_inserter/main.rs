@@ -400,7 +400,7 @@ impl ClickHouse {
                 busy += self.fetch_u64(node, "SELECT count() FROM system.replication_queue")?;
             }
             if busy == 0 {
-                wait_for_idle_servers();
+                wait_for_idle_machine();
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -658,20 +658,45 @@ fn run_case(
     Ok(sample)
 }
 
-/// Waits (at most 30 s) until the servers used under a tenth of a core for a whole second:
-/// with merges and replication queues empty they still clean up after the run before (old parts,
-/// ZooKeeper nodes of dropped tables), and a run that starts meanwhile shares the two cores with
-/// that work, which always followed the same case when the order was fixed.
-fn wait_for_idle_servers() {
+/// Waits (at most 30 s) until the whole machine used under a tenth of a core for a whole second:
+/// with merges and replication queues empty the servers still clean up after the run before (old
+/// parts, ZooKeeper nodes of dropped tables), NATS still writes what a broker case published, and
+/// a run that starts meanwhile shares the two cores with that work, which always followed the
+/// same case when the order was fixed.
+fn wait_for_idle_machine() {
+    // Publishing a broker case's rows leaves NATS writing its file store back for seconds after
+    // the publisher returned: the dirty pages go to disk now, not under the next timed run.
+    nix::unistd::sync();
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        let before = server_cpu_s();
+        let before = machine_cpu_s();
         std::thread::sleep(Duration::from_secs(1));
-        if server_cpu_s() - before < 0.1 {
+        if machine_cpu_s() - before < 0.1 {
             return;
         }
     }
-    eprintln!("warning: the servers were still busy after 30 s; running anyway");
+    eprintln!("warning: the machine was still busy after 30 s; running anyway");
+}
+
+/// CPU seconds the whole machine was busy so far (every field of `/proc/stat`'s `cpu` line but
+/// idle and iowait).
+pub(crate) fn machine_cpu_s() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return 0.0;
+    };
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return 0.0;
+    };
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    let ticks: u64 = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .filter_map(|(_, t)| t.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / ticks_per_s()
 }
 
 /// User + system CPU seconds so far of the local cluster's servers (`clickhouse-server`s and

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 
 use super::{
-    env_parse, landed, median, processes_cpu_s, server_cpu_s, ticks_per_s, Case, ClickHouse,
-    BROKER_SCHEMA, MAX_BYTES_PER_BATCH, NATS_URL, WORKER,
+    env_parse, landed, machine_cpu_s, median, processes_cpu_s, server_cpu_s, ticks_per_s, Case,
+    ClickHouse, BROKER_SCHEMA, MAX_BYTES_PER_BATCH, NATS_URL, WORKER,
 };
 
 /// The setting: 8 partitions, so that 3 workers split them 3/3/2.
@@ -519,25 +519,4 @@ fn load_average() -> String {
 /// User + system CPU seconds so far of the processes whose `comm` is `name`.
 fn process_cpu_s(name: &str) -> f64 {
     processes_cpu_s(|comm| comm == name)
-}
-
-/// CPU seconds the whole machine was busy so far (every field of `/proc/stat`'s `cpu` line but
-/// idle and iowait).
-fn machine_cpu_s() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
-        return 0.0;
-    };
-    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
-        return 0.0;
-    };
-    // user nice system idle iowait irq softirq steal (guest time is already in user).
-    let ticks: u64 = line
-        .split_whitespace()
-        .skip(1)
-        .take(8)
-        .enumerate()
-        .filter(|(i, _)| *i != 3 && *i != 4)
-        .filter_map(|(_, t)| t.parse::<u64>().ok())
-        .sum();
-    ticks as f64 / ticks_per_s()
 }

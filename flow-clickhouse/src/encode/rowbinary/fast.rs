@@ -67,11 +67,11 @@ impl FastColumn {
         match (self.kind, value) {
             (FastKind::Unsigned { width, min, max }, Value::Uint(v)) if min <= v && v <= max => {
                 marker(out);
-                out.extend_from_slice(&v.to_le_bytes()[..width]);
+                put_le(v.to_le_bytes(), width, out);
             }
             (FastKind::Signed { width, min, max }, Value::Int(v)) if min <= v && v <= max => {
                 marker(out);
-                out.extend_from_slice(&v.to_le_bytes()[..width]);
+                put_le(v.to_le_bytes(), width, out);
             }
             (FastKind::String, Value::Bytes(bytes)) => {
                 marker(out);
@@ -83,6 +83,20 @@ impl FastColumn {
             _ => return false,
         }
         true
+    }
+}
+
+/// The low `width` bytes of a little-endian value. Each width is a copy of a size known here: a
+/// slice of the run-time width was a call to libc's `memmove` per cell, 3 % of a worker's CPU on
+/// the benchmark's four integer columns.
+#[inline(always)]
+fn put_le(bytes: [u8; 8], width: usize, out: &mut Vec<u8>) {
+    match width {
+        8 => out.extend_from_slice(&bytes),
+        4 => out.extend_from_slice(&[bytes[0], bytes[1], bytes[2], bytes[3]]),
+        2 => out.extend_from_slice(&[bytes[0], bytes[1]]),
+        1 => out.push(bytes[0]),
+        _ => out.extend_from_slice(&bytes[..width.min(8)]),
     }
 }
 
