@@ -1,15 +1,16 @@
 //! `AtLeastOnceClickHouseSink`: writes each epoch before the epoch commits, with no outbox and
-//! no token. The epoch's rows are cut and encoded in `write_epoch`; their inserts then run as a
-//! pending write ([`flow_core::PendingWrite`]) while the partition reads the next epoch, and the
-//! epoch commits only after every part was inserted. Nothing is lost, and a part inserted before
-//! a failure may be inserted again when the epoch is replayed (a duplicate). Retryable errors are
-//! retried without limit; as in the reference, unknown ones fail the write (and the partition)
-//! after `max_insert_attempts` attempts and permanent ones at once. With
+//! no token. With one table the epoch's rows are encoded slice by slice as the partition reads
+//! them ([`Sink::write_slice`]) and cut at `write_epoch`; their inserts then run as a pending
+//! write ([`flow_core::PendingWrite`]) while the partition reads (and encodes) the next epoch,
+//! and the epoch commits only after every part was inserted. Nothing is lost, and a part
+//! inserted before a failure may be inserted again when the epoch is replayed (a duplicate).
+//! Retryable errors are retried without limit; as in the reference, unknown ones fail the write
+//! (and the partition) after `max_insert_attempts` attempts and permanent ones at once. With
 //! `on_bad_rows: dead_letter` a part the server refuses for its rows is sent in halves
-//! ([`crate::delivery::split`]) and the rows it still refuses are committed as dead letters with the epoch.
-//! A stop in the middle of an epoch vetoes its commit, so the next run replays it. Accepts all
-//! three host forms; `shard_hosts` routes like the sharded exactly-once sink. It takes no part in
-//! the topology guard.
+//! ([`crate::delivery::split`]) and the rows it still refuses are committed as dead letters with
+//! the epoch. A stop in the middle of an epoch vetoes its commit, so the next run replays it.
+//! Accepts all three host forms; `shard_hosts` routes like the sharded exactly-once sink. It
+//! takes no part in the topology guard.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,6 +101,9 @@ impl AtLeastOnceSink {
         let Some(session) = self.shared.session(&self.ctx.shutdown).await? else {
             return Ok(Err(SinkShared::not_started()));
         };
+        if self.cutter.incomplete(epoch.number) {
+            return Ok(Err(SinkShared::not_started()));
+        }
         let EpochCut {
             parts,
             dead_letters,
@@ -301,6 +305,19 @@ impl Sink for AtLeastOnceSink {
             .collect();
         let pending = insert_tables(inserts, dead_letters);
         Ok(EpochOutcome::Pending(PendingWrite::new(pending)))
+    }
+
+    /// One table takes slices, encoded while the partition reads the rest of the epoch (and,
+    /// read ahead, while the epoch before is still being inserted); a table template takes
+    /// whole epochs ([`PartitionTables::cut`] resolves and cuts a whole epoch's rows at once).
+    fn takes_slices(&self) -> bool {
+        self.tables.is_none()
+    }
+
+    async fn write_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
+        self.cutter
+            .cut_slice(&self.shared, &self.ctx.shutdown, slice)
+            .await
     }
 
     fn reconfigure(&mut self, dynamic: &serde_yaml::Value) -> Result<(), SinkError> {

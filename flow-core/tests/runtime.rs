@@ -1418,8 +1418,9 @@ async fn a_vetoed_pending_write_drops_the_epoch_read_ahead_and_replays_from_the_
     let tmp = tempfile::tempdir().unwrap();
     let log = Arc::new(PendingLog::default());
     let mut registry = Registry::with_builtins();
-    // Attempts 0 and 2 are refused: the epochs of offsets 0-99 and 100-199 are each read twice.
-    register_pending_sink(&mut registry, Arc::clone(&log), vec![0, 2]);
+    // Attempts 0 and 3 are refused: the epochs of offsets 0-99 and 100-199 are each read twice
+    // (numbers 1 and 4 went to the epochs read ahead during the refused writes, then dropped).
+    register_pending_sink(&mut registry, Arc::clone(&log), vec![0, 3]);
     let store = open_store(&tmp.path().join("state"));
     let yaml = generator_yaml(1, 300, 100, "PendingRecorder", &tmp.path().join("unused"));
 
@@ -1433,6 +1434,129 @@ async fn a_vetoed_pending_write_drops_the_epoch_read_ahead_and_replays_from_the_
     assert_eq!(position(&store, 0), Some(300));
     assert_eq!(*log.written.lock().unwrap(), (0..300).collect::<Vec<_>>());
     assert_eq!(log.attempts.lock().unwrap().len(), 5);
+}
+
+/// A sink class `SlicedPending` that takes slices, keeps the offsets of the open epoch's slices
+/// as a cutter does (dropping them when a slice or epoch of another number comes), and answers
+/// each epoch with a 300 ms pending write that vetoes the attempts in `vetoes` and commits the
+/// others' offsets. `log.attempts` holds, per attempt, its number, when its first slice was
+/// handed and when its write finished.
+fn register_sliced_pending_sink(registry: &mut Registry, log: Arc<PendingLog>, vetoes: Vec<u64>) {
+    struct Factory(Arc<PendingLog>, Vec<u64>);
+    impl SinkFactory for Factory {
+        fn create(&self, _ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
+            Ok(Box::new(SlicedPending {
+                log: Arc::clone(&self.0),
+                vetoes: self.1.clone(),
+                open: None,
+            }))
+        }
+    }
+    struct SlicedPending {
+        log: Arc<PendingLog>,
+        vetoes: Vec<u64>,
+        /// The open epoch's number, when its first slice came, and its offsets so far.
+        open: Option<(u64, u64, Vec<u64>)>,
+    }
+    impl SlicedPending {
+        fn take(&mut self, epoch: &Epoch<'_>) {
+            if self
+                .open
+                .as_ref()
+                .is_some_and(|open| open.0 != epoch.number)
+            {
+                self.open = None;
+            }
+            let open = self
+                .open
+                .get_or_insert_with(|| (epoch.number, now_ms(), Vec::new()));
+            open.2.extend(epoch.inputs[0].rows().map(|r| r.id().offset));
+        }
+    }
+    #[async_trait]
+    impl Sink for SlicedPending {
+        async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+            self.take(epoch);
+            let (number, first_slice_ms, offsets) = self.open.take().expect("take opened it");
+            let veto = self.vetoes.contains(&number);
+            let log = Arc::clone(&self.log);
+            Ok(EpochOutcome::Pending(PendingWrite::new(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let finished = now_ms();
+                let attempt = (number, first_slice_ms, finished);
+                log.attempts.lock().unwrap().push(attempt);
+                if veto {
+                    return Ok(EpochOutcome::Veto {
+                        reason: format!("attempt {number} refused"),
+                        retry_after: Duration::from_millis(1),
+                    });
+                }
+                log.written.lock().unwrap().extend(offsets);
+                Ok(EpochOutcome::Commit(EpochWrite::default()))
+            })))
+        }
+        fn takes_slices(&self) -> bool {
+            true
+        }
+        async fn write_slice(&mut self, slice: &Epoch<'_>) -> Result<(), SinkError> {
+            self.take(slice);
+            Ok(())
+        }
+    }
+    registry.register_sink(
+        "SlicedPending",
+        Arc::new(
+            move |_ctx: &SinkBuildContext<'_>,
+                  _parameters: &serde_yaml::Value,
+                  _dynamic: &serde_yaml::Value|
+                  -> BuildResult<Arc<dyn SinkFactory>> {
+                Ok(Arc::new(Factory(Arc::clone(&log), vetoes.clone())))
+            },
+        ),
+    );
+}
+
+/// Epochs of 40,000 messages are read in slices (the last one partial); each epoch's slices
+/// are handed while the write of the epoch before is still pending, and a veto of that write
+/// must leave none of them in the replay: every offset is committed exactly once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slices_read_ahead_during_a_pending_write_are_dropped_when_it_is_vetoed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = Arc::new(PendingLog::default());
+    let mut registry = Registry::with_builtins();
+    // Attempts 0 and 2 are refused, both of the first epoch: number 1 went to the slices read
+    // ahead during attempt 0's write, dropped with its veto.
+    register_sliced_pending_sink(&mut registry, Arc::clone(&log), vec![0, 2]);
+    let store = open_store(&tmp.path().join("state"));
+    let count = 120_000;
+    let yaml = generator_yaml(
+        1,
+        count,
+        40_000,
+        "SlicedPending",
+        &tmp.path().join("unused"),
+    );
+
+    let report = run_yaml(&registry, &yaml, &store).await.unwrap();
+
+    let part = &report.partitions[0];
+    assert_eq!(
+        (part.epochs_committed, part.vetoes, part.messages),
+        (3, 2, count)
+    );
+    assert_eq!(position(&store, 0), Some(count));
+    assert_eq!(*log.written.lock().unwrap(), (0..count).collect::<Vec<_>>());
+    let attempts = log.attempts.lock().unwrap().clone();
+    let numbers: Vec<u64> = attempts.iter().map(|a| a.0).collect();
+    assert_eq!(numbers.len(), 5, "{attempts:?}");
+    assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{attempts:?}");
+    // The attempt after a committed one was sliced while that one's write was pending.
+    let committed = attempts.iter().filter(|a| ![0, 2].contains(&a.0));
+    for (number, _, finished) in committed {
+        if let Some(next) = attempts.iter().find(|a| a.0 > *number) {
+            assert!(next.1 < *finished, "attempt {}: {attempts:?}", next.0);
+        }
+    }
 }
 
 /// What a [`SliceLog`] sink was handed: `(epoch number, "slice" | "epoch", first offset, messages)`.

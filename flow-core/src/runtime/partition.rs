@@ -331,15 +331,17 @@ impl PartitionRunner {
             let settled = match asked {
                 Err(vetoed) => Settled::Vetoed(vetoed),
                 // Every sink is done with the epoch's messages: the next epoch is read into the
-                // same batches while the pending writes go on, and this one commits as soon as
-                // they end.
+                // same batches (and handed to the sinks slice by slice) while the pending writes
+                // go on, and this one commits as soon as they end.
                 Ok(answers) if answers.has_pending() && !read.exhausted => {
-                    let (settled, next) = tokio::join!(
-                        self.settle_epoch(sinks, answers, &read, source_dead),
-                        self.read_epoch(graph, source.as_mut(), &read.position, None)
+                    let slices = sliced.then_some((&mut *sinks, epoch_number));
+                    let (written, next) = tokio::join!(
+                        answers.finish(),
+                        self.read_epoch(graph, source.as_mut(), &read.position, slices)
                     );
                     ahead = Some(next);
-                    settled?
+                    self.settle_written(sinks, written, &read, source_dead)
+                        .await?
                 }
                 Ok(answers) => {
                     self.settle_epoch(sinks, answers, &read, source_dead)
@@ -354,7 +356,12 @@ impl PartitionRunner {
                     report.dead_letters += dead_letters as u64;
                 }
                 Settled::Vetoed(vetoed) => {
-                    ahead = None;
+                    // The epoch read ahead is dropped; the slices it handed the sinks carry
+                    // its number, which the replay must not reuse (the sinks drop them on
+                    // seeing another number).
+                    if ahead.take().is_some() {
+                        epoch_number += 1;
+                    }
                     report.vetoes += 1;
                     self.log_veto(&vetoed);
                     source = self.replay_after(source, &vetoed, &committed).await?;
@@ -513,10 +520,19 @@ impl PartitionRunner {
         read: &ReadEpoch,
         source_dead: Vec<DeadLetter>,
     ) -> Result<Settled, RuntimeError> {
-        let written = answers
-            .finish()
-            .await
-            .map_err(|(sink, err)| self.sink_error(&sink, err))?;
+        let written = answers.finish().await;
+        self.settle_written(sinks, written, read, source_dead).await
+    }
+
+    /// Commits the epoch whose pending writes ended with `written`, unless one vetoed it.
+    async fn settle_written(
+        &self,
+        sinks: &mut [SinkSlot],
+        written: Result<Result<EpochCommits, Vetoed>, (String, SinkError)>,
+        read: &ReadEpoch,
+        source_dead: Vec<DeadLetter>,
+    ) -> Result<Settled, RuntimeError> {
+        let written = written.map_err(|(sink, err)| self.sink_error(&sink, err))?;
         let commits = match written {
             Ok(commits) => commits,
             Err(vetoed) => return Ok(Settled::Vetoed(vetoed)),
