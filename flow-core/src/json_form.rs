@@ -18,6 +18,7 @@ use std::ops::Range;
 use serde_json::value::RawValue;
 use thiserror::Error;
 
+use crate::json_scan::scan_flat;
 use crate::message::{check_item, Row, RowWriter, Value};
 use crate::packed::{self, check_date32, write_leb128, PackedReader};
 use crate::types::{StreamSchema, StreamType};
@@ -31,6 +32,7 @@ pub(crate) fn push_json(
     name: &str,
     ty: &StreamType,
     raw: Option<&str>,
+    escapes: Escapes,
     scratch: &mut Vec<u8>,
 ) -> Result<(), String> {
     let in_column = |what: String| format!("column `{name}` ({ty}): {what}");
@@ -42,10 +44,18 @@ pub(crate) fn push_json(
         pack(ty.inner(), raw, scratch).map_err(in_column)?;
         row.push(Value::Packed(scratch))
     } else {
-        let value = scalar_from_text(raw, ty, scratch).map_err(in_column)?;
+        let value = scalar_from_text(raw, ty, escapes, scratch).map_err(in_column)?;
         row.push(value)
     };
     pushed.map(|_| ()).map_err(|err| err.to_string())
+}
+
+/// Whether the strings of a record may hold escapes: not in one read by the one-pass scan
+/// ([`scan_flat`]), which saves looking for them again in every string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Escapes {
+    None,
+    Possible,
 }
 
 /// The cell value of `raw`, the JSON text of a value of the scalar type `ty` (or an `optional`
@@ -56,11 +66,12 @@ pub(crate) fn push_json(
 fn scalar_from_text<'v>(
     raw: &'v str,
     ty: &StreamType,
+    escapes: Escapes,
     scratch: &'v mut Vec<u8>,
 ) -> Result<Value<'v>, String> {
     let scalar = ty.inner();
     Ok(match raw.as_bytes().first() {
-        Some(b'"') => return string_value(raw, scalar, scratch),
+        Some(b'"') => return string_value(raw, scalar, escapes, scratch),
         Some(b'-' | b'0'..=b'9') => number_value(raw, ty)?,
         _ => match raw {
             "null" => Value::Null,
@@ -119,13 +130,14 @@ fn integer_value(negative: bool, magnitude: u64) -> Value<'static> {
 fn string_value<'v>(
     raw: &'v str,
     ty: &StreamType,
+    escapes: Escapes,
     scratch: &'v mut Vec<u8>,
 ) -> Result<Value<'v>, String> {
     let body = raw
         .strip_prefix('"')
         .and_then(|rest| rest.strip_suffix('"'))
         .unwrap_or(raw);
-    if !body.contains('\\') {
+    if escapes == Escapes::None || !body.contains('\\') {
         return Ok(text_scalar(body, ty)?.unwrap_or(Value::Bytes(body.as_bytes())));
     }
     let text: String = serde_json::from_str(raw).map_err(|err| {
@@ -196,8 +208,16 @@ pub fn push_json_text(row: &mut RowWriter<'_>, json: &str) -> Result<(), JsonVal
         source,
     })?;
     let mut scratch = Vec::new();
-    push_json(row, &column.name, &column.ty, Some(raw.get()), &mut scratch)
-        .map_err(JsonValueError::Column)
+    let raw = Some(raw.get());
+    push_json(
+        row,
+        &column.name,
+        &column.ty,
+        raw,
+        Escapes::Possible,
+        &mut scratch,
+    )
+    .map_err(JsonValueError::Column)
 }
 
 /// Why a record is not a row's JSON object; the display is the whole message.
@@ -236,12 +256,24 @@ pub(crate) const BOM: &[u8] = b"\xEF\xBB\xBF";
 /// column's type reads them (a decimal or a 128-bit integer must not pass through an f64 on the
 /// way). The buffers are kept from record to record, so a record allocates nothing unless a
 /// string has escapes.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct RecordDecoder {
     /// Where each column's value lies in the record last read (`None`: the key is missing).
     slots: Vec<Option<Range<usize>>>,
     /// Unescaped strings and packed values, one at a time.
     scratch: Vec<u8>,
+    /// Whether the strings of the record last read may hold escapes.
+    escapes: Escapes,
+}
+
+impl Default for RecordDecoder {
+    fn default() -> Self {
+        RecordDecoder {
+            slots: Vec::new(),
+            scratch: Vec::new(),
+            escapes: Escapes::Possible,
+        }
+    }
 }
 
 /// Why [`RecordDecoder::push_values`] refused a record: the column's index and what is wrong
@@ -270,6 +302,18 @@ impl RecordDecoder {
         };
         self.slots.clear();
         self.slots.resize(schema.columns().len(), None);
+        if scan_flat(text, schema, &mut self.slots) {
+            self.escapes = Escapes::None;
+            return Ok(text);
+        }
+        // Not a flat record (or not one at all): serde_json reads it, or says what is wrong.
+        self.escapes = Escapes::Possible;
+        self.slots.fill(None);
+        self.read_with_serde(text, schema).map(|()| text)
+    }
+
+    /// [`RecordDecoder::read`] of any record through serde_json, into slots all `None`.
+    fn read_with_serde(&mut self, text: &str, schema: &StreamSchema) -> Result<(), RecordError> {
         let mut problem = None;
         let mut de = serde_json::Deserializer::from_str(text);
         let seed = ObjectSeed {
@@ -279,14 +323,13 @@ impl RecordDecoder {
             problem: &mut problem,
         };
         let parsed = serde::de::DeserializeSeed::deserialize(seed, &mut de).and_then(|()| de.end());
-        match parsed {
-            Ok(()) => Ok(text),
-            Err(err) => Err(problem.unwrap_or_else(|| {
+        parsed.map_err(|err| {
+            problem.unwrap_or_else(|| {
                 RecordError::NotObject(
                     lone_surrogate(text.as_bytes()).unwrap_or_else(|| err.to_string()),
                 )
-            })),
-        }
+            })
+        })
     }
 
     /// Pushes the values of the record [`RecordDecoder::read`] last read from `text`, in
@@ -299,7 +342,8 @@ impl RecordDecoder {
     ) -> Result<(), ValueError> {
         for (index, (column, slot)) in schema.columns().iter().zip(&self.slots).enumerate() {
             let raw = slot.clone().and_then(|range| text.get(range));
-            push_json(row, &column.name, &column.ty, raw, &mut self.scratch).map_err(|what| {
+            let (name, ty, escapes) = (&column.name, &column.ty, self.escapes);
+            push_json(row, name, ty, raw, escapes, &mut self.scratch).map_err(|what| {
                 ValueError {
                     column: index,
                     what,
@@ -574,7 +618,7 @@ fn pack(ty: &StreamType, raw: &str, out: &mut Vec<u8>) -> Result<(), String> {
         }
         scalar => {
             let mut unescaped = Vec::new();
-            let value = scalar_from_text(raw, scalar, &mut unescaped)?;
+            let value = scalar_from_text(raw, scalar, Escapes::Possible, &mut unescaped)?;
             // The same checks as a top-level value of the type.
             check_item(scalar, value)?;
             write_scalar(scalar, value, out)?;
@@ -1282,6 +1326,99 @@ mod tests {
             width = scale as usize
         )
     }
+
+    /// The slots of `text` as the one-pass scan notes them (`None`: it left the record to
+    /// serde_json) and as serde_json notes them (`Err`: it refused the record).
+    type BothReads = (
+        Option<Vec<Option<String>>>,
+        Result<Vec<Option<String>>, String>,
+    );
+
+    fn both_reads(text: &str, schema: &StreamSchema) -> BothReads {
+        let texts = |slots: &[Option<Range<usize>>]| -> Vec<Option<String>> {
+            let of = |range: &Range<usize>| text[range.clone()].to_owned();
+            slots.iter().map(|slot| slot.as_ref().map(of)).collect()
+        };
+        let mut slots = vec![None; schema.columns().len()];
+        let scanned = scan_flat(text, schema, &mut slots).then(|| texts(&slots));
+        let mut decoder = RecordDecoder {
+            slots: vec![None; schema.columns().len()],
+            ..RecordDecoder::default()
+        };
+        let serde = decoder.read_with_serde(text, schema);
+        (
+            scanned,
+            serde
+                .map(|()| texts(&decoder.slots))
+                .map_err(|e| e.to_string()),
+        )
+    }
+
+    #[test]
+    fn a_flat_record_is_scanned_in_one_pass_to_the_slots_serde_json_gives() {
+        let schema = schema_of(&["id", "n", "s"]);
+        for text in [
+            r#"{"id":1,"n":-2.5e+3,"s":"ab c"}"#,
+            " {\t\"s\" : \"\" , \"id\":0 }\r\n",
+            r#"{"n":null,"id":true}"#,
+            r#"{}"#,
+        ] {
+            let (scanned, serde) = both_reads(text, &schema);
+            assert!(scanned.is_some(), "{text}");
+            assert_eq!(scanned, serde.ok(), "{text}");
+        }
+        let (scanned, _) = both_reads(r#"{"id":1,"n":-2.5e+3,"s":"ab c"}"#, &schema);
+        let slot = |s: &str| Some(s.to_owned());
+        assert_eq!(
+            scanned,
+            Some(vec![slot("1"), slot("-2.5e+3"), slot("\"ab c\"")])
+        );
+    }
+
+    #[test]
+    fn records_beyond_the_flat_form_are_left_to_serde_json() {
+        let schema = schema_of(&["id", "n", "s"]);
+        for text in [
+            r#"{"id":1,"s":"a\"b"}"#,
+            r#"{"id":[1]}"#,
+            r#"{"id":{"a":1}}"#,
+            r#"{"i\u0064":1}"#,
+            r#"{"id":1,"id":2}"#,
+            r#"{"other":1}"#,
+            r#"{"id":01}"#,
+            r#"{"id":1.}"#,
+            r#"{"id":1,}"#,
+            r#"{"id":1} x"#,
+            r#"{"id":tru}"#,
+            "{\"s\":\"a\u{1}\"}",
+            r#"[1]"#,
+        ] {
+            let (scanned, _) = both_reads(text, &schema);
+            assert_eq!(scanned, None, "{text}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// Wherever the one-pass scan reads a record, serde_json reads it too, to the same
+        /// slots; records of the flat form and near it, valid or not, are generated from its
+        /// grammar.
+        #[test]
+        fn the_one_pass_scan_reads_no_record_otherwise_than_serde_json(
+            text in proptest::string::string_regex(&format!(
+                r#"[ \t]?\{{[ ]?({PAIR}([ ]?,[ ]?{PAIR}){{0,3}})?[ ]?\}}[ \n]?"#
+            )).expect("a regular expression"),
+        ) {
+            let schema = schema_of(&["id", "n", "s"]);
+            let (scanned, serde) = both_reads(&text, &schema);
+            if let Some(scanned) = scanned {
+                proptest::prop_assert_eq!(Ok(scanned), serde, "{}", text);
+            }
+        }
+    }
+
+    /// One key and value of a generated record: mostly well-formed, some not.
+    const PAIR: &str = r#""(id|n|s|x|i\\u0064)"[ ]?:[ ]?(-?(0|[1-9][0-9]{0,3}|0[0-9])(\.[0-9]{0,2})?([eE][+-]?[0-9]{0,2})?|"[a-z\\" \u{1}é]{0,4}"|true|false|null|tru|\[1\]|\{\})"#;
 
     proptest::proptest! {
         /// The decoder reads scalars from their text; the oracle is the values the record was

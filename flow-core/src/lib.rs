@@ -39,7 +39,7 @@
 //!   and the [`ValidatedPipeline`];
 //! - `plugin`: the plugin traits ([`SourceFactory`], [`Sink`], [`PartitionObserver`], ...);
 //! - `message`, `packed`, `wide_int`, `types`, `json_form`: values, their packed and JSON forms,
-//!   stream types and schemas;
+//!   stream types and schemas; `json_scan`: the one-pass reader of flat JSON records;
 //! - `type_expr`: the lexer of type expressions (`Name(arg, ...)`), shared by stream types and
 //!   the ClickHouse sinks' column types;
 //! - `error`, `metrics`, `capacity`, `dead_row`, `clock`: errors, Prometheus metrics and readiness, batch
@@ -67,6 +67,7 @@ mod clock;
 mod dead_row;
 mod error;
 mod json_form;
+mod json_scan;
 mod message;
 mod metrics;
 mod packed;

@@ -333,6 +333,11 @@ struct LivePull {
     /// Messages this consumer delivered to the reader, redeliveries included: equal to the
     /// consumer's delivered count when none is in flight.
     received: u64,
+    /// How long the reads have waited on the pull since its last message (not the time
+    /// between reads, when nobody waits).
+    silent: Duration,
+    /// When the last read stopped taking from the pull.
+    left: Instant,
 }
 
 /// Why taking messages from the pull ended early.
@@ -638,6 +643,8 @@ impl NatsPartition {
             consumer,
             messages,
             received: 0,
+            silent: Duration::ZERO,
+            left: Instant::now(),
         })
     }
 
@@ -653,6 +660,12 @@ impl NatsPartition {
         let Some(pull) = self.pull.as_mut() else {
             return Ok(());
         };
+        // After a pause in reading long enough for async-nats' timer to run out unpolled, the
+        // silence is counted anew: what the reads waited through before it says nothing about
+        // a pull that nobody polled since.
+        if pull.left.elapsed() >= STALL_GRACE / 2 {
+            pull.silent = Duration::ZERO;
+        }
         // The last message appended, for its `pending` count: the lag.
         let mut last_message = None;
         let ended = loop {
@@ -662,7 +675,11 @@ impl NatsPartition {
             let next = match pull.messages.next().now_or_never() {
                 Some(next) => next,
                 None => {
-                    match tokio::time::timeout_at(limits.deadline, pull.messages.next()).await {
+                    let started = Instant::now();
+                    let next = tokio::time::timeout_at(limits.deadline, pull.messages.next());
+                    let next = next.await;
+                    pull.silent += started.elapsed();
+                    match next {
                         Ok(next) => next,
                         Err(_) => break None,
                     }
@@ -670,8 +687,16 @@ impl NatsPartition {
             };
             let message = match next {
                 Some(Ok(message)) => message,
+                // async-nats times the heartbeat from the first poll that found nothing, also
+                // across the time between two reads (a seal, a wait for the outbox's budget)
+                // when nobody polls and no new request goes out: only silence the reads waited
+                // through is a stall. Half the grace tells it from a timer that ran out between
+                // reads; async-nats starts its timer again at the next poll.
                 Some(Err(err)) if err.kind() == MessagesErrorKind::MissingHeartbeat => {
-                    break Some(PullEnd::Stalled)
+                    if pull.silent >= STALL_GRACE / 2 {
+                        break Some(PullEnd::Stalled);
+                    }
+                    continue;
                 }
                 Some(Err(source)) => {
                     break Some(PullEnd::Failed(NatsSourceError::Request {
@@ -687,6 +712,7 @@ impl NatsPartition {
                 }
             };
             pull.received += 1;
+            pull.silent = Duration::ZERO;
             match append(&mut self.decoder, &mut self.last, &message, out) {
                 Ok(true) => {
                     *taken += 1;
@@ -696,6 +722,7 @@ impl NatsPartition {
                 Err(err) => break Some(PullEnd::Failed(err)),
             }
         };
+        pull.left = Instant::now();
         if let Some(message) = last_message {
             match reply_of(&message).and_then(|reply| Ok(reply.pending()?)) {
                 Ok(pending) => self.lag = Some(pending),

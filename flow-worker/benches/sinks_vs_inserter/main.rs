@@ -65,6 +65,11 @@ const EPOCH_MAX_MESSAGES: u64 = 100_000;
 /// Long enough that an unthrottled epoch ends on `max_messages` (100k rows per partition), so
 /// flow's batches are the loop's 100k-row inserts; short enough to bound an epoch's memory.
 const EPOCH_MAX_DURATION_MS: u64 = 2_000;
+/// The same for a broker case reading a published stream: on a 2-core machine a partition
+/// reads ~35k JSON messages per second while NATS and ClickHouse share the cores, so a 2 s
+/// epoch ended on its deadline at ~70k messages (24-28 batches of 2 M rows, not the
+/// consumer's 20 inserts: docs/performance.md, fifteenth run). The endless run keeps 2 s.
+const BROKER_EPOCH_MAX_DURATION_MS: u64 = 5_000;
 /// The sink's ceiling: 100k rows of ~100 bytes exceed the 5 MiB default, which would cut batches
 /// smaller than the loop's inserts.
 const MAX_BYTES_PER_BATCH: u64 = 256 << 20;
@@ -470,9 +475,10 @@ fn spec(case: Case, table: &str, count: u64, rate_per_second: u64, kafka: Option
         _ => format!("  class: generator\n  parameters: {{count: {count}, rate_per_second: {rate_per_second}, payload_bytes: {PAYLOAD_BYTES}}}\n"),
     };
     format!(
-        "pipeline: bench_{name}\npartitions: {PARTITIONS}\nepoch: {{max_messages: {epoch}, max_duration_ms: {EPOCH_MAX_DURATION_MS}}}\nsource:\n{source}sinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {parameters}\n    dynamic_parameters: {{max_rows_per_batch: {batch_rows}, max_bytes_per_batch: {MAX_BYTES_PER_BATCH}}}\n",
+        "pipeline: bench_{name}\npartitions: {PARTITIONS}\nepoch: {{max_messages: {epoch}, max_duration_ms: {epoch_ms}}}\nsource:\n{source}sinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {parameters}\n    dynamic_parameters: {{max_rows_per_batch: {batch_rows}, max_bytes_per_batch: {MAX_BYTES_PER_BATCH}}}\n",
         name = case.name(),
         epoch = case.per_shard(EPOCH_MAX_MESSAGES).min(broker_epoch(case, count)),
+        epoch_ms = epoch_max_duration_ms(case, count),
         batch_rows = case.per_shard(BATCH_ROWS).min(broker_epoch(case, count)),
         class = case.sink_class(),
         parameters = case.sink_parameters(table),
@@ -480,7 +486,7 @@ fn spec(case: Case, table: &str, count: u64, rate_per_second: u64, kafka: Option
 }
 
 /// The most messages an epoch of a broker case may hold: a stream has no end, so an epoch that
-/// waits for more messages than its partition holds ends only on its deadline (2 s of nothing to
+/// waits for more messages than its partition holds ends only on its deadline (seconds of nothing to
 /// read), where the hand-written consumer ends on its count. So a partition of fewer than
 /// [`EPOCH_MAX_MESSAGES`] rows (a smoke run, or the Kafka mock cluster's most) is one epoch and
 /// one batch, as the consumer's one INSERT of them. Unlimited for the other cases.
@@ -488,6 +494,15 @@ fn broker_epoch(case: Case, per_partition: u64) -> u64 {
     match case {
         Case::JetStream | Case::Kafka if per_partition > 0 => per_partition,
         _ => u64::MAX,
+    }
+}
+
+/// The epoch's deadline: [`BROKER_EPOCH_MAX_DURATION_MS`] for a broker case reading a
+/// published stream of `per_partition` rows, [`EPOCH_MAX_DURATION_MS`] otherwise.
+fn epoch_max_duration_ms(case: Case, per_partition: u64) -> u64 {
+    match case {
+        Case::JetStream | Case::Kafka if per_partition > 0 => BROKER_EPOCH_MAX_DURATION_MS,
+        _ => EPOCH_MAX_DURATION_MS,
     }
 }
 
@@ -812,7 +827,7 @@ fn orchestrate() -> Result<()> {
     println!(
         "rows {rows_list:?}, repetitions {repetitions} (medians), partitions {PARTITIONS}, payload {PAYLOAD_BYTES} B, \
          batches/inserts of {BATCH_ROWS} rows per shard (max_bytes_per_batch {MAX_BYTES_PER_BATCH}), \
-         epoch {{max_messages: {EPOCH_MAX_MESSAGES} per shard, max_duration_ms: {EPOCH_MAX_DURATION_MS}}}, flow-worker {WORKER}"
+         epoch {{max_messages: {EPOCH_MAX_MESSAGES} per shard, max_duration_ms: {EPOCH_MAX_DURATION_MS}, {BROKER_EPOCH_MAX_DURATION_MS} reading a broker}}, flow-worker {WORKER}"
     );
     let mut samples: BTreeMap<(u64, Case), Vec<Sample>> = BTreeMap::new();
     let mut not_run = Vec::new();
@@ -843,7 +858,7 @@ fn orchestrate() -> Result<()> {
         {
             println!(
                 "note: {per_partition} rows per partition is no multiple of the epoch's {EPOCH_MAX_MESSAGES} messages: \
-                 each partition's last epoch of a broker case waits for its {EPOCH_MAX_DURATION_MS} ms deadline, \
+                 each partition's last epoch of a broker case waits for its {BROKER_EPOCH_MAX_DURATION_MS} ms deadline, \
                  which the hand-written consumers do not (choose rows as a multiple of {})",
                 EPOCH_MAX_MESSAGES * u64::from(PARTITIONS)
             );
