@@ -1335,6 +1335,23 @@ fn now_ms() -> u64 {
     since.map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Registers sink class `class`, whose factory `make` gives whatever the spec's parameters.
+fn register_fixed_sink(
+    registry: &mut Registry,
+    class: &str,
+    make: impl Fn() -> Arc<dyn SinkFactory> + Send + Sync + 'static,
+) {
+    registry.register_sink(
+        class,
+        Arc::new(
+            move |_ctx: &SinkBuildContext<'_>,
+                  _parameters: &serde_yaml::Value,
+                  _dynamic: &serde_yaml::Value|
+                  -> BuildResult<Arc<dyn SinkFactory>> { Ok(make()) },
+        ),
+    );
+}
+
 /// A sink class `PendingRecorder` whose writes outlive `write_epoch`: each takes `write_ms`, then
 /// vetoes the epoch attempts listed in `vetoes` and commits the others, recording their offsets.
 fn register_pending_sink(registry: &mut Registry, log: Arc<PendingLog>, vetoes: Vec<u64>) {
@@ -1376,17 +1393,9 @@ fn register_pending_sink(registry: &mut Registry, log: Arc<PendingLog>, vetoes: 
             })))
         }
     }
-    registry.register_sink(
-        "PendingRecorder",
-        Arc::new(
-            move |_ctx: &SinkBuildContext<'_>,
-                  _parameters: &serde_yaml::Value,
-                  _dynamic: &serde_yaml::Value|
-                  -> BuildResult<Arc<dyn SinkFactory>> {
-                Ok(Arc::new(Factory(Arc::clone(&log), vetoes.clone())))
-            },
-        ),
-    );
+    register_fixed_sink(registry, "PendingRecorder", move || {
+        Arc::new(Factory(Arc::clone(&log), vetoes.clone()))
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1503,17 +1512,9 @@ fn register_sliced_pending_sink(registry: &mut Registry, log: Arc<PendingLog>, v
             Ok(())
         }
     }
-    registry.register_sink(
-        "SlicedPending",
-        Arc::new(
-            move |_ctx: &SinkBuildContext<'_>,
-                  _parameters: &serde_yaml::Value,
-                  _dynamic: &serde_yaml::Value|
-                  -> BuildResult<Arc<dyn SinkFactory>> {
-                Ok(Arc::new(Factory(Arc::clone(&log), vetoes.clone())))
-            },
-        ),
-    );
+    register_fixed_sink(registry, "SlicedPending", move || {
+        Arc::new(Factory(Arc::clone(&log), vetoes.clone()))
+    });
 }
 
 /// Epochs of 40,000 messages are read in slices (the last one partial); each epoch's slices
