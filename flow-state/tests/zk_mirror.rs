@@ -778,3 +778,48 @@ fn an_oversized_node_and_writes_cluster_mode_cannot_mirror_are_refused() {
     assert_eq!(plain.remove_dead_letters_blocking(&[]).unwrap(), 0);
     plain.close().unwrap();
 }
+
+#[test]
+fn status_reads_beside_an_owner_that_delivers_never_fail_on_a_batch_deleted_after_the_listing() {
+    let zk = Zk::connect("mirror-status-race");
+    let dir = tempfile::tempdir().unwrap();
+    let store = zk.store(dir.path(), 256, &[0]);
+    const EPOCHS: u64 = 150;
+    // The owner commits 8 batches per epoch and acknowledges them at once: batch nodes appear
+    // and vanish all through the reads below.
+    let owner = {
+        let store = store.clone();
+        zk.rt.spawn(async move {
+            for e in 0..EPOCHS {
+                let batches = (0..8).map(|n| batch(0, e * 8 + n)).collect();
+                let receipt = store.commit(epoch(0, &format!("p{e}"), batches)).await?;
+                for &seq in receipt.seqs("ch") {
+                    store.acknowledge(&key(0), seq, vec![]).await?;
+                }
+            }
+            Ok::<_, StateError>(())
+        })
+    };
+    let mut reads = 0;
+    while !owner.is_finished() {
+        let read = zk.block_on(flow_state::zk::read_partition(
+            &zk.client, &zk.root, PIPE, 0,
+        ));
+        let read = read.unwrap_or_else(|e| panic!("read {reads} beside the owner: {e}"));
+        assert!(read.pending.len() <= 8, "{} pending", read.pending.len());
+        reads += 1;
+    }
+    zk.block_on(owner).unwrap().unwrap();
+    assert!(
+        reads > 10,
+        "only {reads} reads overlapped the owner's writes"
+    );
+    let last = zk
+        .block_on(flow_state::zk::read_partition(
+            &zk.client, &zk.root, PIPE, 0,
+        ))
+        .unwrap();
+    assert_eq!(last.position, Some(format!("p{}", EPOCHS - 1).into_bytes()));
+    assert!(last.pending.is_empty(), "{:?}", last.pending);
+    store.close().unwrap();
+}

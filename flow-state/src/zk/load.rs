@@ -50,7 +50,8 @@ fn checked<T>(path: &str, decoded: Result<T, StateError>) -> Result<T, StateErro
 
 /// Reads `partition`'s state from its `state` node. With `create`, the node is created empty the
 /// first time (a load, before writes create children); without, a missing node reads as an
-/// empty state (`status`, which changes nothing).
+/// empty state and a child deleted after the listing as absent (`status`, which changes nothing
+/// and may run beside the partition's owner).
 pub(crate) async fn read(
     client: &zk::Client,
     state: &str,
@@ -93,6 +94,11 @@ pub(crate) async fn read(
             let path = format!("{state}/{name}");
             let data = match result {
                 zk::MultiReadResult::Data { data, .. } => data,
+                // A read-only look at a partition another worker owns races its writes: a batch
+                // delivered between the listing and this read is gone, and so no longer pending.
+                zk::MultiReadResult::Error {
+                    err: zk::Error::NoNode,
+                } if !create => continue,
                 zk::MultiReadResult::Error { err } => return Err(zk_error("read", &path)(err)),
                 _ => {
                     return Err(StateError::BadNode {
