@@ -211,6 +211,45 @@ pub fn unconfigured_shard(shared: &SinkShared, shard_name: &str) -> InsertFailur
 /// How often a part for a shard without an admitted host looks again.
 const ADMISSION_POLL: Duration = Duration::from_millis(500);
 
+/// How often a part stored while the hosts disagree on the table's columns warns again.
+const DISAGREEMENT_WARNING_EVERY: Duration = Duration::from_secs(30);
+
+/// After an INSERT that stored its part while the table's columns changed: whether the session,
+/// once the hosts agree on the new columns, still plans as the part was encoded (`fingerprint`).
+/// Hosts that disagree (an ALTER reaching the shards one by one) are waited out, not taken for
+/// a change the part may have been garbled by; a stop, or columns that cannot be read for
+/// another reason, answer `false`.
+async fn plan_kept_after_change(
+    session: &WriterSession,
+    fingerprint: &str,
+    timeout: Duration,
+    backoff: Duration,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    let mut warned: Option<std::time::Instant> = None;
+    loop {
+        match session.refresh_columns(timeout).await {
+            Ok(()) => return session.plan().encoder.plan_fingerprint() == fingerprint,
+            Err(error) if error.class == ErrorClass::Retryable => {
+                if warned.is_none_or(|at| at.elapsed() >= DISAGREEMENT_WARNING_EVERY) {
+                    warned = Some(std::time::Instant::now());
+                    warn!(
+                        database = %session.database,
+                        table = %session.table,
+                        error = %error,
+                        "a part was stored while the table's columns changed, and the hosts do not agree on the new ones yet: the sink waits until they do before it decides whether the part's columns were kept. If this lasts, make the table's columns identical on every host"
+                    );
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.max(Duration::from_millis(100))) => {}
+                    _ = stop.wait_for(|s| *s) => return false,
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+}
+
 /// Sends one part to its shard, failing over to the next host after each failed attempt.
 /// Retries follow the sink's guarantee ([`crate::config::guarantee::Guarantee::on_failure`]).
 pub async fn insert_part(
@@ -344,11 +383,15 @@ pub async fn insert_part(
                     // checked by its ids before it is acknowledged (under other columns a
                     // resend is no replay). A widened column the part was encoded for may
                     // have been read as the wider type: that stays a permanent error.
-                    let adopted = session.refresh_columns(dynamic.write_timeout).await.is_ok();
-                    if adopted
-                        && session.plan().encoder.plan_fingerprint()
-                            == plan.encoder.plan_fingerprint()
-                    {
+                    let kept = plan_kept_after_change(
+                        session,
+                        plan.encoder.plan_fingerprint(),
+                        dynamic.write_timeout,
+                        dynamic.retry_backoff,
+                        stop,
+                    )
+                    .await;
+                    if kept {
                         if attempt_log.is_some() {
                             return Err(InsertFailure::Replanned);
                         }
