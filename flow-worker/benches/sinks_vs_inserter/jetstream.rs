@@ -14,6 +14,36 @@ pub async fn connect() -> Result<jetstream::Context> {
     Ok(jetstream::new(client))
 }
 
+/// How long a stream of gigabytes may take to go: its delete can outlast a request's timeout.
+const STREAM_DELETE_BOUND: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Deletes stream `name` if it exists, and returns once the server no longer knows it: a delete
+/// answered late (a timeout) is asked again, so a fresh run never reads an earlier run's rows.
+async fn delete_stream(js: &jetstream::Context, name: &str) -> Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        match js.get_stream(name).await {
+            Err(err)
+                if matches!(err.kind(), jetstream::context::GetStreamErrorKind::JetStream(e)
+                    if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
+            {
+                return Ok(());
+            }
+            Err(err) if started.elapsed() > STREAM_DELETE_BOUND => {
+                return Err(err).with_context(|| format!("looking for stream {name}"));
+            }
+            _ if started.elapsed() > STREAM_DELETE_BOUND => {
+                anyhow::bail!("stream {name} is still there {STREAM_DELETE_BOUND:?} after deleting it; delete it by hand (nats stream rm {name})")
+            }
+            _ => {}
+        }
+        if let Err(err) = js.delete_stream(name).await {
+            println!("jetstream: deleting stream {name}: {err}; asking again");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
 /// Publishes the rows the generator would produce for `rows` (partition `p`'s offsets to
 /// subject `<stream>.<p>`, as JSON), unless the stream already holds exactly them.
 pub fn publish_generator_rows(runtime: &tokio::runtime::Runtime, rows: u64) -> Result<()> {
@@ -35,9 +65,7 @@ pub fn publish_rows(
                 println!("jetstream: stream {name} already holds {rows} rows");
                 return Ok(());
             }
-            js.delete_stream(name)
-                .await
-                .with_context(|| format!("deleting the stale stream {name}"))?;
+            delete_stream(&js, name).await?;
         }
         js.create_stream(stream::Config {
             name: name.to_owned(),
@@ -96,7 +124,7 @@ impl EndlessPublisher {
         let name = stream_name(0);
         let js = runtime.block_on(async {
             let js = connect().await?;
-            let _ = js.delete_stream(&name).await;
+            delete_stream(&js, &name).await?;
             js.create_stream(stream::Config {
                 name: name.clone(),
                 subjects: vec![format!("{name}.*")],
