@@ -408,7 +408,7 @@ impl BatchCutter {
 }
 
 /// `max_rows_per_batch` and `max_bytes_per_batch` in force.
-fn batch_limits(shared: &SinkShared) -> (usize, usize) {
+pub(crate) fn batch_limits(shared: &SinkShared) -> (usize, usize) {
     let dynamic = shared.dynamic();
     (
         usize::try_from(dynamic.max_rows_per_batch).unwrap_or(usize::MAX),

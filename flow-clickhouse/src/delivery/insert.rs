@@ -26,7 +26,9 @@ use crate::server::session::WriterSession;
 /// How one INSERT ended without success.
 #[derive(Debug)]
 pub enum InsertFailure {
-    /// The pipeline is stopping; nothing more was tried.
+    /// The pipeline is stopping; nothing more was tried. The part may be in the table (stored
+    /// while the columns changed, the stop came before the hosts agreed on the new ones): its
+    /// attempt log, if it has one, says so.
     Stopped,
     /// The guarantee allows no further attempt.
     GaveUp(GaveUp),
@@ -217,19 +219,20 @@ const DISAGREEMENT_WARNING_EVERY: Duration = Duration::from_secs(30);
 /// After an INSERT that stored its part while the table's columns changed: whether the session,
 /// once the hosts agree on the new columns, still plans as the part was encoded (`fingerprint`).
 /// Hosts that disagree (an ALTER reaching the shards one by one) are waited out, not taken for
-/// a change the part may have been garbled by; a stop, or columns that cannot be read for
-/// another reason, answer `false`.
+/// a change the part may have been garbled by; columns that cannot be read for another reason
+/// answer `false`. `None`: the pipeline stops meanwhile (the part's attempt log, if any, already
+/// says its columns changed, so the next start checks it by its ids).
 async fn plan_kept_after_change(
     session: &WriterSession,
     fingerprint: &str,
     timeout: Duration,
     backoff: Duration,
     stop: &mut watch::Receiver<bool>,
-) -> bool {
+) -> Option<bool> {
     let mut warned: Option<std::time::Instant> = None;
     loop {
         match session.refresh_columns(timeout).await {
-            Ok(()) => return session.plan().encoder.plan_fingerprint() == fingerprint,
+            Ok(()) => return Some(session.plan().encoder.plan_fingerprint() == fingerprint),
             Err(error) if error.class == ErrorClass::Retryable => {
                 if warned.is_none_or(|at| at.elapsed() >= DISAGREEMENT_WARNING_EVERY) {
                     warned = Some(std::time::Instant::now());
@@ -242,10 +245,10 @@ async fn plan_kept_after_change(
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff.max(Duration::from_millis(100))) => {}
-                    _ = stop.wait_for(|s| *s) => return false,
+                    _ = stop.wait_for(|s| *s) => return None,
                 }
             }
-            Err(_) => return false,
+            Err(_) => return Some(false),
         }
     }
 }
@@ -383,14 +386,17 @@ pub async fn insert_part(
                     // checked by its ids before it is acknowledged (under other columns a
                     // resend is no replay). A widened column the part was encoded for may
                     // have been read as the wider type: that stays a permanent error.
-                    let kept = plan_kept_after_change(
+                    let Some(kept) = plan_kept_after_change(
                         session,
                         plan.encoder.plan_fingerprint(),
                         dynamic.write_timeout,
                         dynamic.retry_backoff,
                         stop,
                     )
-                    .await;
+                    .await
+                    else {
+                        return Err(InsertFailure::Stopped);
+                    };
                     if kept {
                         if attempt_log.is_some() {
                             return Err(InsertFailure::Replanned);

@@ -19,12 +19,12 @@ use flow_state::{AckExtras, DeadLetter, SealedBatch, StoredBatch, StoredBody};
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::delivery::cutter::{BatchCutter, EpochCut, Part};
+use crate::delivery::cutter::{batch_limits, BatchCutter, EpochCut, Part};
 use crate::delivery::insert::{insert_part, InsertRequest};
 use crate::delivery::sink_state::SinkShared;
 use crate::exactly_once::state::ExactlyOnce;
 use crate::server::session::WriterSession;
-use crate::tables::requeued::{encode_requeued_part, UNENCODED_FORMAT};
+use crate::tables::requeued::{encode_requeued_part, encode_requeued_rows, UNENCODED_FORMAT};
 use crate::tables::resolver::{Resolver, TableTurn};
 use crate::tables::subjects::{partition_templates, PartitionTemplates};
 use crate::tables::targets::{TableState, Targets};
@@ -117,13 +117,39 @@ pub struct RequeuedSent {
     pub lost: u64,
 }
 
-/// One requeued row on its way into its table.
-struct RequeuedRow<'a> {
-    /// Its entry in the outbox.
-    seq: u64,
-    batch: &'a SealedBatch,
-    /// Encoded for the table as it is now.
-    part: &'a Part,
+/// Consecutive requeued rows of one table, sent together ([`PartitionTables::send_requeued`]).
+#[derive(Default)]
+struct RequeuedGroup {
+    /// Their outbox entries, in outbox order.
+    entries: Vec<(u64, SealedBatch)>,
+    /// Their stored bytes (a measure against the sink's `max_bytes_per_batch`).
+    bytes: usize,
+}
+
+impl RequeuedGroup {
+    /// Whether `batch` may join: same table, and the group stays within the sink's batch limits.
+    fn takes(&self, batch: &SealedBatch, (max_rows, max_bytes): (usize, usize)) -> bool {
+        self.entries.first().is_none_or(|(_, first)| {
+            first.target == batch.target
+                && self.entries.len() < max_rows
+                && self.bytes + batch.payload.len() <= max_bytes
+        })
+    }
+
+    fn push(&mut self, seq: u64, batch: SealedBatch) {
+        self.bytes += batch.payload.len();
+        self.entries.push((seq, batch));
+    }
+}
+
+/// Requeued rows encoded for their table, on their way into it.
+struct RequeuedParts<'a> {
+    /// Their outbox entries, in outbox order.
+    seqs: Vec<u64>,
+    /// For the log: the token of the first entry.
+    token: &'a str,
+    target: &'a str,
+    parts: Vec<Part>,
     shared: &'a SinkShared,
     session: &'a WriterSession,
 }
@@ -179,87 +205,135 @@ impl PartitionTables {
     }
 
     /// Sends the rows `dead-letters requeue` put into this partition's outbox, in outbox order
-    /// (the sink calls it when it opens, so `run` and `drain` both send them). A row whose table still does not exist stays,
-    /// with the rows after it, for a later run (logged).
+    /// (the sink calls it when it opens, so `run` and `drain` both send them): consecutive rows
+    /// of one table go together, within the sink's batch limits. A row whose table still does not
+    /// exist stays, with the rows after it, for a later run (logged).
     pub async fn send_requeued(
         &self,
         ctx: &SinkContext,
         remove: RemoveRequeued,
     ) -> Result<RequeuedSent, SinkError> {
         let mut sent = RequeuedSent::default();
-        let key = ctx.state_key();
-        for stored in load_backlog(&ctx.store, &key).await? {
+        let mut group = RequeuedGroup::default();
+        for stored in load_backlog(&ctx.store, &ctx.state_key()).await? {
             let seq = stored.seq;
             let Some(batch) = self.requeued_row(ctx, stored).await? else {
-                return Ok(sent);
+                break;
             };
-            let target = self.resolver.targets.of_stored(&batch.target)?;
-            let session = match target.state(&self.stop).await? {
-                TableState::Up(session) => session,
-                TableState::Stopping => return Ok(sent),
-                TableState::Missing(reason) => {
-                    warn!(sink = %key, table = %batch.target, reason = %reason, "requeued rows for a table that still does not exist stay in the outbox; create the table and start the pipeline again");
+            let limits = batch_limits(&self.resolver.targets.of_stored(&batch.target)?.shared);
+            if !group.takes(&batch, limits) {
+                let full = std::mem::take(&mut group);
+                if !self.send_group(ctx, full, remove, &mut sent).await? {
                     return Ok(sent);
                 }
-            };
-            let (part, _) = encode_requeued_part(&target.shared, &session, &batch)?;
-            let row = RequeuedRow {
-                seq,
-                batch: &batch,
-                part: &part,
-                shared: &target.shared,
-                session: &session,
-            };
-            self.send_one(ctx, row, remove, &mut sent).await?;
+            }
+            group.push(seq, batch);
         }
+        self.send_group(ctx, group, remove, &mut sent).await?;
         Ok(sent)
     }
 
-    /// Inserts one requeued row, removing it from the outbox before or after as `remove` says.
-    async fn send_one(
+    /// Sends a group of requeued rows as one batch (one INSERT per shard), or row by row when
+    /// one of them cannot be encoded (the failing row then names itself). `false` when their
+    /// table is still missing or the pipeline is stopping: the rows stay in the outbox.
+    async fn send_group(
         &self,
         ctx: &SinkContext,
-        row: RequeuedRow<'_>,
+        group: RequeuedGroup,
+        remove: RemoveRequeued,
+        sent: &mut RequeuedSent,
+    ) -> Result<bool, SinkError> {
+        let Some((_, first)) = group.entries.first() else {
+            return Ok(true);
+        };
+        let target = self.resolver.targets.of_stored(&first.target)?;
+        let session = match target.state(&self.stop).await? {
+            TableState::Up(session) => session,
+            TableState::Stopping => return Ok(false),
+            TableState::Missing(reason) => {
+                warn!(sink = %ctx.state_key(), table = %first.target, reason = %reason, "requeued rows for a table that still does not exist stay in the outbox; create the table and start the pipeline again");
+                return Ok(false);
+            }
+        };
+        let shared = &target.shared;
+        let batches: Vec<SealedBatch> = group.entries.iter().map(|(_, b)| b.clone()).collect();
+        let together = (batches.len() > 1)
+            .then(|| encode_requeued_rows(shared, &session, &batches))
+            .flatten();
+        let singles = match together {
+            Some(parts) => vec![(group.entries.iter().map(|(seq, _)| *seq).collect(), parts)],
+            None => group
+                .entries
+                .iter()
+                .map(|(seq, batch)| {
+                    let (part, _) = encode_requeued_part(shared, &session, batch)?;
+                    Ok((vec![*seq], vec![part]))
+                })
+                .collect::<Result<Vec<_>, SinkError>>()?,
+        };
+        for (seqs, parts) in singles {
+            let requeued = RequeuedParts {
+                seqs,
+                token: &first.token,
+                target: &first.target,
+                parts,
+                shared,
+                session: &session,
+            };
+            self.send_parts(ctx, requeued, remove, sent).await?;
+        }
+        Ok(true)
+    }
+
+    /// Inserts requeued rows, removing their entries from the outbox before or after as `remove`
+    /// says (in one commit group: the acknowledgements are submitted together).
+    async fn send_parts(
+        &self,
+        ctx: &SinkContext,
+        requeued: RequeuedParts<'_>,
         remove: RemoveRequeued,
         sent: &mut RequeuedSent,
     ) -> Result<(), SinkError> {
-        let key = ctx.state_key();
-        let RequeuedRow {
-            seq,
-            batch,
-            part,
+        let RequeuedParts {
+            seqs,
+            token,
+            target,
+            parts,
             shared,
             session,
-        } = row;
-        if remove == RemoveRequeued::BeforeInsert {
-            ctx.store.acknowledge(&key, seq, Vec::new()).await?;
-        }
+        } = requeued;
+        let key = ctx.state_key();
         let metrics = ctx.metrics.for_table(&shared.params.table);
-        let request = InsertRequest::unrecorded(part, &metrics);
-        let mut stop = self.stop.clone();
-        let inserted = insert_part(shared, session, request, &mut stop).await;
-        match (inserted, remove) {
-            (Ok(_), RemoveRequeued::AfterInsert) => {
-                let shard = Some(shared.shard_name(part.shard));
-                let counters = vec![
-                    metrics.add(SinkCount::RowsDelivered, shard, part.rows),
-                    metrics.add(SinkCount::BatchesDelivered, shard, 1),
-                ];
-                let extras = AckExtras {
-                    counters: counters.clone(),
-                    ..AckExtras::default()
-                };
-                ctx.store.acknowledge_with(&key, seq, extras).await?;
-                metrics.applied(&counters);
-                sent.delivered += part.rows;
+        if remove == RemoveRequeued::BeforeInsert {
+            acknowledge_all(ctx, &seqs, Vec::new()).await?;
+        }
+        let mut counters = Vec::with_capacity(parts.len() * 2);
+        for part in &parts {
+            let request = InsertRequest::unrecorded(part, &metrics);
+            let mut stop = self.stop.clone();
+            match (
+                insert_part(shared, session, request, &mut stop).await,
+                remove,
+            ) {
+                (Ok(_), _) => {
+                    let shard = Some(shared.shard_name(part.shard));
+                    counters.push(metrics.add(SinkCount::RowsDelivered, shard, part.rows));
+                    counters.push(metrics.add(SinkCount::BatchesDelivered, shard, 1));
+                    sent.delivered += part.rows;
+                }
+                (Err(failure), RemoveRequeued::AfterInsert) => {
+                    return Err(failure.into_sink_error())
+                }
+                (Err(failure), RemoveRequeued::BeforeInsert) => {
+                    let error = failure.into_sink_error();
+                    warn!(sink = %key, table = %target, token = %token, rows = part.rows, error = %error, "requeued at-most-once rows were lost: their insert failed after they left the outbox");
+                    sent.lost += part.rows;
+                }
             }
-            (Ok(_), RemoveRequeued::BeforeInsert) => sent.delivered += part.rows,
-            (Err(failure), RemoveRequeued::AfterInsert) => return Err(failure.into_sink_error()),
-            (Err(failure), RemoveRequeued::BeforeInsert) => {
-                let error = failure.into_sink_error();
-                warn!(sink = %key, table = %batch.target, token = %batch.token, error = %error, "a requeued at-most-once row was lost: its insert failed after it left the outbox");
-                sent.lost += part.rows;
-            }
+        }
+        if remove == RemoveRequeued::AfterInsert {
+            acknowledge_all(ctx, &seqs, counters.clone()).await?;
+            metrics.applied(&counters);
         }
         Ok(())
     }
@@ -285,5 +359,73 @@ impl PartitionTables {
         let mut batch = stored.batch;
         batch.payload = bytes;
         Ok(Some(batch))
+    }
+}
+
+/// Removes the outbox entries `seqs` (oldest first), the last one with `counters`: submitted
+/// together, so that the store makes them durable in one commit group.
+async fn acknowledge_all(
+    ctx: &SinkContext,
+    seqs: &[u64],
+    counters: Vec<flow_state::CounterAdd>,
+) -> Result<(), SinkError> {
+    let key = ctx.state_key();
+    let Some((last, rest)) = seqs.split_last() else {
+        return Ok(());
+    };
+    let extras = AckExtras {
+        counters,
+        ..AckExtras::default()
+    };
+    let earlier = rest
+        .iter()
+        .map(|&seq| ctx.store.acknowledge(&key, seq, Vec::new()));
+    let (earlier, last) = futures_util::future::join(
+        futures_util::future::try_join_all(earlier),
+        ctx.store.acknowledge_with(&key, *last, extras),
+    )
+    .await;
+    earlier?;
+    last?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn requeued(target: &str, payload: &'static [u8]) -> SealedBatch {
+        SealedBatch {
+            target: target.to_owned(),
+            columns: Vec::new(),
+            format: UNENCODED_FORMAT.to_owned(),
+            token: format!("p.s/{target}/requeued/0-1"),
+            shard: String::new(),
+            first_offset: 1,
+            last_offset: 1,
+            rows: 1,
+            encoded_bytes: payload.len() as u64,
+            plan: String::new(),
+            sealed_at_ms: 0,
+            content_hash: 0,
+            payload: bytes::Bytes::from_static(payload),
+        }
+    }
+
+    #[test]
+    fn a_requeued_group_takes_rows_of_its_table_up_to_the_batch_row_and_byte_limits() {
+        let mut group = RequeuedGroup::default();
+        let row = requeued("default.t_1", b"0123456789");
+        assert!(group.takes(&row, (2, 25)), "an empty group takes any row");
+        group.push(1, row.clone());
+        assert!(
+            !group.takes(&requeued("default.t_2", b"0123456789"), (2, 25)),
+            "another table's row starts a group of its own"
+        );
+        assert!(group.takes(&row, (2, 25)));
+        assert!(!group.takes(&row, (2, 19)), "20 bytes would pass 19");
+        group.push(2, row.clone());
+        assert!(!group.takes(&row, (2, 1_000)), "2 rows reach max_rows 2");
+        assert_eq!((group.entries.len(), group.bytes), (2, 20));
     }
 }

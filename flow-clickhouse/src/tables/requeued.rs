@@ -84,32 +84,61 @@ pub fn encode_requeued_part(
     session: &WriterSession,
     batch: &SealedBatch,
 ) -> Result<(Part, Arc<ColumnsPlan>), SinkError> {
-    let unreadable = |why: String| {
-        SinkError::Refused(format!(
-            "requeued row (token {}) for `{}` cannot be read back: {why}. Purge it with `flow-worker dead-letters purge` and feed the message in again",
-            batch.token, batch.target
-        ))
-    };
-    let dead = DeadRow::decode(&batch.payload).map_err(|err| unreadable(err.to_string()))?;
-    let mut rows = MessageBatch::new(Arc::clone(&shared.stream));
-    dead.push_into(&mut rows).map_err(unreadable)?;
     let plan = session.plan();
+    let mut parts = encode_rows(shared, &plan, std::slice::from_ref(batch))?;
+    match (parts.pop(), parts.is_empty()) {
+        (Some(part), true) => Ok((part, plan)),
+        _ => Err(unreadable(
+            batch,
+            "it fails the table's checks (see the sink's on_bad_rows)",
+        )),
+    }
+}
+
+/// The requeued rows of `batches` (entries of [`UNENCODED_FORMAT`] for one table) encoded for
+/// the table as it is now, as one batch: a part per shard that receives rows, so that a requeue
+/// of many rows is a few INSERTs, not one per row. `None` when a row cannot be read back or
+/// fails the table's checks: the caller sends those entries one by one, and the failing one
+/// names itself ([`encode_requeued_part`]).
+pub fn encode_requeued_rows(
+    shared: &SinkShared,
+    session: &WriterSession,
+    batches: &[SealedBatch],
+) -> Option<Vec<Part>> {
+    let parts = encode_rows(shared, &session.plan(), batches).ok()?;
+    let rows: u64 = parts.iter().map(|part| part.rows).sum();
+    (rows == batches.len() as u64).then_some(parts)
+}
+
+/// Encodes the dead rows of `batches` with `plan`, sealed as one batch spanning their offsets.
+fn encode_rows(
+    shared: &SinkShared,
+    plan: &Arc<ColumnsPlan>,
+    batches: &[SealedBatch],
+) -> Result<Vec<Part>, SinkError> {
+    let mut rows = MessageBatch::new(Arc::clone(&shared.stream));
+    for batch in batches {
+        let dead = DeadRow::decode(&batch.payload).map_err(|err| unreadable(batch, err))?;
+        dead.push_into(&mut rows)
+            .map_err(|err| unreadable(batch, err))?;
+    }
     let mut cutter = BatchCutter::default();
-    cutter.push_row(shared, &plan, &rows.row(0))?;
+    for row in rows.rows() {
+        cutter.push_row(shared, plan, &row)?;
+    }
+    let first = batches.iter().map(|b| b.first_offset).min().unwrap_or(0);
+    let last = batches.iter().map(|b| b.last_offset).max().unwrap_or(0);
     let mut parts = Vec::new();
-    cutter.seal(
-        shared,
-        batch.first_offset,
-        batch.last_offset,
-        &mut parts,
-        Headroom::NONE,
-    );
-    let Some(part) = parts.pop() else {
-        return Err(unreadable(
-            "it fails the table's checks (see the sink's on_bad_rows)".to_owned(),
-        ));
-    };
-    Ok((part, plan))
+    cutter.seal(shared, first, last, &mut parts, Headroom::NONE);
+    Ok(parts)
+}
+
+/// The error of a requeued row (`batch`) that cannot be sent as it is.
+fn unreadable(batch: &SealedBatch, why: impl std::fmt::Display) -> SinkError {
+    SinkError::Refused(format!(
+        "requeued row (token {}) for `{}` cannot be read back: {why}. Purge it with `flow-worker dead-letters purge` and feed the message in again",
+        batch.token, batch.target
+    ))
 }
 
 #[cfg(test)]
