@@ -120,8 +120,9 @@ pub struct RequeuedSent {
 /// Consecutive requeued rows of one table, sent together ([`PartitionTables::send_requeued`]).
 #[derive(Default)]
 struct RequeuedGroup {
-    /// Their outbox entries, in outbox order.
-    entries: Vec<(u64, SealedBatch)>,
+    /// Their outbox entries (sequence numbers and batches), in outbox order.
+    seqs: Vec<u64>,
+    batches: Vec<SealedBatch>,
     /// Their stored bytes (a measure against the sink's `max_bytes_per_batch`).
     bytes: usize,
 }
@@ -129,16 +130,17 @@ struct RequeuedGroup {
 impl RequeuedGroup {
     /// Whether `batch` may join: same table, and the group stays within the sink's batch limits.
     fn takes(&self, batch: &SealedBatch, (max_rows, max_bytes): (usize, usize)) -> bool {
-        self.entries.first().is_none_or(|(_, first)| {
+        self.batches.first().is_none_or(|first| {
             first.target == batch.target
-                && self.entries.len() < max_rows
+                && self.batches.len() < max_rows
                 && self.bytes + batch.payload.len() <= max_bytes
         })
     }
 
     fn push(&mut self, seq: u64, batch: SealedBatch) {
         self.bytes += batch.payload.len();
-        self.entries.push((seq, batch));
+        self.seqs.push(seq);
+        self.batches.push(batch);
     }
 }
 
@@ -146,9 +148,8 @@ impl RequeuedGroup {
 struct RequeuedParts<'a> {
     /// Their outbox entries, in outbox order.
     seqs: Vec<u64>,
-    /// For the log: the token of the first entry.
-    token: &'a str,
-    target: &'a str,
+    /// The first entry: its token and table name the rows in the log.
+    first: &'a SealedBatch,
     parts: Vec<Part>,
     shared: &'a SinkShared,
     session: &'a WriterSession,
@@ -243,7 +244,7 @@ impl PartitionTables {
         remove: RemoveRequeued,
         sent: &mut RequeuedSent,
     ) -> Result<bool, SinkError> {
-        let Some((_, first)) = group.entries.first() else {
+        let Some(first) = group.batches.first() else {
             return Ok(true);
         };
         let target = self.resolver.targets.of_stored(&first.target)?;
@@ -256,27 +257,26 @@ impl PartitionTables {
             }
         };
         let shared = &target.shared;
-        let batches: Vec<SealedBatch> = group.entries.iter().map(|(_, b)| b.clone()).collect();
-        let together = (batches.len() > 1)
-            .then(|| encode_requeued_rows(shared, &session, &batches))
+        let together = (group.batches.len() > 1)
+            .then(|| encode_requeued_rows(shared, &session, &group.batches))
             .flatten();
-        let singles = match together {
-            Some(parts) => vec![(group.entries.iter().map(|(seq, _)| *seq).collect(), parts)],
-            None => group
-                .entries
-                .iter()
-                .map(|(seq, batch)| {
-                    let (part, _) = encode_requeued_part(shared, &session, batch)?;
-                    Ok((vec![*seq], vec![part]))
-                })
-                .collect::<Result<Vec<_>, SinkError>>()?,
-        };
-        for (seqs, parts) in singles {
+        if let Some(parts) = together {
             let requeued = RequeuedParts {
-                seqs,
-                token: &first.token,
-                target: &first.target,
+                seqs: group.seqs.clone(),
+                first,
                 parts,
+                shared,
+                session: &session,
+            };
+            self.send_parts(ctx, requeued, remove, sent).await?;
+            return Ok(true);
+        }
+        // One at a time, each encoded as it is sent: the rows before one that fails go first.
+        for (seq, batch) in group.seqs.iter().zip(&group.batches) {
+            let requeued = RequeuedParts {
+                seqs: vec![*seq],
+                first: batch,
+                parts: vec![encode_requeued_part(shared, &session, batch)?.0],
                 shared,
                 session: &session,
             };
@@ -296,8 +296,7 @@ impl PartitionTables {
     ) -> Result<(), SinkError> {
         let RequeuedParts {
             seqs,
-            token,
-            target,
+            first,
             parts,
             shared,
             session,
@@ -326,7 +325,7 @@ impl PartitionTables {
                 }
                 (Err(failure), RemoveRequeued::BeforeInsert) => {
                     let error = failure.into_sink_error();
-                    warn!(sink = %key, table = %target, token = %token, rows = part.rows, error = %error, "requeued at-most-once rows were lost: their insert failed after they left the outbox");
+                    warn!(sink = %key, table = %first.target, token = %first.token, rows = part.rows, error = %error, "requeued at-most-once rows were lost: their insert failed after they left the outbox");
                     sent.lost += part.rows;
                 }
             }
@@ -426,6 +425,6 @@ mod tests {
         assert!(!group.takes(&row, (2, 19)), "20 bytes would pass 19");
         group.push(2, row.clone());
         assert!(!group.takes(&row, (2, 1_000)), "2 rows reach max_rows 2");
-        assert_eq!((group.entries.len(), group.bytes), (2, 20));
+        assert_eq!((group.seqs, group.bytes), (vec![1, 2], 20));
     }
 }
