@@ -418,6 +418,21 @@ start_node() { # start_node NODE: start if not running; does not wait
     launch "$node"
 }
 
+# A replica killed between writing a part and committing it to ZooKeeper finds that part unknown
+# to ZooKeeper at its next start, and 18.16 refuses to start when such parts hold more than half
+# of a table's rows (a new table's only part). The part was never committed (its INSERT was not
+# acknowledged), so the server's own remedy is right: the force_restore_data flag, with which
+# it detaches the part and fetches what ZooKeeper lists from the other replica.
+restore_if_parts_unknown() { # restore_if_parts_unknown NODE
+    local node="$1" flags
+    if tail -n 60 "$(node_log "$node")" 2>/dev/null |
+        grep -q "doesn't look like the set of parts in ZooKeeper"; then
+        flags="$(node_dir "$node")/data/flags"
+        mkdir -p "$flags" && touch "$flags/force_restore_data"
+        flow_log "node $node holds parts ZooKeeper does not know (written, never committed, before it was killed); starting it with force_restore_data, which detaches them"
+    fi
+}
+
 wait_node() { # wait_node NODE [with-zk]: wait until the node answers (and, for ClickHouse, sees ZooKeeper)
     local node="$1" with_zk="${2:-}" deadline launches=1
     deadline=$((SECONDS + START_TIMEOUT))
@@ -428,6 +443,7 @@ wait_node() { # wait_node NODE [with-zk]: wait until the node answers (and, for 
             # third launch succeed once ZooKeeper serves; a real configuration error fails all three.
             if [ "$node" != zk ] && [ "$node" != nats ] && [ "$launches" -lt 3 ] && zk_ok; then
                 launches=$((launches + 1))
+                restore_if_parts_unknown "$node"
                 flow_log "node $node exited during start-up; launching it again (launch $launches of 3)"
                 sleep 1
                 launch "$node"
