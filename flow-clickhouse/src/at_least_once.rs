@@ -18,8 +18,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flow_core::registry::{BuildResult, SinkBuildContext};
 use flow_core::{
-    Epoch, EpochOutcome, EpochWrite, PendingWrite, Sink, SinkContext, SinkCount, SinkError,
-    SinkFactory, SinkMetrics,
+    Epoch, EpochOutcome, EpochWrite, PendingWrite, Sink, SinkContext, SinkError, SinkFactory,
+    SinkMetrics,
 };
 use flow_state::{CounterAdd, DeadLetter};
 use tokio::sync::watch;
@@ -245,11 +245,8 @@ impl EpochInserts {
     /// `rows` of a delivered part, and the part as a batch, as additions to the persisted
     /// counters.
     fn delivered(&self, part: &Part, rows: u64) -> [CounterAdd; 2] {
-        let (metrics, shard) = (&self.metrics, Some(self.shared.shard_name(part.shard)));
-        [
-            metrics.add(SinkCount::RowsDelivered, shard, rows),
-            metrics.add(SinkCount::BatchesDelivered, shard, 1),
-        ]
+        let shard = Some(self.shared.shard_name(part.shard));
+        self.metrics.delivered(shard, rows)
     }
 
     /// Whether a refused part is sent in pieces (`on_bad_rows: dead_letter`) rather than failing

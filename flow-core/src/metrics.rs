@@ -819,6 +819,14 @@ impl SinkMetrics {
         }
     }
 
+    /// The additions of a batch of `rows` delivered to `shard`: its rows and one batch.
+    pub fn delivered(&self, shard: Option<&str>, rows: u64) -> [CounterAdd; 2] {
+        [
+            self.add(SinkCount::RowsDelivered, shard, rows),
+            self.add(SinkCount::BatchesDelivered, shard, 1),
+        ]
+    }
+
     /// Moves the live counters by additions that are now durable.
     pub fn applied(&self, adds: &[CounterAdd]) {
         self.metrics.applied(&self.pipeline, self.partition, adds);

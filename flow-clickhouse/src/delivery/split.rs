@@ -374,16 +374,12 @@ impl SplitPart<'_> {
             Isolated::GaveUp(reason) => return Ok(SplitOutcome::GaveUp(reason)),
         };
         let shard = Some(self.batch.shard.as_str());
-        let counters = vec![
-            self.metrics.add(
-                SinkCount::RowsDelivered,
-                shard,
-                self.batch.rows.saturating_sub(dead.len() as u64),
-            ),
-            self.metrics.add(SinkCount::BatchesDelivered, shard, 1),
+        let landed = self.batch.rows.saturating_sub(dead.len() as u64);
+        let mut counters = self.metrics.delivered(shard, landed).to_vec();
+        counters.push(
             self.metrics
                 .add(SinkCount::DeadLetterRows, shard, dead.len() as u64),
-        ];
+        );
         let extras = AckExtras {
             // An unanswered attempt before the refusal leaves a record too.
             removed_sink_values: vec![marker, unanswered_marker(self.key.partition, self.seq)],

@@ -174,10 +174,7 @@ impl ClickHouseDeliverer {
     fn delivered(&self, batch: &SealedBatch, dead_rows: u64) -> Vec<CounterAdd> {
         let shard = Some(batch.shard.as_str());
         let landed = batch.rows.saturating_sub(dead_rows);
-        let mut adds = vec![
-            self.metrics.add(SinkCount::RowsDelivered, shard, landed),
-            self.metrics.add(SinkCount::BatchesDelivered, shard, 1),
-        ];
+        let mut adds = self.metrics.delivered(shard, landed).to_vec();
         if dead_rows > 0 {
             adds.push(
                 self.metrics

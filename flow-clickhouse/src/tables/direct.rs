@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use flow_core::delivery::{blocking, load_backlog};
 use flow_core::registry::SinkBuildContext;
-use flow_core::{Epoch, EpochOutcome, SinkContext, SinkCount, SinkError, Violation};
+use flow_core::{Epoch, EpochOutcome, SinkContext, SinkError, Violation};
 use flow_state::{AckExtras, DeadLetter, SealedBatch, StoredBatch, StoredBody};
 use tokio::sync::watch;
 use tracing::warn;
@@ -316,8 +316,7 @@ impl PartitionTables {
             ) {
                 (Ok(_), _) => {
                     let shard = Some(shared.shard_name(part.shard));
-                    counters.push(metrics.add(SinkCount::RowsDelivered, shard, part.rows));
-                    counters.push(metrics.add(SinkCount::BatchesDelivered, shard, 1));
+                    counters.extend(metrics.delivered(shard, part.rows));
                     sent.delivered += part.rows;
                 }
                 (Err(failure), RemoveRequeued::AfterInsert) => {
