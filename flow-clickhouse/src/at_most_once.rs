@@ -736,6 +736,7 @@ mod tests {
             sink: "s",
             class: SinkClass::AtMostOnce.class_name(),
             partitions: 1,
+            epoch: flow_core::EpochSettings::default(),
             inputs: &inputs,
             subjects: flow_core::registry::SourceSubjects::Unknown,
         };

@@ -207,6 +207,7 @@ impl DebugSinkConfig {
             sink: "",
             class: "DebugSink",
             partitions: 1,
+            epoch: crate::spec::EpochSettings::default(),
             inputs: &[],
             subjects: SourceSubjects::Unknown,
         };

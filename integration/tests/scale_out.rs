@@ -30,6 +30,12 @@ const FAULTS: usize = 30;
 /// The session timeout the workers ask for: the shortest this ZooKeeper grants (2 ticks).
 const SESSION_TIMEOUT_MS: u64 = 4_000;
 const COLUMNS: &str = "id UInt64, user_id UInt64, payload String";
+/// The blocks each shard remembers for deduplication. The zombie's INSERT is held for 9 s while
+/// the other workers insert about 100 blocks into each shard (at ~300 ms epochs); the held copy
+/// is dropped only if its block is still in the window when it arrives, so the server's default
+/// of 100 is too small for this pipeline, as flow's start-up warning says (8 partitions x 14
+/// epochs of one session timeout = 112 blocks). An operator sizes it the same way.
+const DEDUP_WINDOW: u64 = 1_000;
 
 /// Publishes every message, `MESSAGES / 40` at a time every 0.5 s: the stream grows while the
 /// faults happen (about 20 s), then stays.
@@ -200,7 +206,7 @@ impl Run {
     /// INSERT go (ClickHouse drops it as a copy) and thaws the worker, which must find itself
     /// fenced, stop those partitions and join again. Returns the log lines it wrote about losing
     /// partitions; `None` when no INSERT of the worker came to be held (it owned nothing).
-    fn zombie(&mut self, slot: usize) -> Result<Option<Vec<String>>> {
+    fn zombie(&mut self, slot: usize, table: &str) -> Result<Option<Zombie>> {
         let s = &mut self.slots[slot];
         for proxy in &s.proxies {
             proxy.set_on_inserts(Fault::Hold);
@@ -222,7 +228,9 @@ impl Run {
             .as_mut()
             .context("no worker in the zombie's slot")?;
         worker.signal("STOP")?;
+        let at_hold = block_numbers(table)?;
         std::thread::sleep(Duration::from_millis(SESSION_TIMEOUT_MS + 5_000));
+        let at_release = block_numbers(table)?;
         for proxy in &s.proxies {
             proxy.set(Fault::Pass);
         }
@@ -257,8 +265,55 @@ impl Run {
         let fenced = fenced_lines()?;
         let released: u64 = s.proxies.iter().map(|p| p.stats().released).sum();
         ensure!(released >= 1, "the held INSERT was never let go");
-        Ok(Some(fenced))
+        let blocks_while_held = [0, 1].map(|i| at_release[i] - at_hold[i]);
+        Ok(Some(Zombie {
+            fenced,
+            blocks_while_held,
+        }))
     }
+}
+
+/// What a zombie left: its log lines about losing partitions, and how many blocks each shard was
+/// given while its INSERT was held (the held copy is dropped only if its block is still among the
+/// last `replicated_deduplication_window` blocks of the shard when it arrives).
+struct Zombie {
+    fenced: Vec<String>,
+    blocks_while_held: [u64; 2],
+}
+
+/// The highest block number each shard (`a`, `b`) has allocated to the table: every INSERT takes
+/// one, so a difference counts the INSERTs in between.
+fn block_numbers(table: &str) -> Result<[u64; 2]> {
+    let sql = format!(
+        "SELECT max(max_block_number) FROM system.parts WHERE database = 'default' AND table = '{table}'"
+    );
+    Ok([
+        query_u64(A1.http_port, &sql)?,
+        query_u64(B1.http_port, &sql)?,
+    ])
+}
+
+/// The ids stored more than once on a shard, for a failure message: how many, the first few, and
+/// how many held or replayed blocks the shard's replicas logged as dropped copies.
+fn duplicates(qualified: &str) -> Result<String> {
+    let mut report = String::new();
+    for (shard, node) in [("a", A1), ("b", B1)] {
+        let ids = query_u64s(
+            node.http_port,
+            &format!("SELECT id FROM {qualified} GROUP BY id HAVING count() > 1 ORDER BY id"),
+        )?;
+        let dropped: usize = NODES
+            .iter()
+            .filter(|n| n.name.starts_with(shard))
+            .map(|n| deduplicated_blocks_logged(*n, qualified))
+            .sum();
+        let first: Vec<u64> = ids.iter().take(20).copied().collect();
+        report.push_str(&format!(
+            "shard {shard}: {} id(s) twice, first {first:?}; {dropped} copies dropped as duplicates\n",
+            ids.len()
+        ));
+    }
+    Ok(report)
 }
 
 #[test]
@@ -268,7 +323,8 @@ fn workers_joining_leaving_killed_and_frozen_hand_partitions_over_and_every_mess
     let rt = tokio::runtime::Runtime::new()?;
     let name = unique_name("scale_it");
     let js = rt.block_on(new_stream(&name))?;
-    let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &NODES)?;
+    let order_by = format!("id SETTINGS replicated_deduplication_window = {DEDUP_WINDOW}");
+    let table = ReplicatedTable::create("default", &name, COLUMNS, &order_by, &NODES)?;
     let mut run = rt.block_on(Run::new(&name, &name))?;
     let publisher = rt.spawn(publish(js.clone(), format!("{name}.p")));
     for slot in 0..3 {
@@ -279,6 +335,7 @@ fn workers_joining_leaving_killed_and_frozen_hand_partitions_over_and_every_mess
     let mut rng = StdRng::seed_from_u64(seed);
     let mut done = Vec::new();
     let mut fenced_lines = Vec::new();
+    let mut blocks_while_held = None;
     while done.len() < FAULTS {
         std::thread::sleep(Duration::from_millis(rng.gen_range(300..900)));
         let running = run.running()?;
@@ -316,12 +373,19 @@ fn workers_joining_leaving_killed_and_frozen_hand_partitions_over_and_every_mess
             }
             8 if fenced_lines.is_empty() && running.len() > 1 => {
                 let slot = pick(&mut rng, &running);
-                if let Some(lines) = run.zombie(slot)? {
+                if let Some(zombie) = run.zombie(slot, &name)? {
                     ensure!(
-                        !lines.is_empty(),
+                        !zombie.fenced.is_empty(),
                         "the zombie {slot} never said it was fenced"
                     );
-                    fenced_lines.extend(lines);
+                    fenced_lines.extend(zombie.fenced);
+                    ensure!(
+                        zombie.blocks_while_held.iter().all(|b| *b < DEDUP_WINDOW),
+                        "the window of {DEDUP_WINDOW} blocks is too small for this schedule: \
+                         {:?} blocks went into the shards while the zombie's INSERT was held",
+                        zombie.blocks_while_held
+                    );
+                    blocks_while_held = Some(zombie.blocks_while_held);
                     run.start(slot)?;
                     done.push(format!("zombie {slot}"));
                 }
@@ -386,11 +450,14 @@ fn workers_joining_leaving_killed_and_frozen_hand_partitions_over_and_every_mess
     for node in NODES {
         sync_when_writable(node, "default", &name, Duration::from_secs(60))?;
     }
-    assert_eq!(
-        landed_on_both_shards(&qualified)?,
-        (MESSAGES, MESSAGES),
-        "every message once"
-    );
+    let landed = landed_on_both_shards(&qualified)?;
+    if landed != (MESSAGES, MESSAGES) {
+        bail!(
+            "every message once: {landed:?} (rows, distinct ids) of {MESSAGES} after {done:?}; \
+             blocks per shard while the zombie's INSERT was held: {blocks_while_held:?}\n{}",
+            duplicates(&qualified)?
+        );
+    }
     for [first, second] in [SHARD_A, SHARD_B] {
         assert_eq!(
             count_uniq(first, &qualified)?,
@@ -410,7 +477,8 @@ fn workers_joining_leaving_killed_and_frozen_hand_partitions_over_and_every_mess
     )?;
     assert_eq!(verify.code, Some(0), "{}{}", verify.stdout, verify.stderr);
     println!(
-        "seed {seed}: {} faults ({:?}); the zombie said: {:?}",
+        "seed {seed}: {} faults ({:?}); blocks per shard while the zombie's INSERT was held: \
+         {blocks_while_held:?}; the zombie said: {:?}",
         done.len(),
         done,
         fenced_lines

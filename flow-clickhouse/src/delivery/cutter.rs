@@ -567,6 +567,7 @@ mod tests {
             sink: "s",
             class: crate::config::guarantee::SinkClass::Batching.class_name(),
             partitions: 1,
+            epoch: flow_core::EpochSettings::default(),
             inputs: &inputs,
             subjects: flow_core::registry::SourceSubjects::Unknown,
         };

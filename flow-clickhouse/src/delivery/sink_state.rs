@@ -9,11 +9,11 @@
 //! decision inserts use ([`should_retry`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use flow_core::registry::{BuildResult, SinkBuildContext};
-use flow_core::{EpochOutcome, Readiness, SinkError, StreamSchema, Violation};
+use flow_core::{EpochOutcome, Readiness, SinkContext, SinkError, StreamSchema, Violation};
 use tokio::sync::{watch, OnceCell};
 use tracing::{info, warn};
 
@@ -24,6 +24,7 @@ use crate::config::params::{self, SinkParams};
 use crate::config::topology::ShardIndex;
 use crate::delivery::backoff::RetryBackoff;
 use crate::encode::routing::RendezvousRouter;
+use crate::server::dedup_window::ReplayExposure;
 use crate::server::probe::SessionError;
 use crate::server::session::WriterSession;
 
@@ -37,6 +38,12 @@ pub struct SinkShared {
     pub sharded: bool,
     /// Partitions of the pipeline (bounds the batches in delivery at once).
     pub partitions: u32,
+    /// How long the pipeline's epochs last at most (with the partitions, what a shard can be
+    /// given while a late copy of a batch is on its way).
+    pub epoch: Duration,
+    /// The ZooKeeper session timeout of the cluster this worker joined, once a partition of
+    /// the sink opened in cluster mode (see [`SinkShared::note_cluster`]).
+    cluster_session: OnceLock<Duration>,
     session: OnceCell<Arc<WriterSession>>,
     /// Whether a partition already started the session in the background.
     session_started_early: AtomicBool,
@@ -70,6 +77,8 @@ pub fn build_shared(
         stream: Arc::clone(stream),
         key_columns,
         partitions: ctx.partitions,
+        epoch: ctx.epoch.max_duration,
+        cluster_session: OnceLock::new(),
         session: OnceCell::new(),
         session_started_early: AtomicBool::new(false),
         dynamic: RwLock::new(dynamic),
@@ -223,6 +232,25 @@ impl SinkShared {
         self.session.get().cloned()
     }
 
+    /// Notes whether the partition of `ctx` runs in a cluster (its store mirrors to ZooKeeper):
+    /// the dedup window is then checked against a takeover too. Called before the partition
+    /// starts the session.
+    pub fn note_cluster(&self, ctx: &SinkContext) {
+        if let Some(mirror) = ctx.store.mirror() {
+            let _ = self.cluster_session.set(mirror.session_timeout());
+        }
+    }
+
+    /// What a copy of a batch can follow into a shard of this sink.
+    pub(crate) fn exposure(&self) -> ReplayExposure {
+        ReplayExposure::new(
+            self.partitions,
+            flow_core::delivery::DELIVERY_QUEUE_CAPACITY,
+            self.epoch,
+            self.cluster_session.get().copied(),
+        )
+    }
+
     /// The shared state of table `table` of a sink with a table template: these parameters
     /// with `table` resolved, a session of its own, the dynamic parameters in force.
     pub fn for_table(&self, table: &str) -> Arc<SinkShared> {
@@ -237,6 +265,8 @@ impl SinkShared {
             router: RendezvousRouter::new(&self.params.topology.shard_names()),
             sharded: self.sharded,
             partitions: self.partitions,
+            epoch: self.epoch,
+            cluster_session: self.cluster_session.clone(),
             session: OnceCell::new(),
             session_started_early: AtomicBool::new(false),
             dynamic: RwLock::new(self.dynamic()),
@@ -342,7 +372,7 @@ pub(crate) async fn wait_for_session(
             &shared.params,
             &dynamic,
             &shared.stream,
-            shared.partitions,
+            shared.exposure(),
         )
         .await;
         match result {

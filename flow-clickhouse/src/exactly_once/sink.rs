@@ -93,6 +93,7 @@ struct BatchingSinkFactory {
 impl SinkFactory for BatchingSinkFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
         let token_prefix = ExactlyOnce::token_prefix(&self.shared, &ctx)?;
+        self.shared.note_cluster(&ctx);
         self.shared.start_session_early(&ctx.shutdown, &ctx.metrics);
         Ok(Box::new(OutboxSink::new(BatchingSink {
             shared: Arc::clone(&self.shared),

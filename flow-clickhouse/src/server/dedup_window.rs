@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use tracing::warn;
 
@@ -46,6 +47,57 @@ impl fmt::Display for WindowSource {
 pub struct WindowValue {
     pub value: u64,
     pub source: WindowSource,
+}
+
+/// How many blocks a sink can insert into one shard before a copy of an earlier batch reaches it
+/// again: the copy is dropped only while its block is still in the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplayExposure {
+    /// Batches in delivery at once (every partition's queue and the batch being sent): what a
+    /// replay after a crash can follow.
+    pub blocks_in_flight: u64,
+    /// In cluster mode, what a zombie's late INSERT can follow.
+    pub takeover: Option<Takeover>,
+}
+
+/// In cluster mode a worker frozen past its session timeout may have an INSERT on its way that
+/// reaches the table after the partition's new owner replayed the batch. That late copy is
+/// dropped only while its block is among the shard's last window of blocks, so the window must
+/// cover what the pipeline inserts meanwhile; one session timeout is the least such a delay is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Takeover {
+    pub session_timeout: Duration,
+    pub epoch: Duration,
+    /// Blocks the pipeline's partitions insert into one shard in one session timeout, at one
+    /// block per partition and epoch.
+    pub blocks: u64,
+}
+
+impl ReplayExposure {
+    /// The exposure of a sink over `partitions` partitions whose batches may wait in a delivery
+    /// queue of `queue` each, cut every `epoch`, run in a cluster whose ZooKeeper sessions end
+    /// after `session_timeout` (`None`: one process, no takeover).
+    pub fn new(
+        partitions: u32,
+        queue: usize,
+        epoch: Duration,
+        session_timeout: Option<Duration>,
+    ) -> ReplayExposure {
+        let partitions = u64::from(partitions);
+        let takeover = session_timeout.map(|session_timeout| {
+            let epoch_ms = epoch.as_millis().max(1);
+            let epochs = session_timeout.as_millis().div_ceil(epoch_ms).max(1);
+            Takeover {
+                session_timeout,
+                epoch,
+                blocks: partitions.saturating_mul(u64::try_from(epochs).unwrap_or(u64::MAX)),
+            }
+        });
+        ReplayExposure {
+            blocks_in_flight: partitions.saturating_mul(queue as u64 + 1),
+            takeover,
+        }
+    }
 }
 
 /// The effective dedup-window settings of one table on one endpoint.
@@ -90,16 +142,17 @@ impl DedupWindows {
 
     /// Every way this window can let a replay through twice.
     ///
-    /// `blocks_in_flight` is how many blocks this sink can insert into the table between a
-    /// batch's first attempt and its replay; `replay_horizon_secs` is the configured bound on the
+    /// `exposure` is how many blocks this sink can insert into the table between a batch's
+    /// first attempt and a copy of it; `replay_horizon_secs` is the configured bound on the
     /// replay lag. For a non-replicated table only the block count applies (it has no time bound).
     pub fn check(
         &self,
         replicated: bool,
         async_insert: bool,
-        blocks_in_flight: u64,
+        exposure: &ReplayExposure,
         replay_horizon_secs: u64,
     ) -> Vec<DedupWindowWarning> {
+        let blocks_in_flight = exposure.blocks_in_flight;
         let mut warnings = Vec::new();
         let blocks_setting = match (replicated, async_insert) {
             (false, _) => "non_replicated_deduplication_window",
@@ -112,6 +165,13 @@ impl DedupWindows {
                     setting: blocks_setting,
                     window,
                     blocks_in_flight,
+                });
+            }
+            if let Some(takeover) = exposure.takeover.filter(|t| window.value < t.blocks) {
+                warnings.push(DedupWindowWarning::Takeover {
+                    setting: blocks_setting,
+                    window,
+                    takeover,
                 });
             }
         }
@@ -144,6 +204,12 @@ pub enum DedupWindowWarning {
         window: WindowValue,
         blocks_in_flight: u64,
     },
+    /// Fewer blocks remembered than the pipeline inserts while a zombie's INSERT is late.
+    Takeover {
+        setting: &'static str,
+        window: WindowValue,
+        takeover: Takeover,
+    },
     /// A shorter time remembered than `replay_horizon`.
     Seconds {
         setting: &'static str,
@@ -154,20 +220,26 @@ pub enum DedupWindowWarning {
 
 impl DedupWindowWarning {
     /// Writes the warning with the structured attributes the reference names (`Database`, `Table`,
-    /// `DedupWindowSetting`, `DedupWindow`, and `ReplayHorizon` or `BlocksInFlight`).
+    /// `DedupWindowSetting`, `DedupWindow`, and `ReplayHorizon` or `BlocksInFlight`), and
+    /// `BlocksPerTakeover` for the cluster-mode kind.
     pub fn log(&self, database: &str, table: &str, shard: &str) {
-        // One event shape for both kinds; the attribute that does not apply is left out.
-        let (setting, window, blocks_in_flight, replay_horizon) = match self {
+        // One event shape for every kind; the attributes that do not apply are left out.
+        let (setting, window, blocks_in_flight, replay_horizon, blocks_per_takeover) = match self {
             DedupWindowWarning::Blocks {
                 setting,
                 window,
                 blocks_in_flight,
-            } => (setting, window, Some(*blocks_in_flight), None),
+            } => (setting, window, Some(*blocks_in_flight), None, None),
+            DedupWindowWarning::Takeover {
+                setting,
+                window,
+                takeover,
+            } => (setting, window, None, None, Some(takeover.blocks)),
             DedupWindowWarning::Seconds {
                 setting,
                 window,
                 replay_horizon_secs,
-            } => (setting, window, None, Some(*replay_horizon_secs)),
+            } => (setting, window, None, Some(*replay_horizon_secs), None),
         };
         warn!(
             Database = %database,
@@ -177,6 +249,7 @@ impl DedupWindowWarning {
             DedupWindow = window.value,
             DedupWindowSource = %window.source,
             BlocksInFlight = blocks_in_flight,
+            BlocksPerTakeover = blocks_per_takeover,
             ReplayHorizon = replay_horizon,
             "{self}"
         );
@@ -194,6 +267,15 @@ impl fmt::Display for DedupWindowWarning {
                 f,
                 "the table remembers only {} blocks for deduplication ({setting}, {}), but this sink can have up to {blocks_in_flight} batches in delivery to it: a replay after a crash could fall out of the window and be inserted twice. Raise {setting} on the table to at least {blocks_in_flight} (ALTER TABLE ... MODIFY SETTING, or SETTINGS at CREATE), or use fewer partitions",
                 window.value, window.source
+            ),
+            DedupWindowWarning::Takeover {
+                setting,
+                window,
+                takeover,
+            } => write!(
+                f,
+                "the table remembers only {} blocks for deduplication ({setting}, {}), but in cluster mode this pipeline can insert about {} blocks into it in one session timeout ({:?}; one block per partition and epoch of {:?}): a worker frozen past its session timeout may have an INSERT on its way that arrives after another worker replayed that batch, and it is dropped as a copy only while its block is in the window. Raise {setting} on the table to at least {} (several times that if an INSERT can be delayed longer), or use longer epochs",
+                window.value, window.source, takeover.blocks, takeover.session_timeout, takeover.epoch, takeover.blocks
             ),
             DedupWindowWarning::Seconds {
                 setting,
@@ -408,7 +490,7 @@ mod tests {
     #[test]
     fn block_window_smaller_than_the_batches_in_delivery_warns_with_the_table_value() {
         let windows = DedupWindows::new(server(), ENGINE_FULL);
-        let warnings = windows.check(true, false, 18, 86_400);
+        let warnings = windows.check(true, false, &in_flight(18), 86_400);
         assert_eq!(
             warnings,
             vec![DedupWindowWarning::Blocks {
@@ -423,7 +505,45 @@ mod tests {
         assert!(warnings[0]
             .to_string()
             .contains("Raise replicated_deduplication_window on the table to at least 18"));
-        assert!(windows.check(true, false, 7, 86_400).is_empty());
+        assert!(windows.check(true, false, &in_flight(7), 86_400).is_empty());
+    }
+
+    fn in_flight(blocks_in_flight: u64) -> ReplayExposure {
+        ReplayExposure {
+            blocks_in_flight,
+            takeover: None,
+        }
+    }
+
+    #[test]
+    fn in_cluster_mode_a_window_smaller_than_one_session_timeout_of_epochs_warns() {
+        let windows = DedupWindows::new(server(), "");
+        // 8 partitions, epochs of 300 ms, sessions of 4 s: 14 epochs each, 112 blocks.
+        let exposure = ReplayExposure::new(
+            8,
+            8,
+            Duration::from_millis(300),
+            Some(Duration::from_secs(4)),
+        );
+        assert_eq!(exposure.blocks_in_flight, 72);
+        let warnings = windows.check(true, false, &exposure, 86_400);
+        let [DedupWindowWarning::Takeover {
+            takeover, window, ..
+        }] = warnings.as_slice()
+        else {
+            panic!("one takeover warning: {warnings:?}");
+        };
+        assert_eq!((takeover.blocks, window.value), (112, 100));
+        assert!(warnings[0]
+            .to_string()
+            .contains("Raise replicated_deduplication_window on the table to at least 112"));
+        // One process: no takeover. Longer epochs: 8 partitions x 4 epochs fit the window.
+        let alone = ReplayExposure::new(8, 8, Duration::from_millis(300), None);
+        assert!(windows.check(true, false, &alone, 86_400).is_empty());
+        let longer =
+            ReplayExposure::new(8, 8, Duration::from_secs(1), Some(Duration::from_secs(4)));
+        assert_eq!(longer.takeover.map(|t| t.blocks), Some(32));
+        assert!(windows.check(true, false, &longer, 86_400).is_empty());
     }
 
     #[test]
@@ -434,7 +554,7 @@ mod tests {
              replicated_deduplication_window_seconds_for_async_inserts = 1",
         );
         assert_eq!(
-            windows.check(true, false, 1, 3_600),
+            windows.check(true, false, &in_flight(1), 3_600),
             vec![DedupWindowWarning::Seconds {
                 setting: "replicated_deduplication_window_seconds",
                 window: WindowValue {
@@ -444,10 +564,10 @@ mod tests {
                 replay_horizon_secs: 3_600,
             }]
         );
-        assert!(windows.check(true, false, 1, 60).is_empty());
+        assert!(windows.check(true, false, &in_flight(1), 60).is_empty());
         // With async inserts only the async window counts (the block-count one is unknown here).
         assert_eq!(
-            windows.check(true, true, 1, 2),
+            windows.check(true, true, &in_flight(1), 2),
             vec![DedupWindowWarning::Seconds {
                 setting: "replicated_deduplication_window_seconds_for_async_inserts",
                 window: WindowValue {
@@ -463,7 +583,7 @@ mod tests {
     fn non_replicated_dedup_is_enabled_only_by_a_positive_window() {
         let off = DedupWindows::new(BTreeMap::new(), "MergeTree ORDER BY id");
         assert!(!off.non_replicated_dedup_enabled());
-        assert!(off.check(false, false, 18, 86_400).is_empty());
+        assert!(off.check(false, false, &in_flight(18), 86_400).is_empty());
         let zero = DedupWindows::new(
             [("non_replicated_deduplication_window".to_owned(), 0)].into(),
             "MergeTree ORDER BY id",
@@ -476,7 +596,7 @@ mod tests {
         assert!(on.non_replicated_dedup_enabled());
         // No time bound applies to a non-replicated table; the block count does.
         assert_eq!(
-            on.check(false, false, 18, 86_400),
+            on.check(false, false, &in_flight(18), 86_400),
             vec![DedupWindowWarning::Blocks {
                 setting: "non_replicated_deduplication_window",
                 window: WindowValue {

@@ -26,7 +26,7 @@ use crate::server::auto_add::add_missing_columns;
 use crate::server::classify::{ClassifiedError, ErrorClass};
 use crate::server::client::{build_shards, quote_ident, quote_table, EndpointClient, ShardClients};
 use crate::server::columns_guard::{read_columns, ColumnMeta, ColumnsGuard};
-use crate::server::dedup_window::DedupWindows;
+use crate::server::dedup_window::{DedupWindows, ReplayExposure};
 use crate::server::late_hosts::{LateCheck, LateHost, LateHosts, LateTargets, ShardReference};
 use crate::server::probe::{
     min_capabilities, probe_speaking_its_protocol, schema_difference, Capabilities,
@@ -98,7 +98,8 @@ pub struct WriterSession {
     pub table: String,
     /// The dedup window of each shard that deduplicates, for re-checks on reload.
     dedup_windows: Vec<ShardDedupWindow>,
-    partitions: u32,
+    /// What a copy of a batch can follow into a shard, compared with each window.
+    exposure: ReplayExposure,
     /// Checks the hosts that were unreachable at the start, until each is admitted.
     _late_hosts: Option<LateHosts>,
     /// The target fingerprints of the shards none of whose hosts answered at the start, as
@@ -340,7 +341,7 @@ impl WriterSession {
             return Err(ASYNC_INSERT_UNSUPPORTED.to_owned());
         }
         for window in &self.dedup_windows {
-            check_dedup_window(params, dynamic, window, self.partitions);
+            check_dedup_window(params, dynamic, window, &self.exposure);
         }
         Ok(())
     }
@@ -359,7 +360,7 @@ impl WriterSession {
         sink_params: &SinkParams,
         dynamic: &ClickHouseDynamicParams,
         stream: &Arc<StreamSchema>,
-        partitions: u32,
+        exposure: ReplayExposure,
     ) -> Result<WriterSession, SessionError> {
         let params = sink_params;
         let refused = |reason: String| SessionError::Refused {
@@ -568,7 +569,7 @@ impl WriterSession {
                     replicated: meta.kind != EngineKind::Plain,
                     windows: meta.dedup_windows.clone(),
                 };
-                check_dedup_window(params, dynamic, &window, partitions);
+                check_dedup_window(params, dynamic, &window, &exposure);
                 dedup_windows.push(window);
             }
         }
@@ -650,7 +651,7 @@ impl WriterSession {
             database: params.database.clone(),
             table: params.table.clone(),
             dedup_windows,
-            partitions,
+            exposure,
             settings: params.settings.clone(),
         })
     }
@@ -878,19 +879,17 @@ fn is_non_deterministic(expression: &str) -> bool {
 
 /// Warns when a shard's dedup window cannot cover a replay: shorter in time than
 /// `replay_horizon`, or shorter in blocks than what this sink can insert into a shard between a
-/// batch's first attempt and its replay (every partition's batches in delivery and queued).
+/// batch's first attempt and a copy of it (see [`ReplayExposure`]).
 fn check_dedup_window(
     params: &SinkParams,
     dynamic: &ClickHouseDynamicParams,
     window: &ShardDedupWindow,
-    partitions: u32,
+    exposure: &ReplayExposure,
 ) {
-    let in_flight =
-        u64::from(partitions) * (flow_core::delivery::DELIVERY_QUEUE_CAPACITY as u64 + 1);
     let warnings = window.windows.check(
         window.replicated,
         dynamic.async_insert,
-        in_flight,
+        exposure,
         dynamic.replay_horizon.as_secs(),
     );
     for warning in warnings {

@@ -64,6 +64,7 @@ impl SinkFactory for TemplatedFactory {
     fn create(&self, ctx: SinkContext) -> Result<Box<dyn Sink>, SinkError> {
         let token_prefix = ExactlyOnce::token_prefix(&self.targets.base, &ctx)?;
         let template = self.templates.for_sink(&ctx)?;
+        self.targets.base.note_cluster(&ctx);
         self.targets.register_readiness(&ctx.metrics);
         Ok(Box::new(OutboxSink::new(TemplatedSink {
             targets: Arc::clone(&self.targets),

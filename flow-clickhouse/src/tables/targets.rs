@@ -205,6 +205,7 @@ pub(crate) mod tests {
             sink: "s",
             class: SinkClass::AtLeastOnce.class_name(),
             partitions: 1,
+            epoch: flow_core::EpochSettings::default(),
             inputs: &inputs,
             subjects: SourceSubjects::Unknown,
         };

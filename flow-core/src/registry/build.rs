@@ -266,6 +266,7 @@ impl Registry {
                 sink: &s.name,
                 class: &s.sink_class_name,
                 partitions,
+                epoch: EpochSettings::of(&spec.epoch),
                 inputs: &inputs,
                 subjects: source_subjects,
             };
@@ -304,10 +305,7 @@ impl Registry {
                 name: spec.pipeline.clone(),
                 partitions,
                 state_dir: spec.state_dir.clone(),
-                epoch: EpochSettings {
-                    max_messages: usize::try_from(spec.epoch.max_messages).unwrap_or(usize::MAX),
-                    max_duration: Duration::from_millis(spec.epoch.max_duration_ms),
-                },
+                epoch: EpochSettings::of(&spec.epoch),
                 payloads: spec.outbox.payloads,
                 drain_timeout: Duration::from_millis(spec.shutdown.drain_timeout_ms),
                 metrics,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::error::Violation;
 use crate::plugin::{ProcessorFactory, SinkFactory, SourceFactory};
+use crate::spec::EpochSettings;
 use crate::types::StreamSchema;
 
 /// What a source builder knows about the pipeline.
@@ -35,6 +36,8 @@ pub struct SinkBuildContext<'a> {
     pub class: &'a str,
     /// The pipeline's partition count.
     pub partitions: u32,
+    /// When the pipeline's epochs end.
+    pub epoch: EpochSettings,
     /// `(stream id, schema)` per input stream, in `input_stream_ids` order.
     pub inputs: &'a [(String, Arc<StreamSchema>)],
     /// The broker subject of each partition, as the pipeline's source reports it.

@@ -10,7 +10,7 @@ use super::pipeline_spec::ClusterSettings;
 use crate::plugin::{ProcessorFactory, SinkFactory, SourceFactory};
 use crate::types::StreamSchema;
 
-use super::pipeline_spec::{MetricsSettings, PayloadPolicy, PipelineSpec};
+use super::pipeline_spec::{EpochSpec, MetricsSettings, PayloadPolicy, PipelineSpec};
 
 /// Epoch bounds after validation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,6 +19,23 @@ pub struct EpochSettings {
     pub max_messages: usize,
     /// Time after which an epoch ends.
     pub max_duration: Duration,
+}
+
+impl EpochSettings {
+    /// The bounds `epoch` sets (its values already checked).
+    pub fn of(epoch: &EpochSpec) -> EpochSettings {
+        EpochSettings {
+            max_messages: usize::try_from(epoch.max_messages).unwrap_or(usize::MAX),
+            max_duration: Duration::from_millis(epoch.max_duration_ms),
+        }
+    }
+}
+
+impl Default for EpochSettings {
+    /// The bounds of a spec without `epoch`.
+    fn default() -> Self {
+        EpochSettings::of(&EpochSpec::default())
+    }
 }
 
 /// A processor of a validated spec, built by its factory.

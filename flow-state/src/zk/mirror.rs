@@ -363,6 +363,12 @@ impl ZkMirror {
         }
     }
 
+    /// The timeout ZooKeeper granted this worker's session: how long a frozen worker keeps its
+    /// partitions before another may take them.
+    pub fn session_timeout(&self) -> Duration {
+        self.client().session_timeout()
+    }
+
     /// The client (a cheap clone of a shared session).
     pub(crate) fn client(&self) -> zk::Client {
         match self.client.lock() {
