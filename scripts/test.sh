@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, starts the local cluster, then `cargo fmt --check`
-# and `cargo test --workspace --exclude flow-examples --profile ci` (release with opt-level 1:
-# see Cargo.toml). Lints: scripts/lint.sh (clippy builds every target a second time, which a
-# 20-minute CI run cannot afford).
-# Extra arguments go to `cargo test` (e.g. `scripts/test.sh -- --nocapture`).
+# and every test of `cargo test --workspace --exclude flow-examples --profile ci` (release with
+# opt-level 1: see Cargo.toml), its binaries several at once (scripts/run_test_binaries.sh).
+# Lints: scripts/lint.sh (clippy builds every target a second time, which a 20-minute CI run
+# cannot afford).
+# Extra arguments go to every test binary (e.g. `scripts/test.sh --nocapture`, or a name filter).
 # The local cluster is left running afterwards; stop it with `scripts/cluster.sh down`.
 set -euo pipefail
 
@@ -38,8 +39,8 @@ flow_log "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
 # flow-examples is left out: its examples are built (and run) as flow-integration's `-it` bins
-# from the same files, and building them twice cost a CI run ~40 s.
-flow_log "cargo test --workspace --exclude flow-examples --profile ci $*"
-cargo test --workspace --exclude flow-examples --profile ci "$@"
+# from the same files, and building them twice cost a CI run ~40 s. The binaries run several at
+# once (see run_test_binaries.sh).
+bash scripts/run_test_binaries.sh "$@"
 
 flow_log "all checks passed; the local cluster is still running (scripts/cluster.sh down stops it)"

@@ -296,6 +296,13 @@ pub async fn insert_part(
         };
         let plan = session.plan();
         if plan.encoder.plan_fingerprint() != encoded_for {
+            // A widening adopted between two attempts (the last one refused while the ALTER
+            // ran): a part with an attempt log goes back to its caller, which re-encodes it
+            // for the wider column once no attempt of it can be in the table. An answered
+            // refusal stored nothing: one INSERT is one block.
+            if attempt_log.is_some() && session.plan_before_widening(encoded_for).is_some() {
+                return Err(InsertFailure::Replanned);
+            }
             // RowBinary carries no types: under another plan the bytes would be read as
             // other columns or types.
             return Err(InsertFailure::GaveUp(GaveUp {
