@@ -12,9 +12,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$FLOW_REPO_ROOT"
 
-# Tools: the cluster packages, plus what the crates need to build (C toolchain, pkg-config,
-# librdkafka).
-flow_ensure_cluster_packages
+# What the crates need to build (C toolchain, pkg-config, librdkafka); the cluster's packages
+# are installed while the tests build (below).
 flow_ensure_build_packages
 
 # Rust: the toolchain is pinned by rust-toolchain.toml; rustup installs it (with rustfmt and clippy)
@@ -32,11 +31,26 @@ if ! cargo fmt --version >/dev/null 2>&1; then
     rustup component add rustfmt
 fi
 
-flow_log "starting the local cluster"
-bash scripts/cluster.sh up
-
 flow_log "cargo fmt --all -- --check"
 cargo fmt --all -- --check
+
+# The build takes most of a CI run and needs none of the servers: it runs while the cluster's
+# packages are installed and its servers start.
+build_log="$(mktemp)"
+flow_log "cargo test --workspace --exclude flow-examples --profile ci --no-run (in the background)"
+cargo test --workspace --exclude flow-examples --profile ci --no-run >"$build_log" 2>&1 &
+build=$!
+trap 'kill "$build" 2>/dev/null || true' EXIT
+flow_ensure_cluster_packages
+flow_log "starting the local cluster"
+bash scripts/cluster.sh up
+flow_log "waiting for the build"
+build_ok=0
+wait "$build" || build_ok=$?
+trap - EXIT
+cat "$build_log"
+rm -f "$build_log"
+[ "$build_ok" -eq 0 ] || flow_die "building the tests failed (cargo exited $build_ok)"
 
 # flow-examples is left out: its examples are built (and run) as flow-integration's `-it` bins
 # from the same files, and building them twice cost a CI run ~40 s. The binaries run several at

@@ -168,3 +168,69 @@ fn a_widening_under_a_running_sink_is_adopted_and_earlier_batches_are_re_encoded
         0
     );
 }
+
+/// An INSERT on its way while the column is widened: the proxy holds it until the sink adopted
+/// the wider column, then the server reads its UInt32 bytes as UInt64 and refuses it (code 33,
+/// `CANNOT_READ_ALL_DATA`). That answered refusal stored nothing, so the part is re-encoded for
+/// the wider column at its next attempt; the sink must not give up, and every id lands once.
+#[test]
+fn an_insert_refused_because_a_widening_ran_under_it_is_re_encoded_at_the_next_attempt() {
+    const ROWS: u64 = 2_000;
+    wait_for_cluster(Duration::from_secs(60)).unwrap();
+    let t = unique_name("it_widen_held");
+    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
+    let qualified = table.qualified();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let proxy = rt
+        .block_on(flow_integration::proxy::FaultProxy::start(
+            A1.http_addr().parse().unwrap(),
+        ))
+        .unwrap();
+    proxy.set_on_inserts(flow_integration::proxy::Fault::Hold);
+    let dir = tempfile::tempdir().unwrap();
+    let spec_path = dir.path().join("spec.yaml");
+    let yaml = GeneratorSpec::new(
+        "widen_held",
+        "ClickHouseBatchingSink",
+        format!(
+            "{{host: '{}', database: default, table: {t}, schema_refresh_interval_ms: 200}}",
+            proxy.addr()
+        ),
+    )
+    .partitions(2)
+    .epoch(500, 200)
+    .count(ROWS / 2)
+    .dynamic("{max_rows_per_batch: 500, write_timeout: 60s, retry_backoff: 100ms}")
+    .yaml();
+    std::fs::write(&spec_path, yaml).unwrap();
+    let log = dir.path().join("worker.log");
+    let state = dir.path().join("state");
+    let mut worker = Worker::spawn(worker_bin!(), &spec_path, &state, log.clone()).unwrap();
+    wait_until(Duration::from_secs(60), || Ok(proxy.stats().held >= 1))
+        .unwrap_or_else(|err| panic!("{err:#}: no INSERT held\n{}", worker.log_tail()));
+    alter_partition(&qualified, "UInt64");
+    let adopted = "column `partition` UInt32 is now `partition` UInt64";
+    wait_until(Duration::from_secs(60), || {
+        Ok(std::fs::read_to_string(&log)?.contains(adopted))
+    })
+    .unwrap_or_else(|err| panic!("{err:#}: no `{adopted}` in the log\n{}", worker.log_tail()));
+    proxy.set(flow_integration::proxy::Fault::Pass);
+    let code = worker.wait_exit(Duration::from_secs(120)).unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("CANNOT_READ_ALL_DATA"),
+        "the held INSERT was not refused for its narrower bytes: {text}"
+    );
+    assert!(
+        text.contains("is re-encoded for the wider column"),
+        "{text}"
+    );
+    sync_when_writable(A1, "default", &t, Duration::from_secs(60)).unwrap();
+    assert_eq!(
+        count_uniq(A1, &qualified).unwrap(),
+        (ROWS, ROWS),
+        "every id once"
+    );
+    assert_eq!(wrong_rows(&qualified), 0);
+}
