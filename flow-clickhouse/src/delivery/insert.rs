@@ -19,7 +19,9 @@ use crate::config::topology::ShardIndex;
 use crate::delivery::backlog_age::Expired;
 use crate::delivery::cutter::Part;
 use crate::delivery::sink_state::SinkShared;
-use crate::server::classify::{is_replica_local, log_unknown, ClassifiedError, ErrorClass};
+use crate::server::classify::{
+    is_replica_local, log_unknown, refused_unread, ClassifiedError, ErrorClass,
+};
 use crate::server::client::{EndpointClient, InsertError, ShardClients};
 use crate::server::session::WriterSession;
 
@@ -253,6 +255,18 @@ async fn plan_kept_after_change(
     }
 }
 
+/// Whether the server reads each INSERT of this sink as one block, so that a refusal while
+/// reading it stored nothing: the sink's batch limits stay under the server's block sizes, unless
+/// the user's `settings` change how the server cuts a body into blocks.
+fn one_block_per_insert(session: &WriterSession) -> bool {
+    !session.settings.iter().any(|(name, _)| {
+        matches!(
+            name.as_str(),
+            "max_insert_block_size" | "min_insert_block_size_rows" | "min_insert_block_size_bytes"
+        )
+    })
+}
+
 /// Sends one part to its shard, failing over to the next host after each failed attempt.
 /// Retries follow the sink's guarantee ([`crate::config::guarantee::Guarantee::on_failure`]).
 pub async fn insert_part(
@@ -280,6 +294,8 @@ pub async fn insert_part(
     // The replicas that refused this part with a replica-local error ([`is_replica_local`]):
     // skipped for the rest of this insert, whatever the shared cursor says.
     let mut refused_here: Vec<usize> = Vec::new();
+    // Whether every attempt so far was refused while the server read its body ([`refused_unread`]).
+    let mut only_unread_refusals = true;
     loop {
         if let Some(expired) = attempt_log.and_then(|log| log.expired()) {
             return Err(InsertFailure::Expired(expired));
@@ -296,11 +312,17 @@ pub async fn insert_part(
         };
         let plan = session.plan();
         if plan.encoder.plan_fingerprint() != encoded_for {
-            // A widening adopted between two attempts (the last one refused while the ALTER
-            // ran): a part with an attempt log goes back to its caller, which re-encodes it
-            // for the wider column once no attempt of it can be in the table. An answered
-            // refusal stored nothing: one INSERT is one block.
-            if attempt_log.is_some() && session.plan_before_widening(encoded_for).is_some() {
+            // A widening adopted while this part's attempts were refused for a body the server
+            // could not read (its narrower bytes read as the wider type): none of them stored
+            // anything, so a part with an attempt log goes back to its caller, which re-encodes
+            // it for the wider column. Any other refusal may have stored the part (an unknown
+            // outcome), where a re-encoded copy would not be recognised: given up, as below.
+            if attempts > 0
+                && only_unread_refusals
+                && one_block_per_insert(session)
+                && attempt_log.is_some()
+                && session.plan_before_widening(encoded_for).is_some()
+            {
                 return Err(InsertFailure::Replanned);
             }
             // RowBinary carries no types: under another plan the bytes would be read as
@@ -430,6 +452,7 @@ pub async fn insert_part(
                 error
             }
         };
+        only_unread_refusals &= refused_unread(&err);
         let answered = answered_code.is_some() && err.code == answered_code;
         if err.class == ErrorClass::Unknown && !answered {
             log_unknown(

@@ -131,6 +131,19 @@ pub const TARGET_CODES: &[u32] = &[
 /// row is read, so a refused attempt stored nothing and a failover cannot double a row.
 pub const REPLICA_LOCAL_CODES: &[u32] = &[60, 81, 164, 192, 193, 194, 195, 291, 516];
 
+/// Codes of a body the server could not read as the columns it planned for (RowBinary cut short
+/// or malformed for their types). The server reads a block before it writes it, and one INSERT of
+/// this sink is one block, so an attempt refused with one of them stored nothing
+/// ([`refused_unread`]).
+pub const UNREAD_BODY_CODES: &[u32] = &[6, 25, 26, 27, 32, 33, 38, 41, 72];
+
+/// Whether the server refused an attempt while reading its body, so that nothing of it was
+/// stored ([`UNREAD_BODY_CODES`]).
+pub fn refused_unread(err: &ClassifiedError) -> bool {
+    err.code
+        .is_some_and(|code| UNREAD_BODY_CODES.contains(&code))
+}
+
 /// Names of a few frequent codes that are deliberately unclassified, for readable logs.
 const OTHER_NAMED_CODES: &[(u32, &str)] = &[
     (32, "ATTEMPT_TO_READ_AFTER_EOF"),
@@ -392,6 +405,22 @@ mod tests {
         for code in REPLICA_LOCAL_CODES {
             assert_eq!(classify_code(*code), ErrorClass::Permanent, "{code}");
         }
+    }
+
+    #[test]
+    fn only_a_refusal_while_reading_the_body_proves_nothing_was_stored() {
+        let coded = |code| ClassifiedError::from_server(Some(code), "x");
+        // Cut short or malformed for the planned types: refused before the block was written.
+        for code in [33, 32, 27, 6, 72] {
+            assert!(refused_unread(&coded(code)), "{code}");
+        }
+        // Unknown outcomes (the part may be in the table), the rows' values, no code at all.
+        for code in [319, 999, 1000, 395, 53, 242] {
+            assert!(!refused_unread(&coded(code)), "{code}");
+        }
+        assert!(!refused_unread(&ClassifiedError::network(
+            "connection reset"
+        )));
     }
 
     /// The tables of the reference document, verbatim.
