@@ -64,6 +64,17 @@ fn alter_partition(qualified: &str, ty: &str) {
     }
 }
 
+/// Widens `partition` to UInt64 under the running `worker` and waits until its log says the
+/// sink adopted the wider column.
+fn widen_under(worker: &Worker, log: &std::path::Path, qualified: &str) {
+    alter_partition(qualified, "UInt64");
+    let adopted = "column `partition` UInt32 is now `partition` UInt64";
+    wait_until(Duration::from_secs(60), || {
+        Ok(std::fs::read_to_string(log)?.contains(adopted))
+    })
+    .unwrap_or_else(|err| panic!("{err:#}: no `{adopted}` in the log\n{}", worker.log_tail()));
+}
+
 #[test]
 fn a_generator_writes_into_a_column_widened_from_its_type() {
     wait_for_cluster(Duration::from_secs(60)).unwrap();
@@ -140,12 +151,7 @@ fn a_widening_under_a_running_sink_is_adopted_and_earlier_batches_are_re_encoded
     })
     .unwrap();
     // Widened under the running sink: adopted at the next batch, no restart.
-    alter_partition(&qualified, "UInt64");
-    let adopted = "column `partition` UInt32 is now `partition` UInt64";
-    wait_until(Duration::from_secs(60), || {
-        Ok(std::fs::read_to_string(&log)?.contains(adopted))
-    })
-    .unwrap_or_else(|err| panic!("{err:#}: no `{adopted}` in the log\n{}", worker.log_tail()));
+    widen_under(&worker, &log, &qualified);
     let code = worker.wait_exit(Duration::from_secs(120)).unwrap();
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(code, Some(0), "{text}");
@@ -208,12 +214,7 @@ fn an_insert_refused_because_a_widening_ran_under_it_is_re_encoded_at_the_next_a
     let mut worker = Worker::spawn(worker_bin!(), &spec_path, &state, log.clone()).unwrap();
     wait_until(Duration::from_secs(60), || Ok(proxy.stats().held >= 1))
         .unwrap_or_else(|err| panic!("{err:#}: no INSERT held\n{}", worker.log_tail()));
-    alter_partition(&qualified, "UInt64");
-    let adopted = "column `partition` UInt32 is now `partition` UInt64";
-    wait_until(Duration::from_secs(60), || {
-        Ok(std::fs::read_to_string(&log)?.contains(adopted))
-    })
-    .unwrap_or_else(|err| panic!("{err:#}: no `{adopted}` in the log\n{}", worker.log_tail()));
+    widen_under(&worker, &log, &qualified);
     proxy.set(flow_integration::proxy::Fault::Pass);
     let code = worker.wait_exit(Duration::from_secs(120)).unwrap();
     let text = std::fs::read_to_string(&log).unwrap();
