@@ -60,3 +60,20 @@ flow_ensure_build_packages() {
     flow_pkg_installed librdkafka-dev || need+=(librdkafka-dev)
     [ "${#need[@]}" -eq 0 ] || flow_ensure_packages "${need[@]}"
 }
+
+# The workspace's tests as scripts/test.sh builds and runs them: release settings with opt-level 1
+# (Cargo.toml's `ci` profile); flow-examples is left out, its examples are built and run as
+# flow-integration's `-it` bins from the same files.
+FLOW_TEST_CARGO_ARGS=(--workspace --exclude flow-examples --profile ci)
+
+# Test binaries that stop or restart servers of the shared cluster (scripts/run_test_binaries.sh
+# runs them one at a time with no other test beside them).
+FLOW_FAULT_TESTS=(fault_suite exactly_once_faults scale_out nats_source)
+
+# Prints `--test NAME` for each fault binary, one word per line (for `mapfile`).
+flow_fault_test_filters() {
+    local name
+    for name in "${FLOW_FAULT_TESTS[@]}"; do
+        printf -- '--test\n%s\n' "$name"
+    done
+}

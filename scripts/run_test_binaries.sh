@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# Builds every test of the workspace (profile `ci`) and runs the test binaries, several at once,
-# as `cargo test` would run them one after another: each in its package's directory, with its
-# output kept in a log that is printed when it fails. The doc tests run as one more job.
+# Builds the tests of the workspace (profile `ci`) and runs the test binaries as `cargo test`
+# would run them one after another, but several at once: each in its package's directory, with
+# its output kept in a log that is printed when it fails. The doc tests run as one more job.
 #
 # Why not `cargo test`: it runs the ~60 binaries one at a time, and most of their time is spent
-# waiting on servers, faults and clocks, not on the CPU. Binaries that stop or restart a server of
-# the shared cluster (or whose assertions are about timing) run afterwards, one at a time, alone
-# (`SERIAL` below): while one of them has a replica down, a test next to it would fail for that.
+# waiting on servers, faults and clocks, not on the CPU. Two kinds of binary cannot share the
+# machine with other tests:
+#   * the fault binaries (FLOW_FAULT_TESTS in lib.sh) stop or restart servers of the shared
+#     cluster: while one of them has a replica down, a test next to it would fail for that. They
+#     run one at a time, with no other test; nothing they assert is a duration, so they may run
+#     while the rest of the workspace builds (scripts/test.sh does).
+#   * the timed binaries (TIMED below) assert how long something took: each runs alone, last.
 #
-# Usage: scripts/run_test_binaries.sh [ARGS...]    ARGS go to every test binary (a name filter,
-# `--nocapture`, ...). FLOW_TEST_JOBS (default 3) sets how many binaries run at once; 1 runs
-# every binary in turn. Exits non-zero if any binary failed, after running all of them.
+# Usage: scripts/run_test_binaries.sh [--group all|faults|rest] [--artifacts FILE] [ARGS...]
+#   --group faults   only the fault binaries; rest: every other binary and the doc tests;
+#                    all (default): the rest, then the fault binaries.
+#   --artifacts FILE cargo's `--message-format=json-render-diagnostics` output of a build that
+#                    already made the binaries (the runner then runs no cargo build of its own;
+#                    the doc tests still run through cargo). Without it the runner builds them.
+#   ARGS go to every test binary (a name filter, `--nocapture`, ...).
+# FLOW_TEST_JOBS (default 3) sets how many binaries run at once; 1 runs every binary in turn.
+# Exits non-zero if any binary failed, after running all of its group.
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -20,32 +30,61 @@ cd "$FLOW_REPO_ROOT"
 JOBS="${FLOW_TEST_JOBS:-3}"
 [[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || flow_die "FLOW_TEST_JOBS must be a positive integer, not '$JOBS'"
 
-# Test binaries (by target name) that disturb the shared cluster or time what they check.
-SERIAL=" fault_suite exactly_once_faults scale_out nats_source nats_stop nats_stalled_pull "
+# Test binaries (by target name) whose assertions are about timing.
+TIMED=" nats_stop nats_stalled_pull "
 
-CARGO_ARGS=(--workspace --exclude flow-examples --profile ci)
+group=all
+artifacts=""
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+    --group)
+        [ "$#" -ge 2 ] || flow_die "--group needs a value: all, faults or rest"
+        group="$2"
+        shift 2
+        ;;
+    --artifacts)
+        [ "$#" -ge 2 ] || flow_die "--artifacts needs the file cargo's JSON output was written to"
+        artifacts="$2"
+        shift 2
+        ;;
+    *) break ;;
+    esac
+done
+case "$group" in
+all | faults | rest) ;;
+*) flow_die "--group must be all, faults or rest, not '$group'" ;;
+esac
+
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-flow_log "cargo test ${CARGO_ARGS[*]} --no-run"
-cargo test "${CARGO_ARGS[@]}" --no-run --message-format=json-render-diagnostics \
-    >"$work/artifacts.json"
+if [ -z "$artifacts" ]; then
+    artifacts="$work/artifacts.json"
+    build=("${FLOW_TEST_CARGO_ARGS[@]}" --no-run --message-format=json-render-diagnostics)
+    if [ "$group" = faults ]; then
+        mapfile -t filters < <(flow_fault_test_filters)
+        build+=("${filters[@]}")
+    fi
+    flow_log "cargo test ${build[*]}"
+    cargo test "${build[@]}" >"$artifacts"
+fi
+[ -r "$artifacts" ] || flow_die "cannot read the build's artifacts file '$artifacts'"
 
-# One line per test binary: name, executable, package directory. A test binary is the artifact
-# whose profile says `"test":true` (a target's own `"test"` only says whether it has tests); the
-# first `"name"` of its line is its target's.
-: >"$work/parallel" && : >"$work/serial"
+# One line per test binary: name, executable, package directory; in the queue of its kind. A
+# test binary is the artifact whose profile says `"test":true` (a target's own `"test"` only says
+# whether it has tests); the first `"name"` of its line is its target's.
+: >"$work/parallel" && : >"$work/faults" && : >"$work/timed"
 while IFS= read -r line; do
     exe="$(grep -o '"executable":"[^"]*"' <<<"$line" | cut -d'"' -f4 || true)"
     [ -n "$exe" ] || continue
     name="$(grep -o '"name":"[^"]*"' <<<"$line" | head -n1 | cut -d'"' -f4)"
     manifest="$(grep -o '"manifest_path":"[^"]*"' <<<"$line" | cut -d'"' -f4)"
     queue=parallel
-    [[ "$SERIAL" == *" $name "* ]] && queue=serial
+    [[ " ${FLOW_FAULT_TESTS[*]} " == *" $name "* ]] && queue=faults
+    [[ "$TIMED" == *" $name "* ]] && queue=timed
     printf '%s\t%s\t%s\n' "$name" "$exe" "$(dirname "$manifest")" >>"$work/$queue"
-done < <(grep '"reason":"compiler-artifact"' "$work/artifacts.json" |
+done < <(grep '"reason":"compiler-artifact"' "$artifacts" |
     grep -E '"profile":\{[^}]*"test":true\}')
-[ -s "$work/parallel" ] || flow_die "cargo listed no test binary"
 
 # Runs one binary with the script's arguments; appends `ok|FAILED <seconds>s <name> <log>` to the
 # results and prints it.
@@ -61,9 +100,15 @@ run_one() {
 # Doc tests cannot be run from a binary; cargo builds and runs them in one job.
 run_doc_tests() {
     local log="$FLOW_TEST_WORK/doc-tests.log" start=$SECONDS status
-    if cargo test "${CARGO_ARGS[@]}" --doc >"$log" 2>&1; then status=ok; else status=FAILED; fi
+    if cargo test "${FLOW_TEST_CARGO_ARGS[@]}" --doc >"$log" 2>&1; then status=ok; else status=FAILED; fi
     printf '%-6s %4ss %s %s\n' "$status" "$((SECONDS - start))" "doc-tests" "$log" |
         tee -a "$FLOW_TEST_WORK/results"
+}
+# Runs the binaries of queue $1 one at a time.
+run_in_turn() {
+    while IFS=$'\t' read -r name exe dir; do
+        run_one "$name" "$exe" "$dir" </dev/null
+    done <"$work/$1"
 }
 export -f run_one
 export FLOW_TEST_WORK="$work"
@@ -71,16 +116,21 @@ export FLOW_TEST_WORK="$work"
 if [ "$#" -gt 0 ]; then printf '%s\n' "$@" >"$work/args"; else : >"$work/args"; fi
 
 started=$SECONDS
-flow_log "running $(wc -l <"$work/parallel") test binaries, $JOBS at a time, and the doc tests"
-run_doc_tests &
-doc_tests=$!
-tr '\t' '\n' <"$work/parallel" | xargs -d '\n' -n 3 -P "$JOBS" bash -c 'run_one "$@"' run_one || true
-wait "$doc_tests" || true
-
-flow_log "running $(wc -l <"$work/serial") test binaries that stop servers or time themselves, one at a time"
-while IFS=$'\t' read -r name exe dir; do
-    run_one "$name" "$exe" "$dir" </dev/null
-done <"$work/serial"
+if [ "$group" != faults ]; then
+    [ -s "$work/parallel" ] || flow_die "the build listed no test binary besides the fault binaries"
+    flow_log "running $(wc -l <"$work/parallel") test binaries, $JOBS at a time, and the doc tests"
+    run_doc_tests &
+    doc_tests=$!
+    tr '\t' '\n' <"$work/parallel" | xargs -d '\n' -n 3 -P "$JOBS" bash -c 'run_one "$@"' run_one || true
+    wait "$doc_tests" || true
+    flow_log "running $(wc -l <"$work/timed") test binaries that time themselves, one at a time"
+    run_in_turn timed
+fi
+if [ "$group" != rest ]; then
+    [ -s "$work/faults" ] || flow_die "the build listed none of the fault binaries (${FLOW_FAULT_TESTS[*]})"
+    flow_log "running $(wc -l <"$work/faults") test binaries that stop servers, one at a time"
+    run_in_turn faults
+fi
 
 failed=0
 while read -r status _ name log; do
@@ -89,5 +139,5 @@ while read -r status _ name log; do
     printf '\n========== %s failed; its output: ==========\n' "$name"
     cat "$log"
 done <"$work/results"
-flow_log "$(wc -l <"$work/results") test jobs in $((SECONDS - started)) s, $failed failed"
+flow_log "$group: $(wc -l <"$work/results") test jobs in $((SECONDS - started)) s, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, starts the local cluster, then `cargo fmt --check`
 # and every test of `cargo test --workspace --exclude flow-examples --profile ci` (release with
-# opt-level 1: see Cargo.toml), its binaries several at once (scripts/run_test_binaries.sh).
+# opt-level 1: see Cargo.toml), its binaries several at once (scripts/run_test_binaries.sh), the
+# ones that stop servers while the rest builds.
 # Lints: scripts/lint.sh (clippy builds every target a second time, which a 20-minute CI run
 # cannot afford).
 # Extra arguments go to every test binary (e.g. `scripts/test.sh --nocapture`, or a name filter).
@@ -34,27 +35,49 @@ fi
 flow_log "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
-# The build takes most of a CI run and needs none of the servers: it runs while the cluster's
-# packages are installed and its servers start.
-build_log="$(mktemp)"
-flow_log "cargo test --workspace --exclude flow-examples --profile ci --no-run (in the background)"
-cargo test --workspace --exclude flow-examples --profile ci --no-run >"$build_log" 2>&1 &
+# The build takes most of a CI run and needs none of the servers; the fault binaries need the
+# servers and little CPU. So: the fault binaries (and the libraries and bins they use, most of the
+# build) are built while the cluster's packages install and its servers start; they then run
+# while the rest of the workspace builds; the other binaries run last. Both builds use the same
+# packages and profile, so the second reuses everything the first made.
+faults_json="$(mktemp)" && faults_log="$(mktemp)" && rest_json="$(mktemp)" && rest_log="$(mktemp)"
+build=""
+trap '[ -z "$build" ] || kill "$build" 2>/dev/null || true; rm -f "$faults_json" "$faults_log" "$rest_json" "$rest_log"' EXIT
+mapfile -t fault_filters < <(flow_fault_test_filters)
+build_tests() { # OUTPUT LOG [cargo args...]
+    local output="$1" log="$2"
+    shift 2
+    cargo test "${FLOW_TEST_CARGO_ARGS[@]}" --no-run --message-format=json-render-diagnostics \
+        "$@" >"$output" 2>"$log"
+}
+# Waits for the build of pid $1 and prints its log $2; dies naming what it built ($3) if it failed.
+wait_for_build() {
+    local status=0
+    wait "$1" || status=$?
+    build=""
+    cat "$2"
+    [ "$status" -eq 0 ] || flow_die "building $3 failed (cargo exited $status)"
+}
+
+flow_log "building the fault binaries (${FLOW_FAULT_TESTS[*]}) in the background"
+build_tests "$faults_json" "$faults_log" "${fault_filters[@]}" &
 build=$!
-trap 'kill "$build" 2>/dev/null || true' EXIT
 flow_ensure_cluster_packages
 flow_log "starting the local cluster"
 bash scripts/cluster.sh up
-flow_log "waiting for the build"
-build_ok=0
-wait "$build" || build_ok=$?
-trap - EXIT
-cat "$build_log"
-rm -f "$build_log"
-[ "$build_ok" -eq 0 ] || flow_die "building the tests failed (cargo exited $build_ok)"
+flow_log "waiting for the fault binaries' build"
+wait_for_build "$build" "$faults_log" "the fault binaries"
 
-# flow-examples is left out: its examples are built (and run) as flow-integration's `-it` bins
-# from the same files, and building them twice cost a CI run ~40 s. The binaries run several at
-# once (see run_test_binaries.sh).
-bash scripts/run_test_binaries.sh "$@"
+flow_log "building every other test in the background while the fault binaries run"
+build_tests "$rest_json" "$rest_log" &
+build=$!
+faults_ok=0
+bash scripts/run_test_binaries.sh --group faults --artifacts "$faults_json" "$@" || faults_ok=$?
+flow_log "waiting for the build of the other tests"
+wait_for_build "$build" "$rest_log" "the tests"
+rest_ok=0
+bash scripts/run_test_binaries.sh --group rest --artifacts "$rest_json" "$@" || rest_ok=$?
+[ "$faults_ok" -eq 0 ] && [ "$rest_ok" -eq 0 ] ||
+    flow_die "tests failed: fault binaries exit $faults_ok, the others exit $rest_ok (each binary's output is printed above)"
 
 flow_log "all checks passed; the local cluster is still running (scripts/cluster.sh down stops it)"
