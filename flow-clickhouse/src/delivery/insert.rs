@@ -20,7 +20,7 @@ use crate::delivery::backlog_age::Expired;
 use crate::delivery::cutter::Part;
 use crate::delivery::sink_state::SinkShared;
 use crate::server::classify::{
-    is_replica_local, log_unknown, refused_unread, ClassifiedError, ErrorClass,
+    is_replica_local, log_unknown, refused_unstored, ClassifiedError, ErrorClass,
 };
 use crate::server::client::{EndpointClient, InsertError, ShardClients};
 use crate::server::session::WriterSession;
@@ -294,8 +294,9 @@ pub async fn insert_part(
     // The replicas that refused this part with a replica-local error ([`is_replica_local`]):
     // skipped for the rest of this insert, whatever the shared cursor says.
     let mut refused_here: Vec<usize> = Vec::new();
-    // Whether every attempt so far was refused while the server read its body ([`refused_unread`]).
-    let mut only_unread_refusals = true;
+    // Whether every attempt so far was refused in a way that stored nothing of a one-block INSERT
+    // ([`refused_unstored`]).
+    let mut only_unstored_refusals = true;
     loop {
         if let Some(expired) = attempt_log.and_then(|log| log.expired()) {
             return Err(InsertFailure::Expired(expired));
@@ -312,13 +313,14 @@ pub async fn insert_part(
         };
         let plan = session.plan();
         if plan.encoder.plan_fingerprint() != encoded_for {
-            // A widening adopted while this part's attempts were refused for a body the server
-            // could not read (its narrower bytes read as the wider type): none of them stored
-            // anything, so a part with an attempt log goes back to its caller, which re-encodes
-            // it for the wider column. Any other refusal may have stored the part (an unknown
+            // A widening adopted while this part's attempts were refused in ways that store
+            // nothing (a body the server could not read, its narrower bytes read as the wider
+            // type; a block whose commit the server rolled back, the columns having changed
+            // under it): a part with an attempt log goes back to its caller, which re-encodes it
+            // for the wider column. Any other refusal may have stored the part (an unknown
             // outcome), where a re-encoded copy would not be recognised: given up, as below.
             if attempts > 0
-                && only_unread_refusals
+                && only_unstored_refusals
                 && one_block_per_insert(session)
                 && attempt_log.is_some()
                 && session.plan_before_widening(encoded_for).is_some()
@@ -452,7 +454,7 @@ pub async fn insert_part(
                 error
             }
         };
-        only_unread_refusals &= refused_unread(&err);
+        only_unstored_refusals &= refused_unstored(&err);
         let answered = answered_code.is_some() && err.code == answered_code;
         if err.class == ErrorClass::Unknown && !answered {
             log_unknown(

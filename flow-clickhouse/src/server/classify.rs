@@ -144,6 +144,22 @@ pub fn refused_unread(err: &ClassifiedError) -> bool {
         .is_some_and(|code| UNREAD_BODY_CODES.contains(&code))
 }
 
+/// What a replicated table answers (code 244, `UNEXPECTED_ZOOKEEPER_ERROR`) when the ZooKeeper
+/// transaction that commits an inserted block failed with a definite answer: "Unexpected logical
+/// error while adding block", "Unexpected ZooKeeper error while adding block", "Unrecoverable
+/// network error while adding block". The server rolls the block back before it answers so, and
+/// a transaction that may have gone through is answered with code 319 instead. Seen when a column
+/// is altered while an INSERT commits: "... while adding block 6 with ID '...': Bad version,
+/// path .../columns" (the transaction checks the columns' version).
+const ROLLED_BACK_BLOCK_TEXT: &str = "while adding block";
+
+/// Whether the server refused an attempt in a way that stored nothing of it, provided the INSERT
+/// was one block: refused while reading its body ([`refused_unread`]), or its block's commit
+/// rolled back ([`ROLLED_BACK_BLOCK_TEXT`]).
+pub fn refused_unstored(err: &ClassifiedError) -> bool {
+    refused_unread(err) || (err.code == Some(244) && err.message.contains(ROLLED_BACK_BLOCK_TEXT))
+}
+
 /// Names of a few frequent codes that are deliberately unclassified, for readable logs.
 const OTHER_NAMED_CODES: &[(u32, &str)] = &[
     (32, "ATTEMPT_TO_READ_AFTER_EOF"),
@@ -421,6 +437,36 @@ mod tests {
         assert!(!refused_unread(&ClassifiedError::network(
             "connection reset"
         )));
+    }
+
+    #[test]
+    fn a_block_commit_the_server_rolled_back_stored_nothing_but_another_zookeeper_error_may_have() {
+        let widened_under_the_insert = ClassifiedError::from_server(
+            Some(244),
+            "Code: 244, e.displayText() = DB::Exception: Unexpected logical error while adding \
+             block 6 with ID 'all_5993827626240998575_272352490515655788': Bad version, path \
+             /clickhouse/tables/a/default.t/columns, e.what() = DB::Exception",
+        );
+        assert!(refused_unstored(&widened_under_the_insert));
+        assert!(!refused_unread(&widened_under_the_insert));
+        // The same code elsewhere (not a block's commit), and an unknown commit outcome.
+        let elsewhere = ClassifiedError::from_server(
+            Some(244),
+            "Code: 244, e.displayText() = DB::Exception: Unexpected error",
+        );
+        let unknown = ClassifiedError::from_server(
+            Some(319),
+            "Unknown status, client must retry. Reason: Connection loss while adding block",
+        );
+        assert!(!refused_unstored(&elsewhere));
+        assert!(!refused_unstored(&unknown));
+        // Every refusal while reading the body is one.
+        for code in UNREAD_BODY_CODES {
+            assert!(refused_unstored(&ClassifiedError::from_server(
+                Some(*code),
+                "x"
+            )));
+        }
     }
 
     /// The tables of the reference document, verbatim.

@@ -104,20 +104,56 @@ pub fn publish_rows(
 }
 
 /// The endless check's input: `rate` rows per second published for as long as it runs, partition
-/// `n % 4` getting offset `n / 4`, to the stream of [`stream_name`]`(0)`, created anew on file
-/// and bounded (oldest messages dropped) so that an endless run keeps the server's disk flat too
-/// (the local cluster's NATS allows 256 MB in memory and 8 GB on file).
+/// `n % 4` getting offset `n / 4`, to the stream of [`stream_name`]`(0)`, created anew and bounded
+/// (oldest messages dropped) so that an endless run keeps the server's memory or disk flat too.
 pub struct EndlessPublisher {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: std::thread::JoinHandle<Result<u64>>,
 }
 
-/// The most bytes the endless stream keeps: minutes of backlog at 100k rows/s of ~150 bytes.
-const ENDLESS_STREAM_BYTES: i64 = 2 << 30;
+/// Where the endless stream keeps its messages, and how they are published
+/// (`FLOW_BENCH_ENDLESS_STORAGE`, `FLOW_BENCH_ENDLESS_PUBLISH`).
+#[derive(Clone, Copy, Debug)]
+pub struct EndlessInput {
+    pub storage: stream::StorageType,
+    /// Each message a JetStream publish whose acknowledgement is awaited; otherwise a core NATS
+    /// publish the stream captures, counted from the stream's last sequence at the end (the
+    /// server then sends no acknowledgement per message: half the messages it handles).
+    pub acked: bool,
+}
+
+impl EndlessInput {
+    pub fn from_env() -> Result<EndlessInput> {
+        let storage = match std::env::var("FLOW_BENCH_ENDLESS_STORAGE").as_deref() {
+            Err(_) | Ok("file") => stream::StorageType::File,
+            Ok("memory") => stream::StorageType::Memory,
+            Ok(other) => {
+                anyhow::bail!("FLOW_BENCH_ENDLESS_STORAGE={other}: expected file or memory")
+            }
+        };
+        let acked = match std::env::var("FLOW_BENCH_ENDLESS_PUBLISH").as_deref() {
+            Err(_) | Ok("acked") => true,
+            Ok("core") => false,
+            Ok(other) => {
+                anyhow::bail!("FLOW_BENCH_ENDLESS_PUBLISH={other}: expected acked or core")
+            }
+        };
+        Ok(EndlessInput { storage, acked })
+    }
+
+    /// The most bytes the stream keeps: minutes of backlog at 100k rows/s of ~150 bytes on file;
+    /// in memory, what the local cluster's NATS allows (256 MB) less a margin (~10 s of backlog).
+    fn max_bytes(self) -> i64 {
+        match self.storage {
+            stream::StorageType::Memory => 200 << 20,
+            stream::StorageType::File => 2 << 30,
+        }
+    }
+}
 
 impl EndlessPublisher {
     /// Creates the stream, then publishes from a thread of its own until [`Self::stop`].
-    pub fn start(rate: u64) -> Result<EndlessPublisher> {
+    pub fn start(rate: u64, input: EndlessInput) -> Result<EndlessPublisher> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -128,8 +164,8 @@ impl EndlessPublisher {
             js.create_stream(stream::Config {
                 name: name.clone(),
                 subjects: vec![format!("{name}.*")],
-                storage: stream::StorageType::File,
-                max_bytes: ENDLESS_STREAM_BYTES,
+                storage: input.storage,
+                max_bytes: input.max_bytes(),
                 discard: stream::DiscardPolicy::Old,
                 ..Default::default()
             })
@@ -138,12 +174,13 @@ impl EndlessPublisher {
         })?;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopped = std::sync::Arc::clone(&stop);
-        let thread =
-            std::thread::spawn(move || runtime.block_on(publish_at_rate(js, name, rate, stopped)));
+        let thread = std::thread::spawn(move || {
+            runtime.block_on(publish_at_rate(js, name, rate, input.acked, stopped))
+        });
         Ok(EndlessPublisher { stop, thread })
     }
 
-    /// Stops publishing; the number of rows the server acknowledged.
+    /// Stops publishing; the number of rows the stream took.
     pub fn stop(self) -> Result<u64> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.thread
@@ -152,18 +189,22 @@ impl EndlessPublisher {
     }
 }
 
-/// Publishes `rate` rows a second in 10 ms ticks until `stop`; waits for the acks every 4096.
+/// Publishes `rate` rows a second in 10 ms ticks until `stop`. Acked: waits for the acks every
+/// 4096 and returns how many came; core: returns the stream's last sequence once the server has
+/// taken everything sent (the stream is new, so that is how many messages it stored).
 async fn publish_at_rate(
     js: jetstream::Context,
     name: String,
     rate: u64,
+    acked: bool,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<u64> {
+    let client = js.client();
     let per_tick = rate.div_ceil(100).max(1);
     let mut ticks = tokio::time::interval(std::time::Duration::from_millis(10));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let (mut payload, mut json) = (Vec::new(), String::new());
-    let (mut next, mut acked) = (0u64, 0u64);
+    let (mut next, mut taken) = (0u64, 0u64);
     let mut acks = Vec::new();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         ticks.tick().await;
@@ -175,22 +216,42 @@ async fn publish_at_rate(
                 &mut payload,
                 &mut json,
             );
-            acks.push(
-                js.publish(format!("{name}.{partition}"), json.clone().into())
-                    .await?,
-            );
+            let subject = format!("{name}.{partition}");
             next += 1;
+            if !acked {
+                client.publish(subject, json.clone().into()).await?;
+                continue;
+            }
+            acks.push(js.publish(subject, json.clone().into()).await?);
             if acks.len() >= 4096 {
                 for ack in acks.drain(..) {
                     ack.await?;
-                    acked += 1;
+                    taken += 1;
                 }
             }
         }
     }
     for ack in acks {
         ack.await?;
-        acked += 1;
+        taken += 1;
     }
-    Ok(acked)
+    if acked {
+        return Ok(taken);
+    }
+    client.flush().await?;
+    // A flushed publish is at the server, not necessarily in the stream yet: wait until the last
+    // sequence stops moving.
+    let mut stream = js.get_stream(&name).await?;
+    let mut last = u64::MAX;
+    loop {
+        let seen = stream.info().await?.state.last_sequence;
+        if seen == last {
+            if seen < next {
+                println!("jetstream: {next} rows sent, the stream took {seen}");
+            }
+            return Ok(seen);
+        }
+        last = seen;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
