@@ -32,9 +32,6 @@ JOBS="${FLOW_TEST_JOBS:-3}"
 
 # Test binaries (by target name) whose assertions are about timing.
 TIMED=" nats_stop nats_stalled_pull "
-# The binaries that took longest in earlier runs (30-110 s, against under 15 s for most):
-# started first, so that the last of the parallel queue is not a long one started late.
-LONGEST=" refused_rows table_template disk_full shard_outage flow_state http_ingest guarantee_cases alter_race "
 
 group=all
 artifacts=""
@@ -76,7 +73,7 @@ fi
 # One line per test binary: name, executable, package directory; in the queue of its kind. A
 # test binary is the artifact whose profile says `"test":true` (a target's own `"test"` only says
 # whether it has tests); the first `"name"` of its line is its target's.
-: >"$work/longest" && : >"$work/parallel" && : >"$work/faults" && : >"$work/timed"
+: >"$work/parallel" && : >"$work/faults" && : >"$work/timed"
 while IFS= read -r line; do
     exe="$(grep -o '"executable":"[^"]*"' <<<"$line" | cut -d'"' -f4 || true)"
     [ -n "$exe" ] || continue
@@ -85,11 +82,9 @@ while IFS= read -r line; do
     queue=parallel
     [[ " ${FLOW_FAULT_TESTS[*]} " == *" $name "* ]] && queue=faults
     [[ "$TIMED" == *" $name "* ]] && queue=timed
-    [[ "$queue" == parallel && "$LONGEST" == *" $name "* ]] && queue=longest
     printf '%s\t%s\t%s\n' "$name" "$exe" "$(dirname "$manifest")" >>"$work/$queue"
 done < <(grep '"reason":"compiler-artifact"' "$artifacts" |
     grep -E '"profile":\{[^}]*"test":true\}')
-cat "$work/parallel" >>"$work/longest" && mv "$work/longest" "$work/parallel"
 
 # Runs one binary with the script's arguments; appends `ok|FAILED <seconds>s <name> <log>` to the
 # results and prints it.
