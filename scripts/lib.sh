@@ -70,10 +70,17 @@ FLOW_TEST_CARGO_ARGS=(--workspace --exclude flow-examples --profile ci)
 # runs them one at a time with no other test beside them).
 FLOW_FAULT_TESTS=(fault_suite exactly_once_faults scale_out nats_source)
 
-# Prints `--test NAME` for each fault binary, one word per line (for `mapfile`).
-flow_fault_test_filters() {
-    local name
-    for name in "${FLOW_FAULT_TESTS[@]}"; do
-        printf -- '--test\n%s\n' "$name"
-    done
+# flow_build_tests OUTPUT [faults]: builds the tests without running them and writes cargo's JSON
+# list of what it built to OUTPUT (diagnostics go to stderr); with `faults`, only the fault
+# binaries and what they need. Both take the same packages, profile and features, so a full
+# build after the fault binaries' reuses everything they made.
+flow_build_tests() {
+    local output="$1" name args=("${FLOW_TEST_CARGO_ARGS[@]}" --no-run --message-format=json-render-diagnostics)
+    if [ "${2:-}" = faults ]; then
+        for name in "${FLOW_FAULT_TESTS[@]}"; do
+            args+=(--test "$name")
+        done
+    fi
+    flow_log "cargo test ${args[*]}"
+    cargo test "${args[@]}" >"$output"
 }

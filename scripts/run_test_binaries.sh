@@ -60,13 +60,7 @@ trap 'rm -rf "$work"' EXIT
 
 if [ -z "$artifacts" ]; then
     artifacts="$work/artifacts.json"
-    build=("${FLOW_TEST_CARGO_ARGS[@]}" --no-run --message-format=json-render-diagnostics)
-    if [ "$group" = faults ]; then
-        mapfile -t filters < <(flow_fault_test_filters)
-        build+=("${filters[@]}")
-    fi
-    flow_log "cargo test ${build[*]}"
-    cargo test "${build[@]}" >"$artifacts"
+    flow_build_tests "$artifacts" "$group"
 fi
 [ -r "$artifacts" ] || flow_die "cannot read the build's artifacts file '$artifacts'"
 

@@ -39,17 +39,10 @@ cargo fmt --all -- --check
 # servers and little CPU. So: the fault binaries (and the libraries and bins they use, most of the
 # build) are built while the cluster's packages install and its servers start; they then run
 # while the rest of the workspace builds; the other binaries run last. Both builds use the same
-# packages and profile, so the second reuses everything the first made.
+# packages and profile, so the second reuses everything the first made (flow_build_tests).
 faults_json="$(mktemp)" && faults_log="$(mktemp)" && rest_json="$(mktemp)" && rest_log="$(mktemp)"
 build=""
 trap '[ -z "$build" ] || kill "$build" 2>/dev/null || true; rm -f "$faults_json" "$faults_log" "$rest_json" "$rest_log"' EXIT
-mapfile -t fault_filters < <(flow_fault_test_filters)
-build_tests() { # OUTPUT LOG [cargo args...]
-    local output="$1" log="$2"
-    shift 2
-    cargo test "${FLOW_TEST_CARGO_ARGS[@]}" --no-run --message-format=json-render-diagnostics \
-        "$@" >"$output" 2>"$log"
-}
 # Waits for the build of pid $1 and prints its log $2; dies naming what it built ($3) if it failed.
 wait_for_build() {
     local status=0
@@ -60,7 +53,7 @@ wait_for_build() {
 }
 
 flow_log "building the fault binaries (${FLOW_FAULT_TESTS[*]}) in the background"
-build_tests "$faults_json" "$faults_log" "${fault_filters[@]}" &
+flow_build_tests "$faults_json" faults 2>"$faults_log" &
 build=$!
 flow_ensure_cluster_packages
 flow_log "starting the local cluster"
@@ -69,7 +62,7 @@ flow_log "waiting for the fault binaries' build"
 wait_for_build "$build" "$faults_log" "the fault binaries"
 
 flow_log "building every other test in the background while the fault binaries run"
-build_tests "$rest_json" "$rest_log" &
+flow_build_tests "$rest_json" 2>"$rest_log" &
 build=$!
 faults_ok=0
 bash scripts/run_test_binaries.sh --group faults --artifacts "$faults_json" "$@" || faults_ok=$?
