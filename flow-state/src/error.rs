@@ -376,3 +376,12 @@ impl StateError {
         }
     }
 }
+
+/// Whether opening failed because the directory cannot be written, rather than because of what
+/// it holds: a read-only file system, or no write permission.
+pub(crate) fn is_not_writable(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+    )
+}

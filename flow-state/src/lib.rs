@@ -8,7 +8,8 @@
 //!   trees.
 //! - `codec`: keys and values; `segments`: payload segment files; `counters`: persisted counters;
 //!   `identity`: which pipeline a directory belongs to, and the outbox's own identity;
-//!   `read_copy`: reading a directory this process cannot write, through a temporary copy.
+//!   `read_copy`: reading a directory this process cannot write, through a temporary copy;
+//!   `unfinished_snapshot`: what a process killed while sled opened the store leaves behind.
 //! - `zk`: cluster mode, the partition state mirrored in ZooKeeper with fencing ([`zk::ZkMirror`]).
 //! - `types`: the data exchanged with the store; `summary`: what `flow-worker status` shows;
 //!   `error`: [`StateError`].
@@ -65,6 +66,7 @@ mod summary;
 mod transactions;
 mod trees;
 mod types;
+mod unfinished_snapshot;
 pub mod zk;
 
 pub use codec::SOURCE_OWNER;

@@ -12,7 +12,7 @@ use crate::codec::{self, check_name, show_key, BodyRecord};
 use crate::committer::Committer;
 use crate::counters;
 use crate::durability::Durability;
-use crate::error::StateError;
+use crate::error::{is_not_writable, StateError};
 use crate::identity;
 use crate::prepare::{
     dead_letter_key, prepare_ack, prepare_commit, prepare_dead_letters, prepare_fingerprints,
@@ -28,6 +28,7 @@ use crate::types::{
     PipelineIdentity, SealedBatch, SinkPartition, StoreOptions, StoreStats, StoredBatch,
     StoredCounter, StoredDeadLetter,
 };
+use crate::unfinished_snapshot;
 use crate::zk::{self, ZkMirror};
 
 /// How long a commit refused at the pending bound waits at most before it is tried again.
@@ -146,23 +147,7 @@ impl StateStore {
 
     /// Opens or creates the store in `dir` with explicit options.
     pub fn open_with(dir: &Path, options: StoreOptions) -> Result<StateStore, StateError> {
-        let db = open_sled(dir, &options).map_err(|source| {
-            if is_lock_refusal(&source) {
-                return StateError::Locked {
-                    dir: dir.to_path_buf(),
-                };
-            }
-            match source {
-                sled::Error::Io(io) if is_not_writable(&io) => StateError::NotWritable {
-                    dir: dir.to_path_buf(),
-                    source: io,
-                },
-                source => StateError::Open {
-                    dir: dir.to_path_buf(),
-                    source,
-                },
-            }
-        })?;
+        let db = open_sled(dir, &options)?;
         // Only a store sled creates now gets an identity: one it recovered was created before
         // identities existed, and tokens derived without one may be pending in it.
         let created = !db.was_recovered();
@@ -676,19 +661,12 @@ impl StateStore {
     }
 }
 
-/// Whether opening failed because the directory cannot be written, rather than because of what
-/// it holds: a read-only file system, or no write permission.
-fn is_not_writable(error: &std::io::Error) -> bool {
-    matches!(
-        error.kind(),
-        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
-    )
-}
-
 /// Opens sled in `dir`, waiting up to `options.lock_wait` while another process holds its lock.
-fn open_sled(dir: &Path, options: &StoreOptions) -> Result<sled::Db, sled::Error> {
+/// Each attempt first removes the snapshots a killed open left unfinished (`unfinished_snapshot`).
+fn open_sled(dir: &Path, options: &StoreOptions) -> Result<sled::Db, StateError> {
     let started = Instant::now();
     loop {
+        unfinished_snapshot::remove_unfinished_snapshots(dir)?;
         match sled::Config::new()
             .path(dir)
             .cache_capacity(options.cache_capacity)
@@ -697,8 +675,21 @@ fn open_sled(dir: &Path, options: &StoreOptions) -> Result<sled::Db, sled::Error
             Err(err) if is_lock_refusal(&err) && started.elapsed() < options.lock_wait => {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            result => return result,
+            result => return result.map_err(|source| open_error(dir, source)),
         }
+    }
+}
+
+/// The error of a failed sled open: the lock held by another process, a directory that cannot be
+/// written, or sled's own reason.
+fn open_error(dir: &Path, source: sled::Error) -> StateError {
+    let dir = dir.to_path_buf();
+    if is_lock_refusal(&source) {
+        return StateError::Locked { dir };
+    }
+    match source {
+        sled::Error::Io(io) if is_not_writable(&io) => StateError::NotWritable { dir, source: io },
+        source => StateError::Open { dir, source },
     }
 }
 

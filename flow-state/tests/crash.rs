@@ -1,5 +1,5 @@
-//! Crash test: a child process commits epochs and acknowledges batches in a loop and is killed
-//! with SIGKILL at a random moment; the parent reopens the store and checks that everything the
+//! Crash test: a child process opens the store, commits epochs and acknowledges batches, closes
+//! it and again, in a loop, and is killed with SIGKILL at a random moment; the parent reopens the store and checks that everything the
 //! child reported durable is there, consistent, in order and bit-identical.
 //!
 //! Sink `ch` commits with [`BatchStorage::Bounds`] (only metadata and the epoch start are kept),
@@ -39,6 +39,8 @@ const PARTITIONS: [u32; 2] = [0, 1];
 const SINKS: [&str; 2] = ["ch", "file"];
 /// The sink whose batches are stored as bounds only; the others store payloads.
 const BOUNDS_SINK: &str = "ch";
+/// A child closes and reopens the store after 1 to this many epochs per partition.
+const EPOCHS_PER_OPEN_MAX: u64 = 20;
 
 // ---------- deterministic content ----------
 
@@ -194,17 +196,19 @@ fn acked_value_name(partition: u32) -> String {
 
 // ---------- child ----------
 
-fn child_partition_loop(store: StateStore, partition: u32, seed: u64) {
+/// Commits `epochs` epochs of `partition` from its durable position, acknowledging some of the
+/// oldest batches after each.
+fn child_partition_loop(store: StateStore, partition: u32, seed: u64, epochs: u64) {
     let mut rng = StdRng::seed_from_u64(seed ^ u64::from(partition));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let mut next_epoch = store
+    let first_epoch = store
         .position(PIPELINE, partition)
         .unwrap()
         .map(|p| parse_epoch(&p) + 1)
         .unwrap_or(0);
-    loop {
+    for next_epoch in first_epoch..first_epoch + epochs {
         let receipt = store
             .commit_blocking(epoch_commit(partition, next_epoch))
             .unwrap();
@@ -214,7 +218,6 @@ fn child_partition_loop(store: StateStore, partition: u32, seed: u64) {
             .map(|(sink, seqs)| format!("{sink}:{seqs:?}"))
             .collect();
         println!("@@ COMMITTED {partition} {next_epoch} {}", seqs.join(" "));
-        next_epoch += 1;
         for sink in SINKS {
             for _ in 0..rng.gen_range(0..=3) {
                 let k = key(sink, partition);
@@ -239,20 +242,27 @@ fn child_partition_loop(store: StateStore, partition: u32, seed: u64) {
     }
 }
 
+/// Opens the store, commits and acknowledges a few epochs per partition, closes it, and again,
+/// until it is killed: kills land in opens (sled's recovery) and closes as well as in commits.
 fn run_child(dir: &Path, seed: u64) -> ! {
-    let store = StateStore::open(dir).unwrap();
-    println!("@@ OPENED");
-    let threads: Vec<_> = PARTITIONS
-        .iter()
-        .map(|&partition| {
-            let store = store.clone();
-            std::thread::spawn(move || child_partition_loop(store, partition, seed))
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
+    let mut rng = StdRng::seed_from_u64(seed);
+    loop {
+        let store = StateStore::open(dir).unwrap();
+        println!("@@ OPENED");
+        let epochs = rng.gen_range(1..=EPOCHS_PER_OPEN_MAX);
+        let threads: Vec<_> = PARTITIONS
+            .iter()
+            .map(|&partition| {
+                let store = store.clone();
+                let seed: u64 = rng.gen();
+                std::thread::spawn(move || child_partition_loop(store, partition, seed, epochs))
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        store.close().unwrap();
     }
-    unreachable!("the child loops until it is killed");
 }
 
 // ---------- parent ----------
@@ -541,6 +551,20 @@ fn spawn_reader<R: Read + Send + 'static>(r: R) -> std::thread::JoinHandle<Vec<S
     })
 }
 
+/// `name (bytes)` of every file directly in `dir`, for a failure message.
+fn listing(dir: &Path) -> String {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| {
+            let len = e.metadata().map(|m| m.len()).unwrap_or(0);
+            format!("{} ({len})", e.file_name().to_string_lossy())
+        })
+        .collect();
+    names.sort();
+    names.join(", ")
+}
+
 fn dir_size(path: &Path) -> u64 {
     std::fs::read_dir(path)
         .map(|entries| {
@@ -608,7 +632,12 @@ fn sigkill_during_commits_never_loses_or_reorders_durable_state() {
             killed_after_open += 1;
         }
         let opening = Instant::now();
-        let store = StateStore::open(dir.path()).unwrap();
+        let store = StateStore::open(dir.path()).unwrap_or_else(|err| {
+            panic!(
+                "round {round}: the store does not reopen after the kill: {err:?}; its files: {}",
+                listing(dir.path())
+            )
+        });
         let open_time = opening.elapsed();
         durable = check_invariants(&store, &printed, &durable, round);
         store.close().unwrap();

@@ -1291,3 +1291,72 @@ fn a_recorded_give_up_shows_in_the_summary_of_its_sink_partition() {
     assert_eq!(ErrorRecord::decode(b"not a record"), None);
     store.close().unwrap();
 }
+
+/// sled's snapshot files in `dir`: `snap.<lsn, 16 hex digits>`, plus `.generating` while written.
+fn snapshot_files(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("snap."))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Leaves what a process killed while sled wrote its recovery snapshot leaves: the first half of
+/// a snapshot, under a `.generating` name whose position is past the finished snapshot's.
+fn leave_torn_snapshot(dir: &std::path::Path) -> String {
+    let finished = snapshot_files(dir);
+    assert_eq!(finished.len(), 1, "one finished snapshot: {finished:?}");
+    let bytes = std::fs::read(dir.join(&finished[0])).unwrap();
+    let lsn = u64::from_str_radix(finished[0].trim_start_matches("snap."), 16).unwrap();
+    let torn = format!("snap.{:016X}.generating", lsn + 1);
+    std::fs::write(dir.join(&torn), &bytes[..bytes.len() / 2]).unwrap();
+    torn
+}
+
+#[test]
+fn a_store_killed_while_sled_wrote_its_recovery_snapshot_opens_with_everything_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    for (n, position) in ["offset-10", "offset-20"].into_iter().enumerate() {
+        // The second open recovers the store and writes sled's first snapshot.
+        let store = StateStore::open(dir.path()).unwrap();
+        let b = batch(1, n as u64, 100);
+        store
+            .commit_blocking(epoch(1, position, vec![sink("ch", vec![b])]))
+            .unwrap();
+        store.close().unwrap();
+    }
+    let torn = leave_torn_snapshot(dir.path());
+
+    let store = StateStore::open(dir.path()).unwrap();
+    assert_eq!(
+        store.position("pipe", 1).unwrap(),
+        Some(b"offset-20".to_vec())
+    );
+    let stored = store.undelivered(&key("ch", 1)).unwrap();
+    assert_eq!(stored.iter().map(|b| b.seq).collect::<Vec<_>>(), vec![0, 1]);
+    assert_stored_payload(&store, &key("ch", 1), &stored[1], &batch(1, 1, 100));
+    store.close().unwrap();
+    assert!(
+        !snapshot_files(dir.path()).contains(&torn),
+        "the torn snapshot {torn} is left"
+    );
+}
+
+#[test]
+fn an_open_refused_by_the_lock_leaves_the_holders_snapshot_in_progress_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(StateStore::open(dir.path()).unwrap());
+    let holder = StateStore::open(dir.path()).unwrap();
+    // What the holder's sled would be writing if it were still opening.
+    let in_progress = leave_torn_snapshot(dir.path());
+
+    let refused = StateStore::open(dir.path()).err();
+    assert!(
+        matches!(refused, Some(StateError::Locked { .. })),
+        "{refused:?}"
+    );
+    assert!(snapshot_files(dir.path()).contains(&in_progress));
+    holder.close().unwrap();
+}
