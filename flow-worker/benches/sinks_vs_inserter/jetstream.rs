@@ -116,10 +116,17 @@ pub struct EndlessPublisher {
 #[derive(Clone, Copy, Debug)]
 pub struct EndlessInput {
     pub storage: stream::StorageType,
-    /// Each message a JetStream publish whose acknowledgement is awaited; otherwise a core NATS
-    /// publish the stream captures, counted from the stream's last sequence at the end (the
-    /// server then sends no acknowledgement per message: half the messages it handles).
-    pub acked: bool,
+    pub publish: Publish,
+}
+
+/// How the endless publisher hands each message to the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Publish {
+    /// A JetStream publish whose acknowledgement is awaited.
+    Acked,
+    /// A core NATS publish the stream captures, counted from the stream's last sequence at the
+    /// end (the server then sends no acknowledgement per message: half the messages it handles).
+    Core,
 }
 
 impl EndlessInput {
@@ -131,14 +138,14 @@ impl EndlessInput {
                 anyhow::bail!("FLOW_BENCH_ENDLESS_STORAGE={other}: expected file or memory")
             }
         };
-        let acked = match std::env::var("FLOW_BENCH_ENDLESS_PUBLISH").as_deref() {
-            Err(_) | Ok("acked") => true,
-            Ok("core") => false,
+        let publish = match std::env::var("FLOW_BENCH_ENDLESS_PUBLISH").as_deref() {
+            Err(_) | Ok("acked") => Publish::Acked,
+            Ok("core") => Publish::Core,
             Ok(other) => {
                 anyhow::bail!("FLOW_BENCH_ENDLESS_PUBLISH={other}: expected acked or core")
             }
         };
-        Ok(EndlessInput { storage, acked })
+        Ok(EndlessInput { storage, publish })
     }
 
     /// The most bytes the stream keeps: minutes of backlog at 100k rows/s of ~150 bytes on file;
@@ -175,7 +182,7 @@ impl EndlessPublisher {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopped = std::sync::Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
-            runtime.block_on(publish_at_rate(js, name, rate, input.acked, stopped))
+            runtime.block_on(publish_at_rate(js, name, rate, input.publish, stopped))
         });
         Ok(EndlessPublisher { stop, thread })
     }
@@ -196,7 +203,7 @@ async fn publish_at_rate(
     js: jetstream::Context,
     name: String,
     rate: u64,
-    acked: bool,
+    publish: Publish,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<u64> {
     let client = js.client();
@@ -218,7 +225,7 @@ async fn publish_at_rate(
             );
             let subject = format!("{name}.{partition}");
             next += 1;
-            if !acked {
+            if publish == Publish::Core {
                 client.publish(subject, json.clone().into()).await?;
                 continue;
             }
@@ -235,7 +242,7 @@ async fn publish_at_rate(
         ack.await?;
         taken += 1;
     }
-    if acked {
+    if publish == Publish::Acked {
         return Ok(taken);
     }
     client.flush().await?;
