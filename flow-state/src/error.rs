@@ -377,8 +377,8 @@ impl StateError {
     }
 }
 
-/// Whether opening failed because the directory cannot be written, rather than because of what
-/// it holds: a read-only file system, or no write permission.
+/// Whether an I/O error says that the state directory cannot be written (a read-only file
+/// system, or no write permission) rather than something about what it holds.
 pub(crate) fn is_not_writable(error: &std::io::Error) -> bool {
     matches!(
         error.kind(),
