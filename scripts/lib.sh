@@ -52,12 +52,17 @@ flow_ensure_cluster_packages() {
 }
 
 # What building the workspace needs besides Rust: a C toolchain and pkg-config for -sys crates,
-# and librdkafka (the Kafka source links Debian's library instead of compiling its sources).
+# and the libraries librdkafka is built against (rdkafka-sys compiles its bundled sources with
+# TLS, SASL and zlib from the system; zstd it compiles itself).
 flow_ensure_build_packages() {
     local need=()
     command -v cc >/dev/null 2>&1 || need+=(build-essential)
+    command -v make >/dev/null 2>&1 || need+=(make)
     command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
-    flow_pkg_installed librdkafka-dev || need+=(librdkafka-dev)
+    local lib
+    for lib in libssl-dev libsasl2-dev zlib1g-dev; do
+        flow_pkg_installed "$lib" || need+=("$lib")
+    done
     [ "${#need[@]}" -eq 0 ] || flow_ensure_packages "${need[@]}"
 }
 

@@ -3,8 +3,8 @@
 //!
 //! A topic deleted and created again under the same name numbers its messages from 0 again, so an
 //! offset alone cannot tell the old topic from the new one once the new one holds as many
-//! messages. Kafka gives a topic a topic id for this, but librdkafka 1.9 (what rdkafka 0.33 links)
-//! reports no topic id in its metadata, so the identity is made of what it does report that a
+//! messages. Kafka gives a topic a topic id for this, but the metadata rdkafka 0.38 hands over carries no
+//! topic id, so the identity is made of what it does report that a
 //! re-creation changes:
 //! - the low watermark as last seen: within one life of a topic it only grows (retention and
 //!   deletions remove the oldest offsets), and a new topic starts again at 0;
@@ -23,7 +23,7 @@ use crate::broker_source::utc_text;
 const LEGACY_WORDS: usize = 1;
 const WORDS: usize = 3;
 
-/// What identifies one life of a topic partition, as far as librdkafka 1.9 can tell.
+/// What identifies one life of a topic partition, as far as the metadata flow reads can tell.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct TopicIdentity {
     /// The partition's low watermark, the highest seen.
