@@ -13,8 +13,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$FLOW_REPO_ROOT"
 
-# What the crates need to build (C toolchain, pkg-config, librdkafka); the cluster's packages
-# are installed while the tests build (below).
+# What the crates need to build (C toolchain, pkg-config, what librdkafka builds against); the
+# cluster's packages are installed while the tests build (below).
 flow_ensure_build_packages
 
 # Rust: the toolchain is pinned by rust-toolchain.toml; rustup installs it (with rustfmt and clippy)
