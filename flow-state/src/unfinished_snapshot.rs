@@ -65,12 +65,15 @@ pub(crate) fn remove_unfinished_snapshots(dir: &Path) -> Result<usize, StateErro
     Ok(removed)
 }
 
-/// The `snap.*.generating` files directly in `dir`; none when `dir` does not exist yet.
+/// The `snap.*.generating` files directly in `dir`; none when `dir` does not exist yet or is no
+/// directory (sled's open then says what is wrong with it).
 fn unfinished_snapshots(dir: &Path) -> Result<Vec<PathBuf>, StateError> {
     let what = "listing the state directory for unfinished sled snapshots";
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) if matches!(err.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+            return Ok(Vec::new())
+        }
         Err(source) => return Err(io_error(what, dir, source)),
     };
     let mut out = Vec::new();
