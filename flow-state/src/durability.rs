@@ -8,23 +8,15 @@ use std::path::{Path, PathBuf};
 use crate::error::StateError;
 use crate::stats::{bump, StatCounters};
 
-fn io_err<'p>(
-    what: &'static str,
-    path: &'p Path,
-) -> impl FnOnce(std::io::Error) -> StateError + 'p {
-    move |source| StateError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 fn fsync_path(what: &'static str, path: &Path) -> Result<bool, StateError> {
     match File::open(path) {
-        Ok(f) => f.sync_all().map(|()| true).map_err(io_err(what, path)),
+        Ok(f) => f
+            .sync_all()
+            .map(|()| true)
+            .map_err(StateError::io(what, path)),
         // Removed in the meantime (sled garbage-collected the blob): nothing to make durable.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_err(what, path)(e)),
+        Err(e) => Err(StateError::io(what, path)(e)),
     }
 }
 
@@ -50,7 +42,8 @@ pub(crate) struct Durability {
 impl Durability {
     pub(crate) fn new(dir: &Path, fsync: bool) -> Result<Durability, StateError> {
         let db_path = dir.join("db");
-        let db_file = File::open(&db_path).map_err(io_err("open of sled data file", &db_path))?;
+        let db_file =
+            File::open(&db_path).map_err(StateError::io("open of sled data file", &db_path))?;
         let durability = Durability {
             fsync,
             dir: dir.to_path_buf(),
@@ -90,7 +83,7 @@ impl Durability {
         self.sync_blobs(stats)?;
         self.db_file
             .sync_all()
-            .map_err(io_err("fsync of sled data file", &self.db_path))?;
+            .map_err(StateError::io("fsync of sled data file", &self.db_path))?;
         bump(&stats.fsyncs, 1);
         self.sync_dir_if_changed(stats)
     }
@@ -99,12 +92,20 @@ impl Durability {
         let entries = match std::fs::read_dir(&self.blob_dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(io_err("listing of sled blob directory", &self.blob_dir)(e)),
+            Err(e) => {
+                return Err(StateError::io(
+                    "listing of sled blob directory",
+                    &self.blob_dir,
+                )(e))
+            }
         };
         let mut present = BTreeSet::new();
         let mut synced_any = false;
         for entry in entries {
-            let entry = entry.map_err(io_err("listing of sled blob directory", &self.blob_dir))?;
+            let entry = entry.map_err(StateError::io(
+                "listing of sled blob directory",
+                &self.blob_dir,
+            ))?;
             let name = entry.file_name();
             let path = entry.path();
             // The length is read before the fsync: if sled is still writing the file, a later
@@ -112,7 +113,7 @@ impl Durability {
             let len = match entry.metadata() {
                 Ok(meta) => meta.len(),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(io_err("stat of sled blob file", &path)(e)),
+                Err(e) => return Err(StateError::io("stat of sled blob file", &path)(e)),
             };
             present.insert(name.clone());
             if self.synced_blobs.get(&name) == Some(&len) {
@@ -135,9 +136,9 @@ impl Durability {
     fn sync_dir_if_changed(&mut self, stats: &StatCounters) -> Result<(), StateError> {
         let mut names = BTreeSet::new();
         let entries = std::fs::read_dir(&self.dir)
-            .map_err(io_err("listing of store directory", &self.dir))?;
+            .map_err(StateError::io("listing of store directory", &self.dir))?;
         for entry in entries {
-            let entry = entry.map_err(io_err("listing of store directory", &self.dir))?;
+            let entry = entry.map_err(StateError::io("listing of store directory", &self.dir))?;
             names.insert(entry.file_name());
         }
         if names != self.dir_entries {

@@ -236,6 +236,18 @@ pub enum StateError {
 }
 
 impl StateError {
+    /// For `map_err`: the I/O error of operation `what` on `path`.
+    pub(crate) fn io<'p>(
+        what: &'static str,
+        path: &'p std::path::Path,
+    ) -> impl FnOnce(std::io::Error) -> StateError + 'p {
+        move |source| StateError::Io {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
     pub(crate) fn sled(op: &'static str, target: impl Into<String>, source: sled::Error) -> Self {
         StateError::Sled {
             op,

@@ -78,26 +78,30 @@ impl StateStore {
 
 /// Copies the regular files and directories under `from` into `to` (which exists).
 fn copy_tree(from: &Path, to: &Path) -> Result<(), StateError> {
-    let io = |what: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| StateError::Io { what, path, source }
-    };
-    let entries = std::fs::read_dir(from)
-        .map_err(io("listing a read-only state directory to copy it", from))?;
+    let entries = std::fs::read_dir(from).map_err(StateError::io(
+        "listing a read-only state directory to copy it",
+        from,
+    ))?;
     for entry in entries {
-        let entry = entry.map_err(io("listing a read-only state directory to copy it", from))?;
+        let entry = entry.map_err(StateError::io(
+            "listing a read-only state directory to copy it",
+            from,
+        ))?;
         let path = entry.path();
-        let kind = entry
-            .file_type()
-            .map_err(io("reading the file type of an entry to copy", &path))?;
+        let kind = entry.file_type().map_err(StateError::io(
+            "reading the file type of an entry to copy",
+            &path,
+        ))?;
         let target = to.join(entry.file_name());
         if kind.is_dir() {
             std::fs::create_dir(&target)
-                .map_err(io("creating a directory of the copy", &target))?;
+                .map_err(StateError::io("creating a directory of the copy", &target))?;
             copy_tree(&path, &target)?;
         } else if kind.is_file() {
-            std::fs::copy(&path, &target)
-                .map_err(io("copying a file of a read-only state directory", &path))?;
+            std::fs::copy(&path, &target).map_err(StateError::io(
+                "copying a file of a read-only state directory",
+                &path,
+            ))?;
         }
         // Nothing else (links, sockets) is part of a store.
     }

@@ -27,14 +27,6 @@ use crate::types::PayloadRef;
 /// A segment takes no more payloads once it holds this many bytes.
 pub const SEGMENT_ROLL_BYTES: u64 = 4 << 20;
 
-fn io<'p>(what: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> StateError + 'p {
-    move |source| StateError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -73,7 +65,8 @@ impl Segments {
         referenced: &[(Vec<u8>, u64)],
     ) -> Result<Segments, StateError> {
         let root = store_dir.join("payloads");
-        std::fs::create_dir_all(&root).map_err(io("creation of payload directory", &root))?;
+        std::fs::create_dir_all(&root)
+            .map_err(StateError::io("creation of payload directory", &root))?;
         let mut segments = Segments {
             root,
             fsync,
@@ -105,20 +98,22 @@ impl Segments {
 
     fn remove_unreferenced(&mut self) -> Result<(), StateError> {
         let root = self.root.clone();
-        let dirs = std::fs::read_dir(&root).map_err(io("listing of payload directory", &root))?;
+        let dirs = std::fs::read_dir(&root)
+            .map_err(StateError::io("listing of payload directory", &root))?;
         let by_hex: HashMap<String, Vec<u8>> = self
             .series
             .keys()
             .map(|queue| (hex(queue), queue.clone()))
             .collect();
         for dir in dirs {
-            let dir = dir.map_err(io("listing of payload directory", &root))?;
+            let dir = dir.map_err(StateError::io("listing of payload directory", &root))?;
             let name = dir.file_name().to_string_lossy().into_owned();
             let path = dir.path();
             let queue = by_hex.get(&name);
-            let files = std::fs::read_dir(&path).map_err(io("listing of segments", &path))?;
+            let files =
+                std::fs::read_dir(&path).map_err(StateError::io("listing of segments", &path))?;
             for file in files {
-                let file = file.map_err(io("listing of segments", &path))?;
+                let file = file.map_err(StateError::io("listing of segments", &path))?;
                 let id = u64::from_str_radix(&file.file_name().to_string_lossy(), 16).ok();
                 let series = queue.and_then(|q| self.series.get_mut(q));
                 match (id, series) {
@@ -127,7 +122,8 @@ impl Segments {
                     }
                     _ => {
                         let file = file.path();
-                        std::fs::remove_file(&file).map_err(io("removal of segment", &file))?;
+                        std::fs::remove_file(&file)
+                            .map_err(StateError::io("removal of segment", &file))?;
                         self.dirty_dirs.insert(path.clone());
                     }
                 }
@@ -156,7 +152,8 @@ impl Segments {
                 }
             }
             if !dir.exists() {
-                std::fs::create_dir_all(&dir).map_err(io("creation of segment directory", &dir))?;
+                std::fs::create_dir_all(&dir)
+                    .map_err(StateError::io("creation of segment directory", &dir))?;
                 self.dirty_dirs.insert(self.root.clone());
             }
             let id = series.next_id;
@@ -167,7 +164,7 @@ impl Segments {
                 .append(true)
                 .read(true)
                 .open(&path)
-                .map_err(io("creation of segment", &path))?;
+                .map_err(StateError::io("creation of segment", &path))?;
             self.dirty_dirs.insert(dir.clone());
             series.active = Some(Active { id, file, len: 0 });
         }
@@ -179,7 +176,7 @@ impl Segments {
             // Part of the payload may be in the file: later payloads go to a new segment so
             // that every recorded offset stays right.
             series.active = None;
-            return Err(io("write of segment", &path)(e));
+            return Err(StateError::io("write of segment", &path)(e));
         }
         let location = PayloadRef {
             segment: active.id,
@@ -266,14 +263,14 @@ impl Segments {
                 // Rolled over since it was written: sync through a fresh handle.
                 None => File::open(&path).and_then(|f| f.sync_data()),
             }
-            .map_err(io("fsync of segment", &path))?;
+            .map_err(StateError::io("fsync of segment", &path))?;
             fsyncs += 1;
         }
         for dir in self.dirty_dirs.drain() {
             if self.fsync {
                 File::open(&dir)
                     .and_then(|f| f.sync_all())
-                    .map_err(io("fsync of segment directory", &dir))?;
+                    .map_err(StateError::io("fsync of segment directory", &dir))?;
             }
         }
         Ok(fsyncs)
@@ -286,7 +283,7 @@ impl Segments {
             match std::fs::remove_file(&path) {
                 Ok(()) => deleted += 1,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io("removal of segment", &path)(e)),
+                Err(e) => return Err(StateError::io("removal of segment", &path)(e)),
             }
         }
         Ok(deleted)
@@ -303,7 +300,7 @@ pub(crate) fn read(
         .join("payloads")
         .join(hex(queue))
         .join(format!("{:016x}", location.segment));
-    let file = File::open(&path).map_err(io("open of segment", &path))?;
+    let file = File::open(&path).map_err(StateError::io("open of segment", &path))?;
     let len = usize::try_from(location.len).map_err(|_| StateError::Decode {
         what: "payload location",
         key: path.display().to_string(),
@@ -311,7 +308,7 @@ pub(crate) fn read(
     })?;
     let mut buffer = vec![0u8; len];
     file.read_exact_at(&mut buffer, location.offset)
-        .map_err(io("read of segment", &path))?;
+        .map_err(StateError::io("read of segment", &path))?;
     let checksum = xxhash_rust::xxh64::xxh64(&buffer, 0);
     if checksum != location.checksum {
         return Err(StateError::Decode {

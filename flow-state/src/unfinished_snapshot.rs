@@ -20,28 +20,32 @@ const SLED_DATA_FILE: &str = "db";
 const SNAPSHOT_PREFIX: &str = "snap.";
 const UNFINISHED_SUFFIX: &str = ".generating";
 
-/// Removes the unfinished snapshots in `dir` unless another process holds the store. Returns how
-/// many were removed. A directory this process cannot write is left as it is: sled's open then
+/// Removes the unfinished snapshots in `dir` unless another process holds the store. A directory this process cannot write is left as it is: sled's open then
 /// reports it as such, and a read-only copy is cleaned when the copy is opened.
-pub(crate) fn remove_unfinished_snapshots(dir: &Path) -> Result<usize, StateError> {
+pub(crate) fn remove_unfinished_snapshots(dir: &Path) -> Result<(), StateError> {
     let unfinished = unfinished_snapshots(dir)?;
     if unfinished.is_empty() {
-        return Ok(0);
+        return Ok(());
     }
     let data_file = dir.join(SLED_DATA_FILE);
     // Without a data file no sled has the store open, so no snapshot is being written.
     let _lock = match File::open(&data_file) {
         Ok(file) => match file.try_lock() {
             Ok(()) => Some(file),
-            Err(TryLockError::WouldBlock) => return Ok(0),
+            Err(TryLockError::WouldBlock) => return Ok(()),
             Err(TryLockError::Error(source)) => {
-                return Err(io_error("locking sled's data file", &data_file, source))
+                return Err(StateError::io("locking sled's data file", &data_file)(
+                    source,
+                ))
             }
         },
         Err(err) if err.kind() == ErrorKind::NotFound => None,
-        Err(source) => return Err(io_error("opening sled's data file", &data_file, source)),
+        Err(source) => {
+            return Err(StateError::io("opening sled's data file", &data_file)(
+                source,
+            ))
+        }
     };
-    let mut removed = 0;
     for path in unfinished {
         match std::fs::remove_file(&path) {
             Ok(()) => {
@@ -49,20 +53,18 @@ pub(crate) fn remove_unfinished_snapshots(dir: &Path) -> Result<usize, StateErro
                     file = %path.display(),
                     "removed an unfinished sled snapshot left by a process killed while it opened this store"
                 );
-                removed += 1;
             }
-            Err(err) if is_not_writable(&err) => return Ok(removed),
+            Err(err) if is_not_writable(&err) => return Ok(()),
             Err(err) if err.kind() == ErrorKind::NotFound => {}
             Err(source) => {
-                return Err(io_error(
+                return Err(StateError::io(
                     "removing an unfinished sled snapshot",
                     &path,
-                    source,
-                ))
+                )(source))
             }
         }
     }
-    Ok(removed)
+    Ok(())
 }
 
 /// The `snap.*.generating` files directly in `dir`; none when `dir` does not exist yet or is no
@@ -74,11 +76,11 @@ fn unfinished_snapshots(dir: &Path) -> Result<Vec<PathBuf>, StateError> {
         Err(err) if matches!(err.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
             return Ok(Vec::new())
         }
-        Err(source) => return Err(io_error(what, dir, source)),
+        Err(source) => return Err(StateError::io(what, dir)(source)),
     };
     let mut out = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|source| io_error(what, dir, source))?;
+        let entry = entry.map_err(StateError::io(what, dir))?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
         if name.starts_with(SNAPSHOT_PREFIX) && name.ends_with(UNFINISHED_SUFFIX) {
@@ -86,12 +88,4 @@ fn unfinished_snapshots(dir: &Path) -> Result<Vec<PathBuf>, StateError> {
         }
     }
     Ok(out)
-}
-
-fn io_error(what: &'static str, path: &Path, source: std::io::Error) -> StateError {
-    StateError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
 }
