@@ -1,6 +1,7 @@
 //! Crash test: a child process opens the store, commits epochs and acknowledges batches, closes
-//! it and again, in a loop, and is killed with SIGKILL at a random moment; the parent reopens the store and checks that everything the
-//! child reported durable is there, consistent, in order and bit-identical.
+//! it and again, in a loop, and is killed with SIGKILL at a random moment; the parent reopens the
+//! store and checks that everything the child reported durable is there, consistent, in order and
+//! bit-identical.
 //!
 //! Sink `ch` commits with [`BatchStorage::Bounds`] (only metadata and the epoch start are kept),
 //! sink `file` with [`BatchStorage::Payload`] (payloads in segment files). After every reopen the
