@@ -11,7 +11,10 @@
 
 pub mod nats;
 pub mod proxy;
+pub mod test_dir;
 pub mod worker;
+
+pub use test_dir::TestDir;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -494,6 +497,11 @@ impl ReplicatedTable {
 
 impl Drop for ReplicatedTable {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Kept for looking into what the failed test left there.
+            eprintln!("the failed test's table is kept: {}", self.qualified());
+            return;
+        }
         for node in &self.nodes {
             let _ = exec(
                 node.http_port,

@@ -17,7 +17,7 @@ use flow_clickhouse::testing::RendezvousRouter;
 use flow_core::{Pipeline, PipelineSpec, Registry, RunReport, RuntimeError};
 use flow_state::StateStore;
 
-use crate::{cluster_sh, exec, query_u64, query_u64s, sync_replica, wait_until, Node};
+use crate::{cluster_sh, exec, query_text, query_u64, query_u64s, sync_replica, wait_until, Node};
 
 /// The path of the worker binary `flow-worker-it`, for test crates of this package (where cargo
 /// sets `CARGO_BIN_EXE_flow-worker-it`).
@@ -167,6 +167,15 @@ impl GeneratorSpec {
 // ---------------------------------------------------------------------------------------------
 // The worker binary
 
+/// The log filter of a spawned worker: `RUST_LOG` if set, else info with the sinks' delivery
+/// decisions (each stored part and acknowledged batch, at debug), which a failed test's kept
+/// logs ([`crate::TestDir`]) then show.
+fn worker_log_filter() -> String {
+    std::env::var("RUST_LOG").unwrap_or_else(|_| {
+        "info,flow_clickhouse::delivery=debug,flow_clickhouse::exactly_once=debug".to_owned()
+    })
+}
+
 /// A running `flow-worker-it run SPEC --state-dir STATE`, its stderr going to a log file; SIGKILLed
 /// when dropped (so a failing test leaves no process behind).
 #[derive(Debug)]
@@ -196,6 +205,7 @@ impl Worker {
             .arg("--state-dir")
             .arg(state)
             .args(extra)
+            .env("RUST_LOG", worker_log_filter())
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()
@@ -643,7 +653,7 @@ pub fn verify_json(bin: &Path, spec: &Path) -> Result<(Option<i32>, Vec<serde_js
 }
 
 /// The orphan parts `verify --json` reported, as (endpoint, part, rows).
-pub fn reported_orphans(sinks: &[serde_json::Value]) -> Vec<(String, String, u64)> {
+pub fn reported_orphans(sinks: &[serde_json::Value]) -> Vec<Orphan> {
     let mut orphans = Vec::new();
     let shards = sinks
         .iter()
@@ -660,6 +670,52 @@ pub fn reported_orphans(sinks: &[serde_json::Value]) -> Vec<(String, String, u64
         }
     }
     orphans
+}
+
+/// An orphan part `verify --json` named: (replica endpoint, part, rows).
+pub type Orphan = (String, String, u64);
+
+/// Runs `verify SPEC --json` (whose hosts are `nodes`' HTTP addresses) after a run. An orphan
+/// part it names (an INSERT answered 319 during a ZooKeeper fault left its part active on the
+/// replica that wrote it, and the retry delivered the rows again; docs/guarantees.md) is repaired
+/// as `verify` says, by re-attaching `qualified` on that replica, and `verify` must then exit 0.
+/// Returns the orphan parts repaired; any other divergence, or a replica `verify` names that is
+/// not one of `nodes`, is an error.
+pub fn repair_orphans(
+    bin: &Path,
+    spec: &Path,
+    qualified: &str,
+    nodes: &[Node],
+) -> Result<Vec<Orphan>> {
+    let (code, sinks) = verify_json(bin, spec)?;
+    let orphans = reported_orphans(&sinks);
+    if code == Some(0) {
+        return Ok(orphans);
+    }
+    if code != Some(2) || orphans.is_empty() {
+        bail!("verify exited {code:?} without an orphan part to repair: {sinks:?}");
+    }
+    let mut replicas: Vec<&str> = orphans.iter().map(|(r, _, _)| r.as_str()).collect();
+    replicas.sort_unstable();
+    replicas.dedup();
+    for endpoint in replicas {
+        let node = nodes
+            .iter()
+            .find(|n| n.http_addr() == endpoint)
+            .with_context(|| format!("verify named a replica {endpoint} not among {nodes:?}"))?;
+        reattach(*node, qualified)?;
+    }
+    let (database, table) = qualified
+        .split_once('.')
+        .with_context(|| format!("{qualified} is not database.table"))?;
+    for node in nodes {
+        sync_when_writable(*node, database, table, Duration::from_secs(90))?;
+    }
+    let (code, sinks) = verify_json(bin, spec)?;
+    if code != Some(0) {
+        bail!("verify after re-attaching exited {code:?}: {sinks:?}");
+    }
+    Ok(orphans)
 }
 
 /// `DETACH TABLE` then `ATTACH TABLE` on `node`: a replicated table re-reads its parts and sets
@@ -681,6 +737,25 @@ pub fn partition_lags(bin: &Path, state: &Path, pipeline: &str) -> Result<Vec<Op
         .values()
         .map(|p| p.get("lag").and_then(serde_json::Value::as_u64))
         .collect())
+}
+
+/// For a failed "every id once": on each of `nodes`, the rows whose `id` is there more than
+/// once (the first 40, every column and the part holding it) and the parts holding them, so that
+/// the failure shows whether the copies are whole batches, pieces or garbled rows.
+pub fn duplicates_report(qualified: &str, nodes: &[Node]) -> String {
+    let twice = format!("id IN (SELECT id FROM {qualified} GROUP BY id HAVING count() > 1)");
+    let queries = [
+        format!("SELECT *, _part FROM {qualified} WHERE {twice} ORDER BY id, _part LIMIT 40 FORMAT TSVWithNames"),
+        format!("SELECT _part, count() AS rows, min(id), max(id), countIf({twice}) AS copied FROM {qualified} GROUP BY _part HAVING copied > 0 ORDER BY _part FORMAT TSVWithNames"),
+    ];
+    let mut report = String::new();
+    for node in nodes {
+        for sql in &queries {
+            let answer = query_text(node.http_port, sql).unwrap_or_else(|err| format!("{err:#}"));
+            report.push_str(&format!("--- {}: {sql}\n{answer}\n", node.name));
+        }
+    }
+    report
 }
 
 /// Rows on shard a plus shard b (first replica of each), and their distinct ids.

@@ -62,7 +62,7 @@ fn alter_racing_inserts(tag: &str, layout: Layout, extra_parameters: &str) -> Ra
     };
     let table = ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", nodes).unwrap();
     let qualified = table.qualified();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     let state = dir.path().join("state");
     let (class, hosts) = match layout {

@@ -15,7 +15,7 @@ const WITHOUT_PAYLOAD: &str =
     "id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime";
 
 fn run(class: &str, t: &str, extra: &str) -> WorkerOutput {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     std::fs::write(
         &spec,

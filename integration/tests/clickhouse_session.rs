@@ -64,7 +64,7 @@ async fn run_with(registry: &Registry, yaml: &str, dir: &Path) -> Result<RunRepo
 }
 
 async fn run(yaml: &str) -> Result<RunReport, RuntimeError> {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     run_with(&flow_worker::registry(), yaml, dir.path()).await
 }
 
@@ -323,7 +323,7 @@ fn table_level_dedup_window_too_small_is_warned_with_the_table_value() {
             ),
         )
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let path = dir.path().join("spec.yaml");
     std::fs::write(
         &path,
@@ -489,7 +489,7 @@ async fn missing_table_is_refused_naming_the_table() {
 #[test]
 fn tls_option_without_enable_tls_fails_validation_with_its_path() {
     // No connection is made: no cluster needed.
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let path = dir.path().join("spec.yaml");
     std::fs::write(
         &path,
@@ -528,7 +528,7 @@ fn password_from_the_environment_works_and_a_wrong_one_fails_with_code_193() {
     cluster();
     let t = unique_name("it_sess_pw");
     let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &[A1]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let path = dir.path().join("spec.yaml");
     std::fs::write(
         &path,
@@ -700,7 +700,7 @@ async fn topology_change_is_refused_while_batches_are_undelivered_then_adopted_o
     cluster();
     let t = unique_name("it_sess_topo");
     let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &NODES).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let state = dir.path().join("state");
     let spec_path = dir.path().join("spec.yaml");
 

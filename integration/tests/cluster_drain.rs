@@ -22,7 +22,7 @@ const USERS: u64 = 100;
 const SESSION_TIMEOUT_MS: &str = "4000";
 
 struct Setup {
-    dir: tempfile::TempDir,
+    dir: TestDir,
     spec: String,
     cluster: String,
     proxies: Vec<FaultProxy>,
@@ -46,7 +46,7 @@ async fn setup(name: &str) -> Result<Setup> {
         hosts(0),
         hosts(2),
     );
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = dir.path().join("spec.yaml");
     std::fs::write(&spec, yaml)?;
     Ok(Setup {

@@ -49,7 +49,7 @@ fn spec(class: &str, hosts: &str, table: &str) -> String {
 
 async fn run(yaml: &str) -> Result<RunReport, RuntimeError> {
     wait_for_cluster(Duration::from_secs(120)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     run_pipeline(&flow::registry(), yaml, dir.path(), RUN_TIMEOUT)
         .await
         .unwrap()

@@ -64,7 +64,7 @@ fn bad_rows_go_to_dead_letters_and_the_rest_lands_once(class: &str) {
         &SHARD_A,
     )
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = write_spec(dir.path(), &t, class, Some("dead_letter"));
     let state = dir.path().join("state");
     let out = run_to_end(&spec, &state);
@@ -148,7 +148,7 @@ fn by_default_a_bad_row_stops_the_run_naming_its_id_and_column() {
         &SHARD_A,
     )
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = write_spec(dir.path(), &t, "ClickHouseBatchingSink", None);
     let state = dir.path().join("state");
     let out = run_to_end(&spec, &state);

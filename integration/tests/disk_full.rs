@@ -36,7 +36,7 @@ fn a_full_state_disk_stops_the_worker_with_one_clear_error_within_seconds() -> a
             "id",
         ),
     )?;
-    let dir = tempfile::tempdir()?;
+    let dir = flow_integration::TestDir::new()?;
     let disk = dir.path().join("disk");
     std::fs::create_dir(&disk)?;
     let mounted = Command::new("mount")

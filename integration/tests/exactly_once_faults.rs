@@ -208,7 +208,7 @@ fn run_scenario(scenario: &Scenario) {
     let table =
         ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &scenario.nodes())
             .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     std::fs::write(&spec, scenario.spec(&name)).unwrap();
     let state = dir.path().join("state");

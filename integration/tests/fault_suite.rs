@@ -244,45 +244,6 @@ impl Class {
     }
 }
 
-/// Runs `flow-worker verify` over the nodes after the last run. An orphan part it names (an
-/// INSERT answered 319 during a ZooKeeper fault left it active on its replica, and the retry
-/// delivered its rows again) is repaired as `verify` says, by re-attaching the table on that
-/// replica, and `verify` must then pass. Returns the orphan parts repaired, as (replica, part,
-/// rows); any other divergence fails the test.
-fn repair_orphans(
-    tag: &str,
-    class: &Class,
-    spec: &Path,
-    qualified: &str,
-) -> Vec<(String, String, u64)> {
-    let (code, sinks) = verify_json(worker_bin!(), spec).unwrap();
-    let orphans = reported_orphans(&sinks);
-    if code == Some(0) {
-        return orphans;
-    }
-    assert!(
-        code == Some(2) && !orphans.is_empty(),
-        "{tag}: verify exited {code:?} without an orphan part to repair: {sinks:?}"
-    );
-    let mut replicas: Vec<&str> = orphans.iter().map(|(r, _, _)| r.as_str()).collect();
-    replicas.dedup();
-    for endpoint in replicas {
-        let node = class
-            .nodes()
-            .into_iter()
-            .find(|n| n.http_addr() == endpoint)
-            .unwrap_or_else(|| panic!("{tag}: verify named an unknown replica {endpoint}"));
-        reattach(node, qualified).unwrap();
-    }
-    for node in class.nodes() {
-        let (database, table) = qualified.split_once('.').unwrap();
-        sync_when_writable(node, database, table, Duration::from_secs(90)).unwrap();
-    }
-    let (code, sinks) = verify_json(worker_bin!(), spec).unwrap();
-    assert_eq!(code, Some(0), "{tag}: verify after re-attaching: {sinks:?}");
-    orphans
-}
-
 /// At-most-once: where the run stands once every fault is over. The run the schedule left (if
 /// any) is stopped with SIGTERM, which delivers what it holds (nothing is in flight that a fault
 /// could cut any more) and commits; the committed positions are returned. The last run starts
@@ -554,7 +515,7 @@ fn run_class(class: &Class, schedule: &Schedule) {
     let table =
         ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &class.nodes()).unwrap();
     let qualified = table.qualified();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let proxies = Proxies::start(&class.nodes());
     let spec = dir.path().join("spec.yaml");
     let rate = schedule.rate_per_partition;
@@ -747,7 +708,8 @@ fn run_class(class: &Class, schedule: &Schedule) {
     }
     let verify_spec = dir.path().join("verify.yaml");
     std::fs::write(&verify_spec, class.verify_spec(&name)).unwrap();
-    let orphans = repair_orphans(&tag, class, &verify_spec, &qualified);
+    let orphans = repair_orphans(worker_bin!(), &verify_spec, &qualified, &class.nodes())
+        .unwrap_or_else(|err| panic!("{tag}: {err:#}"));
     let mut report = String::new();
     let orphan_rows: u64 = orphans.iter().map(|(_, _, rows)| rows).sum();
     let _ = writeln!(

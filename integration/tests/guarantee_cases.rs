@@ -70,7 +70,7 @@ fn lost_ack_spec(pipeline: &str, class: &str, parameters: &str) -> String {
 
 /// Runs `yaml` in this process (so that the proxies share its runtime), bounded by `RUN_TIMEOUT`.
 async fn run_in_process(yaml: &str) -> Result<RunReport, RuntimeError> {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     run_pipeline(&flow_worker::registry(), yaml, dir.path(), RUN_TIMEOUT)
         .await
         .unwrap()
@@ -216,7 +216,7 @@ async fn worker_run_json(
     yaml: &str,
     during: impl std::future::Future<Output = ()>,
 ) -> (Option<i32>, String) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec_path = dir.path().join("spec.yaml");
     std::fs::write(&spec_path, yaml).unwrap();
     let args: Vec<String> = vec![
@@ -309,7 +309,7 @@ async fn batching_sink_lost_acks_past_the_dedup_window_set_the_batches_aside_ins
         "ClickHouseBatchingSink",
         &format!("{{host: '{}', table: {t}}}", proxy.addr()),
     );
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     // Every INSERT lands and loses its answer for 4 s: each batch then in delivery is retried
     // (each retry recognised by the server) until it is 2 s old, then set aside.
     let faults = async {

@@ -180,7 +180,7 @@ fn acknowledged_events_land_exactly_once_across_a_kill_9_of_the_ingest_process()
         &[A1, A2],
     )
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     std::fs::write(
         &spec,

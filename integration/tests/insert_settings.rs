@@ -35,7 +35,7 @@ fn run_class(class: &str, hosts: &str, settings: &str) -> (WorkerOutput, Vec<u64
         )
         .unwrap();
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     let parameters = format!("{{{hosts}, table: {table}, settings: {settings}}}");
     let yaml = GeneratorSpec::new("settings", class, parameters)

@@ -149,7 +149,7 @@ fn kafka_messages_land_exactly_once_across_worker_kills() -> Result<()> {
     let (cluster, producer) = brokers_with_topic(&name)?;
     let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &NODES)?;
     let qualified = table.qualified();
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = write_spec(dir.path(), &cluster.bootstrap_servers(), &name, &name, "");
     let state = dir.path().join("state");
 
@@ -229,7 +229,7 @@ fn a_kafka_message_that_breaks_the_schema_stops_naming_its_position_or_is_a_dead
     let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &NODES)?;
     let brokers = cluster.bootstrap_servers();
 
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = write_spec(dir.path(), &brokers, &name, &name, "");
     let log = dir.path().join("stop.log");
     let mut worker = Worker::spawn(worker_bin!(), &spec, &dir.path().join("stop"), log.clone())?;

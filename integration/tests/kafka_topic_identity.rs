@@ -78,7 +78,7 @@ fn ids_in(out: &Path) -> Result<(BTreeSet<u64>, usize)> {
 #[test]
 fn a_topic_created_again_stops_the_partition_and_skips_nothing() -> Result<()> {
     let topic = unique_name("kafka_again");
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let out = dir.path().join("out.jsonl");
     let state = dir.path().join("state");
 

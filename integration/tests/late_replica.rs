@@ -25,7 +25,7 @@ fn run_with_a_late_host(late: Node, expected: &str) -> Result<(ReplicatedTable, 
     proxy.set(Fault::Refuse);
     let name = unique_name("late_replica");
     let table = ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &NODES)?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = dir.path().join("spec.yaml");
     let parameters = format!(
         "{{hosts: ['{}', '{}'], table: {name}}}",

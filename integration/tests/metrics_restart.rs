@@ -146,7 +146,7 @@ fn total_counters_survive_a_kill_9_and_rows_delivered_ends_equal_to_the_table() 
     .dynamic(format!("{{max_rows_per_batch: {BATCH}}}"))
     .yaml();
     yaml.push_str(&format!("metrics: {{listen: '127.0.0.1:{port}'}}\n"));
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let (spec, state) = (dir.path().join("spec.yaml"), dir.path().join("state"));
     std::fs::write(&spec, yaml).unwrap();
 

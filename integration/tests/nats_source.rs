@@ -147,7 +147,7 @@ fn jetstream_messages_land_exactly_once_across_worker_kills_and_nats_restarts() 
     }))
     .context("creating the JetStream stream")?;
     let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &NODES)?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = write_spec(dir.path(), &name, &prefix, &name);
     let state = dir.path().join("state");
 
@@ -270,7 +270,7 @@ fn a_message_that_breaks_the_schema_stops_its_partition_naming_partition_positio
     let name = unique_name("nats_bad");
     let (js, prefix) = stream_with_a_bad_message(&rt, &name)?;
     let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &NODES)?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = write_spec(dir.path(), &name, &prefix, &name);
     let log = dir.path().join("worker.log");
     // The other partitions read on (an endless source): the failed one is reported in the log.
@@ -295,7 +295,7 @@ fn a_message_that_breaks_the_schema_is_a_dead_letter_with_on_bad_record_dead_let
     let name = unique_name("nats_dead");
     let (js, prefix) = stream_with_a_bad_message(&rt, &name)?;
     let table = ReplicatedTable::create("default", &name, COLUMNS, "id", &NODES)?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = write_spec(dir.path(), &name, &prefix, &name);
     let yaml = std::fs::read_to_string(&spec)?.replace(
         "    format: json\n",

@@ -177,7 +177,7 @@ fn a_pull_whose_end_never_comes_holds_no_message_longer_than_the_grace() -> Resu
     let name = unique_name("nats_stall");
     let js = rt.block_on(new_stream(&name))?;
     let (proxy, dropped) = rt.block_on(start_proxy(NATS_ADDR.parse()?))?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let out = dir.path().join("out.jsonl");
     let (mut worker, metrics_port) = start_worker(
         dir.path(),
@@ -310,7 +310,7 @@ fn a_busy_partition_fills_its_epochs_before_their_deadline() -> Result<()> {
         }
         anyhow::Ok(js)
     })?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let started = Instant::now();
     let (mut worker, metrics_port) = start_worker(
         dir.path(),

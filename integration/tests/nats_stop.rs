@@ -57,7 +57,7 @@ fn sigterm_cuts_a_waiting_pull_and_the_worker_exits_within_2_s_with_every_messag
         .build()?;
     let name = unique_name("nats_stop");
     let js = rt.block_on(fill_stream(&name))?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let out = dir.path().join("out.jsonl");
     let spec = dir.path().join("spec.yaml");
     std::fs::write(

@@ -195,7 +195,7 @@ fn a_stream_created_again_while_the_worker_is_stopped_stops_the_partition_and_sk
     let js = rt.block_on(jetstream_context())?;
     rt.block_on(create_stream(&js, &name))?;
     rt.block_on(publish(&js, &subject, 0..100))?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let out = dir.path().join("out.jsonl");
     let spec = write_spec(dir.path(), "spec.yaml", &name, &subject, &out);
     let state = dir.path().join("state");
@@ -227,7 +227,7 @@ fn a_stream_deleted_under_a_running_worker_is_unhealthy_and_created_again_stops_
     let js = rt.block_on(jetstream_context())?;
     rt.block_on(create_stream(&js, &name))?;
     rt.block_on(publish(&js, &subject, 0..100))?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let out = dir.path().join("out.jsonl");
     let spec = write_spec(dir.path(), "spec.yaml", &name, &subject, &out);
     let port = free_port();
@@ -305,7 +305,7 @@ fn a_missing_stream_is_refused_at_start_with_the_command_that_creates_it() -> Re
     require_cluster()?;
     let name = unique_name("nats_nosuch");
     let subject = format!("{name}.p.0");
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let out = dir.path().join("out.jsonl");
     let spec = write_spec(dir.path(), "spec.yaml", &name, &subject, &out);
     let run = run_spec(
@@ -333,7 +333,7 @@ fn a_subject_outside_the_stream_is_refused_at_start_naming_the_stream_subjects()
     let js = rt.block_on(jetstream_context())?;
     rt.block_on(create_stream(&js, &name))?;
     rt.block_on(publish(&js, &format!("{name}.p.0"), 0..10))?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let out = dir.path().join("out.jsonl");
     let outside = format!("{name}.q.0");
     let spec = write_spec(dir.path(), "spec.yaml", &name, &outside, &out);

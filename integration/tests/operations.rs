@@ -107,7 +107,7 @@ fn drain_then_a_new_shard_set_delivers_every_id_exactly_once_across_shards() {
     let _table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &nodes).unwrap();
     let a1 = SocketAddr::from(([127, 0, 0, 1], A1.http_port));
     let proxy = rt.block_on(FaultProxy::start(a1)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let (spec, state) = (dir.path().join("spec.yaml"), dir.path().join("state"));
     let old_spec = spec_yaml(&t, proxy.addr(), false);
     let new_spec = spec_yaml(&t, proxy.addr(), true);
@@ -249,7 +249,7 @@ fn sighup_changes_the_batch_size_of_a_running_sink_and_a_broken_spec_keeps_it() 
         .sink_name("events")
         .dynamic(dynamic.to_owned())
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let (path, state) = (dir.path().join("spec.yaml"), dir.path().join("state"));
     write_spec(&path, &spec("{max_rows_per_batch: 200}"));
     let mut worker = Worker::spawn(worker_bin!(), &path, &state, dir.path().join("log")).unwrap();
@@ -333,7 +333,7 @@ fn sighup_shrinking_the_at_most_once_queue_limit_drops_every_later_message() {
             "{{at_most_once_strategy: {{total_queue_bytes_limit: {limit}}}}}"
         ))
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let (path, state) = (dir.path().join("spec.yaml"), dir.path().join("state"));
     write_spec(&path, &spec(1 << 20));
     let mut worker = Worker::spawn(worker_bin!(), &path, &state, dir.path().join("log")).unwrap();
@@ -413,7 +413,7 @@ fn sighup_shortens_the_retry_backoff_of_a_sink_whose_target_is_down() {
             "{{max_rows_per_batch: 200, {backoff}, max_insert_attempts: 1000}}"
         ))
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let (path, state) = (dir.path().join("spec.yaml"), dir.path().join("state"));
     write_spec(&path, &spec("retry_backoff: 3s, max_retry_backoff: 3s"));
     let mut worker = Worker::spawn(worker_bin!(), &path, &state, dir.path().join("log")).unwrap();

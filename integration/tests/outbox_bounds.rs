@@ -192,7 +192,7 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
     // Each mode is this test's subject: `FLOW_TEST_OUTBOX_PAYLOADS` does not apply.
     spec.store_payloads = mode == Mode::Payloads;
     let yaml = spec.yaml();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     std::fs::write(&spec, &yaml).unwrap();
     let state = dir.path().join("state");
@@ -519,7 +519,7 @@ fn editing_a_replayable_input_under_a_pending_batch_refuses_to_resend_and_keeps_
     // The session's queries pass; every INSERT is cut before its end (nothing lands).
     proxy.set_on_inserts(Fault::CutRequestAfter(CUT_AFTER));
 
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let input: PathBuf = dir.path().join("input.jsonl");
     let original = jsonl_text(None);
     std::fs::write(&input, &original).unwrap();

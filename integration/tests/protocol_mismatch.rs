@@ -15,7 +15,7 @@ const TLS_TO_PLAIN: &str =
 /// Runs a one-sink pipeline against `port` with `tls` parameters; returns the exit code, how long
 /// it took and the log.
 fn run_against(port: u16, tls: &str) -> anyhow::Result<(Option<i32>, Duration, String)> {
-    let dir = tempfile::tempdir()?;
+    let dir = flow_integration::TestDir::new()?;
     let spec = dir.path().join("spec.yaml");
     std::fs::write(
         &spec,

@@ -68,7 +68,7 @@ fn dates_the_server_would_read_back_as_others_become_dead_letters_with_the_range
         &SHARD_A,
     )
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let state = dir.path().join("state");
     let spec = spec(
         dir.path(),
@@ -119,7 +119,7 @@ fn without_dead_letters_a_date_out_of_range_stops_the_partition_and_lands_nothin
         &SHARD_A,
     )
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let state = dir.path().join("state");
     let spec = spec(
         dir.path(),

@@ -49,7 +49,7 @@ fn ready_is_503_naming_a_shard_down_from_the_start_and_200_once_it_answers() -> 
     let proxies = runtime.block_on(shard_b_proxies(Fault::Refuse))?;
     let name = unique_name("it_ready");
     let table = ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &NODES)?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = dir.path().join("spec.yaml");
     let port = free_port()?;
     let parameters = format!(

@@ -65,7 +65,7 @@ fn refused_rows_are_isolated_into_dead_letters_across_a_kill_and_requeued_exactl
     require_cluster().unwrap();
     let table = unique_name("it_refused");
     let _tables = create_table(&table);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     let state = dir.path().join("state");
     let parameters = format!(

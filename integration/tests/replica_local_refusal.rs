@@ -40,7 +40,7 @@ fn detach_one_replica_mid_run(tag: &str, class: &str) -> ReplicatedTable {
     let table =
         ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
     let qualified = table.qualified();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     let parameters = format!(
         "{{hosts: ['{}', '{}'], table: {name}}}",
@@ -132,7 +132,7 @@ fn a_replica_whose_table_is_detached_at_the_start_is_left_out_and_the_pipeline_c
         qualified: qualified.clone(),
     };
     exec(A1.http_port, &format!("DETACH TABLE {qualified}")).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     let parameters = format!(
         "{{hosts: ['{}', '{}'], table: {name}}}",

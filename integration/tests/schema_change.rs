@@ -31,7 +31,7 @@ fn alter_under_a_running_sink_stops_it_and_the_other_sink_goes_on(
     let other = format!("{t}_other");
     let other_table =
         ReplicatedTable::create("default", &other, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let hosts = format!(
         "hosts: ['{}', '{}'], database: default",
         A1.http_addr(),

@@ -59,7 +59,7 @@ fn added_widened_and_dropped_columns_are_adopted_under_kill_9s_with_every_id_onc
     )
     .unwrap();
     let qualified = table.qualified();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     let state = dir.path().join("state");
     let parameters = format!(
@@ -139,10 +139,11 @@ fn added_widened_and_dropped_columns_are_adopted_under_kill_9s_with_every_id_onc
         sync_when_writable(node, "default", &t, Duration::from_secs(60)).unwrap();
     }
     let total = PARTITIONS * PER_PARTITION;
-    assert_eq!(
-        landed_on_both_shards(&qualified).unwrap(),
-        (total, total),
-        "every id once"
+    let landed = landed_on_both_shards(&qualified).unwrap();
+    assert!(
+        landed == (total, total),
+        "every id once: {landed:?} (rows, distinct ids) of {total}\n{}",
+        duplicates_report(&qualified, &[A1, B1])
     );
     for node in [A1, B1] {
         let wrong = query_u64(

@@ -78,7 +78,7 @@ fn a_shard_down_from_the_start_and_through_a_kill_holds_up_only_its_own_batches(
     let name = unique_name("shard_down_start");
     let table = ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &NODES)?;
     let qualified = table.qualified();
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = dir.path().join("spec.yaml");
     std::fs::write(
         &spec,
@@ -121,7 +121,7 @@ fn a_refusing_shard_holds_up_only_its_own_batches_which_land_once_when_it_answer
     let name = unique_name("shard_outage");
     let table = ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &NODES)?;
     let qualified = table.qualified();
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = dir.path().join("spec.yaml");
     std::fs::write(&spec, spec_over_proxies("shard_outage", &name, &proxies))?;
     let state = dir.path().join("state");

@@ -36,7 +36,7 @@ fn environment_values_and_a_password_file_run_and_no_output_shows_the_secret() {
     require_cluster().unwrap();
     let t = unique_name("it_spec_env");
     let _table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &[A1]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let password_file = dir.path().join("ch-password");
     std::fs::write(&password_file, format!("{SECRET_PASSWORD}\n")).unwrap();
     let spec = dir.path().join("spec.yaml");

@@ -117,7 +117,7 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
     let click =
         ReplicatedTable::create("default", &format!("{name}_click"), COLUMNS, "id", &NODES)?;
     let view = ReplicatedTable::create("default", &format!("{name}_view"), COLUMNS, "id", &NODES)?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = write_spec(dir.path(), &name, &name);
     let state = dir.path().join("state");
     rt.block_on(publish(
@@ -285,7 +285,7 @@ fn rows_naming_a_table_beyond_max_tables_are_dead_letters() -> Result<()> {
             )
         })
         .collect::<Result<Vec<_>>>()?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = dir.path().join("spec.yaml");
     let parameters = format!(
         "{{hosts: ['{}', '{}'], table: '{name}_{{partition}}', max_tables: 3}}",
@@ -328,7 +328,7 @@ fn rows_naming_a_table_beyond_max_tables_are_dead_letters() -> Result<()> {
 fn with_missing_table_wait_rows_wait_for_their_table_and_land_once_it_exists() -> Result<()> {
     require_cluster()?;
     let name = unique_name("waitt");
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = dir.path().join("spec.yaml");
     let parameters = format!(
         "{{hosts: ['{}', '{}'], table: '{name}_{{partition}}', missing_table: wait}}",
@@ -395,7 +395,7 @@ fn jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill() -
             ));
         }
     }
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let hosts =
         |nodes: [Node; 2]| format!("['{}', '{}']", nodes[0].http_addr(), nodes[1].http_addr());
     let shard_hosts = format!("{{a: {}, b: {}}}", hosts(SHARD_A), hosts(SHARD_B));

@@ -53,7 +53,7 @@ fn spec(dir: &Path, pipeline: &str, class: &str, name: &str, extra: &str) -> Res
 struct Setup {
     name: String,
     present: [ReplicatedTable; 2],
-    dir: tempfile::TempDir,
+    dir: TestDir,
     spec: PathBuf,
     state: PathBuf,
 }
@@ -63,7 +63,7 @@ impl Setup {
     fn new(prefix: &str, class: &str, extra: &str) -> Result<Setup> {
         let name = unique_name(prefix);
         let present = [create(&name, 0)?, create(&name, 1)?];
-        let dir = tempfile::tempdir()?;
+        let dir = TestDir::new()?;
         let spec = spec(dir.path(), prefix, class, &name, extra)?;
         let state = dir.path().join("state");
         Ok(Setup {

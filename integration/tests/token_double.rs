@@ -381,7 +381,7 @@ fn unsharded_params(double: &Double, extra: &str) -> String {
 }
 
 async fn run(yaml: &str) -> Result<RunReport, RuntimeError> {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = flow_integration::TestDir::new().unwrap();
     run_in(dir.path(), yaml).await.0
 }
 
@@ -513,7 +513,7 @@ async fn modern_server_gets_one_token_per_batch_named_by_its_last_message() {
 /// `beside_debug_sink` a `DebugSink` reads the same stream, and since it takes whole epochs the
 /// batching sink does too. Returns each insert's token and ids.
 async fn tokens_of_two_epochs(double: &Double, beside_debug_sink: bool) -> Vec<(String, Vec<u64>)> {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = flow_integration::TestDir::new().unwrap();
     let debug = if beside_debug_sink {
         format!(
             "  - {{name: dbg, sink_class_name: DebugSink, input_stream_ids: [rows], parameters: {{path: '{}'}}}}\n",
@@ -696,7 +696,10 @@ async fn the_default_namespace_names_the_outbox() {
             .map(|i| i.token().to_owned())
             .collect()
     };
-    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (
+        flow_integration::TestDir::new().unwrap(),
+        flow_integration::TestDir::new().unwrap(),
+    );
     let double_a = Double::start(Flavor::Modern, 1);
     let (ran, id_a) = run_in(a.path(), &yaml(&double_a, 4)).await;
     ran.unwrap();
@@ -719,7 +722,7 @@ async fn the_default_namespace_names_the_outbox() {
     assert_eq!(tokens(&double_a2), [format!("tokpipe.out.{id_a}/0-7")]);
 
     // A store created before outbox ids (sled's files without one): the old default.
-    let old = tempfile::tempdir().unwrap();
+    let old = flow_integration::TestDir::new().unwrap();
     sled::open(old.path()).unwrap().flush().unwrap();
     let double_old = Double::start(Flavor::Modern, 1);
     let (ran, none) = run_in(old.path(), &yaml(&double_old, 4)).await;
@@ -728,7 +731,7 @@ async fn the_default_namespace_names_the_outbox() {
     assert_eq!(tokens(&double_old), ["tokpipe.out/0-3"]);
 
     // An explicit namespace wins over the outbox id.
-    let c = tempfile::tempdir().unwrap();
+    let c = flow_integration::TestDir::new().unwrap();
     let double_c = Double::start(Flavor::Modern, 1);
     let explicit = spec(
         "ClickHouseBatchingSink",

@@ -139,7 +139,7 @@ fn every_type_the_server_has_lands_through_the_exactly_once_sink_value_for_value
     wait_for_cluster(Duration::from_secs(60)).unwrap();
     let t = unique_name("it_types");
     let table = Table::create(&t);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let columns: Vec<(&str, &str)> = COLUMNS.iter().map(|(c, s, _)| (*c, *s)).collect();
     let spec = spec(dir.path(), "types", &t, &columns, INPUT, "");
     let out = run_spec(
@@ -203,7 +203,7 @@ fn a_stream_type_whose_column_type_the_server_lacks_is_refused_naming_its_versio
     let t = unique_name("it_types_old");
     let table =
         ReplicatedTable::create("default", &t, "id UInt64, at DateTime", "id", &SHARD_A).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec = spec(
         dir.path(),
         "types_old",
@@ -251,7 +251,7 @@ fn a_value_its_column_cannot_hold_becomes_a_dead_letter_naming_column_and_value(
         &SHARD_A,
     )
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let state = dir.path().join("state");
     let spec = spec(
         dir.path(),

@@ -66,7 +66,7 @@ fn verify_names_the_replica_holding_an_orphan_part_and_passes_after_reattaching_
     let name = unique_name("verify_orphans");
     let table = ReplicatedTable::create("default", &name, "id UInt64", "id", &[A1, A2])?;
     let qualified = table.qualified();
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = write_spec(dir.path(), &name)?;
 
     exec(
@@ -157,7 +157,7 @@ fn verify_says_a_plain_merge_tree_does_not_replicate() -> Result<()> {
         A1.http_port,
         &format!("INSERT INTO default.{name} SELECT number FROM system.numbers LIMIT 10"),
     )?;
-    let dir = tempfile::tempdir()?;
+    let dir = TestDir::new()?;
     let spec = write_spec(dir.path(), &name)?;
 
     let (code, sinks) = verify_json(worker_bin!(), &spec)?;

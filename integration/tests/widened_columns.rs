@@ -80,7 +80,7 @@ fn a_generator_writes_into_a_column_widened_from_its_type() {
     wait_for_cluster(Duration::from_secs(60)).unwrap();
     let t = unique_name("it_widened");
     let table = ReplicatedTable::create("default", &t, WIDENED, "id", &SHARD_A).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec_path = dir.path().join("spec.yaml");
     std::fs::write(&spec_path, spec("widened", &t, 1_000, 0).yaml()).unwrap();
     let out = run_spec(
@@ -108,7 +108,7 @@ fn a_narrowed_column_is_refused_with_the_alter_that_fixes_the_table() {
         &SHARD_A,
     )
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec_path = dir.path().join("spec.yaml");
     std::fs::write(&spec_path, spec("narrowed", &t, 100, 0).yaml()).unwrap();
     let out = run_spec(
@@ -136,7 +136,7 @@ fn a_widening_under_a_running_sink_is_adopted_and_earlier_batches_are_re_encoded
     let t = unique_name("it_widen_live");
     let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
     let qualified = table.qualified();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec_path = dir.path().join("spec.yaml");
     std::fs::write(
         &spec_path,
@@ -193,7 +193,7 @@ fn an_insert_refused_because_a_widening_ran_under_it_is_re_encoded_at_the_next_a
         ))
         .unwrap();
     proxy.set_on_inserts(flow_integration::proxy::Fault::Hold);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new().unwrap();
     let spec_path = dir.path().join("spec.yaml");
     let yaml = GeneratorSpec::new(
         "widen_held",

@@ -12,7 +12,7 @@ use flow_core::delivery::now_ms;
 use flow_core::{SinkCount, SinkError, SinkMetrics};
 use flow_state::ErrorRecord;
 use tokio::sync::watch;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::config::guarantee::{GiveUp, OnFailure};
 use crate::config::topology::ShardIndex;
@@ -41,7 +41,8 @@ pub enum InsertFailure {
     /// The table's columns changed compatibly and the session adopted them
     /// ([`WriterSession::refresh_columns`]) before this part was sent, or after it was stored:
     /// its caller decides again how to send it (it may now be in the table under the old
-    /// columns, or encoded for a plan the session left). Only parts with an [`AttemptLog`]
+    /// columns, or encoded for a plan the session left), or after an attempt went unanswered
+    /// (it may have stored the part under the old columns). Only parts with an [`AttemptLog`]
     /// end so; the others are sent again (or counted as stored) at once.
     Replanned,
 }
@@ -294,9 +295,12 @@ pub async fn insert_part(
     // The replicas that refused this part with a replica-local error ([`is_replica_local`]):
     // skipped for the rest of this insert, whatever the shared cursor says.
     let mut refused_here: Vec<usize> = Vec::new();
-    // Whether every attempt so far was refused in a way that stored nothing of a one-block INSERT
-    // ([`refused_unstored`]).
-    let mut only_unstored_refusals = true;
+    // Whether an attempt of this call may have stored the part: it went out without an answer,
+    // or the server refused it in a way that does not say nothing was stored
+    // ([`may_have_stored`]).
+    let mut stored_maybe: Option<ClassifiedError> = None;
+    // Columns adopted after this call's start: its attempts so far were made under others.
+    let generation = session.plan().generation;
     loop {
         if let Some(expired) = attempt_log.and_then(|log| log.expired()) {
             return Err(InsertFailure::Expired(expired));
@@ -316,11 +320,11 @@ pub async fn insert_part(
             // A widening adopted while this part's attempts were refused in ways that store
             // nothing (a body the server could not read, its narrower bytes read as the wider
             // type; a block whose commit the server rolled back, the columns having changed
-            // under it): a part with an attempt log goes back to its caller, which re-encodes it
-            // for the wider column. Any other refusal may have stored the part (an unknown
-            // outcome), where a re-encoded copy would not be recognised: given up, as below.
-            if attempts > 0
-                && only_unstored_refusals
+            // under it; the columns guard's refusal before sending): a part with an attempt log
+            // goes back to its caller, which re-encodes it for the wider column. Any other
+            // refusal may have stored the part (an unknown outcome), where a re-encoded copy
+            // would not be recognised: given up, as below.
+            if stored_maybe.is_none()
                 && one_block_per_insert(session)
                 && attempt_log.is_some()
                 && session.plan_before_widening(encoded_for).is_some()
@@ -344,7 +348,27 @@ pub async fn insert_part(
                 give_up: on_failure_of(shared, ErrorClass::Permanent).give_up,
             }));
         }
+        if let (Some(log), true) = (attempt_log, plan.generation != generation) {
+            // Other columns, same bytes: under them a resend is another block than one an
+            // earlier attempt (of this call, or of a run that did not acknowledge it) may have
+            // stored. The caller marks what may be in the table and looks for it first.
+            if let Some(error) = &stored_maybe {
+                log.columns_changed(error, true)
+                    .await
+                    .map_err(InsertFailure::State)?;
+            }
+            return Err(InsertFailure::Replanned);
+        }
         attempts += 1;
+        debug!(
+            shard = %shard_name,
+            endpoint = %endpoint.endpoint,
+            token = token.unwrap_or(""),
+            attempt = attempts,
+            plan = %encoded_for,
+            generation = plan.generation,
+            "sending a part"
+        );
         let guard = &plan.columns_guard;
         let started = std::time::Instant::now();
         let result = match guard.before_insert(endpoint, dynamic.write_timeout).await {
@@ -445,16 +469,26 @@ pub async fn insert_part(
                 }
                 shard.backoff.succeeded();
                 metrics.observe_insert(Some(shard_name), started.elapsed().as_secs_f64());
+                debug!(
+                    shard = %shard_name,
+                    endpoint = %endpoint.endpoint,
+                    token = token.unwrap_or(""),
+                    attempt = attempts,
+                    plan = %encoded_for,
+                    "part stored"
+                );
                 return Ok(attempts);
             }
             Err(InsertError { error, unanswered }) => {
                 if let (true, Some(log)) = (unanswered, attempt_log) {
                     log.unanswered(&error).await.map_err(InsertFailure::State)?;
                 }
+                if unanswered || may_have_stored(&error) {
+                    stored_maybe = Some(error.clone());
+                }
                 error
             }
         };
-        only_unstored_refusals &= refused_unstored(&err);
         let answered = answered_code.is_some() && err.code == answered_code;
         if err.class == ErrorClass::Unknown && !answered {
             log_unknown(
@@ -542,6 +576,14 @@ pub async fn insert_part(
             _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
         }
     }
+}
+
+/// Whether a refusal the server answered leaves it open that the part was stored: a code that
+/// is not a verdict (unclassified or transient) and not one of those that store nothing
+/// ([`refused_unstored`]). A failure without a code (the connection before the body went out,
+/// the columns guard) sent nothing, and a permanent code refuses the INSERT as a whole.
+fn may_have_stored(error: &ClassifiedError) -> bool {
+    error.code.is_some() && error.class != ErrorClass::Permanent && !refused_unstored(error)
 }
 
 /// The endpoint for the next attempt: the shard's current one, or the next admitted one that has
@@ -639,6 +681,14 @@ fn on_failure_of(shared: &SinkShared, class: ErrorClass) -> OnFailure {
 /// The INSERT settings: the user's `settings` (validation refused those flow sets below), the
 /// deduplication token where the part has one and the server knows it, and the `async_insert`
 /// settings when enabled.
+/// The `query_id` of every attempt of the part with `token`: a server refuses a second one while
+/// the first still runs there (code 216), and a check of the table for the part waits until none
+/// runs on any replica ([`crate::exactly_once::landed`]), since an INSERT whose body the server
+/// read goes on after its client died.
+pub fn attempt_query_id(token: &str) -> String {
+    format!("flow:{token}")
+}
+
 fn insert_settings(
     session: &WriterSession,
     token: Option<&str>,
@@ -649,6 +699,9 @@ fn insert_settings(
         .iter()
         .map(|(name, value)| (Cow::Owned(name.clone()), value.clone()))
         .collect();
+    if let Some(token) = token {
+        settings.push((Cow::Borrowed("query_id"), attempt_query_id(token)));
+    }
     if let (Some(token), true) = (token, session.capabilities.insert_deduplication_token) {
         settings.push((
             Cow::Borrowed("insert_deduplication_token"),

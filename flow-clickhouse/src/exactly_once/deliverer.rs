@@ -12,7 +12,7 @@
 //!   columns: before such an entry is sent again, the replicas of its shard are asked whether its
 //!   message ids are there ([`crate::exactly_once::landed`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -24,7 +24,7 @@ use flow_state::{
 };
 use futures_util::future::join_all;
 use tokio::sync::watch;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::config::params::{OnBadRows, OnExpiredBacklog};
 use crate::delivery::backlog_age::{expired, unanswered_marker, unanswered_prefix, Expired};
@@ -40,11 +40,12 @@ use crate::encode::widen::widen_rows;
 use crate::exactly_once::fingerprint::target_key;
 use crate::exactly_once::landed::{
     changed_marker, changed_prefix, decide, no_id_column, part_ids, partly_present,
-    presence_queries, Presence, ReplicaAnswer, Verdict,
+    presence_queries, running_attempts_query, Presence, ReplicaAnswer, Verdict,
 };
 use crate::exactly_once::rebuild::Requeue;
 use crate::exactly_once::state::ExactlyOnce;
 use crate::server::classify::{is_row_rejection, ClassifiedError, ErrorClass};
+use crate::server::client::{json_u64, ShardClients};
 use crate::server::columns_guard::columns_text;
 use crate::server::late_hosts::LateTarget;
 use crate::server::session::WriterSession;
@@ -61,6 +62,12 @@ pub struct PartitionMarks {
     /// The table's columns the partition's attempts were last made under; `None` before the
     /// first (or in a state directory of an older version).
     columns: Option<AttemptedUnder>,
+    /// Entries pending at this run's start after a run that did not end drained: any of them
+    /// may be in the table under the columns that run recorded (a kill between its INSERT and
+    /// its acknowledgement), until this run acknowledges it or the replicas show it absent.
+    inherited: BTreeSet<u64>,
+    /// Entries with an attempt out now, with the columns ([`columns_text`]) it was made under.
+    in_flight: BTreeMap<u64, String>,
 }
 
 /// The table's columns ([`columns_text`]) a partition's attempts were last made under, and
@@ -127,6 +134,8 @@ impl PartitionMarks {
             unanswered,
             changed,
             columns,
+            inherited: BTreeSet::new(),
+            in_flight: BTreeMap::new(),
         })
     }
 }
@@ -220,6 +229,7 @@ impl ClickHouseDeliverer {
         let mut removed = Vec::new();
         {
             let mut marks = self.marks();
+            marks.inherited.remove(&seq);
             if marks.unanswered.remove(&seq).is_some() {
                 removed.push(unanswered_marker(key.partition, seq));
             }
@@ -240,6 +250,7 @@ impl ClickHouseDeliverer {
         };
         self.store.acknowledge_with(key, seq, extras).await?;
         self.metrics.applied(&counters);
+        debug!(partition = key.partition, seq, token = %batch.token, "batch acknowledged");
         Ok(())
     }
 
@@ -354,6 +365,26 @@ impl ClickHouseDeliverer {
         let mut warned: Option<std::time::Instant> = None;
         loop {
             let timeout = self.shared.dynamic().write_timeout;
+            if let Some(host) = attempt_running(shard, &batch.token, timeout).await {
+                if warned.is_none_or(|at| at.elapsed() >= LATE_MISMATCH_WARNING_EVERY) {
+                    warned = Some(std::time::Instant::now());
+                    warn!(
+                        pipeline = %key.pipeline,
+                        sink = %key.sink,
+                        partition = key.partition,
+                        shard = %batch.shard,
+                        token = %batch.token,
+                        host = %host,
+                        "an earlier attempt of a part sent while the table's columns changed is still running on a replica (an INSERT goes on after its client died): its ids are looked for once it ended. If it hangs, end it with `KILL QUERY WHERE query_id = 'flow:{}'` on that host",
+                        batch.token
+                    );
+                }
+                let pause = self.shared.dynamic().retry_backoff.max(MIN_CHECK_PAUSE);
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => continue,
+                    _ = stop.wait_for(|s| *s) => return Ok(false),
+                }
+            }
             let answers: Vec<ReplicaAnswer> = join_all(shard.endpoints.iter().map(|endpoint| {
                 let queries = &queries;
                 async move {
@@ -426,12 +457,15 @@ impl ClickHouseDeliverer {
     /// under, marks every entry that may have landed under the old ones as sent while the
     /// columns changed, so that its ids are looked for before it is sent again: on a server
     /// without `insert_deduplication_token` a part stored under other columns is another block,
-    /// and a resend would not be recognised as a replay ([`crate::exactly_once::landed`]). The
-    /// entries in doubt are those with an unanswered attempt; at a start (`backlog`: the
-    /// pending entries) every pending one unless the run before ended drained, since it may
-    /// have stored one without acknowledging it (a kill between the INSERT and its
-    /// acknowledgement). Before an attempt (`backlog` `None`) the columns are then recorded,
-    /// after the marks, so that a crash in between marks again rather than not at all.
+    /// and a resend would not be recognised as a replay ([`crate::exactly_once::landed`]).
+    /// The entries in doubt: at a start (`backlog`: the pending entries) every pending one
+    /// unless the run before ended drained, since it may have stored one without acknowledging
+    /// it (a kill between the INSERT and its acknowledgement); later, those with an unanswered
+    /// attempt and those still [`PartitionMarks::inherited`] from such a run. Before an attempt
+    /// (`backlog` `None`) the columns are then recorded, after the marks, so that a crash in
+    /// between marks again rather than not at all; not while another lane's attempt made under
+    /// other columns is out, which may land under them: a crash then finds the old record and
+    /// marks every pending entry.
     pub async fn note_columns(
         &self,
         key: &SinkPartition,
@@ -443,33 +477,62 @@ impl ClickHouseDeliverer {
             columns: columns_text(session.plan().columns_guard.expected()),
         };
         let recorded = self.marks().columns.clone();
+        let clean = recorded.as_ref().is_some_and(|r| r.clean);
+        if let (Some(backlog), false) = (&backlog, clean) {
+            self.marks().inherited = backlog.iter().copied().collect();
+        }
         if recorded.as_ref() == Some(&now) {
             return Ok(());
         }
-        let (pipeline, sink) = (&key.pipeline, &key.sink);
         let changed = recorded.as_ref().is_some_and(|r| r.columns != now.columns);
         if changed && !session.capabilities.insert_deduplication_token {
-            let clean = recorded.as_ref().is_some_and(|r| r.clean);
-            let seqs = match backlog.clone() {
-                Some(backlog) if !clean => backlog,
-                _ => self.marks().unanswered.keys().copied().collect(),
-            };
-            let text = "the table's columns changed since the part was last sent, which may have stored it under the old ones".to_owned();
-            for seq in seqs {
-                if self.marks().changed.contains_key(&seq) {
-                    continue;
+            let seqs: BTreeSet<u64> = match backlog.clone() {
+                Some(backlog) if !clean => backlog.into_iter().collect(),
+                _ => {
+                    let marks = self.marks();
+                    marks
+                        .unanswered
+                        .keys()
+                        .chain(&marks.inherited)
+                        .copied()
+                        .collect()
                 }
-                let value = Some(text.clone().into_bytes());
-                self.store
-                    .set_sink_value(pipeline, sink, &changed_marker(key.partition, seq), value)
-                    .await?;
-                self.marks().changed.insert(seq, text.clone());
-            }
+            };
+            self.mark_changed(key, seqs).await?;
         }
         if backlog.is_some() {
             return Ok(());
         }
+        let older_attempt_out = self
+            .marks()
+            .in_flight
+            .values()
+            .any(|columns| *columns != now.columns);
+        if older_attempt_out {
+            return Ok(());
+        }
         self.record_columns(key, now).await
+    }
+
+    /// Marks `seqs` (those not marked yet) as sent while the table's columns changed.
+    async fn mark_changed(
+        &self,
+        key: &SinkPartition,
+        seqs: BTreeSet<u64>,
+    ) -> Result<(), SinkError> {
+        let (pipeline, sink) = (&key.pipeline, &key.sink);
+        let text = "the table's columns changed since the part was last sent, which may have stored it under the old ones".to_owned();
+        for seq in seqs {
+            if self.marks().changed.contains_key(&seq) {
+                continue;
+            }
+            let value = Some(text.clone().into_bytes());
+            self.store
+                .set_sink_value(pipeline, sink, &changed_marker(key.partition, seq), value)
+                .await?;
+            self.marks().changed.insert(seq, text.clone());
+        }
+        Ok(())
     }
 
     /// After the partition's delivery drained: no pending entry can be in the table without a
@@ -570,6 +633,7 @@ impl ClickHouseDeliverer {
         let mut marks = self.marks();
         marks.changed.remove(&seq);
         marks.unanswered.remove(&seq);
+        marks.inherited.remove(&seq);
         Ok(())
     }
 
@@ -654,8 +718,53 @@ impl ClickHouseDeliverer {
         };
         self.store.acknowledge_with(key, seq, extras).await?;
         self.metrics.applied(&counters);
-        self.marks().unanswered.remove(&seq);
+        let mut marks = self.marks();
+        marks.unanswered.remove(&seq);
+        marks.inherited.remove(&seq);
         Ok(())
+    }
+}
+
+/// The first replica of `shard` still running an attempt of the part with `token`
+/// ([`running_attempts_query`]). A replica that cannot tell is not waited for: the check of
+/// the part's ids asks it again, and one that never answers holds no INSERT that can land.
+async fn attempt_running(
+    shard: &ShardClients,
+    token: &str,
+    timeout: std::time::Duration,
+) -> Option<String> {
+    let query = running_attempts_query(token);
+    let answers = join_all(shard.endpoints.iter().map(|endpoint| {
+        let query = &query;
+        async move {
+            let rows = endpoint.query_json(query, timeout).await.ok()?;
+            let running = rows.first().and_then(|row| json_u64(row, "running"))?;
+            (running > 0).then(|| endpoint.endpoint.to_string())
+        }
+    }))
+    .await;
+    answers.into_iter().flatten().next()
+}
+
+/// An entry's attempts out, in [`PartitionMarks::in_flight`] until dropped: while they may land
+/// under the columns they were made under, the partition's record of its columns stays as it
+/// was ([`ClickHouseDeliverer::note_columns`]).
+struct AttemptOut<'a> {
+    deliverer: &'a ClickHouseDeliverer,
+    seq: u64,
+}
+
+impl<'a> AttemptOut<'a> {
+    fn new(deliverer: &'a ClickHouseDeliverer, seq: u64, session: &WriterSession) -> Self {
+        let columns = columns_text(session.plan().columns_guard.expected());
+        deliverer.marks().in_flight.insert(seq, columns);
+        AttemptOut { deliverer, seq }
+    }
+}
+
+impl Drop for AttemptOut<'_> {
+    fn drop(&mut self) {
+        self.deliverer.marks().in_flight.remove(&self.seq);
     }
 }
 
@@ -838,6 +947,7 @@ impl ClickHouseDeliverer {
             window: session.dedup_window_time(&batch.shard),
         };
         let mut stop = stop.clone();
+        let out = AttemptOut::new(self, seq, &session);
         // The stored batch names its shard; the name is resolved to the session's index once.
         let inserted = match session.shard_index(&batch.shard) {
             Some(shard) => {
@@ -856,6 +966,7 @@ impl ClickHouseDeliverer {
             }
             None => Err(unconfigured_shard(&self.shared, &batch.shard)),
         };
+        drop(out);
         let done = match inserted {
             Err(InsertFailure::Replanned) => return Ok(false),
             Ok(_) => self.acknowledge(key, seq, batch).await,

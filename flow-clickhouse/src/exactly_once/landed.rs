@@ -12,9 +12,10 @@
 
 use flow_state::SealedBatch;
 
+use crate::delivery::insert::attempt_query_id;
 use crate::encode::compress::unframe;
 use crate::encode::row_spans::{row_json, RowSpans};
-use crate::server::client::{json_u64, quote_ident, quote_table};
+use crate::server::client::{json_u64, quote_ident, quote_literal, quote_table};
 use crate::server::session::WriterSession;
 
 /// The sink value marking pending entry `seq` of `partition` as sent while the table's columns
@@ -64,6 +65,15 @@ pub fn part_ids(
 /// distinct ids among them: one per [`IDS_PER_QUERY`] ids, each bounded by `BETWEEN` (so the
 /// primary key prunes) and, unless its ids are a gapless run, listing them with `IN`. The
 /// answers add up: the chunks hold disjoint ids.
+/// The query counting the attempts of the part with `token` a replica is still running
+/// ([`attempt_query_id`]): answered as `running`.
+pub fn running_attempts_query(token: &str) -> String {
+    format!(
+        "SELECT count() AS running FROM system.processes WHERE query_id = {}",
+        quote_literal(&attempt_query_id(token))
+    )
+}
+
 pub fn presence_queries(database: &str, table: &str, column: &str, ids: &[i128]) -> Vec<String> {
     let table = quote_table(database, table);
     let column = quote_ident(column);

@@ -49,7 +49,9 @@ impl fmt::Display for ErrorClass {
 /// The retryable codes: the reference's retryable table plus 252 and 319, and two a 10-minute
 /// endless run met when the server's disk filled and ZooKeeper went down with it: 75 (a write of
 /// the server's own files failed, `No space left on device`) and 225 (no ZooKeeper session).
-/// Both heal without any change on our side, and a replay is deduplicated.
+/// Both heal without any change on our side, and a replay is deduplicated. And 216: an attempt
+/// of the same part is still running on that server ([`crate::delivery::insert`] names each
+/// attempt after its token), so this one was refused unread and is made again once it ended.
 pub const RETRYABLE_CODES: &[(u32, &str)] = &[
     (75, "CANNOT_WRITE_TO_FILE_DESCRIPTOR"),
     (159, "TIMEOUT_EXCEEDED"),
@@ -59,6 +61,7 @@ pub const RETRYABLE_CODES: &[(u32, &str)] = &[
     (203, "NO_FREE_CONNECTION"),
     (209, "SOCKET_TIMEOUT"),
     (210, "NETWORK_ERROR"),
+    (216, "QUERY_WITH_SAME_ID_IS_ALREADY_RUNNING"),
     (225, "NO_ZOOKEEPER"),
     (236, "ABORTED"),
     (241, "MEMORY_LIMIT_EXCEEDED"),
@@ -501,7 +504,7 @@ mod tests {
         retryable.sort_unstable();
         let mut expected: Vec<u32> = REFERENCE_RETRYABLE
             .into_iter()
-            .chain([75, 225, 252, 319])
+            .chain([75, 216, 225, 252, 319])
             .collect();
         expected.sort_unstable();
         assert_eq!(retryable, expected);
