@@ -1,0 +1,108 @@
+//! A batch a killed run stored without acknowledging it, still pending in the next run when the
+//! table's columns change, lands once (ClickHouse 18.16: no `insert_deduplication_token`).
+//!
+//! Under other columns the same bytes are another block, so the server would not drop a resend
+//! as a replay. Run 1 seals one batch; its INSERT is held at a proxy, the worker frozen, the
+//! INSERT let through (stored) and the worker killed: the batch is pending, nothing marks it.
+//! Run 2 starts under the same columns; its attempt is held, a column is added and adopted, and
+//! the held attempt is cut: the retry would go out under the new columns. The sink must instead
+//! look for the batch's ids in the table, find them and acknowledge it without a resend.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use flow_integration::proxy::{Fault, FaultProxy};
+use flow_integration::worker::*;
+use flow_integration::*;
+
+const ROWS: u64 = 300;
+
+/// Polls `reached` every 20 ms until it holds; fails naming `what` once `timeout` passed.
+fn wait_for(what: &str, timeout: Duration, mut reached: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !reached() {
+        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_stored_unacknowledged_batch_pending_across_a_column_change_is_found_not_sent_again() {
+    require_cluster().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let t = unique_name("columns_pending");
+    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &[A1]).unwrap();
+    let qualified = table.qualified();
+    let proxy = rt
+        .block_on(FaultProxy::start(A1.http_addr().parse().unwrap()))
+        .unwrap();
+    let dir = TestDir::new().unwrap();
+    let (spec, state) = (dir.join("spec.yaml"), dir.join("state"));
+    let parameters = format!(
+        "{{host: '{}', table: {t}, message_id_column: id, schema_refresh_interval_ms: 200}}",
+        proxy.addr()
+    );
+    std::fs::write(
+        &spec,
+        GeneratorSpec::new("pending", "ClickHouseBatchingSink", parameters)
+            .epoch(10_000, 200)
+            .count(ROWS)
+            .dynamic("{retry_backoff: 100ms, max_retry_backoff: 200ms}")
+            .yaml(),
+    )
+    .unwrap();
+    let held = || proxy.stats().held;
+    let rows = || query_u64(A1.http_port, &format!("SELECT count() FROM {qualified}")).unwrap();
+
+    // Run 1: the batch is stored while the worker is frozen, then the worker is killed.
+    proxy.set_on_inserts(Fault::Hold);
+    let mut first = Worker::spawn(worker_bin!(), &spec, &state, dir.join("worker-1.log")).unwrap();
+    wait_for("run 1's INSERT held", Duration::from_secs(30), || {
+        held() >= 1
+    });
+    first.signal("STOP").unwrap();
+    proxy.set_on_inserts(Fault::Pass);
+    wait_for("run 1's batch stored", Duration::from_secs(30), || {
+        rows() == ROWS
+    });
+    first.kill_9().unwrap();
+
+    // Run 2: its attempt is held while a column is added and adopted, then cut.
+    proxy.set_on_inserts(Fault::Hold);
+    let mut second = Worker::spawn(worker_bin!(), &spec, &state, dir.join("worker-2.log")).unwrap();
+    wait_for("run 2's INSERT held", Duration::from_secs(30), || {
+        held() >= 2
+    });
+    exec(
+        A1.http_port,
+        &format!("ALTER TABLE {qualified} ADD COLUMN region String DEFAULT 'eu'"),
+    )
+    .unwrap();
+    wait_until(Duration::from_secs(30), || {
+        Ok(std::fs::read_to_string(second.log())?
+            .contains("column `region` String DEFAULT 'eu' added"))
+    })
+    .unwrap_or_else(|err| panic!("{err:#}: the addition not adopted\n{}", second.log_tail()));
+    let cuts = proxy.stats().cuts;
+    proxy.set_on_inserts(Fault::CutRequestAfter(1));
+    wait_for("run 2's held INSERT cut", Duration::from_secs(30), || {
+        proxy.stats().cuts > cuts
+    });
+    proxy.set_on_inserts(Fault::Pass);
+    let code = second.wait_exit(Duration::from_secs(60)).unwrap();
+    assert_eq!(code, Some(0), "{}", second.log_tail());
+
+    let (count, unique) = count_uniq(A1, &qualified).unwrap();
+    assert!(
+        (count, unique) == (ROWS, ROWS),
+        "every id once: ({count}, {unique}) (rows, distinct ids) of {ROWS}\n{}",
+        duplicates_report(&qualified, &[A1])
+    );
+    let log = std::fs::read_to_string(second.log()).unwrap();
+    assert!(
+        log.contains("is in the table already"),
+        "the batch was not looked for in the table:\n{log}"
+    );
+    println!("proxy: {:?}", proxy.stats());
+}
