@@ -206,15 +206,20 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
     .unwrap_or_else(|e| panic!("no row landed within 60 s ({e:#})\n{}", worker.log_tail()));
     proxy.set_on_inserts(Fault::CutResponse);
     let cut_at = Instant::now();
-    // Batches pile up behind each partition's head, whose acks are lost.
+    // Batches pile up behind each partition's head, whose acks are lost. A head whose attempt
+    // met a connection the proxy had just reset (hyper's `SendRequest`) is retried after a
+    // pause, so its cut may come after the pile-up: both are waited for.
     wait_until(Duration::from_secs(60), || {
         let s = sinks(&state, tag)?;
-        Ok(s.len() == PARTITIONS as usize && s.iter().all(|s| num(s, "undelivered") >= MIN_PENDING))
+        Ok(s.len() == PARTITIONS as usize
+            && s.iter().all(|s| num(s, "undelivered") >= MIN_PENDING)
+            && proxy.stats().cuts >= PARTITIONS)
     })
     .unwrap_or_else(|e| {
         panic!(
-            "fewer than {MIN_PENDING} undelivered batches per partition within 60 s ({e:#}): {:?}\n{}",
+            "fewer than {MIN_PENDING} undelivered batches per partition, or fewer than {PARTITIONS} lost acks, within 60 s ({e:#}): {:?}; proxy {:?}\n{}",
             sinks(&state, tag).ok(),
+            proxy.stats(),
             worker.log_tail()
         )
     });

@@ -41,8 +41,8 @@ pub enum InsertFailure {
     /// The table's columns changed compatibly and the session adopted them
     /// ([`WriterSession::refresh_columns`]) before this part was sent, or after it was stored:
     /// its caller decides again how to send it (it may now be in the table under the old
-    /// columns, or encoded for a plan the session left), or after an attempt went unanswered
-    /// (it may have stored the part under the old columns). Only parts with an [`AttemptLog`]
+    /// columns, or encoded for a plan the session left), or between two attempts (an earlier
+    /// one may have stored it under the old columns). Only parts with an [`AttemptLog`]
     /// end so; the others are sent again (or counted as stored) at once.
     Replanned,
 }
@@ -470,11 +470,8 @@ pub async fn insert_part(
                 shard.backoff.succeeded();
                 metrics.observe_insert(Some(shard_name), started.elapsed().as_secs_f64());
                 debug!(
-                    shard = %shard_name,
-                    endpoint = %endpoint.endpoint,
                     token = token.unwrap_or(""),
                     attempt = attempts,
-                    plan = %encoded_for,
                     "part stored"
                 );
                 return Ok(attempts);
@@ -678,9 +675,6 @@ fn on_failure_of(shared: &SinkShared, class: ErrorClass) -> OnFailure {
     shared.class.guarantee().on_failure(class)
 }
 
-/// The INSERT settings: the user's `settings` (validation refused those flow sets below), the
-/// deduplication token where the part has one and the server knows it, and the `async_insert`
-/// settings when enabled.
 /// The `query_id` of every attempt of the part with `token`: a server refuses a second one while
 /// the first still runs there (code 216), and a check of the table for the part waits until none
 /// runs on any replica ([`crate::exactly_once::landed`]), since an INSERT whose body the server
@@ -689,6 +683,9 @@ pub fn attempt_query_id(token: &str) -> String {
     format!("flow:{token}")
 }
 
+/// The INSERT settings: the user's `settings` (validation refused those flow sets below), the
+/// attempt's `query_id` and the deduplication token where the part has one (the token where the
+/// server knows it), and the `async_insert` settings when enabled.
 fn insert_settings(
     session: &WriterSession,
     token: Option<&str>,

@@ -29,7 +29,8 @@ use tracing::{debug, warn};
 use crate::config::params::{OnBadRows, OnExpiredBacklog};
 use crate::delivery::backlog_age::{expired, unanswered_marker, unanswered_prefix, Expired};
 use crate::delivery::insert::{
-    insert_part, unconfigured_shard, AttemptLog, GiveUpReason, InsertFailure, InsertRequest,
+    attempt_query_id, insert_part, unconfigured_shard, AttemptLog, GiveUpReason, InsertFailure,
+    InsertRequest,
 };
 use crate::delivery::sink_state::SinkShared;
 use crate::delivery::split::{
@@ -365,91 +366,84 @@ impl ClickHouseDeliverer {
         let mut warned: Option<std::time::Instant> = None;
         loop {
             let timeout = self.shared.dynamic().write_timeout;
-            if let Some(host) = attempt_running(shard, &batch.token, timeout).await {
-                if warned.is_none_or(|at| at.elapsed() >= LATE_MISMATCH_WARNING_EVERY) {
-                    warned = Some(std::time::Instant::now());
-                    warn!(
-                        pipeline = %key.pipeline,
-                        sink = %key.sink,
-                        partition = key.partition,
-                        shard = %batch.shard,
-                        token = %batch.token,
-                        host = %host,
-                        "an earlier attempt of a part sent while the table's columns changed is still running on a replica (an INSERT goes on after its client died): its ids are looked for once it ended. If it hangs, end it with `KILL QUERY WHERE query_id = 'flow:{}'` on that host",
-                        batch.token
-                    );
-                }
-                let pause = self.shared.dynamic().retry_backoff.max(MIN_CHECK_PAUSE);
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => continue,
-                    _ = stop.wait_for(|s| *s) => return Ok(false),
-                }
-            }
-            let answers: Vec<ReplicaAnswer> = join_all(shard.endpoints.iter().map(|endpoint| {
-                let queries = &queries;
-                async move {
-                    let mut presence = Presence::default();
-                    for query in queries {
-                        let rows = endpoint
-                            .query_json(query, timeout)
-                            .await
-                            .map_err(|err| err.to_string())?;
-                        rows.first()
-                            .and_then(|row| presence.add(row))
-                            .ok_or_else(|| format!("no count in the answer to `{query}`"))?;
-                    }
-                    Ok(presence)
-                }
-            }))
-            .await
-            .into_iter()
-            .zip(&shard.endpoints)
-            .map(|(answer, endpoint)| (endpoint.endpoint.to_string(), answer))
-            .collect();
-            match decide(part, &answers) {
-                Verdict::Landed { host } => {
-                    warn!(
-                        pipeline = %key.pipeline,
-                        sink = %key.sink,
-                        partition = key.partition,
-                        shard = %batch.shard,
-                        token = %batch.token,
-                        rows = batch.rows,
-                        host = %host,
-                        "a part sent while the table's columns changed is in the table already (every one of its `{column}` ids, once): acknowledged without sending it again"
-                    );
-                    self.acknowledge(key, seq, batch).await?;
-                    return Ok(false);
-                }
-                Verdict::Absent => {
-                    self.drop_columns_changed(key, seq).await?;
-                    return Ok(true);
-                }
-                Verdict::Partly { host, presence } => {
-                    let reason = partly_present(session, batch, column, &ids, &host, presence);
-                    return Err(self.give_up(&batch.shard, stopped_by(reason)).await);
-                }
-                Verdict::Unanswered { host, error } => {
-                    if warned.is_none_or(|at| at.elapsed() >= LATE_MISMATCH_WARNING_EVERY) {
-                        warned = Some(std::time::Instant::now());
+            let pause = match attempt_running(shard, &batch.token, timeout).await {
+                Some(host) => CheckPause::Running { host },
+                None => match decide(part, &replica_answers(shard, &queries, timeout).await) {
+                    Verdict::Landed { host } => {
                         warn!(
                             pipeline = %key.pipeline,
                             sink = %key.sink,
                             partition = key.partition,
                             shard = %batch.shard,
                             token = %batch.token,
+                            rows = batch.rows,
                             host = %host,
-                            error = %error,
-                            "a part sent while the table's columns changed must be checked on every replica of its shard before it is sent again, and this one does not answer (it may hold the part not yet replicated); asking again. Bring the host back"
+                            "a part sent while the table's columns changed is in the table already (every one of its `{column}` ids, once): acknowledged without sending it again"
                         );
+                        self.acknowledge(key, seq, batch).await?;
+                        return Ok(false);
                     }
-                    let pause = self.shared.dynamic().retry_backoff.max(MIN_CHECK_PAUSE);
-                    tokio::select! {
-                        _ = tokio::time::sleep(pause) => {}
-                        _ = stop.wait_for(|s| *s) => return Ok(false),
+                    Verdict::Absent => {
+                        self.drop_columns_changed(key, seq).await?;
+                        return Ok(true);
                     }
-                }
+                    Verdict::Partly { host, presence } => {
+                        let reason = partly_present(session, batch, column, &ids, &host, presence);
+                        return Err(self.give_up(&batch.shard, stopped_by(reason)).await);
+                    }
+                    Verdict::Unanswered { host, error } => CheckPause::Unanswered { host, error },
+                },
+            };
+            if self
+                .pause_check(key, batch, pause, &mut warned, &mut stop)
+                .await
+            {
+                return Ok(false);
             }
+        }
+    }
+
+    /// Waits before the replicas are asked again for a part sent while the table's columns
+    /// changed, warning at most once a minute why; `true` once stopping.
+    async fn pause_check(
+        &self,
+        key: &SinkPartition,
+        batch: &SealedBatch,
+        why: CheckPause,
+        warned: &mut Option<std::time::Instant>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> bool {
+        if warned.is_none_or(|at| at.elapsed() >= LATE_MISMATCH_WARNING_EVERY) {
+            *warned = Some(std::time::Instant::now());
+            let (pipeline, sink, shard, token) =
+                (&key.pipeline, &key.sink, &batch.shard, &batch.token);
+            match why {
+                CheckPause::Running { host } => warn!(
+                    pipeline = %pipeline,
+                    sink = %sink,
+                    partition = key.partition,
+                    shard = %shard,
+                    token = %token,
+                    host = %host,
+                    "an earlier attempt of a part sent while the table's columns changed is still running on a replica (an INSERT goes on after its client died): its ids are looked for once it ended. If it hangs, end it with `KILL QUERY WHERE query_id = '{}'` on that host",
+                    attempt_query_id(token)
+                ),
+                CheckPause::Unanswered { host, error } => warn!(
+                    pipeline = %pipeline,
+                    sink = %sink,
+                    partition = key.partition,
+                    shard = %shard,
+                    token = %token,
+                    host = %host,
+                    error = %error,
+                    "a part sent while the table's columns changed must be checked on every replica of its shard before it is sent again, and this one does not answer (it may hold the part not yet replicated); asking again. Bring the host back"
+                ),
+            }
+        }
+        let pause = self.shared.dynamic().retry_backoff.max(MIN_CHECK_PAUSE);
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => false,
+            _ = stop.wait_for(|s| *s) => true,
         }
     }
 
@@ -723,6 +717,40 @@ impl ClickHouseDeliverer {
         marks.inherited.remove(&seq);
         Ok(())
     }
+}
+
+/// Why the replicas are asked again for a part sent while the table's columns changed.
+enum CheckPause {
+    /// `host` still runs an earlier attempt of the part, which may yet land.
+    Running { host: String },
+    /// `host` did not answer while no replica shows the part.
+    Unanswered { host: String, error: String },
+}
+
+/// What each replica of `shard` answers to the presence `queries` of one part.
+async fn replica_answers(
+    shard: &ShardClients,
+    queries: &[String],
+    timeout: std::time::Duration,
+) -> Vec<ReplicaAnswer> {
+    join_all(shard.endpoints.iter().map(|endpoint| async move {
+        let mut presence = Presence::default();
+        for query in queries {
+            let rows = endpoint
+                .query_json(query, timeout)
+                .await
+                .map_err(|err| err.to_string())?;
+            rows.first()
+                .and_then(|row| presence.add(row))
+                .ok_or_else(|| format!("no count in the answer to `{query}`"))?;
+        }
+        Ok(presence)
+    }))
+    .await
+    .into_iter()
+    .zip(&shard.endpoints)
+    .map(|(answer, endpoint)| (endpoint.endpoint.to_string(), answer))
+    .collect()
 }
 
 /// The first replica of `shard` still running an attempt of the part with `token`
