@@ -41,7 +41,11 @@ impl PartitionLeases for MemoryLeases {
         self.assigned.subscribe()
     }
 
-    async fn acquire(&self, partition: u32) -> Result<(), LeaseError> {
+    async fn acquire(
+        &self,
+        partition: u32,
+        _cancel: watch::Receiver<bool>,
+    ) -> Result<(), LeaseError> {
         self.held.lock().unwrap().insert(partition);
         self.log
             .lock()

@@ -279,10 +279,17 @@ impl PartitionLeases for ClusterLeases {
         self.assigned.clone()
     }
 
-    async fn acquire(&self, partition: u32) -> Result<(), LeaseError> {
+    async fn acquire(
+        &self,
+        partition: u32,
+        mut cancel: watch::Receiver<bool>,
+    ) -> Result<(), LeaseError> {
+        let cancelled = async move {
+            let _ = cancel.wait_for(|c| *c).await;
+        };
         let taken = self
             .cluster()
-            .acquire(&self.join.pipeline, partition, std::future::pending())
+            .acquire(&self.join.pipeline, partition, cancelled)
             .await
             .map_err(|e| self.lease_error(partition, "taking the lease", e))?;
         let Some(ownership) = taken else {

@@ -662,6 +662,7 @@ impl ClickHouseDeliverer {
                 let mut marks = self.marks();
                 marks.split.remove(&seq);
                 marks.unanswered.remove(&seq);
+                marks.inherited.remove(&seq);
                 Ok(())
             }
             SplitOutcome::Stopped => Ok(()),

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
-use tokio::task::{AbortHandle, JoinSet};
+use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
 use super::partition::PartitionReport;
@@ -35,9 +35,15 @@ pub trait PartitionLeases: Send + Sync + 'static {
     fn assigned(&self) -> watch::Receiver<BTreeSet<u32>>;
 
     /// Waits until this worker holds `partition`'s lease, then fences the store's commits for it
-    /// with that lease and loads the partition's committed state into the store. Cancelled by
-    /// dropping the future.
-    async fn acquire(&self, partition: u32) -> Result<(), LeaseError>;
+    /// with that lease and loads the partition's committed state into the store. Once `cancel`
+    /// turns true it stops waiting and answers an error, unless it took the lease already: it
+    /// then answers `Ok`, and the caller gives the lease back. (Dropping the future instead
+    /// could leave a lease taken by a request in flight that nobody gives back.)
+    async fn acquire(
+        &self,
+        partition: u32,
+        cancel: watch::Receiver<bool>,
+    ) -> Result<(), LeaseError>;
 
     /// Whether this worker still holds `partition`'s lease (asked after its runner failed for
     /// another reason than a refused commit).
@@ -76,8 +82,9 @@ enum Event {
 
 /// The coordinator's view of every partition it touches.
 struct Owned {
-    /// Lease requests in flight.
-    acquiring: HashMap<u32, AbortHandle>,
+    /// Lease requests in flight, each with its cancel: a request stays here until its answer
+    /// came back, so that a lease it took is always given back or used.
+    acquiring: HashMap<u32, watch::Sender<bool>>,
     /// Runners, each with its own stop.
     running: HashMap<u32, watch::Sender<bool>>,
     /// Partitions whose source is exhausted and delivered: not run again by this worker.
@@ -183,7 +190,7 @@ impl Owned {
             .copied()
             .collect();
         for partition in dropped {
-            self.abandon(leases, partition);
+            self.abandon(partition);
         }
         for (partition, stop) in &self.running {
             if !assigned.contains(partition) {
@@ -195,10 +202,11 @@ impl Owned {
 
     fn acquire(&mut self, leases: &Arc<dyn PartitionLeases>, partition: u32) {
         let leases = Arc::clone(leases);
-        let handle = self
-            .tasks
-            .spawn(async move { Event::Acquired(partition, leases.acquire(partition).await) });
-        self.acquiring.insert(partition, handle);
+        let (cancel, cancelled) = watch::channel(false);
+        self.tasks.spawn(async move {
+            Event::Acquired(partition, leases.acquire(partition, cancelled).await)
+        });
+        self.acquiring.insert(partition, cancel);
     }
 
     fn start(&mut self, pipeline: &Host, partition: u32) {
@@ -231,6 +239,10 @@ impl Owned {
             }
             Event::Acquired(partition, Err(err)) => {
                 self.acquiring.remove(&partition);
+                if self.stopping || !assigned.contains(&partition) {
+                    // Cancelled (or failed) after the partition went elsewhere: nothing to do.
+                    return;
+                }
                 warn!(pipeline = %pipeline.name, partition, error = %err, "could not take the partition's lease; asking again in 1 s");
                 self.retry_later(partition);
             }
@@ -299,14 +311,11 @@ impl Owned {
 
     /// Stops asking for `partition`'s lease. The request may have been granted just before:
     /// the lease is given back in case it was (a release of a lease not held does nothing).
-    fn abandon(&mut self, leases: &Arc<dyn PartitionLeases>, partition: u32) {
-        if let Some(handle) = self.acquiring.remove(&partition) {
-            handle.abort();
-            let leases = Arc::clone(leases);
-            self.tasks.spawn(async move {
-                leases.release(partition).await;
-                Event::Abandoned
-            });
+    /// Cancels the lease request of `partition`; its answer still comes back as an event, which
+    /// gives back a lease it took meanwhile.
+    fn abandon(&mut self, partition: u32) {
+        if let Some(cancel) = self.acquiring.get(&partition) {
+            cancel.send_replace(true);
         }
     }
 
@@ -319,7 +328,7 @@ impl Owned {
         });
         let acquiring: Vec<u32> = self.acquiring.keys().copied().collect();
         for partition in acquiring {
-            self.abandon(leases, partition);
+            self.abandon(partition);
         }
         for stop in self.running.values() {
             stop.send_replace(true);
