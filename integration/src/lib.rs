@@ -11,7 +11,7 @@
 
 pub mod nats;
 pub mod proxy;
-pub mod test_dir;
+mod test_dir;
 pub mod worker;
 
 pub use test_dir::TestDir;

@@ -15,17 +15,22 @@ const TAIL_SHOWN: usize = 40;
 /// owns it panics, i.e. when the test fails.
 #[derive(Debug)]
 pub struct TestDir {
+    path: PathBuf,
+    /// Taken by the drop, which removes or keeps the directory.
     dir: Option<tempfile::TempDir>,
 }
 
 impl TestDir {
     pub fn new() -> Result<TestDir> {
         let dir = tempfile::tempdir().context("creating the test's directory")?;
-        Ok(TestDir { dir: Some(dir) })
+        Ok(TestDir {
+            path: dir.path().to_path_buf(),
+            dir: Some(dir),
+        })
     }
 
     pub fn path(&self) -> &Path {
-        self.dir.as_ref().map_or(Path::new(""), |dir| dir.path())
+        &self.path
     }
 
     /// `path()/name`.

@@ -415,30 +415,28 @@ impl ClickHouseDeliverer {
     ) -> bool {
         if warned.is_none_or(|at| at.elapsed() >= LATE_MISMATCH_WARNING_EVERY) {
             *warned = Some(std::time::Instant::now());
-            let (pipeline, sink, shard, token) =
-                (&key.pipeline, &key.sink, &batch.shard, &batch.token);
-            match why {
-                CheckPause::Running { host } => warn!(
-                    pipeline = %pipeline,
-                    sink = %sink,
-                    partition = key.partition,
-                    shard = %shard,
-                    token = %token,
-                    host = %host,
-                    "an earlier attempt of a part sent while the table's columns changed is still running on a replica (an INSERT goes on after its client died): its ids are looked for once it ended. If it hangs, end it with `KILL QUERY WHERE query_id = '{}'` on that host",
-                    attempt_query_id(token)
+            let (host, detail, what) = match &why {
+                CheckPause::Running { host } => (
+                    host,
+                    attempt_query_id(&batch.token),
+                    "an earlier attempt of a part sent while the table's columns changed is still running on a replica (an INSERT goes on after its client died): its ids are looked for once it ended. If it hangs, end it with `KILL QUERY WHERE query_id = '<detail>'` on that host",
                 ),
-                CheckPause::Unanswered { host, error } => warn!(
-                    pipeline = %pipeline,
-                    sink = %sink,
-                    partition = key.partition,
-                    shard = %shard,
-                    token = %token,
-                    host = %host,
-                    error = %error,
-                    "a part sent while the table's columns changed must be checked on every replica of its shard before it is sent again, and this one does not answer (it may hold the part not yet replicated); asking again. Bring the host back"
+                CheckPause::Unanswered { host, error } => (
+                    host,
+                    error.clone(),
+                    "a part sent while the table's columns changed must be checked on every replica of its shard before it is sent again, and this one does not answer (it may hold the part not yet replicated); asking again. Bring the host back",
                 ),
-            }
+            };
+            warn!(
+                pipeline = %key.pipeline,
+                sink = %key.sink,
+                partition = key.partition,
+                shard = %batch.shard,
+                token = %batch.token,
+                host = %host,
+                detail = %detail,
+                "{what}"
+            );
         }
         let pause = self.shared.dynamic().retry_backoff.max(MIN_CHECK_PAUSE);
         tokio::select! {
@@ -720,7 +718,8 @@ impl ClickHouseDeliverer {
     }
 }
 
-/// Why the replicas are asked again for a part sent while the table's columns changed.
+/// Why the replicas are asked again for a part sent while the table's columns changed (its
+/// warning's `detail`: the attempt's `query_id`, or the replica's error).
 enum CheckPause {
     /// `host` still runs an earlier attempt of the part, which may yet land.
     Running { host: String },

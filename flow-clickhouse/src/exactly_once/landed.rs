@@ -61,10 +61,6 @@ pub fn part_ids(
     Ok(ids)
 }
 
-/// The queries that count, on one replica, the rows holding the part's `ids` (sorted) and the
-/// distinct ids among them: one per [`IDS_PER_QUERY`] ids, each bounded by `BETWEEN` (so the
-/// primary key prunes) and, unless its ids are a gapless run, listing them with `IN`. The
-/// answers add up: the chunks hold disjoint ids.
 /// The query counting the attempts of the part with `token` a replica is still running
 /// ([`attempt_query_id`]): answered as `running`.
 pub fn running_attempts_query(token: &str) -> String {
@@ -74,6 +70,10 @@ pub fn running_attempts_query(token: &str) -> String {
     )
 }
 
+/// The queries that count, on one replica, the rows holding the part's `ids` (sorted) and the
+/// distinct ids among them: one per [`IDS_PER_QUERY`] ids, each bounded by `BETWEEN` (so the
+/// primary key prunes) and, unless its ids are a gapless run, listing them with `IN`. The
+/// answers add up: the chunks hold disjoint ids.
 pub fn presence_queries(database: &str, table: &str, column: &str, ids: &[i128]) -> Vec<String> {
     let table = quote_table(database, table);
     let column = quote_ident(column);

@@ -309,8 +309,6 @@ impl Owned {
         }
     }
 
-    /// Stops asking for `partition`'s lease. The request may have been granted just before:
-    /// the lease is given back in case it was (a release of a lease not held does nothing).
     /// Cancels the lease request of `partition`; its answer still comes back as an event, which
     /// gives back a lease it took meanwhile.
     fn abandon(&mut self, partition: u32) {
