@@ -9,8 +9,8 @@
 //!   RowBinary body (`rowbinary`), reading rows back (`row_spans`), rows re-encoded for a
 //!   widened column (`widen`), compression (`compress`) and shard routing (`routing`).
 //! - `server/`: HTTP clients (`client`, `tls`, `protocol`), error classes (`classify`), the
-//!   writer session (`probe`, `session`, `late_hosts`, `columns_guard`, `dedup_window`) and
-//!   what a change of the table's columns under it means (`schema_change`), and the stream
+//!   writer session (`probe`, the start's `survey` of every host, `session`, `late_hosts`,
+//!   `columns_guard`, `dedup_window`) and what a change of the table's columns under it means (`schema_change`), and the stream
 //!   columns `auto_add_columns` adds to the table (`auto_add`).
 //! - `delivery/`: what every class shares: the per-sink state and its session wait
 //!   (`sink_state`), epochs cut into parts (`cutter`), the INSERT (`insert`, `backoff`), the

@@ -14,6 +14,7 @@ use flow_state::ErrorRecord;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
+use crate::config::dynamic::ClickHouseDynamicParams;
 use crate::config::guarantee::{GiveUp, OnFailure};
 use crate::config::topology::ShardIndex;
 use crate::delivery::backlog_age::Expired;
@@ -23,7 +24,7 @@ use crate::server::classify::{
     is_replica_local, log_unknown, refused_unstored, ClassifiedError, ErrorClass,
 };
 use crate::server::client::{EndpointClient, InsertError, ShardClients};
-use crate::server::session::WriterSession;
+use crate::server::session::{ColumnsPlan, WriterSession};
 
 /// How one INSERT ended without success.
 #[derive(Debug)]
@@ -276,38 +277,25 @@ pub async fn insert_part(
     request: InsertRequest<'_>,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<u32, InsertFailure> {
-    let InsertRequest {
-        shard: index,
-        token,
-        payload,
-        plan: encoded_for,
-        compressed,
-        sealed_at_ms,
-        answered_code,
-        attempts: attempt_log,
-        metrics,
-    } = request;
-    let Some(shard) = session.shards.get(index.0) else {
-        return Err(unconfigured_shard(shared, &format!("#{}", index.0)));
+    let Some(shard) = session.shards.get(request.shard.0) else {
+        return Err(unconfigured_shard(shared, &format!("#{}", request.shard.0)));
     };
-    let shard_name = shard.name.as_str();
-    let mut attempts = 0u32;
-    // The replicas that refused this part with a replica-local error ([`is_replica_local`]):
-    // skipped for the rest of this insert, whatever the shared cursor says.
-    let mut refused_here: Vec<usize> = Vec::new();
-    // Whether an attempt of this call may have stored the part: it went out without an answer,
-    // or the server refused it in a way that does not say nothing was stored
-    // ([`may_have_stored`]).
-    let mut stored_maybe: Option<ClassifiedError> = None;
-    // Columns adopted after this call's start: its attempts so far were made under others.
-    let generation = session.plan().generation;
+    let mut call = PartInsert {
+        shared,
+        session,
+        shard,
+        request,
+        attempts: 0,
+        refused_here: Vec::new(),
+        stored_maybe: None,
+        generation: session.plan().generation,
+    };
     loop {
-        if let Some(expired) = attempt_log.and_then(|log| log.expired()) {
+        if let Some(expired) = request.attempts.and_then(|log| log.expired()) {
             return Err(InsertFailure::Expired(expired));
         }
         let dynamic = shared.dynamic();
-        let settings = insert_settings(session, token, dynamic.async_insert);
-        let Some(endpoint) = next_endpoint(shard, &refused_here) else {
+        let Some(endpoint) = next_endpoint(shard, &call.refused_here) else {
             // No host of the shard has answered since the session started: nothing to try yet
             // (`late_hosts` admits one once it answers).
             tokio::select! {
@@ -316,6 +304,78 @@ pub async fn insert_part(
             }
         };
         let plan = session.plan();
+        call.check_plan(&plan).await?;
+        let failure = match call.attempt(endpoint, &plan, &dynamic).await? {
+            Attempt::Stored { started } => {
+                return call.stored(endpoint, &plan, &dynamic, started, stop).await
+            }
+            Attempt::Resend => continue,
+            Attempt::Failed(failure) => failure,
+        };
+        let error = call.note_failure(failure).await?;
+        match call.after_failure(endpoint, error, &dynamic).await? {
+            Retry::AtOnce => continue,
+            Retry::After(pause) => tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
+            },
+        }
+    }
+}
+
+/// One call of [`insert_part`]: the part, and what its attempts so far tell.
+struct PartInsert<'a> {
+    shared: &'a SinkShared,
+    session: &'a WriterSession,
+    shard: &'a ShardClients,
+    request: InsertRequest<'a>,
+    attempts: u32,
+    /// The replicas that refused this part with a replica-local error ([`is_replica_local`]):
+    /// skipped for the rest of this insert, whatever the shared cursor says.
+    refused_here: Vec<usize>,
+    /// Whether an attempt of this call may have stored the part: it went out without an answer,
+    /// or the server refused it in a way that does not say nothing was stored
+    /// ([`may_have_stored`]).
+    stored_maybe: Option<ClassifiedError>,
+    /// The session's plan generation when the call started: columns adopted after it mean the
+    /// attempts so far were made under others.
+    generation: u64,
+}
+
+/// How one attempt of a part ended.
+enum Attempt {
+    /// The server stored the part (the INSERT started at `started`).
+    Stored {
+        started: std::time::Instant,
+    },
+    /// Nothing was sent, and the session adopted the table's new columns: the part is looked at
+    /// again under them.
+    Resend,
+    Failed(InsertError),
+}
+
+/// When the next attempt after a failed one goes out.
+enum Retry {
+    /// At once, to the next replica (the failed one refused the part for itself only).
+    AtOnce,
+    /// After the shard's back-off.
+    After(Duration),
+}
+
+/// An attempt that failed before anything was sent.
+fn unsent(error: ClassifiedError) -> Attempt {
+    Attempt::Failed(InsertError {
+        error,
+        unanswered: false,
+    })
+}
+
+impl PartInsert<'_> {
+    /// Whether the part may still be sent under `plan`; otherwise it goes back to its caller
+    /// ([`InsertFailure::Replanned`]) or is given up.
+    async fn check_plan(&self, plan: &ColumnsPlan) -> Result<(), InsertFailure> {
+        let encoded_for = self.request.plan;
+        let attempt_log = self.request.attempts;
         if plan.encoder.plan_fingerprint() != encoded_for {
             // A widening adopted while this part's attempts were refused in ways that store
             // nothing (a body the server could not read, its narrower bytes read as the wider
@@ -324,10 +384,10 @@ pub async fn insert_part(
             // goes back to its caller, which re-encodes it for the wider column. Any other
             // refusal may have stored the part (an unknown outcome), where a re-encoded copy
             // would not be recognised: given up, as below.
-            if stored_maybe.is_none()
-                && one_block_per_insert(session)
+            if self.stored_maybe.is_none()
+                && one_block_per_insert(self.session)
                 && attempt_log.is_some()
-                && session.plan_before_widening(encoded_for).is_some()
+                && self.session.plan_before_widening(encoded_for).is_some()
             {
                 return Err(InsertFailure::Replanned);
             }
@@ -340,197 +400,228 @@ pub async fn insert_part(
                     message: format!(
                         "the part was encoded with plan {encoded_for} and the table's columns now give plan {}: {}",
                         plan.encoder.plan_fingerprint(),
-                        session.plan_change(encoded_for)
+                        self.session.plan_change(encoded_for)
                     ),
                 },
-                attempts,
+                attempts: self.attempts,
                 endpoint: String::new(),
-                give_up: on_failure_of(shared, ErrorClass::Permanent).give_up,
+                give_up: on_failure_of(self.shared, ErrorClass::Permanent).give_up,
             }));
         }
-        if let (Some(log), true) = (attempt_log, plan.generation != generation) {
+        if let (Some(log), true) = (attempt_log, plan.generation != self.generation) {
             // Other columns, same bytes: under them a resend is another block than one an
             // earlier attempt (of this call, or of a run that did not acknowledge it) may have
             // stored. The caller marks what may be in the table and looks for it first.
-            if let Some(error) = &stored_maybe {
+            if let Some(error) = &self.stored_maybe {
                 log.columns_changed(error, true)
                     .await
                     .map_err(InsertFailure::State)?;
             }
             return Err(InsertFailure::Replanned);
         }
-        attempts += 1;
+        Ok(())
+    }
+
+    /// One attempt on `endpoint`: the columns guard's check, then the INSERT.
+    async fn attempt(
+        &mut self,
+        endpoint: &EndpointClient,
+        plan: &ColumnsPlan,
+        dynamic: &ClickHouseDynamicParams,
+    ) -> Result<Attempt, InsertFailure> {
+        self.attempts += 1;
+        let request = &self.request;
         debug!(
-            shard = %shard_name,
+            shard = %self.shard.name,
             endpoint = %endpoint.endpoint,
-            token = token.unwrap_or(""),
-            attempt = attempts,
-            plan = %encoded_for,
+            token = request.token.unwrap_or(""),
+            attempt = self.attempts,
+            plan = %request.plan,
             generation = plan.generation,
             "sending a part"
         );
-        let guard = &plan.columns_guard;
         let started = std::time::Instant::now();
-        let result = match guard.before_insert(endpoint, dynamic.write_timeout).await {
-            Ok(()) => {
-                endpoint
-                    .insert(
-                        &plan.insert_sql,
-                        &settings,
-                        payload.clone(),
-                        compressed,
-                        dynamic.write_timeout,
-                    )
-                    .await
+        let timeout = dynamic.write_timeout;
+        if let Err(error) = plan.columns_guard.before_insert(endpoint, timeout).await {
+            return self.refused_before_sending(error, plan, timeout).await;
+        }
+        let settings = insert_settings(self.session, request.token, dynamic.async_insert);
+        let sent = endpoint
+            .insert(
+                &plan.insert_sql,
+                &settings,
+                request.payload.clone(),
+                request.compressed,
+                timeout,
+            )
+            .await;
+        Ok(match sent {
+            Ok(()) => Attempt::Stored { started },
+            Err(failure) => Attempt::Failed(failure),
+        })
+    }
+
+    /// The columns guard's check before an INSERT failed, so nothing was sent. A change of the
+    /// table's columns is read again and the part sent under the adopted plan (a part with an
+    /// attempt log goes back to its caller); a failure to read them fails the attempt.
+    async fn refused_before_sending(
+        &self,
+        error: ClassifiedError,
+        plan: &ColumnsPlan,
+        timeout: Duration,
+    ) -> Result<Attempt, InsertFailure> {
+        if !is_columns_change(&error) {
+            return Ok(unsent(error));
+        }
+        if let Some(log) = self.request.attempts {
+            log.columns_changed(&error, false)
+                .await
+                .map_err(InsertFailure::State)?;
+        }
+        match self.session.refresh_columns(timeout).await {
+            // The shards' current hosts agree with the plan, this one does not (an ALTER
+            // reaching the replicas one by one): wait and retry.
+            Ok(()) if self.session.plan().generation == plan.generation => {
+                Ok(unsent(ClassifiedError {
+                    class: ErrorClass::Retryable,
+                    code: None,
+                    message: format!(
+                        "{}; the other hosts still answer the columns the sink plans for, so it waits until they agree",
+                        error.message
+                    ),
+                }))
             }
-            Err(error) => {
-                if is_columns_change(&error) {
-                    if let Some(log) = attempt_log {
-                        log.columns_changed(&error, false)
-                            .await
-                            .map_err(InsertFailure::State)?;
-                    }
-                    // Nothing was sent: re-read the columns, and send under the adopted plan.
-                    match session.refresh_columns(dynamic.write_timeout).await {
-                        // The shards' current hosts agree with the plan, this one does not
-                        // (an ALTER reaching the replicas one by one): wait and retry.
-                        Ok(()) if session.plan().generation == plan.generation => {
-                            Err(InsertError {
-                                error: ClassifiedError {
-                                    class: ErrorClass::Retryable,
-                                    code: None,
-                                    message: format!(
-                                        "{}; the other hosts still answer the columns the sink plans for, so it waits until they agree",
-                                        error.message
-                                    ),
-                                },
-                                unanswered: false,
-                            })
-                        }
-                        Ok(()) if attempt_log.is_some() => return Err(InsertFailure::Replanned),
-                        Ok(()) => continue,
-                        Err(error) => Err(InsertError {
-                            error,
-                            unanswered: false,
-                        }),
-                    }
-                } else {
-                    Err(InsertError {
-                        error,
-                        unanswered: false,
-                    })
-                }
-            }
+            Ok(()) if self.request.attempts.is_some() => Err(InsertFailure::Replanned),
+            Ok(()) => Ok(Attempt::Resend),
+            Err(error) => Ok(unsent(error)),
+        }
+    }
+
+    /// The INSERT stored the part; the columns guard's check after it tells whether the
+    /// table's columns changed meanwhile.
+    async fn stored(
+        &self,
+        endpoint: &EndpointClient,
+        plan: &ColumnsPlan,
+        dynamic: &ClickHouseDynamicParams,
+        started: std::time::Instant,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<u32, InsertFailure> {
+        let token = self.request.token;
+        let checked = plan
+            .columns_guard
+            .after_insert(endpoint, dynamic.write_timeout, token, &self.shard.name)
+            .await;
+        if let Err(error) = checked {
+            return self
+                .stored_across_a_change(error, endpoint, plan, dynamic, started, stop)
+                .await;
+        }
+        self.succeeded(started);
+        debug!(
+            token = token.unwrap_or(""),
+            attempt = self.attempts,
+            "part stored"
+        );
+        Ok(self.attempts)
+    }
+
+    /// The part was stored while the table's columns changed: it is in the table, perhaps under
+    /// the new columns, where a resend is no replay.
+    async fn stored_across_a_change(
+        &self,
+        error: ClassifiedError,
+        endpoint: &EndpointClient,
+        plan: &ColumnsPlan,
+        dynamic: &ClickHouseDynamicParams,
+        started: std::time::Instant,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<u32, InsertFailure> {
+        if let Some(log) = self.request.attempts {
+            log.columns_changed(&error, true)
+                .await
+                .map_err(InsertFailure::State)?;
+        }
+        // A compatible change that left the columns this INSERT names as they were (a column
+        // it does not name added or dropped): the server read the part right under either
+        // layout. A part with an attempt log is marked and checked by its ids before it is
+        // acknowledged (under other columns a resend is no replay). A widened column the part
+        // was encoded for may have been read as the wider type: that stays a permanent error.
+        let Some(kept) = plan_kept_after_change(
+            self.session,
+            plan.encoder.plan_fingerprint(),
+            dynamic.write_timeout,
+            dynamic.retry_backoff,
+            stop,
+        )
+        .await
+        else {
+            return Err(InsertFailure::Stopped);
         };
-        let err = match result {
-            Ok(()) => {
-                if let Err(error) = guard
-                    .after_insert(endpoint, dynamic.write_timeout, token, shard_name)
-                    .await
-                {
-                    // The INSERT succeeded: the part is in the table, perhaps under the new
-                    // columns, where a resend is no replay.
-                    if let Some(log) = attempt_log {
-                        log.columns_changed(&error, true)
-                            .await
-                            .map_err(InsertFailure::State)?;
-                    }
-                    // A compatible change that left the columns this INSERT names as they
-                    // were (a column it does not name added or dropped): the server read the
-                    // part right under either layout. A part with an attempt log is marked and
-                    // checked by its ids before it is acknowledged (under other columns a
-                    // resend is no replay). A widened column the part was encoded for may
-                    // have been read as the wider type: that stays a permanent error.
-                    let Some(kept) = plan_kept_after_change(
-                        session,
-                        plan.encoder.plan_fingerprint(),
-                        dynamic.write_timeout,
-                        dynamic.retry_backoff,
-                        stop,
-                    )
-                    .await
-                    else {
-                        return Err(InsertFailure::Stopped);
-                    };
-                    if kept {
-                        if attempt_log.is_some() {
-                            return Err(InsertFailure::Replanned);
-                        }
-                        shard.backoff.succeeded();
-                        metrics.observe_insert(Some(shard_name), started.elapsed().as_secs_f64());
-                        return Ok(attempts);
-                    }
-                    return Err(InsertFailure::GaveUp(GaveUp {
-                        give_up: on_failure_of(shared, error.class).give_up,
-                        error,
-                        attempts,
-                        endpoint: endpoint.endpoint.to_string(),
-                    }));
-                }
-                shard.backoff.succeeded();
-                metrics.observe_insert(Some(shard_name), started.elapsed().as_secs_f64());
-                debug!(
-                    token = token.unwrap_or(""),
-                    attempt = attempts,
-                    "part stored"
-                );
-                return Ok(attempts);
-            }
-            Err(InsertError { error, unanswered }) => {
-                if let (true, Some(log)) = (unanswered, attempt_log) {
-                    log.unanswered(&error).await.map_err(InsertFailure::State)?;
-                }
-                if unanswered || may_have_stored(&error) {
-                    stored_maybe = Some(error.clone());
-                }
-                error
-            }
-        };
-        let answered = answered_code.is_some() && err.code == answered_code;
+        if !kept {
+            return Err(InsertFailure::GaveUp(GaveUp {
+                give_up: on_failure_of(self.shared, error.class).give_up,
+                error,
+                attempts: self.attempts,
+                endpoint: endpoint.endpoint.to_string(),
+            }));
+        }
+        if self.request.attempts.is_some() {
+            return Err(InsertFailure::Replanned);
+        }
+        self.succeeded(started);
+        Ok(self.attempts)
+    }
+
+    /// The shard's back-off decays and the INSERT's duration is observed.
+    fn succeeded(&self, started: std::time::Instant) {
+        self.shard.backoff.succeeded();
+        self.request
+            .metrics
+            .observe_insert(Some(&self.shard.name), started.elapsed().as_secs_f64());
+    }
+
+    /// Notes what a failed attempt tells: an unanswered one is recorded in the part's attempt
+    /// log before any retry, and either may have stored the part.
+    async fn note_failure(
+        &mut self,
+        failure: InsertError,
+    ) -> Result<ClassifiedError, InsertFailure> {
+        let InsertError { error, unanswered } = failure;
+        if let (true, Some(log)) = (unanswered, self.request.attempts) {
+            log.unanswered(&error).await.map_err(InsertFailure::State)?;
+        }
+        if unanswered || may_have_stored(&error) {
+            self.stored_maybe = Some(error.clone());
+        }
+        Ok(error)
+    }
+
+    /// What follows a failed attempt, as the sink's guarantee says for its error's class: the
+    /// next attempt (at once on another replica, or after the shard's back-off), or the end of
+    /// the insert.
+    async fn after_failure(
+        &mut self,
+        endpoint: &EndpointClient,
+        err: ClassifiedError,
+        dynamic: &ClickHouseDynamicParams,
+    ) -> Result<Retry, InsertFailure> {
+        let (session, shard) = (self.session, self.shard);
+        let answered =
+            self.request.answered_code.is_some() && err.code == self.request.answered_code;
         if err.class == ErrorClass::Unknown && !answered {
-            log_unknown(
-                &err,
-                &session.database,
-                &session.table,
-                &endpoint.endpoint.to_string(),
-            );
+            let host = endpoint.endpoint.to_string();
+            log_unknown(&err, &session.database, &session.table, &host);
         }
-        if is_replica_local(&err) && !answered {
-            if let Some(index) = shard
-                .endpoints
-                .iter()
-                .position(|e| std::ptr::eq(e, endpoint))
-            {
-                refused_here.push(index);
-            }
-            if next_endpoint(shard, &refused_here).is_some() {
-                // That host's refusal, not the shard's: the same bytes (and token) go to the next
-                // replica at once. It answered, so nothing of the part was stored there: even
-                // at-most-once sends the rows no more than once.
-                count_failure(metrics, shard_name, &err, true)
-                    .await
-                    .map_err(InsertFailure::State)?;
-                shard.advance();
-                warn!(
-                    database = %session.database,
-                    table = %session.table,
-                    shard = %shard_name,
-                    endpoint = %endpoint.endpoint,
-                    token = token.unwrap_or(""),
-                    attempt = attempts,
-                    error = %err,
-                    "replica {} refused the insert with an error about that host only (its table or database is missing or detached there, it is read-only, or its users differ); the part goes to the next replica of the shard. Fix that host (e.g. `ATTACH TABLE {}.{}` on it, or its users and grants): later parts try it again",
-                    endpoint.endpoint, session.database, session.table
-                );
-                continue;
-            }
+        if is_replica_local(&err) && !answered && self.skip_replica(endpoint, &err).await? {
+            return Ok(Retry::AtOnce);
         }
-        let err = if refused_here.len() > 1 && is_replica_local(&err) {
+        let err = if self.refused_here.len() > 1 && is_replica_local(&err) {
             every_replica_refused(shard, err)
         } else {
             err
         };
-        let on_failure = on_failure_of(shared, err.class);
+        let on_failure = on_failure_of(self.shared, err.class);
         // Fail over whether or not this part is retried: where the guarantee allows one attempt,
         // the next part must not go to the host that just failed (at-most-once would lose every
         // later part while a live replica waits).
@@ -538,14 +629,14 @@ pub async fn insert_part(
         let retried = !answered
             && on_failure
                 .retry
-                .again(attempts, dynamic.max_insert_attempts);
-        count_failure(metrics, shard_name, &err, retried)
+                .again(self.attempts, dynamic.max_insert_attempts);
+        count_failure(self.request.metrics, &shard.name, &err, retried)
             .await
             .map_err(InsertFailure::State)?;
         if !retried {
             return Err(InsertFailure::GaveUp(GaveUp {
                 error: err,
-                attempts,
+                attempts: self.attempts,
                 endpoint: endpoint.endpoint.to_string(),
                 give_up: on_failure.give_up,
             }));
@@ -556,22 +647,57 @@ pub async fn insert_part(
         warn!(
             database = %session.database,
             table = %session.table,
-            shard = %shard_name,
+            shard = %shard.name,
             endpoint = %endpoint.endpoint,
-            token = token.unwrap_or(""),
-            attempt = attempts,
+            token = self.request.token.unwrap_or(""),
+            attempt = self.attempts,
             pause_ms = pause.as_millis() as u64,
             shard_errors = shard.backoff.errors(),
             error = %err,
             "insert failed; retrying on the next host of the shard"
         );
-        if let Some(sealed_at_ms) = sealed_at_ms {
+        if let Some(sealed_at_ms) = self.request.sealed_at_ms {
             warn_backlog_age(session, shard, sealed_at_ms);
         }
-        tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
-            _ = stop.wait_for(|s| *s) => return Err(InsertFailure::Stopped),
+        Ok(Retry::After(pause))
+    }
+
+    /// After a replica-local refusal ([`is_replica_local`]): that host is skipped for the rest
+    /// of this insert; `true` when another replica is left to send the same bytes (and token)
+    /// to at once. It answered, so nothing of the part was stored there: even at-most-once
+    /// sends the rows no more than once.
+    async fn skip_replica(
+        &mut self,
+        endpoint: &EndpointClient,
+        err: &ClassifiedError,
+    ) -> Result<bool, InsertFailure> {
+        let (session, shard) = (self.session, self.shard);
+        if let Some(index) = shard
+            .endpoints
+            .iter()
+            .position(|e| std::ptr::eq(e, endpoint))
+        {
+            self.refused_here.push(index);
         }
+        if next_endpoint(shard, &self.refused_here).is_none() {
+            return Ok(false);
+        }
+        count_failure(self.request.metrics, &shard.name, err, true)
+            .await
+            .map_err(InsertFailure::State)?;
+        shard.advance();
+        warn!(
+            database = %session.database,
+            table = %session.table,
+            shard = %shard.name,
+            endpoint = %endpoint.endpoint,
+            token = self.request.token.unwrap_or(""),
+            attempt = self.attempts,
+            error = %err,
+            "replica {} refused the insert with an error about that host only (its table or database is missing or detached there, it is read-only, or its users differ); the part goes to the next replica of the shard. Fix that host (e.g. `ATTACH TABLE {}.{}` on it, or its users and grants): later parts try it again",
+            endpoint.endpoint, session.database, session.table
+        );
+        Ok(true)
     }
 }
 

@@ -148,6 +148,15 @@ pub fn quote_table(database: &str, table: &str) -> String {
     format!("{}.{}", quote_ident(database), quote_ident(table))
 }
 
+/// A host as messages name it: `host H`, or `host H of shard `S`` where the sink is sharded.
+pub fn describe_host(shard: &str, endpoint: &EndpointClient) -> String {
+    if shard.is_empty() {
+        format!("host {}", endpoint.endpoint)
+    } else {
+        format!("host {} of shard `{shard}`", endpoint.endpoint)
+    }
+}
+
 impl EndpointClient {
     /// Runs a query and returns its rows as JSON objects.
     pub async fn query_json(

@@ -16,6 +16,9 @@ use std::time::Duration;
 
 use tracing::warn;
 
+use crate::config::dynamic::ClickHouseDynamicParams;
+use crate::config::params::SinkParams;
+
 /// The settings that bound a deduplication window.
 pub const DEDUP_WINDOW_SETTINGS: &[&str] = &[
     "replicated_deduplication_window",
@@ -192,6 +195,36 @@ impl DedupWindows {
             }
         }
         warnings
+    }
+}
+
+/// The dedup window of one shard's table, kept by the session for the checks on a reload.
+#[derive(Clone, Debug)]
+pub(crate) struct ShardDedupWindow {
+    pub(crate) shard: String,
+    pub(crate) replicated: bool,
+    pub(crate) windows: DedupWindows,
+}
+
+impl ShardDedupWindow {
+    /// Warns when the window cannot cover a replay: shorter in time than `replay_horizon`, or
+    /// shorter in blocks than what the sink can insert into the shard between a batch's first
+    /// attempt and a copy of it (see [`ReplayExposure`]).
+    pub(crate) fn warn_if_short(
+        &self,
+        params: &SinkParams,
+        dynamic: &ClickHouseDynamicParams,
+        exposure: &ReplayExposure,
+    ) {
+        let warnings = self.windows.check(
+            self.replicated,
+            dynamic.async_insert,
+            exposure,
+            dynamic.replay_horizon.as_secs(),
+        );
+        for warning in warnings {
+            warning.log(&params.database, &params.table, &self.shard);
+        }
     }
 }
 

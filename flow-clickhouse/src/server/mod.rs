@@ -10,4 +10,5 @@ pub(crate) mod probe;
 pub(crate) mod protocol;
 pub(crate) mod schema_change;
 pub(crate) mod session;
+pub(crate) mod survey;
 pub(crate) mod tls;

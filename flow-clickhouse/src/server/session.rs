@@ -15,24 +15,19 @@ use tracing::{error, info, warn};
 use crate::config::dynamic::ClickHouseDynamicParams;
 use crate::config::guarantee::SinkClass;
 use crate::config::params::SinkParams;
-use crate::config::topology::{Endpoint, ShardIndex};
+use crate::config::topology::ShardIndex;
 use crate::encode::chtype::{check_mapping_on, narrowed, type_to_alter_to, ChType, ServerTypes};
 use crate::encode::readable::ReadableRanges;
 use crate::encode::rowbinary::{EncodedColumn, RowBinaryEncoder};
-use crate::exactly_once::fingerprint::{
-    endpoint_target_fingerprint, replicated_target_fingerprint, target_key,
-};
 use crate::server::auto_add::add_missing_columns;
 use crate::server::classify::{ClassifiedError, ErrorClass};
-use crate::server::client::{build_shards, quote_ident, quote_table, EndpointClient, ShardClients};
+use crate::server::client::{build_shards, describe_host, quote_ident, quote_table, ShardClients};
 use crate::server::columns_guard::{read_columns, ColumnMeta, ColumnsGuard};
-use crate::server::dedup_window::{DedupWindows, ReplayExposure};
-use crate::server::late_hosts::{LateCheck, LateHost, LateHosts, LateTargets, ShardReference};
-use crate::server::probe::{
-    min_capabilities, probe_speaking_its_protocol, schema_difference, Capabilities,
-    EndpointMetadata, EngineKind, SessionError,
-};
+use crate::server::dedup_window::{ReplayExposure, ShardDedupWindow};
+use crate::server::late_hosts::{LateCheck, LateHosts, LateTargets};
+use crate::server::probe::{probe_speaking_its_protocol, Capabilities, SessionError};
 use crate::server::schema_change::{decide, ChangeDecision};
+use crate::server::survey::{Survey, Surveyed};
 
 /// Functions whose value differs between two executions of the same INSERT. A DEFAULT or
 /// MATERIALIZED expression using one makes two replays of a batch different blocks.
@@ -69,14 +64,6 @@ const NON_DETERMINISTIC_FUNCTIONS: &[&str] = &[
 ];
 
 const ASYNC_INSERT_UNSUPPORTED: &str = "`async_insert: true` is set but the server does not know the setting `async_insert` (ClickHouse before 21.11). Set `async_insert: false`";
-
-/// The dedup window of one shard's table, kept for the re-checks on reload.
-#[derive(Clone, Debug)]
-struct ShardDedupWindow {
-    shard: String,
-    replicated: bool,
-    windows: DedupWindows,
-}
 
 /// A started session, shared by every partition of one sink.
 pub struct WriterSession {
@@ -199,7 +186,7 @@ impl WriterSession {
                 continue;
             };
             let columns = read_columns(endpoint, &sql, timeout).await?;
-            let here = describe(&shard.name, endpoint);
+            let here = describe_host(&shard.name, endpoint);
             match &seen {
                 Some((there, first)) if *first != columns => {
                     return Err(ClassifiedError {
@@ -341,7 +328,7 @@ impl WriterSession {
             return Err(ASYNC_INSERT_UNSUPPORTED.to_owned());
         }
         for window in &self.dedup_windows {
-            check_dedup_window(params, dynamic, window, &self.exposure);
+            window.warn_if_short(params, dynamic, &self.exposure);
         }
         Ok(())
     }
@@ -357,18 +344,12 @@ impl WriterSession {
     /// Connects to every endpoint and validates the target; see the module doc.
     pub async fn start(
         class: SinkClass,
-        sink_params: &SinkParams,
+        params: &SinkParams,
         dynamic: &ClickHouseDynamicParams,
         stream: &Arc<StreamSchema>,
         exposure: ReplayExposure,
     ) -> Result<WriterSession, SessionError> {
-        let params = sink_params;
-        let refused = |reason: String| SessionError::Refused {
-            database: params.database.clone(),
-            table: params.table.clone(),
-            reason,
-        };
-        let shards = build_shards(sink_params).map_err(|source| SessionError::Clients {
+        let shards = build_shards(params).map_err(|source| SessionError::Clients {
             database: params.database.clone(),
             table: params.table.clone(),
             source,
@@ -378,7 +359,7 @@ impl WriterSession {
             add_missing_columns(&shards, params, stream, timeout)
                 .await
                 .map_err(|cause| match cause.class {
-                    ErrorClass::Permanent => refused(format!(
+                    ErrorClass::Permanent => refused(params, format!(
                         "auto_add_columns could not add the stream's columns missing from the table: {cause}. Grant the user ALTER on the table, or add the columns by hand"
                     )),
                     _ => SessionError::Unreachable {
@@ -387,203 +368,48 @@ impl WriterSession {
                     },
                 })?;
         }
-
-        let mut first: Option<(String, EndpointMetadata)> = None;
-        let mut capabilities = Capabilities {
-            insert_deduplication_token: true,
-            async_insert: true,
-            async_insert_deduplicate: true,
-            insert_deduplicate: true,
-            replicas_zookeeper_name: true,
-        };
-        let mut target_fingerprints = BTreeMap::new();
-        let mut dedup_windows = Vec::new();
-        // What every host that answered reads back of Date and DateTime (the oldest server's).
-        let mut ranges: Option<ReadableRanges> = None;
         // Every endpoint is probed at once (a start costs one round of queries, not one per
-        // host); the answers are then checked in the order the spec lists the hosts.
+        // host); the answers are then taken in the order the spec lists the hosts.
         let probes = join_all(shards.iter().map(|shard| {
             join_all(
                 shard
                     .endpoints
                     .iter()
-                    .map(|endpoint| probe_speaking_its_protocol(endpoint, sink_params, timeout)),
+                    .map(|endpoint| probe_speaking_its_protocol(endpoint, params, timeout)),
             )
         }))
         .await;
-        let mut late = Vec::new();
-        let mut late_shards = Vec::new();
-        let mut unreachable = None;
-        let sharded = shards.len() > 1;
+        let mut survey = Survey::new(class, params, dynamic, &exposure, shards.len());
         for (shard, probes) in shards.iter().zip(probes) {
-            let mut shard_first: Option<(String, EndpointMetadata)> = None;
-            // A host down while its shard's others answer is checked later; so is a whole shard
-            // down, once another shard answered (see the end of the loop).
-            let answered = probes.iter().any(Result::is_ok);
-            let all_unreachable = probes
-                .iter()
-                .all(|p| matches!(p, Err(SessionError::Unreachable { .. })));
-            if sharded && all_unreachable {
-                for (endpoint, probed) in shard.endpoints.iter().zip(probes) {
-                    if let Err(SessionError::Unreachable { cause, .. }) = probed {
-                        late.push(LateHost {
-                            shard: shard.name.clone(),
-                            endpoint: endpoint.clone(),
-                            cause: cause.clone(),
-                            reference: None,
-                        });
-                        unreachable.get_or_insert(SessionError::Unreachable {
-                            endpoint: endpoint.endpoint.to_string(),
-                            cause,
-                        });
-                    }
-                }
-                late_shards.push(shard.name.clone());
-                continue;
-            }
-            let mut late_here = Vec::new();
-            for (endpoint, probed) in shard.endpoints.iter().zip(probes) {
-                let meta = match probed {
-                    Ok(meta) => meta,
-                    Err(SessionError::Unreachable { cause, .. }) if answered => {
-                        late_here.push((endpoint.clone(), cause));
-                        continue;
-                    }
-                    // One replica refusing what another host of its shard accepts (its table
-                    // detached or missing there, say) is that host's failure, as it is for an
-                    // insert (`crate::delivery::insert`): the session starts on the others and
-                    // `late_hosts` admits this one once it answers with the same table.
-                    Err(err @ (SessionError::Refused { .. } | SessionError::NoTable { .. }))
-                        if answered =>
-                    {
-                        let reason = err.to_string();
-                        warn!(
-                            database = %params.database,
-                            table = %params.table,
-                            shard = %shard.name,
-                            host = %endpoint.endpoint,
-                            reason = %reason,
-                            "a host refuses the table that its shard's other hosts answer with: the sink writes to those and admits this one once it answers with the same table. Fix that host (e.g. ATTACH or create the table there)"
-                        );
-                        let cause = ClassifiedError {
-                            class: ErrorClass::Permanent,
-                            code: None,
-                            message: reason,
-                        };
-                        late_here.push((endpoint.clone(), cause));
-                        continue;
-                    }
-                    Err(err) => return Err(err),
-                };
-                let here = describe(&shard.name, endpoint);
-                capabilities = min_capabilities(capabilities, meta.capabilities);
-                let of_host = ReadableRanges::of_version(&meta.server_types.version);
-                ranges = Some(match ranges.take() {
-                    Some(so_far) => so_far.intersect(of_host),
-                    None => of_host,
-                });
-                if let Some((there, reference)) = &shard_first {
-                    if reference.engine != meta.engine {
-                        return Err(refused(format!(
-                            "{here} has engine {} but {there} has {}; every host of a shard must expose the same table",
-                            meta.engine, reference.engine
-                        )));
-                    }
-                    if meta.kind == EngineKind::Replicated
-                        && (reference.zookeeper_path != meta.zookeeper_path
-                            || reference.zookeeper_name != meta.zookeeper_name)
-                    {
-                        return Err(refused(format!(
-                            "{here} replicates through ZooKeeper path {:?} but {there} through {:?}: they are different tables, not replicas of one. Point every host of the shard at replicas sharing one zookeeper_path",
-                            meta.zookeeper_path.as_deref().unwrap_or(""),
-                            reference.zookeeper_path.as_deref().unwrap_or("")
-                        )));
-                    }
-                } else {
-                    shard_first = Some((here.clone(), meta.clone()));
-                }
-                if let Some((there, reference)) = &first {
-                    if let Some(diff) =
-                        schema_difference(&reference.columns, there, &meta.columns, &here)
-                    {
-                        return Err(refused(format!(
-                            "the table's schema differs between hosts: {diff}. Make the tables identical (name, type, default kind and expression, in order)"
-                        )));
-                    }
-                } else {
-                    first = Some((here, meta));
-                }
-            }
-            let Some((_, meta)) = shard_first else {
-                return Err(refused(format!("shard `{}` has no host", shard.name)));
-            };
-            late.extend(late_here.into_iter().map(|(endpoint, cause)| LateHost {
-                shard: shard.name.clone(),
-                endpoint,
-                cause,
-                reference: Some(ShardReference::of(&meta)),
-            }));
-            if meta.kind != EngineKind::Replicated && shard.endpoints.len() > 1 {
-                return Err(refused(format!(
-                    "{} is a {} table, which does not replicate: the sink cannot prove that the {} hosts{} expose one logical table. Use ReplicatedMergeTree, or list one host",
-                    params.table,
-                    meta.engine,
-                    shard.endpoints.len(),
-                    if shard.name.is_empty() { String::new() } else { format!(" of shard `{}`", shard.name) }
-                )));
-            }
-            let dedups = match meta.kind {
-                EngineKind::Replicated | EngineKind::Shared => true,
-                EngineKind::Plain => meta.dedup_windows.non_replicated_dedup_enabled(),
-            };
-            if !dedups && class.is_exactly_once() {
-                warn!(
-                    database = %params.database,
-                    table = %params.table,
-                    shard = %shard.name,
-                    engine = %meta.engine,
-                    "the target is a non-replicated {} without block deduplication by default: exactly-once degrades to at-least-once. Set the table setting non_replicated_deduplication_window (e.g. 1000) to enable deduplication",
-                    meta.engine
-                );
-            }
-            let fingerprint = match meta.kind {
-                EngineKind::Replicated => replicated_target_fingerprint(
-                    meta.zookeeper_name.as_deref().unwrap_or("default"),
-                    meta.zookeeper_path.as_deref().unwrap_or(""),
-                ),
-                EngineKind::Shared | EngineKind::Plain => {
-                    let hosts: Vec<Endpoint> =
-                        shard.endpoints.iter().map(|e| e.endpoint.clone()).collect();
-                    endpoint_target_fingerprint(
-                        &params.database,
-                        &params.table,
-                        params.port,
-                        &hosts,
-                    )
-                }
-            };
-            target_fingerprints.insert(target_key(&shard.name), fingerprint);
-            if dedups && class.is_exactly_once() {
-                let window = ShardDedupWindow {
-                    shard: shard.name.clone(),
-                    replicated: meta.kind != EngineKind::Plain,
-                    windows: meta.dedup_windows.clone(),
-                };
-                check_dedup_window(params, dynamic, &window, &exposure);
-                dedup_windows.push(window);
-            }
+            survey.shard(shard, probes)?;
         }
-        let Some((_, reference)) = first else {
-            // No shard answered: wait, as there is no table to plan the encoding from.
-            return Err(
-                unreachable.unwrap_or_else(|| refused("no endpoint is configured".to_owned()))
-            );
-        };
+        let surveyed = survey.finish()?;
+        WriterSession::open(class, params, dynamic, stream, exposure, shards, surveyed)
+    }
 
+    /// The session on the table the start's survey found: the stream planned onto its columns,
+    /// the late hosts watched until they answer.
+    fn open(
+        class: SinkClass,
+        params: &SinkParams,
+        dynamic: &ClickHouseDynamicParams,
+        stream: &Arc<StreamSchema>,
+        exposure: ReplayExposure,
+        shards: Vec<ShardClients>,
+        surveyed: Surveyed,
+    ) -> Result<WriterSession, SessionError> {
+        let Surveyed {
+            reference,
+            capabilities,
+            target_fingerprints,
+            dedup_windows,
+            ranges,
+            late,
+            late_shards,
+        } = surveyed;
         if dynamic.async_insert && !capabilities.async_insert {
-            return Err(refused(ASYNC_INSERT_UNSUPPORTED.to_owned()));
+            return Err(refused(params, ASYNC_INSERT_UNSUPPORTED.to_owned()));
         }
-        let ranges = ranges.unwrap_or_else(|| ReadableRanges::of_version(""));
         let encoder = plan_columns(
             class,
             params,
@@ -592,43 +418,18 @@ impl WriterSession {
             capabilities,
             &reference.server_types,
         )
-        .map_err(refused)?
+        .map_err(|reason| refused(params, reason))?
         .with_ranges(ranges.clone());
         let plan = ColumnsPlan::new(encoder, stream, &reference.columns, params, 0);
-        for column in &plan.widened {
-            info!(
-                database = %params.database,
-                table = %params.table,
-                column = %column.name,
-                stream_type = %column.was,
-                table_type = %column.now,
-                "the table column is wider than the stream's type: every value is written as the table's type"
-            );
-        }
-        if class.is_exactly_once() && !capabilities.insert_deduplication_token {
-            warn!(
-                database = %params.database,
-                table = %params.table,
-                "the server has no `insert_deduplication_token`: exactly-once rests on ClickHouse's content-hash deduplication of bit-identical replays. Two distinct batches with identical rows would collapse into one; make rows unique (e.g. include the message id) or upgrade ClickHouse"
-            );
-        }
-        let columns = plan.encoder.columns().len();
-        info!(
-            database = %params.database,
-            table = %params.table,
-            shards = shards.len(),
-            columns,
-            tokens = capabilities.insert_deduplication_token,
-            "ClickHouse writer session started"
-        );
+        log_started(class, params, &plan, capabilities, shards.len());
         let late_targets = Arc::new(LateTargets::new(&late_shards));
         let late_hosts = LateHosts::watch(
             late,
             LateCheck {
-                sink_params: sink_params.clone(),
+                sink_params: params.clone(),
                 columns: reference.columns.clone(),
                 capabilities,
-                timeout,
+                timeout: dynamic.write_timeout,
                 targets: Arc::clone(&late_targets),
             },
         );
@@ -662,6 +463,16 @@ impl WriterSession {
     /// a server without `insert_deduplication_token` (18.16) deduplicates by the stored block's
     /// content, which differs between the two types, so a re-encoded replay of a part that
     /// already landed would land twice. It is delivered after the column is narrowed back.
+    pub fn plan_change(&self, stored: &str) -> String {
+        let plan = self.plan();
+        plan_change(
+            &plan.encoder,
+            &plan.widened,
+            &quote_table(&self.database, &self.table),
+            stored,
+        )
+    }
+
     /// The plan a pending batch with plan fingerprint `stored` was encoded with when it is
     /// this session's plan before one or more of its widenings: its rows can be re-encoded for
     /// the wider columns ([`crate::encode::widen`]) where that is safe, or rebuilt with it.
@@ -679,16 +490,6 @@ impl WriterSession {
             &self.replan.params,
             plan.generation,
         )))
-    }
-
-    pub fn plan_change(&self, stored: &str) -> String {
-        let plan = self.plan();
-        plan_change(
-            &plan.encoder,
-            &plan.widened,
-            &quote_table(&self.database, &self.table),
-            stored,
-        )
     }
 }
 
@@ -789,12 +590,49 @@ fn permanent(message: String) -> ClassifiedError {
     }
 }
 
-fn describe(shard: &str, endpoint: &EndpointClient) -> String {
-    if shard.is_empty() {
-        format!("host {}", endpoint.endpoint)
-    } else {
-        format!("host {} of shard `{shard}`", endpoint.endpoint)
+/// The start's refusal of the table, with `reason`.
+fn refused(params: &SinkParams, reason: String) -> SessionError {
+    SessionError::Refused {
+        database: params.database.clone(),
+        table: params.table.clone(),
+        reason,
     }
+}
+
+/// What a started session tells the user: the columns written as a wider type, a server without
+/// tokens under an exactly-once class, and the start itself.
+fn log_started(
+    class: SinkClass,
+    params: &SinkParams,
+    plan: &ColumnsPlan,
+    capabilities: Capabilities,
+    shards: usize,
+) {
+    for column in &plan.widened {
+        info!(
+            database = %params.database,
+            table = %params.table,
+            column = %column.name,
+            stream_type = %column.was,
+            table_type = %column.now,
+            "the table column is wider than the stream's type: every value is written as the table's type"
+        );
+    }
+    if class.is_exactly_once() && !capabilities.insert_deduplication_token {
+        warn!(
+            database = %params.database,
+            table = %params.table,
+            "the server has no `insert_deduplication_token`: exactly-once rests on ClickHouse's content-hash deduplication of bit-identical replays. Two distinct batches with identical rows would collapse into one; make rows unique (e.g. include the message id) or upgrade ClickHouse"
+        );
+    }
+    info!(
+        database = %params.database,
+        table = %params.table,
+        shards,
+        columns = plan.encoder.columns().len(),
+        tokens = capabilities.insert_deduplication_token,
+        "ClickHouse writer session started"
+    );
 }
 
 /// Maps stream columns to table columns and builds the encoder.
@@ -875,26 +713,6 @@ fn is_non_deterministic(expression: &str) -> bool {
     NON_DETERMINISTIC_FUNCTIONS
         .iter()
         .any(|f| compact.contains(f))
-}
-
-/// Warns when a shard's dedup window cannot cover a replay: shorter in time than
-/// `replay_horizon`, or shorter in blocks than what this sink can insert into a shard between a
-/// batch's first attempt and a copy of it (see [`ReplayExposure`]).
-fn check_dedup_window(
-    params: &SinkParams,
-    dynamic: &ClickHouseDynamicParams,
-    window: &ShardDedupWindow,
-    exposure: &ReplayExposure,
-) {
-    let warnings = window.windows.check(
-        window.replicated,
-        dynamic.async_insert,
-        exposure,
-        dynamic.replay_horizon.as_secs(),
-    );
-    for warning in warnings {
-        warning.log(&params.database, &params.table, &window.shard);
-    }
 }
 
 #[cfg(test)]

@@ -11,295 +11,43 @@ use super::classes::{
 use crate::error::{SpecError, Violation};
 use crate::plugin::SourceFactory;
 use crate::spec::{
-    is_valid_name, EpochSettings, PayloadPolicy, PipelineSpec, ValidatedPipeline,
-    ValidatedProcessor, ValidatedSink, MAX_DRAIN_TIMEOUT_MS, MAX_EPOCH_DURATION_MS,
-    MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
+    is_valid_name, EpochSettings, PayloadPolicy, PipelineSpec, ProcessorSpec, SinkSpec,
+    ValidatedPipeline, ValidatedProcessor, ValidatedSink, MAX_DRAIN_TIMEOUT_MS,
+    MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS,
 };
 use crate::types::StreamSchema;
 
 impl Registry {
     /// Validates a parsed spec and builds its plugins, reporting every violation with its path.
     pub fn build(&self, spec: &PipelineSpec) -> Result<ValidatedPipeline, SpecError> {
-        let mut violations = Vec::new();
-        if !is_valid_name(&spec.pipeline) {
-            violations.push(Violation::new(
-                "pipeline",
-                format!(
-                    "`{}` is not a valid pipeline name: use letters, digits, `_` and `-`",
-                    spec.pipeline
-                ),
-            ));
-        }
-        if spec.partitions == 0 || spec.partitions > MAX_PARTITIONS {
-            violations.push(Violation::new(
-                "partitions",
-                format!("{} is out of range 1..={MAX_PARTITIONS}", spec.partitions),
-            ));
-        }
-        if spec.epoch.max_messages == 0 || spec.epoch.max_messages > MAX_EPOCH_MESSAGES {
-            violations.push(Violation::new(
-                "epoch.max_messages",
-                format!(
-                    "{} is out of range 1..={MAX_EPOCH_MESSAGES}",
-                    spec.epoch.max_messages
-                ),
-            ));
-        }
-        if spec.epoch.max_duration_ms == 0 || spec.epoch.max_duration_ms > MAX_EPOCH_DURATION_MS {
-            violations.push(Violation::new(
-                "epoch.max_duration_ms",
-                format!(
-                    "{} is out of range 1..={MAX_EPOCH_DURATION_MS}",
-                    spec.epoch.max_duration_ms
-                ),
-            ));
-        }
-        if spec
-            .state_dir
-            .as_ref()
-            .is_some_and(|dir| dir.as_os_str().is_empty())
-        {
-            violations.push(Violation::new(
-                "state_dir",
-                "an empty path; name a directory (for example `./flow-state`), or remove the key and pass --state-dir",
-            ));
-        }
-        if spec.shutdown.drain_timeout_ms > MAX_DRAIN_TIMEOUT_MS {
-            violations.push(Violation::new(
-                "shutdown.drain_timeout_ms",
-                format!(
-                    "{} is out of range 0..={MAX_DRAIN_TIMEOUT_MS}",
-                    spec.shutdown.drain_timeout_ms
-                ),
-            ));
-        }
+        let mut build = Build {
+            registry: self,
+            spec,
+            partitions: spec.partitions.clamp(1, MAX_PARTITIONS),
+            violations: Vec::new(),
+            streams: BTreeMap::new(),
+        };
+        build.check_settings();
         let metrics = spec
             .metrics
             .as_ref()
-            .and_then(|m| m.validate(&mut violations));
+            .and_then(|m| m.validate(&mut build.violations));
         let cluster = spec
             .cluster
             .as_ref()
-            .and_then(|c| c.validate(&mut violations));
-        let partitions = spec.partitions.clamp(1, MAX_PARTITIONS);
-
-        let mut streams: BTreeMap<String, Arc<StreamSchema>> = BTreeMap::new();
-        let source = match self.source(&spec.source.class) {
-            None => {
-                violations.push(Violation::new(
-                    "source.class",
-                    format!(
-                        "unknown source class `{}`; known classes: {}",
-                        spec.source.class,
-                        self.source_classes().join(", ")
-                    ),
-                ));
-                None
-            }
-            Some(builder) => {
-                let ctx = SourceBuildContext {
-                    pipeline: &spec.pipeline,
-                    partitions,
-                };
-                match builder(&ctx, &spec.source.parameters) {
-                    Ok(factory) => {
-                        violations.extend(epoch_too_short(
-                            factory.as_ref(),
-                            spec.epoch.max_duration_ms,
-                        ));
-                        streams.insert(factory.stream_id().to_owned(), factory.schema());
-                        Some(factory)
-                    }
-                    Err(errs) => {
-                        violations.extend(errs.into_iter().map(|v| v.under("source")));
-                        None
-                    }
-                }
-            }
-        };
-
-        let mut processors = Vec::new();
-        let mut processor_names = HashSet::new();
-        for (i, p) in spec.processors.iter().enumerate() {
-            let path = format!("processors[{i}]");
-            if !is_valid_name(&p.name) {
-                violations.push(Violation::new(
-                    format!("{path}.name"),
-                    format!(
-                        "`{}` is not a valid name: use letters, digits, `_` and `-`",
-                        p.name
-                    ),
-                ));
-            } else if !processor_names.insert(p.name.as_str()) {
-                violations.push(Violation::new(
-                    format!("{path}.name"),
-                    format!("processor name `{}` is used twice", p.name),
-                ));
-            }
-            let Some(input_schema) = streams.get(&p.input_stream_id).cloned() else {
-                violations.push(Violation::new(
-                    format!("{path}.input_stream_id"),
-                    format!(
-                        "unknown stream `{}`; streams defined before this processor: {}",
-                        p.input_stream_id,
-                        known(&streams)
-                    ),
-                ));
-                continue;
-            };
-            if streams.contains_key(&p.output_stream_id) {
-                violations.push(Violation::new(
-                    format!("{path}.output_stream_id"),
-                    format!("stream `{}` is already defined", p.output_stream_id),
-                ));
-                continue;
-            }
-            let Some(builder) = self.processor(&p.class) else {
-                violations.push(Violation::new(
-                    format!("{path}.class"),
-                    format!(
-                        "unknown processor class `{}`; known classes: {}",
-                        p.class,
-                        self.processor_classes().join(", ")
-                    ),
-                ));
-                continue;
-            };
-            let ctx = ProcessorBuildContext {
-                pipeline: &spec.pipeline,
-                name: &p.name,
-                input_schema: &input_schema,
-            };
-            match builder(&ctx, &p.parameters) {
-                Ok(factory) => {
-                    streams.insert(p.output_stream_id.clone(), factory.output_schema());
-                    processors.push(ValidatedProcessor {
-                        name: p.name.clone(),
-                        factory,
-                        input_stream_id: p.input_stream_id.clone(),
-                        output_stream_id: p.output_stream_id.clone(),
-                    });
-                }
-                Err(errs) => violations.extend(errs.into_iter().map(|v| v.under(&path))),
-            }
-        }
-
-        if spec.sinks.is_empty() {
-            violations.push(Violation::new(
-                "sinks",
-                "a pipeline needs at least one sink",
-            ));
-        }
-        // Every partition's subject, or none when the source has none (all or nothing: a
-        // source reports a subject for each of its partitions or for none).
-        let subjects: Option<Vec<String>> = source
-            .as_ref()
-            .and_then(|source| (0..partitions).map(|p| source.subject(p)).collect());
-        let source_subjects = match (&source, &subjects) {
-            (Some(_), Some(subjects)) => SourceSubjects::Known(subjects),
-            (Some(_), None) => SourceSubjects::None {
-                source_class: &spec.source.class,
-            },
-            (None, _) => SourceSubjects::Unknown,
-        };
-        let mut sinks = Vec::new();
-        let mut sink_names = HashSet::new();
-        for (i, s) in spec.sinks.iter().enumerate() {
-            let path = format!("sinks[{i}]");
-            if !is_valid_name(&s.name) {
-                violations.push(Violation::new(
-                    format!("{path}.name"),
-                    format!(
-                        "`{}` is not a valid sink name: use letters, digits, `_` and `-`",
-                        s.name
-                    ),
-                ));
-            } else if !sink_names.insert(s.name.as_str()) {
-                violations.push(Violation::new(
-                    format!("{path}.name"),
-                    format!(
-                        "sink name `{}` is used twice; each sink names its own state",
-                        s.name
-                    ),
-                ));
-            }
-            let mut inputs = Vec::new();
-            if s.input_stream_ids.is_empty() {
-                violations.push(Violation::new(
-                    format!("{path}.input_stream_ids"),
-                    "a sink needs at least one input stream",
-                ));
-            }
-            let mut resolved = true;
-            for (j, id) in s.input_stream_ids.iter().enumerate() {
-                match streams.get(id) {
-                    Some(schema) => inputs.push((id.clone(), Arc::clone(schema))),
-                    None => {
-                        resolved = false;
-                        // An unknown source class already explains a missing stream.
-                        if source.is_some() {
-                            violations.push(Violation::new(
-                                format!("{path}.input_stream_ids[{j}]"),
-                                format!(
-                                    "unknown stream `{id}`; known streams: {}",
-                                    known(&streams)
-                                ),
-                            ));
-                        }
-                    }
-                }
-            }
-            let Some(builder) = self.sink(&s.sink_class_name) else {
-                violations.push(Violation::new(
-                    format!("{path}.sink_class_name"),
-                    format!(
-                        "unknown sink class `{}`; known classes: {}",
-                        s.sink_class_name,
-                        self.sink_classes().join(", ")
-                    ),
-                ));
-                continue;
-            };
-            // Build even with an unresolved input, so parameter mistakes are reported too.
-            let ctx = SinkBuildContext {
-                pipeline: &spec.pipeline,
-                sink: &s.name,
-                class: &s.sink_class_name,
-                partitions,
-                epoch: EpochSettings::of(&spec.epoch),
-                inputs: &inputs,
-                subjects: source_subjects,
-            };
-            match builder(&ctx, &s.parameters, &s.dynamic_parameters) {
-                Ok(_) if !resolved => {}
-                Ok(factory) => sinks.push(ValidatedSink {
-                    name: s.name.clone(),
-                    class: s.sink_class_name.clone(),
-                    factory,
-                    input_stream_ids: s.input_stream_ids.clone(),
-                    dynamic_parameters: s.dynamic_parameters.clone(),
-                }),
-                // An unresolved input is already explained (an unknown stream, or a source that
-                // failed to build); the sink's view of its empty input list would only mislead.
-                Err(errs) => violations.extend(
-                    errs.into_iter()
-                        .filter(|v| resolved || !v.path.starts_with("input_stream_ids"))
-                        .map(|v| v.under(&path)),
-                ),
-            }
-        }
-
+            .and_then(|c| c.validate(&mut build.violations));
+        let source = build.source();
+        let processors = build.processors();
+        let sinks = build.sinks(source.as_deref());
         if let (Some(_), Some(source)) = (&cluster, &source) {
-            if spec.outbox.payloads != PayloadPolicy::Auto || !source.replayable() {
-                violations.push(Violation::new(
-                    "cluster",
-                    format!(
-                        "a cluster keeps only batch bounds in ZooKeeper, but this outbox would keep batch payloads (the source `{}` cannot re-read a committed range, or `outbox.payloads` is not `auto`); remove `cluster` to run in one process",
-                        spec.source.class
-                    ),
-                ));
-            }
+            build.check_cluster_outbox(source.as_ref());
         }
+        let Build {
+            partitions,
+            violations,
+            streams,
+            ..
+        } = build;
         match source {
             Some(source) if violations.is_empty() => Ok(ValidatedPipeline {
                 name: spec.pipeline.clone(),
@@ -323,6 +71,342 @@ impl Registry {
     /// Parses and builds a spec from YAML text.
     pub fn build_yaml(&self, text: &str) -> Result<ValidatedPipeline, SpecError> {
         self.build(&PipelineSpec::from_yaml(text)?)
+    }
+}
+
+/// One [`Registry::build`] of `spec`: the violations found so far, and the streams its source
+/// and processors defined so far (a processor or sink may name only those).
+struct Build<'a> {
+    registry: &'a Registry,
+    spec: &'a PipelineSpec,
+    /// `partitions`, clamped to its range so that plugins build even when it is out of range.
+    partitions: u32,
+    violations: Vec<Violation>,
+    streams: BTreeMap<String, Arc<StreamSchema>>,
+}
+
+impl Build<'_> {
+    fn violation(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.violations.push(Violation::new(path, message));
+    }
+
+    /// The spec's own settings: its name, partitions, epoch, state directory and drain bound.
+    fn check_settings(&mut self) {
+        let spec = self.spec;
+        if !is_valid_name(&spec.pipeline) {
+            self.violation(
+                "pipeline",
+                format!(
+                    "`{}` is not a valid pipeline name: use letters, digits, `_` and `-`",
+                    spec.pipeline
+                ),
+            );
+        }
+        if spec.partitions == 0 || spec.partitions > MAX_PARTITIONS {
+            self.violation(
+                "partitions",
+                format!("{} is out of range 1..={MAX_PARTITIONS}", spec.partitions),
+            );
+        }
+        if spec.epoch.max_messages == 0 || spec.epoch.max_messages > MAX_EPOCH_MESSAGES {
+            self.violation(
+                "epoch.max_messages",
+                format!(
+                    "{} is out of range 1..={MAX_EPOCH_MESSAGES}",
+                    spec.epoch.max_messages
+                ),
+            );
+        }
+        if spec.epoch.max_duration_ms == 0 || spec.epoch.max_duration_ms > MAX_EPOCH_DURATION_MS {
+            self.violation(
+                "epoch.max_duration_ms",
+                format!(
+                    "{} is out of range 1..={MAX_EPOCH_DURATION_MS}",
+                    spec.epoch.max_duration_ms
+                ),
+            );
+        }
+        if spec
+            .state_dir
+            .as_ref()
+            .is_some_and(|dir| dir.as_os_str().is_empty())
+        {
+            self.violation(
+                "state_dir",
+                "an empty path; name a directory (for example `./flow-state`), or remove the key and pass --state-dir",
+            );
+        }
+        if spec.shutdown.drain_timeout_ms > MAX_DRAIN_TIMEOUT_MS {
+            self.violation(
+                "shutdown.drain_timeout_ms",
+                format!(
+                    "{} is out of range 0..={MAX_DRAIN_TIMEOUT_MS}",
+                    spec.shutdown.drain_timeout_ms
+                ),
+            );
+        }
+    }
+
+    /// The source's factory, built by its class; its stream is the first one defined.
+    fn source(&mut self) -> Option<Arc<dyn SourceFactory>> {
+        let spec = self.spec;
+        let Some(builder) = self.registry.source(&spec.source.class) else {
+            let known = self.registry.source_classes().join(", ");
+            self.violation(
+                "source.class",
+                format!(
+                    "unknown source class `{}`; known classes: {known}",
+                    spec.source.class
+                ),
+            );
+            return None;
+        };
+        let ctx = SourceBuildContext {
+            pipeline: &spec.pipeline,
+            partitions: self.partitions,
+        };
+        match builder(&ctx, &spec.source.parameters) {
+            Ok(factory) => {
+                self.violations.extend(epoch_too_short(
+                    factory.as_ref(),
+                    spec.epoch.max_duration_ms,
+                ));
+                self.streams
+                    .insert(factory.stream_id().to_owned(), factory.schema());
+                Some(factory)
+            }
+            Err(errs) => {
+                self.violations
+                    .extend(errs.into_iter().map(|v| v.under("source")));
+                None
+            }
+        }
+    }
+
+    /// The processors, in the spec's order: each reads a stream defined before it and defines
+    /// its output stream.
+    fn processors(&mut self) -> Vec<ValidatedProcessor> {
+        let spec = self.spec;
+        let mut processors = Vec::new();
+        let mut names = HashSet::new();
+        for (i, p) in spec.processors.iter().enumerate() {
+            let path = format!("processors[{i}]");
+            if !is_valid_name(&p.name) {
+                self.violation(
+                    format!("{path}.name"),
+                    format!(
+                        "`{}` is not a valid name: use letters, digits, `_` and `-`",
+                        p.name
+                    ),
+                );
+            } else if !names.insert(p.name.as_str()) {
+                self.violation(
+                    format!("{path}.name"),
+                    format!("processor name `{}` is used twice", p.name),
+                );
+            }
+            processors.extend(self.processor(p, &path));
+        }
+        processors
+    }
+
+    /// One processor at `path`, built by its class once its input and output streams check out.
+    fn processor(&mut self, p: &ProcessorSpec, path: &str) -> Option<ValidatedProcessor> {
+        let Some(input_schema) = self.streams.get(&p.input_stream_id).cloned() else {
+            let known = known(&self.streams);
+            self.violation(
+                format!("{path}.input_stream_id"),
+                format!(
+                    "unknown stream `{}`; streams defined before this processor: {known}",
+                    p.input_stream_id
+                ),
+            );
+            return None;
+        };
+        if self.streams.contains_key(&p.output_stream_id) {
+            self.violation(
+                format!("{path}.output_stream_id"),
+                format!("stream `{}` is already defined", p.output_stream_id),
+            );
+            return None;
+        }
+        let Some(builder) = self.registry.processor(&p.class) else {
+            let known = self.registry.processor_classes().join(", ");
+            self.violation(
+                format!("{path}.class"),
+                format!(
+                    "unknown processor class `{}`; known classes: {known}",
+                    p.class
+                ),
+            );
+            return None;
+        };
+        let ctx = ProcessorBuildContext {
+            pipeline: &self.spec.pipeline,
+            name: &p.name,
+            input_schema: &input_schema,
+        };
+        match builder(&ctx, &p.parameters) {
+            Ok(factory) => {
+                self.streams
+                    .insert(p.output_stream_id.clone(), factory.output_schema());
+                Some(ValidatedProcessor {
+                    name: p.name.clone(),
+                    factory,
+                    input_stream_id: p.input_stream_id.clone(),
+                    output_stream_id: p.output_stream_id.clone(),
+                })
+            }
+            Err(errs) => {
+                self.violations
+                    .extend(errs.into_iter().map(|v| v.under(path)));
+                None
+            }
+        }
+    }
+
+    /// The sinks, each built by its class on the streams it names (`source`: the source's
+    /// factory, when it built).
+    fn sinks(&mut self, source: Option<&dyn SourceFactory>) -> Vec<ValidatedSink> {
+        let spec = self.spec;
+        if spec.sinks.is_empty() {
+            self.violation("sinks", "a pipeline needs at least one sink");
+        }
+        // Every partition's subject, or none when the source has none (all or nothing: a
+        // source reports a subject for each of its partitions or for none).
+        let subjects: Option<Vec<String>> =
+            source.and_then(|source| (0..self.partitions).map(|p| source.subject(p)).collect());
+        let subjects = match (source, &subjects) {
+            (Some(_), Some(subjects)) => SourceSubjects::Known(subjects),
+            (Some(_), None) => SourceSubjects::None {
+                source_class: &spec.source.class,
+            },
+            (None, _) => SourceSubjects::Unknown,
+        };
+        let mut sinks = Vec::new();
+        let mut names = HashSet::new();
+        for (i, s) in spec.sinks.iter().enumerate() {
+            let path = format!("sinks[{i}]");
+            if !is_valid_name(&s.name) {
+                self.violation(
+                    format!("{path}.name"),
+                    format!(
+                        "`{}` is not a valid sink name: use letters, digits, `_` and `-`",
+                        s.name
+                    ),
+                );
+            } else if !names.insert(s.name.as_str()) {
+                self.violation(
+                    format!("{path}.name"),
+                    format!(
+                        "sink name `{}` is used twice; each sink names its own state",
+                        s.name
+                    ),
+                );
+            }
+            sinks.extend(self.sink(s, &path, source.is_some(), subjects));
+        }
+        sinks
+    }
+
+    /// One sink at `path`, built by its class even when an input is unresolved, so that its
+    /// parameters' mistakes are reported too.
+    fn sink(
+        &mut self,
+        s: &SinkSpec,
+        path: &str,
+        source_built: bool,
+        subjects: SourceSubjects<'_>,
+    ) -> Option<ValidatedSink> {
+        let (inputs, resolved) = self.sink_inputs(s, path, source_built);
+        let Some(builder) = self.registry.sink(&s.sink_class_name) else {
+            let known = self.registry.sink_classes().join(", ");
+            self.violation(
+                format!("{path}.sink_class_name"),
+                format!(
+                    "unknown sink class `{}`; known classes: {known}",
+                    s.sink_class_name
+                ),
+            );
+            return None;
+        };
+        let ctx = SinkBuildContext {
+            pipeline: &self.spec.pipeline,
+            sink: &s.name,
+            class: &s.sink_class_name,
+            partitions: self.partitions,
+            epoch: EpochSettings::of(&self.spec.epoch),
+            inputs: &inputs,
+            subjects,
+        };
+        match builder(&ctx, &s.parameters, &s.dynamic_parameters) {
+            Ok(_) if !resolved => None,
+            Ok(factory) => Some(ValidatedSink {
+                name: s.name.clone(),
+                class: s.sink_class_name.clone(),
+                factory,
+                input_stream_ids: s.input_stream_ids.clone(),
+                dynamic_parameters: s.dynamic_parameters.clone(),
+            }),
+            // An unresolved input is already explained (an unknown stream, or a source that
+            // failed to build); the sink's view of its empty input list would only mislead.
+            Err(errs) => {
+                self.violations.extend(
+                    errs.into_iter()
+                        .filter(|v| resolved || !v.path.starts_with("input_stream_ids"))
+                        .map(|v| v.under(path)),
+                );
+                None
+            }
+        }
+    }
+
+    /// The streams sink `s` names, and whether every one of them is defined.
+    fn sink_inputs(
+        &mut self,
+        s: &SinkSpec,
+        path: &str,
+        source_built: bool,
+    ) -> (Vec<(String, Arc<StreamSchema>)>, bool) {
+        if s.input_stream_ids.is_empty() {
+            self.violation(
+                format!("{path}.input_stream_ids"),
+                "a sink needs at least one input stream",
+            );
+        }
+        let mut inputs = Vec::new();
+        let mut resolved = true;
+        for (j, id) in s.input_stream_ids.iter().enumerate() {
+            if let Some(schema) = self.streams.get(id) {
+                inputs.push((id.clone(), Arc::clone(schema)));
+                continue;
+            }
+            resolved = false;
+            // An unknown source class already explains a missing stream.
+            if source_built {
+                let known = known(&self.streams);
+                self.violation(
+                    format!("{path}.input_stream_ids[{j}]"),
+                    format!("unknown stream `{id}`; known streams: {known}"),
+                );
+            }
+        }
+        (inputs, resolved)
+    }
+
+    /// A cluster keeps only batch bounds in ZooKeeper: the source must re-read a committed
+    /// range, and the outbox keep bounds.
+    fn check_cluster_outbox(&mut self, source: &dyn SourceFactory) {
+        let spec = self.spec;
+        if spec.outbox.payloads != PayloadPolicy::Auto || !source.replayable() {
+            self.violation(
+                "cluster",
+                format!(
+                    "a cluster keeps only batch bounds in ZooKeeper, but this outbox would keep batch payloads (the source `{}` cannot re-read a committed range, or `outbox.payloads` is not `auto`); remove `cluster` to run in one process",
+                    spec.source.class
+                ),
+            );
+        }
     }
 }
 
