@@ -130,16 +130,10 @@ impl Committer {
     /// Runs until a `Shutdown` request arrives or every sender is gone; ends with a final sync.
     pub(crate) fn run(mut self, rx: Receiver<Request>) -> Result<(), StateError> {
         let mut shutdown_replies: Vec<Reply> = Vec::new();
-        let mut running = true;
-        while running {
-            let Ok(first) = rx.recv() else { break };
-            let mut group = vec![first];
-            while group.len() < self.max_group.max(1) {
-                match rx.try_recv() {
-                    Ok(req) => group.push(req),
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                }
-            }
+        while shutdown_replies.is_empty() {
+            let Some(mut group) = self.next_group(&rx) else {
+                break;
+            };
             let started = Instant::now();
             // Cluster mode: ZooKeeper first. `mirrored`: the partition each request wrote there.
             let (refused, mirrored) = match self.mirror.get() {
@@ -147,59 +141,9 @@ impl Committer {
                 None => (Vec::new(), Vec::new()),
             };
             let staged = self.stage_group(&mut group, refused);
-            let mut answered = Vec::with_capacity(group.len());
-            let mut wrote = false;
-            for (i, (req, staging)) in group.into_iter().zip(staged).enumerate() {
-                if matches!(req.op, Op::Shutdown) {
-                    running = false;
-                    shutdown_replies.push(req.reply);
-                    continue;
-                }
-                let result = match staging {
-                    Some(e) => Err(e),
-                    None => self.apply(&req.op),
-                };
-                if let (Err(e), Some(Some(partition)), Some(mirror)) =
-                    (&result, mirrored.get(i), self.mirror.get())
-                {
-                    mirror.lost(*partition, e);
-                }
-                bump(&self.stats.requests, 1);
-                match (&req.op, &result) {
-                    (_, Err(e)) => {
-                        bump(&self.stats.failed_requests, 1);
-                        tracing::debug!(error = %e, "state request failed");
-                    }
-                    (Op::Commit(_), Ok(_)) => bump(&self.stats.commits, 1),
-                    (Op::Ack(_), Ok(_)) => bump(&self.stats.acknowledgements, 1),
-                    _ => {}
-                }
-                wrote |= result.is_ok();
-                answered.push((req.reply, result));
-            }
-            let durable = if wrote {
-                bump(&self.stats.groups, 1);
-                self.durability.sync(&self.trees.db, &self.stats)
-            } else {
-                Ok(())
-            };
-            if let (Err(e), Some(mirror)) = (&durable, self.mirror.get()) {
-                for partition in mirrored.iter().flatten() {
-                    mirror.lost(*partition, e);
-                }
-            }
-            match &durable {
-                // Only now may segments freed by this group's acknowledgements go.
-                Ok(()) => match self.segments.delete_freed() {
-                    Ok(deleted) => bump(&self.stats.segments_deleted, deleted),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "a fully acknowledged payload segment could not be deleted; it is retried at the next open. Check the state directory's permissions")
-                    }
-                },
-                Err(e) => {
-                    tracing::error!(error = %e, requests = answered.len(), "state commit group is not durable")
-                }
-            }
+            let (answered, wrote) =
+                self.apply_group(group, staged, &mirrored, &mut shutdown_replies);
+            let durable = self.make_durable(wrote, &mirrored, answered.len());
             tracing::trace!(
                 requests = answered.len(),
                 micros = started.elapsed().as_micros() as u64,
@@ -214,12 +158,7 @@ impl Committer {
         }
         let result = self.durability.sync(&self.trees.db, &self.stats);
         if result.is_ok() {
-            match self.segments.delete_idle() {
-                Ok(deleted) => bump(&self.stats.segments_deleted, deleted),
-                Err(e) => {
-                    tracing::warn!(error = %e, "a fully acknowledged payload segment could not be deleted; it is retried at the next open. Check the state directory's permissions")
-                }
-            }
+            count_deleted(&self.stats, self.segments.delete_idle());
         }
         for reply in shutdown_replies {
             reply(match &result {
@@ -229,6 +168,105 @@ impl Committer {
         }
         tracing::debug!("state committer stopped");
         result
+    }
+
+    /// The next commit group: the first request waited for, then those already queued, up to
+    /// the group's size. `None` once every sender is gone.
+    fn next_group(&self, rx: &Receiver<Request>) -> Option<Vec<Request>> {
+        let first = rx.recv().ok()?;
+        let mut group = vec![first];
+        while group.len() < self.max_group.max(1) {
+            match rx.try_recv() {
+                Ok(req) => group.push(req),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        Some(group)
+    }
+
+    /// Applies the group's requests in order (a staging failure answers its request instead),
+    /// returning each reply with its result and whether anything was written. A shutdown
+    /// request is answered only after the committer's last sync (`shutdown_replies`).
+    fn apply_group(
+        &mut self,
+        group: Vec<Request>,
+        staged: Vec<Option<StateError>>,
+        mirrored: &[Option<u32>],
+        shutdown_replies: &mut Vec<Reply>,
+    ) -> (Vec<Answer>, bool) {
+        let mut answered = Vec::with_capacity(group.len());
+        let mut wrote = false;
+        for (i, (req, staging)) in group.into_iter().zip(staged).enumerate() {
+            if matches!(req.op, Op::Shutdown) {
+                shutdown_replies.push(req.reply);
+                continue;
+            }
+            let result = match staging {
+                Some(e) => Err(e),
+                None => self.apply(&req.op),
+            };
+            if let (Err(e), Some(Some(partition)), Some(mirror)) =
+                (&result, mirrored.get(i), self.mirror.get())
+            {
+                mirror.lost(*partition, e);
+            }
+            bump(&self.stats.requests, 1);
+            match (&req.op, &result) {
+                (_, Err(e)) => {
+                    bump(&self.stats.failed_requests, 1);
+                    tracing::debug!(error = %e, "state request failed");
+                }
+                (Op::Commit(_), Ok(_)) => bump(&self.stats.commits, 1),
+                (Op::Ack(_), Ok(_)) => bump(&self.stats.acknowledgements, 1),
+                _ => {}
+            }
+            wrote |= result.is_ok();
+            answered.push((req.reply, result));
+        }
+        (answered, wrote)
+    }
+
+    /// One sync for the whole group when it wrote anything; only once it is durable may the
+    /// payload segments freed by acknowledgements go. A failed sync loses what the group
+    /// wrote to ZooKeeper for its partitions (`mirrored`), which are read from there again.
+    fn make_durable(
+        &mut self,
+        wrote: bool,
+        mirrored: &[Option<u32>],
+        requests: usize,
+    ) -> Result<(), StateError> {
+        let durable = if wrote {
+            bump(&self.stats.groups, 1);
+            self.durability.sync(&self.trees.db, &self.stats)
+        } else {
+            Ok(())
+        };
+        match &durable {
+            Ok(()) => count_deleted(&self.stats, self.segments.delete_freed()),
+            Err(e) => {
+                if let Some(mirror) = self.mirror.get() {
+                    for partition in mirrored.iter().flatten() {
+                        mirror.lost(*partition, e);
+                    }
+                }
+                tracing::error!(error = %e, requests, "state commit group is not durable");
+            }
+        }
+        durable
+    }
+}
+
+/// A request's reply with its result, sent once the group is durable (or is not).
+type Answer = (Reply, Result<Outcome, StateError>);
+
+/// Counts the payload segments deleted once fully acknowledged; a segment that could not be
+/// deleted is left for the next open.
+fn count_deleted(stats: &StatCounters, deleted: Result<u64, StateError>) {
+    match deleted {
+        Ok(deleted) => bump(&stats.segments_deleted, deleted),
+        Err(e) => {
+            tracing::warn!(error = %e, "a fully acknowledged payload segment could not be deleted; it is retried at the next open. Check the state directory's permissions")
+        }
     }
 }
 

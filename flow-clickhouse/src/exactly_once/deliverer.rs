@@ -930,23 +930,9 @@ impl ClickHouseDeliverer {
     ) -> Result<bool, SinkError> {
         self.exactly_once
             .check_gave_up(key.partition, Some(&batch.token))?;
-        let Some(session) = self.shared.session(stop).await? else {
-            // Stopping: the batch stays in the outbox for the next run.
+        let Some(session) = self.session_to_send(key, batch, stop).await? else {
             return Ok(true);
         };
-        if session.stopped().is_some() {
-            // An incompatible change of the table's columns stopped this sink (the session
-            // logged why): the batch stays in the outbox, and the partition, with the
-            // pipeline's other sinks, goes on.
-            return Ok(true);
-        }
-        if !self
-            .late_target_fits(key, &batch.shard, &session, stop)
-            .await?
-        {
-            return Ok(true);
-        }
-        self.note_columns(key, &session, None).await?;
         // With `insert_deduplication_token` the token, not the content, identifies a replay:
         // a resend under other columns is still dropped, so there is nothing to check.
         let changed = self.marks().changed.contains_key(&seq)
@@ -995,17 +981,57 @@ impl ClickHouseDeliverer {
             None => Err(unconfigured_shard(&self.shared, &batch.shard)),
         };
         drop(out);
+        self.settle(key, seq, batch, &session, inserted, &stop)
+            .await
+    }
+
+    /// The session a batch is sent under, once the sink may send it now: `None` while stopping,
+    /// after an incompatible change of the table's columns stopped the sink (the session logged
+    /// why; the batch stays in the outbox, and the partition, with the pipeline's other sinks,
+    /// goes on), or while its shard's late target does not fit.
+    async fn session_to_send(
+        &self,
+        key: &SinkPartition,
+        batch: &SealedBatch,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Option<Arc<WriterSession>>, SinkError> {
+        let Some(session) = self.shared.session(stop).await? else {
+            return Ok(None);
+        };
+        if session.stopped().is_some()
+            || !self
+                .late_target_fits(key, &batch.shard, &session, stop)
+                .await?
+        {
+            return Ok(None);
+        }
+        self.note_columns(key, &session, None).await?;
+        Ok(Some(session))
+    }
+
+    /// What an INSERT's outcome does to its stored batch: acknowledged, kept (stopping, or the
+    /// sink stopped on its table's columns), expired, sent in pieces, or given up. `Ok(false)`:
+    /// it goes back to the lane to be sent again ([`InsertFailure::Replanned`]).
+    async fn settle(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        session: &WriterSession,
+        inserted: Result<u32, InsertFailure>,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<bool, SinkError> {
         let done = match inserted {
             Err(InsertFailure::Replanned) => return Ok(false),
             Ok(_) => self.acknowledge(key, seq, batch).await,
             // Stopping leaves the batch in the outbox for the next run.
             Err(InsertFailure::Stopped) => Ok(()),
             Err(InsertFailure::Expired(expiry)) => {
-                self.expire(key, seq, batch, &session, expiry).await
+                self.expire(key, seq, batch, session, expiry).await
             }
             Err(InsertFailure::State(err)) => Err(err),
             Err(InsertFailure::GaveUp(gave_up)) if self.splits(&gave_up.error) => {
-                self.split(key, seq, batch, &gave_up.error, &session, &stop)
+                self.split(key, seq, batch, &gave_up.error, session, stop)
                     .await
             }
             Err(InsertFailure::GaveUp(gave_up)) if session.stopped().is_some() => {
@@ -1021,7 +1047,7 @@ impl ClickHouseDeliverer {
                 Ok(())
             }
             Err(InsertFailure::GaveUp(gave_up)) => {
-                let reason = gave_up.reason(&session, &batch.shard, Some(&batch.token));
+                let reason = gave_up.reason(session, &batch.shard, Some(&batch.token));
                 Err(self.give_up(&batch.shard, reason).await)
             }
         };

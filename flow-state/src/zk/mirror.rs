@@ -524,98 +524,8 @@ impl ZkMirror {
         let mut results: Vec<Result<Option<u32>, StateError>> =
             ops.iter().map(|_| Ok(None)).collect();
         let mut targets: BTreeMap<u32, Target> = BTreeMap::new();
-        // Per request: its partition and its ops.
-        let mut built: Vec<Option<(u32, Vec<ZkOp>)>> = ops.iter().map(|_| None).collect();
-        {
-            let partitions = self.lock();
-            for (i, op) in ops.iter().enumerate() {
-                let partition = match self.partition_of(op) {
-                    Ok(Some(p)) => p,
-                    Ok(None) => continue,
-                    Err(e) => {
-                        results[i] = Err(e);
-                        continue;
-                    }
-                };
-                let target = match targets.entry(partition) {
-                    Entry::Occupied(entry) => entry.into_mut(),
-                    Entry::Vacant(entry) => match partitions.get(&partition) {
-                        Some(Owned {
-                            owner_path,
-                            generation,
-                            model: Some(model),
-                        }) => entry.insert(Target {
-                            owner_path: owner_path.clone(),
-                            generation: *generation,
-                            model: model.clone(),
-                            refused: None,
-                        }),
-                        Some(Owned { model: None, .. }) => {
-                            results[i] = Err(self.fenced(partition, "it was not loaded from ZooKeeper since this worker took it (`StateStore::load_partition` comes first)".to_owned(), None));
-                            continue;
-                        }
-                        None => {
-                            results[i] = Err(self.fenced(
-                                partition,
-                                "this worker does not own it".to_owned(),
-                                None,
-                            ));
-                            continue;
-                        }
-                    },
-                };
-                let saved = target.model.clone();
-                let mut writer = Writer {
-                    state: self.state_path(partition),
-                    model: &mut target.model,
-                    ops: Vec::new(),
-                };
-                let outcome = self.build(op, &mut writer).and_then(|()| {
-                    // A request is never split: above the limit ZooKeeper would drop the
-                    // connection, and with it every partition's write.
-                    let bytes: usize = writer.ops.iter().map(ZkOp::bytes).sum();
-                    if bytes > MULTI_LIMIT {
-                        return Err(StateError::MultiTooLarge {
-                            pipeline: self.pipeline.clone(),
-                            partition,
-                            bytes,
-                            limit: MULTI_LIMIT,
-                        });
-                    }
-                    Ok(())
-                });
-                match outcome {
-                    Ok(()) => {
-                        built[i] = Some((partition, writer.ops));
-                        results[i] = Ok(Some(partition));
-                    }
-                    Err(e) => {
-                        target.model = saved;
-                        results[i] = Err(e);
-                    }
-                }
-            }
-        }
-        // Consecutive requests, one multi-op each while it stays under the request limit.
-        let mut chunk: Vec<usize> = Vec::new();
-        let mut chunk_bytes = 0;
-        let mut multis = 0;
-        for i in 0..built.len() {
-            let Some((_, request_ops)) = &built[i] else {
-                continue;
-            };
-            let bytes: usize = request_ops.iter().map(ZkOp::bytes).sum();
-            if !chunk.is_empty() && chunk_bytes + bytes > MULTI_LIMIT {
-                multis += self.run_multi(&chunk, &built, &mut targets);
-                chunk.clear();
-                chunk_bytes = 0;
-            }
-            chunk.push(i);
-            chunk_bytes += bytes;
-        }
-        if !chunk.is_empty() {
-            multis += self.run_multi(&chunk, &built, &mut targets);
-        }
+        let built = self.build_requests(ops, &mut targets, &mut results);
+        let multis = self.send_in_chunks(&built, &mut targets);
         let refusals: BTreeMap<u32, StateError> = targets
             .iter()
             .filter_map(|(p, t)| t.refused.as_ref().map(|e| (*p, e.duplicate())))
@@ -627,6 +537,148 @@ impl ZkMirror {
                 }
             }
         }
+        self.keep_models(targets);
+        (results, multis)
+    }
+
+    /// Each request's partition and ZooKeeper ops (`None`: nothing to write, or refused, its
+    /// error then in `results`), built against the partitions' models in `targets`.
+    fn build_requests(
+        &self,
+        ops: &[&Op],
+        targets: &mut BTreeMap<u32, Target>,
+        results: &mut [Result<Option<u32>, StateError>],
+    ) -> Vec<Option<(u32, Vec<ZkOp>)>> {
+        let partitions = self.lock();
+        let mut built: Vec<Option<(u32, Vec<ZkOp>)>> = ops.iter().map(|_| None).collect();
+        for (i, op) in ops.iter().enumerate() {
+            let partition = match self.partition_of(op) {
+                Ok(Some(p)) => p,
+                Ok(None) => continue,
+                Err(e) => {
+                    results[i] = Err(e);
+                    continue;
+                }
+            };
+            let target = match self.target(partition, &partitions, targets) {
+                Ok(target) => target,
+                Err(e) => {
+                    results[i] = Err(e);
+                    continue;
+                }
+            };
+            match self.build_request(op, partition, target) {
+                Ok(request_ops) => {
+                    built[i] = Some((partition, request_ops));
+                    results[i] = Ok(Some(partition));
+                }
+                Err(e) => results[i] = Err(e),
+            }
+        }
+        built
+    }
+
+    /// The model of `partition` the requests of this group write against: taken from what this
+    /// worker owns at the group's first request for it.
+    fn target<'t>(
+        &self,
+        partition: u32,
+        partitions: &BTreeMap<u32, Owned>,
+        targets: &'t mut BTreeMap<u32, Target>,
+    ) -> Result<&'t mut Target, StateError> {
+        match targets.entry(partition) {
+            Entry::Occupied(entry) => Ok(entry.into_mut()),
+            Entry::Vacant(entry) => match partitions.get(&partition) {
+                Some(Owned {
+                    owner_path,
+                    generation,
+                    model: Some(model),
+                }) => Ok(entry.insert(Target {
+                    owner_path: owner_path.clone(),
+                    generation: *generation,
+                    model: model.clone(),
+                    refused: None,
+                })),
+                Some(Owned { model: None, .. }) => Err(self.fenced(partition, "it was not loaded from ZooKeeper since this worker took it (`StateStore::load_partition` comes first)".to_owned(), None)),
+                None => Err(self.fenced(
+                    partition,
+                    "this worker does not own it".to_owned(),
+                    None,
+                )),
+            },
+        }
+    }
+
+    /// One request's ZooKeeper ops, applied to `target`'s model; on an error the model is left
+    /// as it was.
+    fn build_request(
+        &self,
+        op: &Op,
+        partition: u32,
+        target: &mut Target,
+    ) -> Result<Vec<ZkOp>, StateError> {
+        let saved = target.model.clone();
+        let mut writer = Writer {
+            state: self.state_path(partition),
+            model: &mut target.model,
+            ops: Vec::new(),
+        };
+        let outcome = self.build(op, &mut writer).and_then(|()| {
+            // A request is never split: above the limit ZooKeeper would drop the
+            // connection, and with it every partition's write.
+            let bytes: usize = writer.ops.iter().map(ZkOp::bytes).sum();
+            if bytes > MULTI_LIMIT {
+                return Err(StateError::MultiTooLarge {
+                    pipeline: self.pipeline.clone(),
+                    partition,
+                    bytes,
+                    limit: MULTI_LIMIT,
+                });
+            }
+            Ok(())
+        });
+        match outcome {
+            Ok(()) => Ok(writer.ops),
+            Err(e) => {
+                target.model = saved;
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends consecutive requests as one multi-op each while it stays under the request limit;
+    /// returns how many multi-ops went out.
+    fn send_in_chunks(
+        &self,
+        built: &[Option<(u32, Vec<ZkOp>)>],
+        targets: &mut BTreeMap<u32, Target>,
+    ) -> u64 {
+        let mut chunk: Vec<usize> = Vec::new();
+        let mut chunk_bytes = 0;
+        let mut multis = 0;
+        for (i, request) in built.iter().enumerate() {
+            let Some((_, request_ops)) = request else {
+                continue;
+            };
+            let bytes: usize = request_ops.iter().map(ZkOp::bytes).sum();
+            if !chunk.is_empty() && chunk_bytes + bytes > MULTI_LIMIT {
+                multis += self.run_multi(&chunk, built, targets);
+                chunk.clear();
+                chunk_bytes = 0;
+            }
+            chunk.push(i);
+            chunk_bytes += bytes;
+        }
+        if !chunk.is_empty() {
+            multis += self.run_multi(&chunk, built, targets);
+        }
+        multis
+    }
+
+    /// Keeps the models the group's writes left, for the partitions this worker still owns
+    /// under the same lease; a refused partition (or one whose outcome is unknown) is read from
+    /// ZooKeeper again.
+    fn keep_models(&self, targets: BTreeMap<u32, Target>) {
         let mut partitions = self.lock();
         for (partition, target) in targets {
             let current = partitions
@@ -634,14 +686,12 @@ impl ZkMirror {
                 .filter(|o| o.generation == target.generation && o.owner_path == target.owner_path);
             match (target.refused, current) {
                 (None, Some(owned)) => owned.model = Some(target.model),
-                // Refused, or its outcome unknown: what ZooKeeper holds must be read again.
                 (Some(_), Some(_)) => {
                     partitions.remove(&partition);
                 }
                 (_, None) => {}
             }
         }
-        (results, multis)
     }
 
     /// Sends the requests of `chunk` as one multi-op that starts with the fence check of each
