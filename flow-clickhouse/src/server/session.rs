@@ -179,29 +179,7 @@ impl WriterSession {
         if let Some(reason) = self.stopped() {
             return Err(permanent(reason));
         }
-        let sql = ColumnsGuard::system_columns_query(&self.database, &self.table);
-        let mut seen: Option<(String, Vec<ColumnMeta>)> = None;
-        for shard in &self.shards {
-            let Some(endpoint) = shard.current() else {
-                continue;
-            };
-            let columns = read_columns(endpoint, &sql, timeout).await?;
-            let here = describe_host(&shard.name, endpoint);
-            match &seen {
-                Some((there, first)) if *first != columns => {
-                    return Err(ClassifiedError {
-                        class: ErrorClass::Retryable,
-                        code: None,
-                        message: format!(
-                            "the table's columns differ between {there} and {here} (an ALTER reaching the hosts one by one?); the sink waits until they agree. If they stay different, make the tables identical on every host"
-                        ),
-                    });
-                }
-                Some(_) => {}
-                None => seen = Some((here, columns)),
-            }
-        }
-        let Some((_, now)) = seen else {
+        let Some(now) = self.agreed_columns(timeout).await? else {
             return Ok(());
         };
         let plan = self.plan();
@@ -226,47 +204,95 @@ impl WriterSession {
         match decision {
             ChangeDecision::Unchanged => Ok(()),
             ChangeDecision::Adopt { encoder, changes } => {
-                let next = ColumnsPlan::new(
-                    encoder,
-                    &replan.stream,
-                    &now,
-                    &replan.params,
-                    plan.generation + 1,
-                );
-                let replanned = next.encoder.plan_fingerprint() != plan.encoder.plan_fingerprint();
-                info!(
-                    database = %self.database,
-                    table = %self.table,
-                    changes = %changes.join("; "),
-                    plan = %next.encoder.plan_fingerprint(),
-                    replanned,
-                    generation = next.generation,
-                    "the table's columns changed compatibly: adopted without a restart; batches from the next one on are encoded for them"
-                );
-                match self.plan.write() {
-                    Ok(mut current) => *current = Arc::new(next),
-                    Err(poisoned) => *poisoned.into_inner() = Arc::new(next),
-                }
-                // A verification of the old columns covers no INSERT under the new ones.
-                for endpoint in self.shards.iter().flat_map(|s| &s.endpoints) {
-                    endpoint.columns_checked_ms.store(0, Ordering::Relaxed);
-                }
+                self.adopt(&plan, encoder, &changes, &now);
                 Ok(())
             }
-            ChangeDecision::Stop { reason } => {
-                error!(
-                    database = %self.database,
-                    table = %self.table,
-                    reason = %reason,
-                    "the table's columns changed incompatibly: this sink stops; the pipeline's other sinks go on"
-                );
-                match self.stopped.write() {
-                    Ok(mut stopped) => *stopped = Some(reason.clone()),
-                    Err(poisoned) => *poisoned.into_inner() = Some(reason.clone()),
+            ChangeDecision::Stop { reason } => Err(self.stop_on(reason)),
+        }
+    }
+
+    /// The columns the current host of every shard answers, when they all agree (`None`: no
+    /// shard has a current host); a retryable error while they differ.
+    async fn agreed_columns(
+        &self,
+        timeout: Duration,
+    ) -> Result<Option<Vec<ColumnMeta>>, ClassifiedError> {
+        let sql = ColumnsGuard::system_columns_query(&self.database, &self.table);
+        let mut seen: Option<(String, Vec<ColumnMeta>)> = None;
+        for shard in &self.shards {
+            let Some(endpoint) = shard.current() else {
+                continue;
+            };
+            let columns = read_columns(endpoint, &sql, timeout).await?;
+            let here = describe_host(&shard.name, endpoint);
+            match &seen {
+                Some((there, first)) if *first != columns => {
+                    return Err(ClassifiedError {
+                        class: ErrorClass::Retryable,
+                        code: None,
+                        message: format!(
+                            "the table's columns differ between {there} and {here} (an ALTER reaching the hosts one by one?); the sink waits until they agree. If they stay different, make the tables identical on every host"
+                        ),
+                    });
                 }
-                Err(permanent(reason))
+                Some(_) => {}
+                None => seen = Some((here, columns)),
             }
         }
+        Ok(seen.map(|(_, columns)| columns))
+    }
+
+    /// Adopts a compatible change of the table's columns (`now`): the next plan, one generation
+    /// on, encodes the batches sealed from here.
+    fn adopt(
+        &self,
+        plan: &ColumnsPlan,
+        encoder: RowBinaryEncoder,
+        changes: &[String],
+        now: &[ColumnMeta],
+    ) {
+        let replan = &self.replan;
+        let next = ColumnsPlan::new(
+            encoder,
+            &replan.stream,
+            now,
+            &replan.params,
+            plan.generation + 1,
+        );
+        let replanned = next.encoder.plan_fingerprint() != plan.encoder.plan_fingerprint();
+        info!(
+            database = %self.database,
+            table = %self.table,
+            changes = %changes.join("; "),
+            plan = %next.encoder.plan_fingerprint(),
+            replanned,
+            generation = next.generation,
+            "the table's columns changed compatibly: adopted without a restart; batches from the next one on are encoded for them"
+        );
+        match self.plan.write() {
+            Ok(mut current) => *current = Arc::new(next),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(next),
+        }
+        // A verification of the old columns covers no INSERT under the new ones.
+        for endpoint in self.shards.iter().flat_map(|s| &s.endpoints) {
+            endpoint.columns_checked_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Stops the sink on an incompatible change of the table's columns, for good: the error
+    /// every later refresh answers.
+    fn stop_on(&self, reason: String) -> ClassifiedError {
+        error!(
+            database = %self.database,
+            table = %self.table,
+            reason = %reason,
+            "the table's columns changed incompatibly: this sink stops; the pipeline's other sinks go on"
+        );
+        match self.stopped.write() {
+            Ok(mut stopped) => *stopped = Some(reason.clone()),
+            Err(poisoned) => *poisoned.into_inner() = Some(reason.clone()),
+        }
+        permanent(reason)
     }
 
     /// Re-reads the table's columns every `interval` until the session is dropped or the
