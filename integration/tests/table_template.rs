@@ -102,6 +102,21 @@ fn wait_caught_up(state: &Path, worker: &Worker, pipeline: &str, partitions: u64
     .with_context(|| format!("status shows lags {lags:?}\n{}", worker.log_tail()))
 }
 
+/// Each table's (rows, distinct ids) on both shards against the ids expected, with the doubled
+/// ids and their parts where a table holds more rows than ids.
+fn landed_report(wanted: &[(&ReplicatedTable, u64)]) -> String {
+    let mut report = String::new();
+    for (table, ids) in wanted {
+        let qualified = table.qualified();
+        let landed = landed_on_both_shards(&qualified)
+            .map(|(rows, distinct)| format!("{rows} rows, {distinct} ids"))
+            .unwrap_or_else(|err| format!("unreadable: {err:#}"));
+        report.push_str(&format!("  {qualified}: {landed}, expected {ids}\n"));
+        report.push_str(&duplicates_report(&qualified, &[A1, B1]));
+    }
+    report
+}
+
 fn ids_of(kind_name: &str, range: std::ops::Range<u64>) -> u64 {
     range.filter(|&id| kind(id) == kind_name).count() as u64
 }
@@ -149,16 +164,27 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
         worker = Worker::spawn(worker_bin!(), &spec, &state, log(run))?;
     }
     rt.block_on(publisher)??;
-    let expected = |kind_name: &str| ids_of(kind_name, 0..TOTAL);
-    let second_half_buys = ids_of("buy", HALF..TOTAL);
-    wait_until(Duration::from_secs(60), || {
-        Ok(
-            landed_on_both_shards(&click.qualified())?.0 == expected("click")
-                && landed_on_both_shards(&view.qualified())?.0 == expected("view")
-                && landed_on_both_shards(&buy.qualified())?.0 == second_half_buys,
-        )
-    })
-    .with_context(|| format!("not every message landed\n{}", worker.log_tail()))?;
+    let wanted = [
+        (&click, ids_of("click", 0..TOTAL)),
+        (&view, ids_of("view", 0..TOTAL)),
+        (&buy, ids_of("buy", HALF..TOTAL)),
+    ];
+    let landed = wait_until(Duration::from_secs(60), || {
+        for (table, ids) in &wanted {
+            if landed_on_both_shards(&table.qualified())? != (*ids, *ids) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    });
+    if let Err(err) = landed {
+        // A panic keeps the test directory (every worker's log) and the tables.
+        panic!(
+            "not every message landed once ({err:#}); (rows, distinct ids) per table against the ids expected:\n{}\n{}",
+            landed_report(&wanted),
+            worker.log_tail()
+        );
+    }
     wait_caught_up(&state, &worker, "tables_it", PARTITIONS)?;
     worker.kill_9()?;
 
@@ -239,7 +265,7 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
         let (rows, distinct) = landed_on_both_shards(&qualified)?;
         assert_eq!(
             (rows, distinct),
-            (expected(kind_name), expected(kind_name)),
+            (ids_of(kind_name, 0..TOTAL), ids_of(kind_name, 0..TOTAL)),
             "{qualified}: every {kind_name} message once"
         );
         let other = query_u64(
