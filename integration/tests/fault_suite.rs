@@ -481,6 +481,12 @@ enum Kind {
 }
 
 impl Kind {
+    /// A fault of the cluster itself (a replica or ZooKeeper restarted in the background), of
+    /// which one runs at a time.
+    fn is_cluster(self) -> bool {
+        matches!(self, Kind::ReplicaRestart | Kind::ZooKeeperRestart)
+    }
+
     fn label(self) -> &'static str {
         match self {
             Kind::Refuse => "proxy Refuse",
@@ -550,7 +556,8 @@ fn run_class(class: &Class, schedule: &Schedule) {
     let mut finished_early = false;
     let mut i = 0usize;
     let mut last_requests: Vec<u64> = vec![0; class.nodes().len()];
-    while applied_total < schedule.faults {
+    // Every planned kind is applied, even where a cluster fault had to wait past the count.
+    while applied_total < schedule.faults || i < plan.len() {
         std::thread::sleep(Duration::from_millis(rng.gen_range(200..800)));
         if let Some(code) = worker.exited().unwrap() {
             assert_eq!(
@@ -566,9 +573,13 @@ fn run_class(class: &Class, schedule: &Schedule) {
             .get(i)
             .copied()
             .unwrap_or_else(|| *all.choose(&mut rng).unwrap());
+        // Never two cluster faults at once: a planned one waits for the one under way (it is
+        // planned again next), and another kind goes now.
+        if kind.is_cluster() && replica.busy() && i < plan.len() {
+            plan.insert(i + 1, kind);
+        }
         i += 1;
-        // Never two cluster faults at once.
-        while (kind == Kind::ReplicaRestart || kind == Kind::ZooKeeperRestart) && replica.busy() {
+        while kind.is_cluster() && replica.busy() {
             kind = *all.choose(&mut rng).unwrap();
         }
         let at = started.elapsed().as_secs_f64();
