@@ -52,6 +52,15 @@ pub enum SessionError {
 }
 
 impl SessionError {
+    /// The start's refusal of the table `params` names, saying why and what to do.
+    pub(crate) fn refused(params: &SinkParams, reason: String) -> SessionError {
+        SessionError::Refused {
+            database: params.database.clone(),
+            table: params.table.clone(),
+            reason,
+        }
+    }
+
     /// An unreachable endpoint is transient; a refusal is permanent.
     pub fn class(&self) -> ErrorClass {
         match self {
@@ -155,11 +164,8 @@ pub(crate) async fn probe_speaking_its_protocol(
     let (host, port) = (&endpoint.endpoint.host, endpoint.endpoint.port);
     // A port that does not answer at all is neither.
     let check_timeout = timeout.min(crate::server::protocol::PROBE_TIMEOUT);
-    let mismatch = |message: &str| SessionError::Refused {
-        database: params.database.clone(),
-        table: params.table.clone(),
-        reason: format!("{}: {message}", endpoint.endpoint),
-    };
+    let mismatch =
+        |message: &str| SessionError::refused(params, format!("{}: {message}", endpoint.endpoint));
     if sink_params.tls.is_some() {
         let plain_port = async {
             if crate::server::protocol::speaks_plain_http(host, port, check_timeout).await {
@@ -268,18 +274,10 @@ async fn probe(
                 cause,
             }
         } else {
-            SessionError::Refused {
-                database: params.database.clone(),
-                table: params.table.clone(),
-                reason: format!("{} answered: {cause}", endpoint.endpoint),
-            }
+            SessionError::refused(params, format!("{} answered: {cause}", endpoint.endpoint))
         }
     };
-    let refused = |reason: String| SessionError::Refused {
-        database: params.database.clone(),
-        table: params.table.clone(),
-        reason,
-    };
+    let refused = |reason: String| SessionError::refused(params, reason);
     let answers = ask(endpoint, params, timeout).await;
     let tables = answers.tables.map_err(fail)?;
     let Some(row) = tables.first() else {

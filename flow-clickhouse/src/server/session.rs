@@ -385,7 +385,7 @@ impl WriterSession {
             add_missing_columns(&shards, params, stream, timeout)
                 .await
                 .map_err(|cause| match cause.class {
-                    ErrorClass::Permanent => refused(params, format!(
+                    ErrorClass::Permanent => SessionError::refused(params, format!(
                         "auto_add_columns could not add the stream's columns missing from the table: {cause}. Grant the user ALTER on the table, or add the columns by hand"
                     )),
                     _ => SessionError::Unreachable {
@@ -434,7 +434,10 @@ impl WriterSession {
             late_shards,
         } = surveyed;
         if dynamic.async_insert && !capabilities.async_insert {
-            return Err(refused(params, ASYNC_INSERT_UNSUPPORTED.to_owned()));
+            return Err(SessionError::refused(
+                params,
+                ASYNC_INSERT_UNSUPPORTED.to_owned(),
+            ));
         }
         let encoder = plan_columns(
             class,
@@ -444,7 +447,7 @@ impl WriterSession {
             capabilities,
             &reference.server_types,
         )
-        .map_err(|reason| refused(params, reason))?
+        .map_err(|reason| SessionError::refused(params, reason))?
         .with_ranges(ranges.clone());
         let plan = ColumnsPlan::new(encoder, stream, &reference.columns, params, 0);
         log_started(class, params, &plan, capabilities, shards.len());
@@ -613,15 +616,6 @@ fn permanent(message: String) -> ClassifiedError {
         class: ErrorClass::Permanent,
         code: None,
         message,
-    }
-}
-
-/// The start's refusal of the table, with `reason`.
-fn refused(params: &SinkParams, reason: String) -> SessionError {
-    SessionError::Refused {
-        database: params.database.clone(),
-        table: params.table.clone(),
-        reason,
     }
 }
 

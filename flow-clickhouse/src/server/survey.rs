@@ -95,15 +95,6 @@ impl<'p> Survey<'p> {
         }
     }
 
-    /// The start's refusal, naming the table.
-    fn refused(&self, reason: String) -> SessionError {
-        SessionError::Refused {
-            database: self.params.database.clone(),
-            table: self.params.table.clone(),
-            reason,
-        }
-    }
-
     /// Takes in one shard's probes, given in the order the spec lists its hosts. A host down
     /// (or refusing the table) while another of its shard answers is admitted later; so is a
     /// whole shard down, where there are others.
@@ -141,7 +132,10 @@ impl<'p> Survey<'p> {
             }
         }
         let Some((_, meta)) = shard_first else {
-            return Err(self.refused(format!("shard `{}` has no host", shard.name)));
+            return Err(SessionError::refused(
+                self.params,
+                format!("shard `{}` has no host", shard.name),
+            ));
         };
         self.late
             .extend(late_here.into_iter().map(|(endpoint, cause)| LateHost {
@@ -221,7 +215,7 @@ impl<'p> Survey<'p> {
                 if let Some(diff) =
                     schema_difference(&reference.columns, there, &meta.columns, &here)
                 {
-                    return Err(self.refused(format!(
+                    return Err(SessionError::refused(self.params, format!(
                         "the table's schema differs between hosts: {diff}. Make the tables identical (name, type, default kind and expression, in order)"
                     )));
                 }
@@ -241,7 +235,7 @@ impl<'p> Survey<'p> {
         reference: &EndpointMetadata,
     ) -> Result<(), SessionError> {
         if reference.engine != meta.engine {
-            return Err(self.refused(format!(
+            return Err(SessionError::refused(self.params, format!(
                 "{here} has engine {} but {there} has {}; every host of a shard must expose the same table",
                 meta.engine, reference.engine
             )));
@@ -250,7 +244,7 @@ impl<'p> Survey<'p> {
             && (reference.zookeeper_path != meta.zookeeper_path
                 || reference.zookeeper_name != meta.zookeeper_name)
         {
-            return Err(self.refused(format!(
+            return Err(SessionError::refused(self.params, format!(
                 "{here} replicates through ZooKeeper path {:?} but {there} through {:?}: they are different tables, not replicas of one. Point every host of the shard at replicas sharing one zookeeper_path",
                 meta.zookeeper_path.as_deref().unwrap_or(""),
                 reference.zookeeper_path.as_deref().unwrap_or("")
@@ -269,7 +263,7 @@ impl<'p> Survey<'p> {
     ) -> Result<(), SessionError> {
         let params = self.params;
         if meta.kind != EngineKind::Replicated && shard.endpoints.len() > 1 {
-            return Err(self.refused(format!(
+            return Err(SessionError::refused(self.params, format!(
                 "{} is a {} table, which does not replicate: the sink cannot prove that the {} hosts{} expose one logical table. Use ReplicatedMergeTree, or list one host",
                 params.table,
                 meta.engine,
@@ -320,14 +314,9 @@ impl<'p> Survey<'p> {
     /// plan the encoding from: the start is tried again).
     pub(crate) fn finish(self) -> Result<Surveyed, SessionError> {
         let Some((_, reference)) = self.first else {
-            return Err(match self.unreachable {
-                Some(unreachable) => unreachable,
-                None => SessionError::Refused {
-                    database: self.params.database.clone(),
-                    table: self.params.table.clone(),
-                    reason: "no endpoint is configured".to_owned(),
-                },
-            });
+            return Err(self.unreachable.unwrap_or_else(|| {
+                SessionError::refused(self.params, "no endpoint is configured".to_owned())
+            }));
         };
         Ok(Surveyed {
             reference,

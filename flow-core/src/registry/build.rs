@@ -90,6 +90,15 @@ impl Build<'_> {
         self.violations.push(Violation::new(path, message));
     }
 
+    /// A `kind` class the registry does not know, at `path`, with the classes it knows.
+    fn unknown_class(&mut self, path: impl Into<String>, kind: &str, class: &str, known: &[&str]) {
+        let known = known.join(", ");
+        self.violation(
+            path,
+            format!("unknown {kind} class `{class}`; known classes: {known}"),
+        );
+    }
+
     /// The spec's own settings: its name, partitions, epoch, state directory and drain bound.
     fn check_settings(&mut self) {
         let spec = self.spec;
@@ -151,14 +160,8 @@ impl Build<'_> {
     fn source(&mut self) -> Option<Arc<dyn SourceFactory>> {
         let spec = self.spec;
         let Some(builder) = self.registry.source(&spec.source.class) else {
-            let known = self.registry.source_classes().join(", ");
-            self.violation(
-                "source.class",
-                format!(
-                    "unknown source class `{}`; known classes: {known}",
-                    spec.source.class
-                ),
-            );
+            let known = self.registry.source_classes();
+            self.unknown_class("source.class", "source", &spec.source.class, &known);
             return None;
         };
         let ctx = SourceBuildContext {
@@ -231,14 +234,8 @@ impl Build<'_> {
             return None;
         }
         let Some(builder) = self.registry.processor(&p.class) else {
-            let known = self.registry.processor_classes().join(", ");
-            self.violation(
-                format!("{path}.class"),
-                format!(
-                    "unknown processor class `{}`; known classes: {known}",
-                    p.class
-                ),
-            );
+            let known = self.registry.processor_classes();
+            self.unknown_class(format!("{path}.class"), "processor", &p.class, &known);
             return None;
         };
         let ctx = ProcessorBuildContext {
@@ -320,14 +317,9 @@ impl Build<'_> {
     ) -> Option<ValidatedSink> {
         let (inputs, resolved) = self.sink_inputs(s, path, source_built);
         let Some(builder) = self.registry.sink(&s.sink_class_name) else {
-            let known = self.registry.sink_classes().join(", ");
-            self.violation(
-                format!("{path}.sink_class_name"),
-                format!(
-                    "unknown sink class `{}`; known classes: {known}",
-                    s.sink_class_name
-                ),
-            );
+            let known = self.registry.sink_classes();
+            let path = format!("{path}.sink_class_name");
+            self.unknown_class(path, "sink", &s.sink_class_name, &known);
             return None;
         };
         let ctx = SinkBuildContext {
