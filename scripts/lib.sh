@@ -38,7 +38,8 @@ flow_ensure_packages() {
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
-# The packages the local cluster needs (ClickHouse 18.16, ZooKeeper 3.8 + Java, NATS, curl, openssl).
+# The packages the local cluster needs (ClickHouse 18.16, ZooKeeper 3.8 + Java, NATS, curl, openssl)
+# and its modern ClickHouse nodes.
 flow_ensure_cluster_packages() {
     local need=()
     command -v clickhouse-server >/dev/null 2>&1 || need+=(clickhouse-server)
@@ -49,6 +50,44 @@ flow_ensure_cluster_packages() {
     command -v openssl >/dev/null 2>&1 || need+=(openssl)
     [ -d /etc/ssl/certs ] && [ -n "$(ls -A /etc/ssl/certs 2>/dev/null)" ] || need+=(ca-certificates)
     [ "${#need[@]}" -eq 0 ] || flow_ensure_packages "${need[@]}"
+    flow_ensure_modern_clickhouse
+}
+
+# The modern ClickHouse nodes (m1, m2 in scripts/cluster.sh): ClickHouse 26.9 as PyPI's chdb-core,
+# pinned, in a virtualenv outside the clone that outlives it (like CI's build output), so that a
+# machine downloads the 181 MB wheel once. FLOW_MODERN_VENV moves it.
+FLOW_MODERN_CHDB_CORE=26.9.0
+FLOW_MODERN_CLICKHOUSE=26.9.2.1
+FLOW_MODERN_VENV="${FLOW_MODERN_VENV:-/var/tmp/flow-chdb-core-$FLOW_MODERN_CHDB_CORE}"
+
+# The Python of the modern nodes' virtualenv.
+flow_modern_python() {
+    echo "$FLOW_MODERN_VENV/bin/python"
+}
+
+# Is the pinned chdb-core importable from the virtualenv?
+flow_modern_installed() {
+    [ -x "$(flow_modern_python)" ] &&
+        [ "$("$(flow_modern_python)" -c 'import importlib.metadata as m; print(m.version("chdb-core"))' 2>/dev/null)" = "$FLOW_MODERN_CHDB_CORE" ] &&
+        "$(flow_modern_python)" -c 'from chdb import _chdb' 2>/dev/null
+}
+
+# Installs chdb-core into FLOW_MODERN_VENV unless it is there. A half-made virtualenv (an install
+# that was killed) is made again.
+flow_ensure_modern_clickhouse() {
+    flow_modern_installed && return 0
+    command -v python3 >/dev/null 2>&1 || flow_ensure_packages python3 python3-venv
+    flow_log "installing ClickHouse $FLOW_MODERN_CLICKHOUSE (PyPI chdb-core==$FLOW_MODERN_CHDB_CORE) into $FLOW_MODERN_VENV"
+    rm -rf "$FLOW_MODERN_VENV"
+    if ! python3 -m venv "$FLOW_MODERN_VENV" >/dev/null 2>&1; then
+        rm -rf "$FLOW_MODERN_VENV"
+        flow_ensure_packages python3-venv
+        python3 -m venv "$FLOW_MODERN_VENV" || flow_die "python3 -m venv $FLOW_MODERN_VENV failed"
+    fi
+    "$FLOW_MODERN_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps \
+        "chdb-core==$FLOW_MODERN_CHDB_CORE" ||
+        flow_die "pip could not install chdb-core==$FLOW_MODERN_CHDB_CORE into $FLOW_MODERN_VENV"
+    flow_modern_installed || flow_die "chdb-core==$FLOW_MODERN_CHDB_CORE installed into $FLOW_MODERN_VENV but does not import"
 }
 
 # What building the workspace needs besides Rust: a C toolchain and pkg-config for -sys crates,
