@@ -328,6 +328,13 @@ write_modern_config() {
     <timezone>UTC</timezone>
     <max_concurrent_queries>100</max_concurrent_queries>
     <mark_cache_size>268435456</mark_cache_size>
+    <!-- What a test reads to see what the server received (the settings of each INSERT, its
+         deduplication token among them). -->
+    <query_log>
+        <database>system</database>
+        <table>query_log</table>
+        <flush_interval_milliseconds>1000</flush_interval_milliseconds>
+    </query_log>
 </clickhouse>
 EOF
 }

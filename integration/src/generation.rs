@@ -116,9 +116,13 @@ impl Generation {
         self == Generation::V26
     }
 
-    /// `hosts: ["<shard a's hosts>"]`, the unsharded sinks' parameter.
+    /// The unsharded sinks' host parameter for shard `a`: `hosts: [...]` for several hosts,
+    /// `host: ...` for one (the sinks refuse a one-entry `hosts` list).
     pub fn hosts_param(self) -> String {
-        format!("hosts: [{}]", quoted_addrs(self.shard_a()))
+        match self.shard_a() {
+            [one] => format!("host: \"{HOST}:{}\"", one.http_port),
+            hosts => format!("hosts: [{}]", quoted_addrs(hosts)),
+        }
     }
 
     /// `shard_hosts: {a: [...], b: [...]}`, the sharded sink's parameter.
