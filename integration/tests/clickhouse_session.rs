@@ -306,21 +306,28 @@ async fn plain_merge_tree_on_several_hosts_is_refused_but_one_host_is_accepted()
 }
 
 /// The table's own `SETTINGS` override the server defaults of the dedup window, and a window too
-/// small for the sink is warned about with the table's value and the attributes the reference names.
-#[test]
-fn table_level_dedup_window_too_small_is_warned_with_the_table_value() {
-    cluster();
+/// small for the sink is warned about with the table's value and the attributes the reference
+/// names. On 18.16 the replicated table's two windows (blocks and seconds); on 26.9 the plain
+/// MergeTree's `non_replicated_deduplication_window`, which has no seconds bound.
+fn table_level_dedup_window_too_small_is_warned_with_the_table_value(generation: Generation) {
+    generation.require().unwrap();
+    let host = generation.first();
     let t = unique_name("it_sess_window");
+    let engine = match generation {
+        Generation::V18 => format!(
+            "ReplicatedMergeTree('/clickhouse/tables/a/default.{t}', 'a1') ORDER BY id \
+             SETTINGS replicated_deduplication_window = 5, replicated_deduplication_window_seconds = 60"
+        ),
+        Generation::V26 => {
+            "MergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 5".to_owned()
+        }
+    };
     let mut guard = DropGuard::default();
     guard
         .create(
-            A1.http_port,
+            host.http_port,
             &format!("default.{t}"),
-            &format!(
-                "CREATE TABLE default.{t} ({GENERATOR_COLUMNS}) ENGINE = \
-                 ReplicatedMergeTree('/clickhouse/tables/a/default.{t}', 'a1') ORDER BY id \
-                 SETTINGS replicated_deduplication_window = 5, replicated_deduplication_window_seconds = 60"
-            ),
+            &format!("CREATE TABLE default.{t} ({GENERATOR_COLUMNS}) ENGINE = {engine}"),
         )
         .unwrap();
     let dir = TestDir::new().unwrap();
@@ -330,7 +337,7 @@ fn table_level_dedup_window_too_small_is_warned_with_the_table_value() {
         spec(
             "session",
             "ClickHouseBatchingSink",
-            &format!("{{host: '{}', table: {t}}}", A1.http_addr()),
+            &format!("{{host: '{}', table: {t}}}", host.http_addr()),
             "{retry_backoff: 100ms, max_retry_backoff: 2s, replay_horizon: 1h}",
             ROWS,
         ),
@@ -338,7 +345,7 @@ fn table_level_dedup_window_too_small_is_warned_with_the_table_value() {
     .unwrap();
     let out = worker_run(&path, &dir.path().join("state"), &[]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert_eq!(count(A1.http_port, &t, ""), ROWS);
+    assert_eq!(count(host.http_port, &t, ""), ROWS);
 
     let warning = |setting: &str| -> String {
         out.stderr
@@ -348,36 +355,46 @@ fn table_level_dedup_window_too_small_is_warned_with_the_table_value() {
             .to_owned()
     };
     // One partition can have 8 queued batches and 1 in flight: 9 blocks against a window of 5.
-    let blocks = warning("replicated_deduplication_window");
+    let blocks_setting = match generation {
+        Generation::V18 => "replicated_deduplication_window",
+        Generation::V26 => "non_replicated_deduplication_window",
+    };
+    let blocks = warning(blocks_setting);
     for field in [
         "Database=default",
         &format!("Table={t}"),
         "DedupWindow=5 ",
         "DedupWindowSource=table",
         "BlocksInFlight=9",
-        "Raise replicated_deduplication_window on the table to at least 9",
+        &format!("Raise {blocks_setting} on the table to at least 9"),
     ] {
         assert_has(&blocks, field);
     }
-    let seconds = warning("replicated_deduplication_window_seconds");
-    for field in [
-        "Database=default",
-        &format!("Table={t}"),
-        "DedupWindow=60 ",
-        "DedupWindowSource=table",
-        "ReplayHorizon=3600",
-        "shorter than replay_horizon (3600 s)",
-    ] {
-        assert_has(&seconds, field);
-    }
+    let windows = if generation == Generation::V18 {
+        let seconds = warning("replicated_deduplication_window_seconds");
+        for field in [
+            "Database=default",
+            &format!("Table={t}"),
+            "DedupWindow=60 ",
+            "DedupWindowSource=table",
+            "ReplayHorizon=3600",
+            "shorter than replay_horizon (3600 s)",
+        ] {
+            assert_has(&seconds, field);
+        }
+        2
+    } else {
+        1
+    };
     assert_eq!(
         out.stderr.matches("DedupWindowSetting=").count(),
-        2,
+        windows,
         "{}",
         out.stderr
     );
     drop(guard);
 }
+each_generation!(sync table_level_dedup_window_too_small_is_warned_with_the_table_value);
 
 // ---------------------------------------------------------------------------------------------
 // Columns.
@@ -445,29 +462,65 @@ async fn table_columns_absent_from_the_stream_are_not_sent() {
     drop(table);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn non_deterministic_default_refuses_exactly_once_without_tokens() {
-    cluster();
+/// The capability probe decides what exactly-once rests on. A column filled by `DEFAULT now()`
+/// differs in a replay, so without `insert_deduplication_token` (18.16) the replay could not be
+/// recognised and the sink refuses to start; a server with tokens (26.9) recognises the replay
+/// by its token, so the sink starts, says it uses tokens, and every row lands once.
+async fn non_deterministic_default_refuses_exactly_once_only_without_tokens(
+    generation: Generation,
+) {
+    generation.require().unwrap();
+    let host = generation.first();
     let t = unique_name("it_sess_now");
-    let table = ReplicatedTable::create(
-        "default",
-        &t,
-        &format!("{GENERATOR_COLUMNS}, ins DateTime DEFAULT now()"),
-        "id",
-        &[A1],
-    )
-    .unwrap();
-    let text = refusal(&a1_spec(&t), &t).await;
-    assert_has(
-        &text,
-        "the column `ins` is filled by DEFAULT now() on every insert, so a replayed batch would \
-         not be bit-identical and this server (no insert_deduplication_token) could not recognise \
-         it as a replay; exactly-once is impossible. Send the column from the stream, make its \
-         default deterministic, or use AtLeastOnceClickHouseSink",
+    let table = generation
+        .create_table_on(
+            "default",
+            &t,
+            &format!("{GENERATOR_COLUMNS}, ins DateTime DEFAULT now()"),
+            "id",
+            &[host],
+        )
+        .unwrap();
+    let yaml = spec(
+        "session",
+        "ClickHouseBatchingSink",
+        &format!("{{host: '{}', table: {t}}}", host.http_addr()),
+        "{retry_backoff: 100ms, max_retry_backoff: 2s}",
+        ROWS,
     );
-    assert_eq!(count(A1.http_port, &t, ""), 0);
+    if generation.has_tokens() {
+        let dir = TestDir::new().unwrap();
+        let path = dir.path().join("spec.yaml");
+        std::fs::write(&path, &yaml).unwrap();
+        let out = worker_run(&path, &dir.path().join("state"), &[]);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+        let started = out
+            .stderr
+            .lines()
+            .find(|l| l.contains("ClickHouse writer session started"))
+            .unwrap_or_else(|| panic!("no session start in:\n{}", out.stderr));
+        assert_has(started, "tokens=true");
+        assert!(
+            !out.stderr.contains("has no `insert_deduplication_token`"),
+            "{}",
+            out.stderr
+        );
+        assert_eq!(count(host.http_port, &t, ""), ROWS);
+        assert_eq!(count(host.http_port, &t, "WHERE ins > 0"), ROWS);
+    } else {
+        let text = refusal(&yaml, &t).await;
+        assert_has(
+            &text,
+            "the column `ins` is filled by DEFAULT now() on every insert, so a replayed batch would \
+             not be bit-identical and this server (no insert_deduplication_token) could not recognise \
+             it as a replay; exactly-once is impossible. Send the column from the stream, make its \
+             default deterministic, or use AtLeastOnceClickHouseSink",
+        );
+        assert_eq!(count(host.http_port, &t, ""), 0);
+    }
     drop(table);
 }
+each_generation!(non_deterministic_default_refuses_exactly_once_only_without_tokens);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_table_is_refused_naming_the_table() {

@@ -1,7 +1,7 @@
 //! Rows that fail the checks before sealing, against the real server: with
 //! `on_bad_rows: dead_letter` they go to the sink's dead letters (id, column, reason, the row) and
 //! every other row lands once; with the default `stop` the run fails naming the first of them.
-//! `flow-worker dead-letters export|purge` read and remove them.
+//! `flow-worker dead-letters export|purge` read and remove them. On both server generations.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::path::{Path, PathBuf};
@@ -27,7 +27,13 @@ fn input_text() -> String {
         .collect()
 }
 
-fn write_spec(dir: &Path, table: &str, class: &str, on_bad_rows: Option<&str>) -> PathBuf {
+fn write_spec(
+    dir: &Path,
+    host: Node,
+    table: &str,
+    class: &str,
+    on_bad_rows: Option<&str>,
+) -> PathBuf {
     let input = dir.join("input.jsonl");
     std::fs::write(&input, input_text()).unwrap();
     let extra = on_bad_rows.map_or(String::new(), |v| format!(", on_bad_rows: {v}"));
@@ -38,7 +44,7 @@ fn write_spec(dir: &Path, table: &str, class: &str, on_bad_rows: Option<&str>) -
          source:\n  class: jsonl_file\n  parameters: {{files: ['{}'], schema: [{{name: id, type: uint64}}, {{name: name, type: string}}]}}\n\
          sinks:\n  - name: out\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {{host: '{}', database: default, table: {table}{extra}}}\n    dynamic_parameters: {{max_rows_per_batch: 50, retry_backoff: 100ms, max_retry_backoff: 1s}}\n",
         input.display(),
-        A1.http_addr(),
+        host.http_addr(),
     );
     let spec = dir.join("spec.yaml");
     std::fs::write(&spec, yaml).unwrap();
@@ -53,27 +59,24 @@ fn export(state: &Path) -> Vec<Json> {
     export_dead_letters(worker_bin!(), state).unwrap()
 }
 
-fn bad_rows_go_to_dead_letters_and_the_rest_lands_once(class: &str) {
-    require_cluster().unwrap();
+fn bad_rows_go_to_dead_letters_and_the_rest_lands_once(generation: Generation, class: &str) {
+    generation.require().unwrap();
     let t = unique_name("it_dl");
-    let table = ReplicatedTable::create(
-        "default",
-        &t,
-        "id UInt64, name FixedString(3)",
-        "id",
-        &SHARD_A,
-    )
-    .unwrap();
+    let shard = generation.shard_a();
+    let table = generation
+        .create_table_on("default", &t, "id UInt64, name FixedString(3)", "id", shard)
+        .unwrap();
     let dir = TestDir::new().unwrap();
-    let spec = write_spec(dir.path(), &t, class, Some("dead_letter"));
+    let host = generation.first();
+    let spec = write_spec(dir.path(), host, &t, class, Some("dead_letter"));
     let state = dir.path().join("state");
     let out = run_to_end(&spec, &state);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
 
     let good: Vec<u64> = (0..LINES).filter(|id| !is_bad(*id)).collect();
-    sync_replica(A1.http_port, &format!("default.{t}")).unwrap();
+    generation.sync("default", &t, shard).unwrap();
     let landed = query_u64s(
-        A1.http_port,
+        host.http_port,
         &format!("SELECT id FROM default.{t} ORDER BY id"),
     )
     .unwrap();
@@ -126,30 +129,40 @@ fn bad_rows_go_to_dead_letters_and_the_rest_lands_once(class: &str) {
     drop(table);
 }
 
-#[test]
-fn exactly_once_sets_bad_rows_aside_as_dead_letters_and_lands_the_rest_once() {
-    bad_rows_go_to_dead_letters_and_the_rest_lands_once("ClickHouseBatchingSink");
+fn exactly_once_sets_bad_rows_aside_as_dead_letters_and_lands_the_rest_once(
+    generation: Generation,
+) {
+    bad_rows_go_to_dead_letters_and_the_rest_lands_once(generation, "ClickHouseBatchingSink");
 }
+each_generation!(sync exactly_once_sets_bad_rows_aside_as_dead_letters_and_lands_the_rest_once);
 
-#[test]
-fn at_least_once_sets_bad_rows_aside_as_dead_letters_and_lands_the_rest_once() {
-    bad_rows_go_to_dead_letters_and_the_rest_lands_once("AtLeastOnceClickHouseSink");
+fn at_least_once_sets_bad_rows_aside_as_dead_letters_and_lands_the_rest_once(
+    generation: Generation,
+) {
+    bad_rows_go_to_dead_letters_and_the_rest_lands_once(generation, "AtLeastOnceClickHouseSink");
 }
+each_generation!(sync at_least_once_sets_bad_rows_aside_as_dead_letters_and_lands_the_rest_once);
 
-#[test]
-fn by_default_a_bad_row_stops_the_run_naming_its_id_and_column() {
-    require_cluster().unwrap();
+fn by_default_a_bad_row_stops_the_run_naming_its_id_and_column(generation: Generation) {
+    generation.require().unwrap();
     let t = unique_name("it_dl_stop");
-    let _table = ReplicatedTable::create(
-        "default",
-        &t,
-        "id UInt64, name FixedString(3)",
-        "id",
-        &SHARD_A,
-    )
-    .unwrap();
+    let _table = generation
+        .create_table_on(
+            "default",
+            &t,
+            "id UInt64, name FixedString(3)",
+            "id",
+            generation.shard_a(),
+        )
+        .unwrap();
     let dir = TestDir::new().unwrap();
-    let spec = write_spec(dir.path(), &t, "ClickHouseBatchingSink", None);
+    let spec = write_spec(
+        dir.path(),
+        generation.first(),
+        &t,
+        "ClickHouseBatchingSink",
+        None,
+    );
     let state = dir.path().join("state");
     let out = run_to_end(&spec, &state);
     assert_ne!(out.code, Some(0), "{}", out.stderr);
@@ -157,9 +170,12 @@ fn by_default_a_bad_row_stops_the_run_naming_its_id_and_column() {
     assert!(out.stderr.contains("`name`"), "{}", out.stderr);
     assert!(export(&state).is_empty());
 }
+each_generation!(sync by_default_a_bad_row_stops_the_run_naming_its_id_and_column);
 
-#[test]
-fn at_most_once_sets_bad_rows_aside_as_dead_letters_and_lands_the_rest_once() {
+fn at_most_once_sets_bad_rows_aside_as_dead_letters_and_lands_the_rest_once(
+    generation: Generation,
+) {
     // No fault is injected, so at-most-once delivers every good row too.
-    bad_rows_go_to_dead_letters_and_the_rest_lands_once("AtMostOnceClickHouseSink");
+    bad_rows_go_to_dead_letters_and_the_rest_lands_once(generation, "AtMostOnceClickHouseSink");
 }
+each_generation!(sync at_most_once_sets_bad_rows_aside_as_dead_letters_and_lands_the_rest_once);

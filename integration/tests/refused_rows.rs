@@ -3,7 +3,8 @@
 //! `on_bad_rows: dead_letter`. The refused batches are delivered in halves until the refused rows
 //! are isolated; a `kill -9` while that goes on, and the restart, lose and double nothing; the
 //! isolated rows are exactly the x777 ones, in `dead-letters export` with code 395; after the
-//! guard is dropped, `dead-letters requeue` and a run land them exactly once.
+//! guard is dropped, `dead-letters requeue` and a run land them exactly once. On both server
+//! generations: on 26.9 the pieces of a split are deduplicated by their tokens.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::path::Path;
@@ -21,19 +22,28 @@ fn refused(id: u64) -> bool {
     id % 1000 == 777
 }
 
-/// The generator's columns plus the guard, replicated but on a1 alone (the splits send about a thousand
-/// of small inserts; a second replica fetching each would only slow the test down). The dedup
-/// window holds every piece a split sends, so pieces sent again after the kill are recognised.
-fn create_table(table: &str) -> DropGuard {
+/// The generator's columns plus the guard, on the generation's first host alone (on 18.16
+/// replicated, but the splits send about a thousand of small inserts; a second replica fetching
+/// each would only slow the test down). The dedup window holds every piece a split sends, so
+/// pieces sent again after the kill are recognised.
+fn create_table(generation: Generation, table: &str) -> DropGuard {
+    let engine = match generation {
+        Generation::V18 => format!(
+            "ReplicatedMergeTree('/clickhouse/tables/{{shard}}/default.{table}', '{{replica}}') \
+             ORDER BY id SETTINGS replicated_deduplication_window = 100000"
+        ),
+        Generation::V26 => {
+            "MergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 100000".to_owned()
+        }
+    };
     let mut guard = DropGuard::default();
     guard
         .create(
-            A1.http_port,
+            generation.first().http_port,
             &format!("default.{table}"),
             &format!(
                 "CREATE TABLE default.{table} ({GENERATOR_COLUMNS}, guard UInt8 MATERIALIZED throwIf(id % 1000 = 777)) \
-                 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{{shard}}/default.{table}', '{{replica}}') \
-                 ORDER BY id SETTINGS replicated_deduplication_window = 100000, parts_to_delay_insert = 100000, parts_to_throw_insert = 100000"
+                 ENGINE = {engine}, parts_to_delay_insert = 100000, parts_to_throw_insert = 100000"
             ),
         )
         .unwrap();
@@ -49,10 +59,10 @@ fn run_to_end(spec: &Path, state: &Path) {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
 }
 
-/// `(count(), uniqExact(id), countIf(id % 1000 = 777))` on a1.
-fn landed(table: &str) -> Vec<u64> {
+/// `(count(), uniqExact(id), countIf(id % 1000 = 777))` on the generation's first host.
+fn landed(generation: Generation, table: &str) -> Vec<u64> {
     query_u64s(
-        A1.http_port,
+        generation.first().http_port,
         &format!(
             "SELECT arrayJoin([count(), uniqExact(id), countIf(id % 1000 = 777)]) FROM default.{table}"
         ),
@@ -60,17 +70,18 @@ fn landed(table: &str) -> Vec<u64> {
     .unwrap()
 }
 
-#[test]
-fn refused_rows_are_isolated_into_dead_letters_across_a_kill_and_requeued_exactly_once() {
-    require_cluster().unwrap();
+fn refused_rows_are_isolated_into_dead_letters_across_a_kill_and_requeued_exactly_once(
+    generation: Generation,
+) {
+    generation.require().unwrap();
     let table = unique_name("it_refused");
-    let _tables = create_table(&table);
+    let _tables = create_table(generation, &table);
     let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     let state = dir.path().join("state");
     let parameters = format!(
         "{{host: '{}', table: {table}, on_bad_rows: dead_letter}}",
-        A1.http_addr(),
+        generation.first().http_addr(),
     );
     let yaml = GeneratorSpec::new("refused", "ClickHouseBatchingSink", parameters)
         .partitions(PARTITIONS)
@@ -95,7 +106,11 @@ fn refused_rows_are_isolated_into_dead_letters_across_a_kill_and_requeued_exactl
     run_to_end(&spec, &state);
     let bad: Vec<u64> = (0..ROWS).filter(|id| refused(*id)).collect();
     let good = ROWS - bad.len() as u64;
-    assert_eq!(landed(&table), vec![good, good, 0], "every other row once");
+    assert_eq!(
+        landed(generation, &table),
+        vec![good, good, 0],
+        "every other row once"
+    );
 
     let dead: Vec<Json> = export_dead_letters(worker_bin!(), &state).unwrap();
     let mut ids: Vec<u64> = dead
@@ -122,7 +137,7 @@ fn refused_rows_are_isolated_into_dead_letters_across_a_kill_and_requeued_exactl
 
     // The operator fixes the cause; the requeued rows land once.
     exec(
-        A1.http_port,
+        generation.first().http_port,
         &format!("ALTER TABLE default.{table} DROP COLUMN guard"),
     )
     .unwrap();
@@ -141,5 +156,9 @@ fn refused_rows_are_isolated_into_dead_letters_across_a_kill_and_requeued_exactl
         "requeued rows leave the dead letters"
     );
     run_to_end(&spec, &state);
-    assert_eq!(landed(&table), vec![ROWS, ROWS, bad.len() as u64]);
+    assert_eq!(
+        landed(generation, &table),
+        vec![ROWS, ROWS, bad.len() as u64]
+    );
 }
+each_generation!(sync refused_rows_are_isolated_into_dead_letters_across_a_kill_and_requeued_exactly_once);

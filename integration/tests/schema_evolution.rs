@@ -1,8 +1,8 @@
 //! Online schema evolution under an exactly-once sharded sink with kill -9s (issue 26, item 1,
 //! live test (a)).
 //!
-//! While a generator writes through `ShardedClickHouseBatchingSink` into two shards of two
-//! replicas, the table gets a column added with a DEFAULT, the stream's `partition` widened from
+//! While a generator writes through `ShardedClickHouseBatchingSink` into two shards (of two
+//! replicas on ClickHouse 18.16, of one node on 26.9, where batches carry tokens), the table gets a column added with a DEFAULT, the stream's `partition` widened from
 //! UInt32 to UInt64, and a column the stream does not write dropped; the worker is killed with
 //! SIGKILL after each change and started again, as a supervisor would, and nothing else is done
 //! by hand. Each change is adopted without a restart (the log says so), batches sealed before
@@ -18,15 +18,20 @@ use flow_integration::*;
 
 const PARTITIONS: u64 = 2;
 const PER_PARTITION: u64 = 12_000;
-const NODES: [Node; 4] = [A1, A2, B1, B2];
 
-/// Runs `alter` (with `{table}`) on one replica of each shard and waits until every node's
+/// Runs `alter` (with `{table}`) on one host of each shard and waits until every node's
 /// `system.columns` holds `present` columns satisfying `condition` (on `name` and `type`).
-fn alter_everywhere(qualified: &str, table: &str, alter: &str, (condition, present): (&str, u64)) {
-    for node in [A1, B1] {
+fn alter_everywhere(
+    generation: Generation,
+    qualified: &str,
+    table: &str,
+    alter: &str,
+    (condition, present): (&str, u64),
+) {
+    for node in [generation.shard_a()[0], generation.shard_b()[0]] {
         exec(node.http_port, &alter.replace("{table}", qualified)).unwrap();
     }
-    for node in NODES {
+    for node in generation.nodes() {
         wait_until(Duration::from_secs(60), || {
             Ok(query_u64(
                 node.http_port,
@@ -46,28 +51,26 @@ fn log_has(worker: &Worker, needle: &str) {
     .unwrap_or_else(|err| panic!("{err:#}: no `{needle}` in the log\n{}", worker.log_tail()));
 }
 
-#[test]
-fn added_widened_and_dropped_columns_are_adopted_under_kill_9s_with_every_id_once() {
-    require_cluster().unwrap();
+fn added_widened_and_dropped_columns_are_adopted_under_kill_9s_with_every_id_once(
+    generation: Generation,
+) {
+    generation.require().unwrap();
     let t = unique_name("schema_evolution");
-    let table = ReplicatedTable::create(
-        "default",
-        &t,
-        &format!("{GENERATOR_COLUMNS}, note String DEFAULT 'unfed'"),
-        "id",
-        &NODES,
-    )
-    .unwrap();
+    let table = generation
+        .create_table(
+            "default",
+            &t,
+            &format!("{GENERATOR_COLUMNS}, note String DEFAULT 'unfed'"),
+            "id",
+        )
+        .unwrap();
     let qualified = table.qualified();
     let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     let state = dir.path().join("state");
     let parameters = format!(
-        "{{shard_hosts: {{a: ['{}', '{}'], b: ['{}', '{}']}}, sharding_key_columns: [user_id], table: {t}, message_id_column: id, schema_refresh_interval_ms: 500}}",
-        A1.http_addr(),
-        A2.http_addr(),
-        B1.http_addr(),
-        B2.http_addr()
+        "{{{}, sharding_key_columns: [user_id], table: {t}, message_id_column: id, schema_refresh_interval_ms: 500}}",
+        generation.shard_hosts_param()
     );
     std::fs::write(
         &spec,
@@ -91,7 +94,7 @@ fn added_widened_and_dropped_columns_are_adopted_under_kill_9s_with_every_id_onc
         )
         .unwrap()
     };
-    let landed = || landed_on_both_shards(&qualified).unwrap().0;
+    let landed = || landed_on_shards(generation, &qualified).unwrap().0;
     let progress = |worker: &Worker, by: u64| {
         let from = landed();
         wait_until(Duration::from_secs(60), || Ok(landed() >= from + by))
@@ -124,7 +127,7 @@ fn added_widened_and_dropped_columns_are_adopted_under_kill_9s_with_every_id_onc
             worker = spawn();
             progress(&worker, 1_000);
         }
-        alter_everywhere(&qualified, &t, alter, columns);
+        alter_everywhere(generation, &qualified, &t, alter, columns);
         log_has(&worker, adopted);
         worker.kill_9().unwrap();
         logs.push(std::fs::read_to_string(worker.log()).unwrap());
@@ -135,17 +138,16 @@ fn added_widened_and_dropped_columns_are_adopted_under_kill_9s_with_every_id_onc
     let all = logs.join("\n");
     assert_eq!(code, Some(0), "{}", worker.log_tail());
 
-    for node in NODES {
-        sync_when_writable(node, "default", &t, Duration::from_secs(60)).unwrap();
-    }
+    generation.sync("default", &t, &generation.nodes()).unwrap();
     let total = PARTITIONS * PER_PARTITION;
-    let landed = landed_on_both_shards(&qualified).unwrap();
+    let first_hosts = [generation.shard_a()[0], generation.shard_b()[0]];
+    let landed = landed_on_shards(generation, &qualified).unwrap();
     assert!(
         landed == (total, total),
         "every id once: {landed:?} (rows, distinct ids) of {total}\n{}",
-        duplicates_report(&qualified, &[A1, B1])
+        duplicates_report(&qualified, &first_hosts)
     );
-    for node in [A1, B1] {
+    for node in first_hosts {
         let wrong = query_u64(
             node.http_port,
             &format!("SELECT count() FROM {qualified} WHERE partition != id % 2 OR user_id != id % 1000 OR region != 'eu'"),
@@ -175,3 +177,4 @@ fn added_widened_and_dropped_columns_are_adopted_under_kill_9s_with_every_id_onc
     assert!(adopted >= 3, "{all}");
     assert!(!all.contains("changed incompatibly"), "{all}");
 }
+each_generation!(sync added_widened_and_dropped_columns_are_adopted_under_kill_9s_with_every_id_once);

@@ -11,7 +11,8 @@
 //! by the requeue.
 //!
 //! The other tests: `max_tables`, `missing_table: wait`, and the broker subject naming the tables
-//! (`{subject[2]}` and a `tables:` map).
+//! (`{subject[2]}` and a `tables:` map). Every test runs on both server generations (on 26.9 a
+//! shard is one node, so there is no replica to compare).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -71,16 +72,13 @@ async fn publish(
     Ok(())
 }
 
-fn write_spec(dir: &Path, stream: &str, name: &str) -> PathBuf {
-    let hosts =
-        |nodes: [Node; 2]| format!("['{}', '{}']", nodes[0].http_addr(), nodes[1].http_addr());
+fn write_spec(generation: Generation, dir: &Path, stream: &str, name: &str) -> PathBuf {
     let yaml = format!(
         "pipeline: tables_it\npartitions: {PARTITIONS}\nepoch: {{max_messages: 3000, max_duration_ms: 300}}\n\
          source:\n  class: nats_jetstream\n  parameters:\n    servers: ['nats://{}']\n    stream: {stream}\n    subject_template: '{stream}.p.{{partition}}'\n    format: json\n    schema: [{{name: id, type: uint64}}, {{name: kind, type: string}}, {{name: payload, type: string}}]\n\
-         sinks:\n  - name: out\n    sink_class_name: ShardedClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{shard_hosts: {{a: {}, b: {}}}, database: default, table: '{name}_{{kind}}'}}\n    dynamic_parameters: {{max_rows_per_batch: 1000, retry_backoff: 100ms, max_retry_backoff: 1s}}\n",
+         sinks:\n  - name: out\n    sink_class_name: ShardedClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{{}, database: default, table: '{name}_{{kind}}'}}\n    dynamic_parameters: {{max_rows_per_batch: 1000, retry_backoff: 100ms, max_retry_backoff: 1s}}\n",
         nats::NATS_ADDR,
-        hosts(SHARD_A),
-        hosts(SHARD_B),
+        generation.shard_hosts_param(),
     );
     let spec = dir.join("spec.yaml");
     std::fs::write(&spec, yaml).unwrap();
@@ -104,15 +102,16 @@ fn wait_caught_up(state: &Path, worker: &Worker, pipeline: &str, partitions: u64
 
 /// Each table's (rows, distinct ids) on both shards against the ids expected, with the doubled
 /// ids and their parts where a table holds more rows than ids.
-fn landed_report(wanted: &[(&ReplicatedTable, u64)]) -> String {
+fn landed_report(generation: Generation, wanted: &[(&ReplicatedTable, u64)]) -> String {
     let mut report = String::new();
+    let first_hosts = [generation.shard_a()[0], generation.shard_b()[0]];
     for (table, ids) in wanted {
         let qualified = table.qualified();
-        let landed = landed_on_both_shards(&qualified)
+        let landed = landed_on_shards(generation, &qualified)
             .map(|(rows, distinct)| format!("{rows} rows, {distinct} ids"))
             .unwrap_or_else(|err| format!("unreadable: {err:#}"));
         report.push_str(&format!("  {qualified}: {landed}, expected {ids}\n"));
-        report.push_str(&duplicates_report(&qualified, &[A1, B1]));
+        report.push_str(&duplicates_report(&qualified, &first_hosts));
     }
     report
 }
@@ -121,19 +120,40 @@ fn ids_of(kind_name: &str, range: std::ops::Range<u64>) -> u64 {
     range.filter(|&id| kind(id) == kind_name).count() as u64
 }
 
-#[test]
+/// The replicas of each shard hold the same rows (nothing to compare where a shard is one node).
+fn replicas_agree(generation: Generation, qualified: &str) -> Result<()> {
+    for shard in [generation.shard_a(), generation.shard_b()] {
+        for pair in shard.windows(2) {
+            assert_eq!(
+                count_uniq(pair[0], qualified)?,
+                count_uniq(pair[1], qualified)?,
+                "{qualified} on {} and {}",
+                pair[0].name,
+                pair[1].name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `sql` (a count) summed over the first host of each shard.
+fn summed_over_shards(generation: Generation, sql: &str) -> Result<u64> {
+    Ok(query_u64(generation.shard_a()[0].http_port, sql)?
+        + query_u64(generation.shard_b()[0].http_port, sql)?)
+}
+
 fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are_requeued(
+    generation: Generation,
 ) -> Result<()> {
-    require_cluster()?;
+    generation.require()?;
     let rt = tokio::runtime::Runtime::new()?;
     let name = unique_name("tables_it");
     let js = rt.block_on(new_stream(&name))?;
     let prefix = format!("{name}.p");
-    let click =
-        ReplicatedTable::create("default", &format!("{name}_click"), COLUMNS, "id", &NODES)?;
-    let view = ReplicatedTable::create("default", &format!("{name}_view"), COLUMNS, "id", &NODES)?;
+    let click = generation.create_table("default", &format!("{name}_click"), COLUMNS, "id")?;
+    let view = generation.create_table("default", &format!("{name}_view"), COLUMNS, "id")?;
     let dir = TestDir::new()?;
-    let spec = write_spec(dir.path(), &name, &name);
+    let spec = write_spec(generation, dir.path(), &name, &name);
     let state = dir.path().join("state");
     rt.block_on(publish(
         &js,
@@ -147,7 +167,7 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
     let mut worker = Worker::spawn(worker_bin!(), &spec, &state, log(0))?;
     wait_caught_up(&state, &worker, "tables_it", PARTITIONS)?;
     worker.kill_9()?;
-    let buy = ReplicatedTable::create("default", &format!("{name}_buy"), COLUMNS, "id", &NODES)?;
+    let buy = generation.create_table("default", &format!("{name}_buy"), COLUMNS, "id")?;
 
     // Runs 2 to 4: the second half is published while the worker is killed twice.
     worker = Worker::spawn(worker_bin!(), &spec, &state, log(1))?;
@@ -171,7 +191,7 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
     ];
     let landed = wait_until(Duration::from_secs(60), || {
         for (table, ids) in &wanted {
-            if landed_on_both_shards(&table.qualified())? != (*ids, *ids) {
+            if landed_on_shards(generation, &table.qualified())? != (*ids, *ids) {
                 return Ok(false);
             }
         }
@@ -181,7 +201,7 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
         // A panic keeps the test directory (every worker's log) and the tables.
         panic!(
             "not every message landed once ({err:#}); (rows, distinct ids) per table against the ids expected:\n{}\n{}",
-            landed_report(&wanted),
+            landed_report(generation, &wanted),
             worker.log_tail()
         );
     }
@@ -201,7 +221,7 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
         if letter["table"].as_str() == Some(buy_target.as_str()) {
             assert!(
                 reason.starts_with(&format!(
-                    "table `default`.`{name}_buy` does not exist: the table does not exist on 127.0.0.1:181"
+                    "table `default`.`{name}_buy` does not exist: the table does not exist on 127.0.0.1:1812"
                 )) && reason.ends_with(&format!(
                     "Create `default`.`{name}_buy` on every host of every shard. Create it, then `flow-worker dead-letters requeue` sends this row to it"
                 )),
@@ -256,29 +276,22 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
     assert_eq!(drain.code, Some(0), "{}", drain.stderr);
 
     for table in [&click, &view, &buy] {
-        for node in NODES {
-            sync_when_writable(node, "default", &table.table, Duration::from_secs(60))?;
-        }
+        generation.sync("default", &table.table, &generation.nodes())?;
     }
     for (table, kind_name) in [(&click, "click"), (&view, "view"), (&buy, "buy")] {
         let qualified = table.qualified();
-        let (rows, distinct) = landed_on_both_shards(&qualified)?;
+        let (rows, distinct) = landed_on_shards(generation, &qualified)?;
         assert_eq!(
             (rows, distinct),
             (ids_of(kind_name, 0..TOTAL), ids_of(kind_name, 0..TOTAL)),
             "{qualified}: every {kind_name} message once"
         );
-        let other = query_u64(
-            A1.http_port,
+        let other = summed_over_shards(
+            generation,
             &format!("SELECT count() FROM {qualified} WHERE kind != '{kind_name}'"),
         )?;
         assert_eq!(other, 0, "{qualified} holds only {kind_name} rows");
-        for [first, second] in [SHARD_A, SHARD_B] {
-            assert_eq!(
-                count_uniq(first, &qualified)?,
-                count_uniq(second, &qualified)?
-            );
-        }
+        replicas_agree(generation, &qualified)?;
     }
     assert_eq!(export_dead_letters(worker_bin!(), &state)?.len(), 1);
     println!(
@@ -288,6 +301,9 @@ fn three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are
     let _ = rt.block_on(js.delete_stream(&name));
     Ok(())
 }
+each_generation!(
+    sync three_kinds_land_once_in_their_tables_and_rows_of_a_table_created_mid_run_are_requeued
+);
 
 /// The generator's columns.
 const GENERATOR_COLUMNS: &str =
@@ -296,27 +312,26 @@ const GENERATOR_COLUMNS: &str =
 /// `max_tables` bounds the tables a template's rows may name: four partitions each naming a
 /// table of their own (`{partition}`) under `max_tables: 3` write exactly three tables, and every
 /// row of the fourth (whichever partition came last) is a dead letter naming the bound.
-#[test]
-fn rows_naming_a_table_beyond_max_tables_are_dead_letters() -> Result<()> {
-    require_cluster()?;
+fn rows_naming_a_table_beyond_max_tables_are_dead_letters(generation: Generation) -> Result<()> {
+    generation.require()?;
     let name = unique_name("maxt");
+    let shard = generation.shard_a();
     let tables = (0..PARTITIONS)
         .map(|p| {
-            ReplicatedTable::create(
+            generation.create_table_on(
                 "default",
                 &format!("{name}_{p}"),
                 GENERATOR_COLUMNS,
                 "id",
-                &SHARD_A,
+                shard,
             )
         })
         .collect::<Result<Vec<_>>>()?;
     let dir = TestDir::new()?;
     let spec = dir.path().join("spec.yaml");
     let parameters = format!(
-        "{{hosts: ['{}', '{}'], table: '{name}_{{partition}}', max_tables: 3}}",
-        A1.http_addr(),
-        A2.http_addr()
+        "{{{}, table: '{name}_{{partition}}', max_tables: 3}}",
+        generation.hosts_param()
     );
     let yaml = GeneratorSpec::new("max_tables", "ClickHouseBatchingSink", parameters)
         .partitions(PARTITIONS)
@@ -328,7 +343,8 @@ fn rows_naming_a_table_beyond_max_tables_are_dead_letters() -> Result<()> {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let mut counts = Vec::new();
     for table in &tables {
-        counts.push(count_uniq(A1, &table.qualified())?);
+        generation.sync("default", &table.table, shard)?;
+        counts.push(count_uniq(generation.first(), &table.qualified())?);
     }
     let written = counts.iter().filter(|&&c| c == (500, 500)).count();
     let empty = counts.iter().filter(|&&c| c == (0, 0)).count();
@@ -346,20 +362,21 @@ fn rows_naming_a_table_beyond_max_tables_are_dead_letters() -> Result<()> {
     }
     Ok(())
 }
+each_generation!(sync rows_naming_a_table_beyond_max_tables_are_dead_letters);
 
 /// `missing_table: wait`: a partition whose rows name a table that does not exist waits for it
 /// (its epoch vetoed and read again) instead of setting rows aside; once the table is created
 /// every row lands in it once, and there is no dead letter.
-#[test]
-fn with_missing_table_wait_rows_wait_for_their_table_and_land_once_it_exists() -> Result<()> {
-    require_cluster()?;
+fn with_missing_table_wait_rows_wait_for_their_table_and_land_once_it_exists(
+    generation: Generation,
+) -> Result<()> {
+    generation.require()?;
     let name = unique_name("waitt");
     let dir = TestDir::new()?;
     let spec = dir.path().join("spec.yaml");
     let parameters = format!(
-        "{{hosts: ['{}', '{}'], table: '{name}_{{partition}}', missing_table: wait}}",
-        A1.http_addr(),
-        A2.http_addr()
+        "{{{}, table: '{name}_{{partition}}', missing_table: wait}}",
+        generation.hosts_param()
     );
     let yaml = GeneratorSpec::new("missing_wait", "ClickHouseBatchingSink", parameters)
         .partitions(1)
@@ -374,12 +391,12 @@ fn with_missing_table_wait_rows_wait_for_their_table_and_land_once_it_exists() -
         Ok(std::fs::read_to_string(worker.log())?.contains(&waiting))
     })?;
     assert!(worker.running(), "{}", worker.log_tail());
-    let table = ReplicatedTable::create(
+    let table = generation.create_table_on(
         "default",
         &format!("{name}_0"),
         GENERATOR_COLUMNS,
         "id",
-        &SHARD_A,
+        generation.shard_a(),
     )?;
     assert_eq!(
         worker.wait_exit(Duration::from_secs(60))?,
@@ -387,10 +404,15 @@ fn with_missing_table_wait_rows_wait_for_their_table_and_land_once_it_exists() -
         "{}",
         worker.log_tail()
     );
-    assert_eq!(count_uniq(A1, &table.qualified())?, (2_000, 2_000));
+    generation.sync("default", &table.table, generation.shard_a())?;
+    assert_eq!(
+        count_uniq(generation.first(), &table.qualified())?,
+        (2_000, 2_000)
+    );
     assert_eq!(export_dead_letters(worker_bin!(), &state)?.len(), 0);
     Ok(())
 }
+each_generation!(sync with_missing_table_wait_rows_wait_for_their_table_and_land_once_it_exists);
 
 /// The event subjects of the subject test, one per partition: `<stream>.p.<event>`.
 const EVENTS: [&str; 3] = ["created", "cancelled", "shipped"];
@@ -405,9 +427,10 @@ fn by_event(id: u64) -> String {
 /// `<name>_m_<event>` by a `tables:` map, through two sharded exactly-once sinks of one pipeline,
 /// with a `kill -9` while the second half is published: every message once in its event's
 /// table of each sink, on both replicas, and no dead letter.
-#[test]
-fn jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill() -> Result<()> {
-    require_cluster()?;
+fn jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill(
+    generation: Generation,
+) -> Result<()> {
+    generation.require()?;
     let rt = tokio::runtime::Runtime::new()?;
     let name = unique_name("subj_it");
     let js = rt.block_on(new_stream(&name))?;
@@ -417,14 +440,12 @@ fn jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill() -
         for table in [format!("{name}_{event}"), format!("{name}_m_{event}")] {
             tables.push((
                 event,
-                ReplicatedTable::create("default", &table, COLUMNS, "id", &NODES)?,
+                generation.create_table("default", &table, COLUMNS, "id")?,
             ));
         }
     }
     let dir = TestDir::new()?;
-    let hosts =
-        |nodes: [Node; 2]| format!("['{}', '{}']", nodes[0].http_addr(), nodes[1].http_addr());
-    let shard_hosts = format!("{{a: {}, b: {}}}", hosts(SHARD_A), hosts(SHARD_B));
+    let shard_hosts = generation.shard_hosts_param();
     let subjects: Vec<String> = EVENTS.iter().map(|e| format!("'{prefix}.{e}'")).collect();
     let map: Vec<String> = EVENTS
         .iter()
@@ -432,7 +453,7 @@ fn jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill() -
         .collect();
     let sink = |sink: &str, target: &str| {
         format!(
-            "  - name: {sink}\n    sink_class_name: ShardedClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{shard_hosts: {shard_hosts}, database: default, {target}}}\n    dynamic_parameters: {{max_rows_per_batch: 500, retry_backoff: 100ms, max_retry_backoff: 1s}}\n"
+            "  - name: {sink}\n    sink_class_name: ShardedClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{{shard_hosts}, database: default, {target}}}\n    dynamic_parameters: {{max_rows_per_batch: 500, retry_backoff: 100ms, max_retry_backoff: 1s}}\n"
         )
     };
     let yaml = format!(
@@ -461,16 +482,16 @@ fn jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill() -
         if worker.exited()?.is_some() {
             bail!("the worker exited on its own\n{}", worker.log_tail());
         }
-        landed_on_both_shards(&tables[0].1.qualified()).map(|(rows, _)| rows > 0)
+        landed_on_shards(generation, &tables[0].1.qualified()).map(|(rows, _)| rows > 0)
     })?;
-    let at_kill = landed_on_both_shards(&tables[0].1.qualified())?.0;
+    let at_kill = landed_on_shards(generation, &tables[0].1.qualified())?.0;
     worker.kill_9()?;
     worker = Worker::spawn(worker_bin!(), &spec, &state, log(1))?;
     rt.block_on(publisher)??;
     let per_event = EVENT_MESSAGES / 3;
     wait_until(Duration::from_secs(60), || {
         for (_, table) in &tables {
-            if landed_on_both_shards(&table.qualified())?.0 != per_event {
+            if landed_on_shards(generation, &table.qualified())?.0 != per_event {
                 return Ok(false);
             }
         }
@@ -482,11 +503,9 @@ fn jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill() -
 
     for (event, table) in &tables {
         let qualified = table.qualified();
-        for node in NODES {
-            sync_when_writable(node, "default", &table.table, Duration::from_secs(60))?;
-        }
+        generation.sync("default", &table.table, &generation.nodes())?;
         assert_eq!(
-            landed_on_both_shards(&qualified)?,
+            landed_on_shards(generation, &qualified)?,
             (per_event, per_event),
             "{qualified}: every {event} message once"
         );
@@ -494,14 +513,9 @@ fn jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill() -
             "SELECT count() FROM {qualified} WHERE id % 3 != {}",
             EVENTS.iter().position(|e| e == event).unwrap_or_default()
         );
-        let stray = query_u64(A1.http_port, &stray_sql)? + query_u64(B1.http_port, &stray_sql)?;
+        let stray = summed_over_shards(generation, &stray_sql)?;
         assert_eq!(stray, 0, "{qualified} holds only {event} messages");
-        for [first, second] in [SHARD_A, SHARD_B] {
-            assert_eq!(
-                count_uniq(first, &qualified)?,
-                count_uniq(second, &qualified)?
-            );
-        }
+        replicas_agree(generation, &qualified)?;
     }
     assert_eq!(export_dead_letters(worker_bin!(), &state)?.len(), 0);
     println!(
@@ -510,3 +524,4 @@ fn jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill() -
     let _ = rt.block_on(js.delete_stream(&name));
     Ok(())
 }
+each_generation!(sync jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill);

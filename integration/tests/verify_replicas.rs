@@ -48,13 +48,17 @@ fn active_parts(node: Node, database: &str, table: &str) -> Result<String> {
     )
 }
 
-fn write_spec(dir: &Path, table: &str) -> Result<std::path::PathBuf> {
+fn write_spec(dir: &Path, table: &str, hosts: &[Node]) -> Result<std::path::PathBuf> {
     let spec = dir.join("spec.yaml");
+    let hosts: Vec<String> = hosts
+        .iter()
+        .map(|n| format!("'{}'", n.http_addr()))
+        .collect();
     std::fs::write(
         &spec,
         format!(
-            "pipeline: verify_orphans\nsource:\n  class: generator\n  parameters: {{count: 10}}\nsinks:\n  - name: ch\n    sink_class_name: ClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{hosts: ['{HOST}:{}', '{HOST}:{}'], table: {table}}}\n",
-            A1.http_port, A2.http_port
+            "pipeline: verify_orphans\nsource:\n  class: generator\n  parameters: {{count: 10}}\nsinks:\n  - name: ch\n    sink_class_name: ClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{hosts: [{}], table: {table}}}\n",
+            hosts.join(", ")
         ),
     )?;
     Ok(spec)
@@ -67,7 +71,7 @@ fn verify_names_the_replica_holding_an_orphan_part_and_passes_after_reattaching_
     let table = ReplicatedTable::create("default", &name, "id UInt64", "id", &[A1, A2])?;
     let qualified = table.qualified();
     let dir = TestDir::new()?;
-    let spec = write_spec(dir.path(), &name)?;
+    let spec = write_spec(dir.path(), &name, &SHARD_A)?;
 
     exec(
         A1.http_port,
@@ -142,23 +146,34 @@ fn verify_names_the_replica_holding_an_orphan_part_and_passes_after_reattaching_
     Ok(())
 }
 
-/// Issue 24 item 12: a plain MergeTree table on a1 and a2 holds independent rows, so their
+/// Issue 24 item 12: a plain MergeTree table on two hosts holds independent rows, so their
 /// counts differ; `verify` must say the table does not replicate (nothing to compare), exit 0,
-/// and not call it diverged nor advise DETACH/ATTACH.
-#[test]
-fn verify_says_a_plain_merge_tree_does_not_replicate() -> Result<()> {
-    wait_for_cluster(Duration::from_secs(120))?;
+/// and not call it diverged nor advise DETACH/ATTACH. On 18.16 the hosts are a1 and a2; on 26.9
+/// m1 and m2 with the table a modern exactly-once user has there (MergeTree with a
+/// deduplication window), since the modern nodes cannot replicate at all.
+fn verify_says_a_plain_merge_tree_does_not_replicate(generation: Generation) -> Result<()> {
+    generation.require()?;
     let name = unique_name("verify_plain");
+    let hosts = &generation.nodes()[..2];
+    let engine = match generation {
+        Generation::V18 => "MergeTree ORDER BY id".to_owned(),
+        Generation::V26 => generation.engine("default", &name, "id"),
+    };
     let mut tables = DropGuard::default();
-    for node in [A1, A2] {
-        tables.create_merge_tree(node, "default", &name, "id UInt64", "id")?;
+    for node in hosts {
+        tables.create(
+            node.http_port,
+            &format!("default.{name}"),
+            &format!("CREATE TABLE default.{name} (id UInt64) ENGINE = {engine}"),
+        )?;
     }
     exec(
-        A1.http_port,
+        hosts[0].http_port,
         &format!("INSERT INTO default.{name} SELECT number FROM system.numbers LIMIT 10"),
     )?;
     let dir = TestDir::new()?;
-    let spec = write_spec(dir.path(), &name)?;
+    let spec = write_spec(dir.path(), &name, hosts)?;
+    let (first, second) = (hosts[0].http_addr(), hosts[1].http_addr());
 
     let (code, sinks) = verify_json(worker_bin!(), &spec)?;
     assert_eq!(code, Some(0), "{sinks:?}");
@@ -167,7 +182,7 @@ fn verify_says_a_plain_merge_tree_does_not_replicate() -> Result<()> {
         serde_json::json!({
             "verdict": "not_replicated",
             "engine": "MergeTree",
-            "endpoints": [A1.http_addr(), A2.http_addr()],
+            "endpoints": [first, second],
         })
     );
 
@@ -182,10 +197,9 @@ fn verify_says_a_plain_merge_tree_does_not_replicate() -> Result<()> {
     assert_eq!(
         out.stdout,
         format!(
-            "sink `ch`:\n  the table: not replicated: default.{name} is a MergeTree table on {a1}, {a2}, which does not replicate, so there are no replicas to compare and nothing was checked; each endpoint's table holds only the rows sent to it. For replicas that verify can compare, use a ReplicatedMergeTree table\n    {a1}: 10 rows\n    {a2}: 0 rows\n",
-            a1 = A1.http_addr(),
-            a2 = A2.http_addr()
+            "sink `ch`:\n  the table: not replicated: default.{name} is a MergeTree table on {first}, {second}, which does not replicate, so there are no replicas to compare and nothing was checked; each endpoint's table holds only the rows sent to it. For replicas that verify can compare, use a ReplicatedMergeTree table\n    {first}: 10 rows\n    {second}: 0 rows\n",
         )
     );
     Ok(())
 }
+each_generation!(sync verify_says_a_plain_merge_tree_does_not_replicate);
