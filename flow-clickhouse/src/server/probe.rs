@@ -195,7 +195,8 @@ struct Answers {
     /// `engine` of the target in `system.tables`.
     tables: Answer,
     columns: Result<Vec<ColumnMeta>, ClassifiedError>,
-    /// Which of the settings the sink may use the server knows.
+    /// Which of the settings the sink may use (its capabilities and the user's `settings`) the
+    /// server knows.
     settings: Answer,
     /// Whether `system.replicas` has a `zookeeper_name` column.
     zookeeper_name_column: Answer,
@@ -205,6 +206,29 @@ struct Answers {
     create: Answer,
     /// The server's version and type families.
     types: Answer,
+}
+
+/// The settings whose presence tells what the server can do ([`Capabilities`]).
+const CAPABILITY_SETTINGS: [&str; 4] = [
+    "insert_deduplication_token",
+    "async_insert",
+    "async_insert_deduplicate",
+    "insert_deduplicate",
+];
+
+/// The first of the user's `settings` the server does not know, as the refusal's reason. Sent
+/// with every INSERT, it would fail each with code 115 after its batch was sealed; at the start it
+/// stops the sink before anything is sealed, naming the setting and the host.
+fn unknown_setting(params: &SinkParams, known: &[String], endpoint: &str) -> Option<String> {
+    let (name, _) = params
+        .settings
+        .iter()
+        .find(|(name, _)| !known.iter().any(|k| k == name))?;
+    Some(format!(
+        "the setting `{name}` of the sink's `settings` is not a setting of the server on \
+         {endpoint} (it is not in system.settings there); remove it, or check its name against \
+         that server's version"
+    ))
 }
 
 /// Sends every query of [`Answers`] at once: a start costs two round trips per endpoint (these,
@@ -231,13 +255,20 @@ async fn ask(endpoint: &EndpointClient, params: &SinkParams, timeout: Duration) 
         quote_table(&params.database, &params.table)
     );
     let columns_sql = ColumnsGuard::system_columns_query(&params.database, &params.table);
+    let settings_sql = format!(
+        "SELECT name FROM system.settings WHERE name IN ({})",
+        CAPABILITY_SETTINGS
+            .iter()
+            .copied()
+            .chain(params.settings.iter().map(|(name, _)| name.as_str()))
+            .map(quote_literal)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let (tables, columns, settings, zookeeper_name_column, merge_tree_defaults, create, types) = tokio::join!(
         endpoint.query_json(&tables, timeout),
         read_columns(endpoint, &columns_sql, timeout),
-        endpoint.query_json(
-            "SELECT name FROM system.settings WHERE name IN ('insert_deduplication_token', 'async_insert', 'async_insert_deduplicate', 'insert_deduplicate')",
-            timeout,
-        ),
+        endpoint.query_json(&settings_sql, timeout),
         endpoint.query_json(
             "SELECT name FROM system.columns WHERE database = 'system' AND table = 'replicas' AND name = 'zookeeper_name'",
             timeout,
@@ -296,6 +327,9 @@ async fn probe(
         .iter()
         .map(|row| json_text(row, "name"))
         .collect();
+    if let Some(reason) = unknown_setting(params, &settings, &endpoint.endpoint.to_string()) {
+        return Err(refused(reason));
+    }
     let has = |name: &str| settings.iter().any(|s| s == name);
     let capabilities = Capabilities {
         insert_deduplication_token: has("insert_deduplication_token"),
@@ -463,6 +497,35 @@ fn server_types_of(row: &serde_json::Map<String, serde_json::Value>) -> ServerTy
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn params_with_settings(settings: &str) -> SinkParams {
+        let yaml =
+            serde_yaml::from_str(&format!("{{host: h, table: t, settings: {settings}}}")).unwrap();
+        crate::config::params::parse(
+            crate::config::guarantee::SinkClass::Batching,
+            &yaml,
+            &serde_yaml::Value::Null,
+        )
+        .unwrap()
+        .0
+    }
+
+    #[test]
+    fn a_setting_the_server_does_not_list_refuses_the_start_naming_it_and_the_host() {
+        let params = params_with_settings("{max_insert_block_size: 10, flow_typo: 1}");
+        let known = ["max_insert_block_size".to_owned(), "async_insert".to_owned()];
+        assert_eq!(
+            unknown_setting(&params, &known, "127.0.0.1:18127").as_deref(),
+            Some(
+                "the setting `flow_typo` of the sink's `settings` is not a setting of the server \
+                 on 127.0.0.1:18127 (it is not in system.settings there); remove it, or check its \
+                 name against that server's version"
+            )
+        );
+        let all = ["flow_typo".to_owned(), "max_insert_block_size".to_owned()];
+        assert_eq!(unknown_setting(&params, &all, "h"), None);
+        assert_eq!(unknown_setting(&params_with_settings("{}"), &[], "h"), None);
+    }
 
     #[test]
     fn schema_difference_names_both_sides_and_shows_a_default_only_when_there_is_one() {
