@@ -1,11 +1,26 @@
-//! Token sending of the exactly-once ClickHouse sinks, seen by a test double.
+//! Token sending of the exactly-once ClickHouse sinks, seen by a test double: a tiny HTTP/1.1
+//! server (std threads, keep-alive, chunked request bodies) that imitates a modern ClickHouse — or
+//! an 18.16 one — well enough for the writer session's metadata queries
+//! (`flow-clickhouse/src/server/session.rs`), and records every INSERT (URL query parameters,
+//! headers, body). INSERT answers can be scripted to exercise the retry
+//! classification.
 //!
-//! ClickHouse 18.16 (the local cluster) has no `insert_deduplication_token`, so the token path can
-//! only be observed against a double: a tiny HTTP/1.1 server (std threads, keep-alive, chunked
-//! request bodies) that imitates a modern ClickHouse — or an 18.16 one — well enough for the
-//! writer session's metadata queries (`flow-clickhouse/src/session.rs`), and records every INSERT
-//! (port, URL query parameters, headers, body). INSERT answers can be scripted to exercise the
-//! retry classification.
+//! What a real server shows is tested on one: tokens per part and shard, their namespaces and
+//! replays (`tokens_live.rs`, `token_replay.rs`, on the modern nodes' query log), the capability
+//! refusals (`tokens_live.rs` on 18.16). The double keeps only what the real servers here cannot
+//! show:
+//! * async inserts (`async_insert_adds_wait_and_deduplicate_settings`): the modern nodes are
+//!   clickhouse-local, which has no async insert queue and inserts synchronously whatever the
+//!   settings say, so only the request can show that the async settings are sent;
+//! * the exact form of each request (`modern_server_gets_one_token_per_batch_named_by_its_last_message`,
+//!   `server_without_the_token_setting_gets_no_token`: URL parameters, headers, the frame of the
+//!   body) and the exact cut of batches across epoch slices
+//!   (`batches_span_the_slices_of_an_epoch_and_match_those_of_a_whole_epoch`): a server stores
+//!   rows, not requests, and merges the parts that would show the cut;
+//! * scripted error answers and what is resent after them (`too_many_parts_...`,
+//!   `unknown_table_...`, `unclassified_code_...`, `at_least_once_fails_...`,
+//!   `lz4_retries_resend_identical_compressed_bytes`): a real server does not answer an error on
+//!   demand, nor keep the bytes of a retried request.
 //!
 //! These tests need no cluster.
 
@@ -17,7 +32,6 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-use flow_clickhouse::testing::RendezvousRouter;
 use flow_core::{Pipeline, PipelineSpec, RunReport, RuntimeError};
 use flow_state::{OutboxId, StateStore};
 
@@ -37,8 +51,6 @@ enum Flavor {
 /// One recorded INSERT request.
 #[derive(Clone, Debug)]
 struct Insert {
-    /// The port of the double that received it.
-    port: u16,
     /// Decoded URL query parameters, in order.
     params: Vec<(String, String)>,
     headers: Vec<(String, String)>,
@@ -273,7 +285,6 @@ fn answer(
     if insert_sql.is_some_and(|q| q.starts_with("INSERT")) {
         let mut state = state.lock().unwrap();
         state.inserts.push(Insert {
-            port,
             params,
             headers: request.headers,
             body: request.body,
@@ -563,66 +574,6 @@ async fn batches_span_the_slices_of_an_epoch_and_match_those_of_a_whole_epoch() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sharded_tokens_carry_the_shard_and_go_to_that_shard() {
-    // Two "shards", each a port of the same double.
-    let double = Double::start(Flavor::Modern, 2);
-    let (pa, pb) = (double.port(0), double.port(1));
-    run(&spec(
-        "ShardedClickHouseBatchingSink",
-        &format!(
-            "{{shard_hosts: {{a: ['127.0.0.1:{pa}'], b: ['127.0.0.1:{pb}']}}, \
-             sharding_key_columns: [user_id], table: t, codec: none}}"
-        ),
-        "{max_rows_per_batch: 4}",
-        10,
-    ))
-    .await
-    .unwrap();
-
-    // The expected parts, computed from the routing rule: key = tag 2 + user_id (u64 LE),
-    // user_id = id % 1000 = id here; batches [0..=3], [4..=7], [8..=9].
-    let router = RendezvousRouter::new(&["a".to_owned(), "b".to_owned()]);
-    let mut expected: Vec<(String, u16, Vec<u64>)> = Vec::new();
-    for (first, last) in [(0u64, 3u64), (4, 7), (8, 9)] {
-        for (index, shard) in ["a", "b"].iter().enumerate() {
-            let ids: Vec<u64> = (first..=last)
-                .filter(|id| {
-                    let mut key = vec![2u8];
-                    key.extend_from_slice(&id.to_le_bytes());
-                    router.route(&key) == index
-                })
-                .collect();
-            if !ids.is_empty() {
-                let port = if *shard == "a" { pa } else { pb };
-                expected.push((format!("tokpipe.out/0-{last}:{shard}"), port, ids));
-            }
-        }
-    }
-    assert!(
-        expected.len() > 3,
-        "both shards should get rows: {expected:?}"
-    );
-
-    let inserts = double.inserts();
-    // Each shard has its own delivery lane: a shard's parts arrive in batch order, while the
-    // two shards' lanes interleave freely.
-    let got: Vec<(String, u16, Vec<u64>)> = inserts
-        .iter()
-        .map(|i| (without_outbox_id(i.token()), i.port, decode_ids(&i.body)))
-        .collect();
-    for port in [pa, pb] {
-        let of = |parts: &[(String, u16, Vec<u64>)]| -> Vec<(String, u16, Vec<u64>)> {
-            parts.iter().filter(|p| p.1 == port).cloned().collect()
-        };
-        assert_eq!(of(&got), of(&expected), "parts of the shard on port {port}");
-    }
-    assert_eq!(got.len(), expected.len());
-    for insert in &inserts {
-        assert_modern_insert(insert);
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_insert_adds_wait_and_deduplicate_settings() {
     let double = Double::start(Flavor::Modern, 1);
     run(&spec(
@@ -657,95 +608,6 @@ async fn async_insert_adds_wait_and_deduplicate_settings() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn token_namespace_replaces_the_pipeline_and_sink_prefix() {
-    let double = Double::start(Flavor::Modern, 1);
-    run(&spec(
-        "ClickHouseBatchingSink",
-        &unsharded_params(&double, ", token_namespace: 'team-a/v2.'"),
-        "{max_rows_per_batch: 4}",
-        10,
-    ))
-    .await
-    .unwrap();
-    let tokens: Vec<String> = double
-        .inserts()
-        .iter()
-        .map(|i| i.token().to_owned())
-        .collect();
-    assert_eq!(tokens, ["team-a/v2.0-3", "team-a/v2.0-7", "team-a/v2.0-9"]);
-}
-
-/// Issue 24 item 4: the default namespace names the state directory's outbox, so two state
-/// directories of one pipeline name never send the same token for their different rows, while
-/// one directory keeps its namespace from run to run; a store created before outbox ids keeps
-/// the old `<pipeline>.<sink>/` (its pending batches carry tokens made with it).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_namespace_names_the_outbox() {
-    let yaml = |double: &Double, count: u64| {
-        spec(
-            "ClickHouseBatchingSink",
-            &unsharded_params(double, ""),
-            "{max_rows_per_batch: 4}",
-            count,
-        )
-    };
-    let tokens = |double: &Double| -> Vec<String> {
-        double
-            .inserts()
-            .iter()
-            .map(|i| i.token().to_owned())
-            .collect()
-    };
-    let (a, b) = (
-        flow_integration::TestDir::new().unwrap(),
-        flow_integration::TestDir::new().unwrap(),
-    );
-    let double_a = Double::start(Flavor::Modern, 1);
-    let (ran, id_a) = run_in(a.path(), &yaml(&double_a, 4)).await;
-    ran.unwrap();
-    let id_a = id_a.expect("a new state directory has an outbox id");
-    assert_eq!(tokens(&double_a), [format!("tokpipe.out.{id_a}/0-3")]);
-
-    // Another state directory, same pipeline, same messages: another namespace.
-    let double_b = Double::start(Flavor::Modern, 1);
-    let (ran, id_b) = run_in(b.path(), &yaml(&double_b, 4)).await;
-    ran.unwrap();
-    let id_b = id_b.expect("a new state directory has an outbox id");
-    assert_ne!(id_a, id_b);
-    assert_eq!(tokens(&double_b), [format!("tokpipe.out.{id_b}/0-3")]);
-
-    // The first directory again, with more messages: the same namespace as before.
-    let double_a2 = Double::start(Flavor::Modern, 1);
-    let (ran, again) = run_in(a.path(), &yaml(&double_a2, 8)).await;
-    ran.unwrap();
-    assert_eq!(again, Some(id_a));
-    assert_eq!(tokens(&double_a2), [format!("tokpipe.out.{id_a}/0-7")]);
-
-    // A store created before outbox ids (sled's files without one): the old default.
-    let old = flow_integration::TestDir::new().unwrap();
-    sled::open(old.path()).unwrap().flush().unwrap();
-    let double_old = Double::start(Flavor::Modern, 1);
-    let (ran, none) = run_in(old.path(), &yaml(&double_old, 4)).await;
-    ran.unwrap();
-    assert_eq!(none, None);
-    assert_eq!(tokens(&double_old), ["tokpipe.out/0-3"]);
-
-    // An explicit namespace wins over the outbox id.
-    let c = flow_integration::TestDir::new().unwrap();
-    let double_c = Double::start(Flavor::Modern, 1);
-    let explicit = spec(
-        "ClickHouseBatchingSink",
-        &unsharded_params(&double_c, ", token_namespace: 'team-a/v2.'"),
-        "{max_rows_per_batch: 4}",
-        4,
-    );
-    let (ran, id_c) = run_in(c.path(), &explicit).await;
-    ran.unwrap();
-    assert!(id_c.is_some());
-    assert_eq!(tokens(&double_c), ["team-a/v2.0-3"]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_without_the_token_setting_gets_no_token() {
     let double = Double::start(Flavor::V18, 1);
     assert_eq!(double.flavor, Flavor::V18);
@@ -775,29 +637,6 @@ async fn server_without_the_token_setting_gets_no_token() {
         .queries()
         .iter()
         .any(|q| q.starts_with("SELECT zookeeper_path, replica_name FROM system.replicas")));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn async_insert_is_refused_at_session_start_by_a_server_without_it() {
-    let double = Double::start(Flavor::V18, 1);
-    let err = run(&spec(
-        "ClickHouseBatchingSink",
-        &unsharded_params(&double, ""),
-        "{async_insert: true}",
-        10,
-    ))
-    .await
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains(
-            "Refusing to start the ClickHouse sink for default.t: `async_insert: true` is set but \
-             the server does not know the setting `async_insert` (ClickHouse before 21.11). Set \
-             `async_insert: false`"
-        ),
-        "{err}"
-    );
-    assert!(double.inserts().is_empty());
 }
 
 const TOO_MANY_PARTS: &str = "Code: 252, e.displayText() = DB::Exception: Too many parts (300). \
