@@ -44,10 +44,7 @@ pub fn endless(secs: u64) -> Result<()> {
             .enable_all()
             .build()?,
     };
-    for [a, b] in case.shards() {
-        ch.exec(a, &format!("DROP TABLE IF EXISTS default.{table}"))?;
-        ch.exec(b, &format!("DROP TABLE IF EXISTS default.{table}"))?;
-    }
+    ch.drop_table(table, &case.shards())?;
     ch.create_table(table, &case.shards())?;
     let work = std::env::temp_dir().join(format!("flow-bench-endless-{}", std::process::id()));
     let state_dir = work.join("state");
@@ -236,10 +233,7 @@ pub fn endless(secs: u64) -> Result<()> {
         println!("state directory kept in {}", state_dir.display());
     } else {
         let _ = std::fs::remove_dir_all(&work);
-        for [a, b] in case.shards() {
-            ch.exec(a, &format!("DROP TABLE IF EXISTS default.{table}"))?;
-            ch.exec(b, &format!("DROP TABLE IF EXISTS default.{table}"))?;
-        }
+        ch.drop_table(table, &case.shards())?;
     }
     Ok(())
 }

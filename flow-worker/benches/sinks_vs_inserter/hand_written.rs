@@ -12,7 +12,7 @@ use flow_core::sources::generator::{fill_payload, row_values};
 use futures_util::StreamExt;
 
 use super::broker_rows::BrokerRow;
-use super::{env_parse, A1, B1, BATCH_ROWS, PARTITIONS, PAYLOAD_BYTES};
+use super::{env_parse, Server, BATCH_ROWS, PARTITIONS, PAYLOAD_BYTES};
 
 #[derive(clickhouse::Row, serde::Serialize)]
 struct GeneratorRow<'a> {
@@ -31,7 +31,11 @@ pub fn inserter_loop() -> Result<()> {
     let sharded = env_parse::<bool>("FLOW_BENCH_INSERTER_SHARDED")?.unwrap_or(false);
     // Sharded: one inserter per shard in every task, rows routed as the sharded sink routes them
     // (rendezvous hashing of `user_id` over shards `a`, `b`).
-    let nodes: &[&str] = if sharded { &[A1, B1] } else { &[A1] };
+    let nodes: Vec<&str> = Server::get()?
+        .shards(sharded)
+        .iter()
+        .map(|shard| shard[0])
+        .collect();
     let router = flow_clickhouse::testing::RendezvousRouter::new(&["a".to_owned(), "b".to_owned()]);
     let per_partition = rows / u64::from(PARTITIONS);
     run_partitions(&tokio::runtime::Runtime::new()?, |partition| {
@@ -119,6 +123,7 @@ pub fn jetstream_consumer() -> Result<()> {
     use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 
     let (rows, table) = rows_and_table()?;
+    let first = Server::get()?.first();
     let stream = std::env::var("FLOW_BENCH_STREAM").context("FLOW_BENCH_STREAM")?;
     let ack_all = std::env::var("FLOW_BENCH_ACK").as_deref() == Ok("all");
     let per_partition = rows / u64::from(PARTITIONS);
@@ -149,7 +154,7 @@ pub fn jetstream_consumer() -> Result<()> {
                 )
                 .await
                 .with_context(|| format!("a pull consumer of {subject}"))?;
-            let mut inserter = inserter::<BrokerRow<'static>>(A1, &table);
+            let mut inserter = inserter::<BrokerRow<'static>>(first, &table);
             let mut read = 0u64;
             while read < per_partition {
                 let want = (per_partition - read).min(JETSTREAM_PULL as u64);
@@ -191,6 +196,7 @@ pub fn kafka_consumer() -> Result<()> {
     use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
     let (rows, table) = rows_and_table()?;
+    let first = Server::get()?.first();
     let brokers = std::env::var("FLOW_BENCH_KAFKA_BROKERS").context("FLOW_BENCH_KAFKA_BROKERS")?;
     let topic = std::env::var("FLOW_BENCH_KAFKA_TOPIC").context("FLOW_BENCH_KAFKA_TOPIC")?;
     let per_partition = rows / u64::from(PARTITIONS);
@@ -207,7 +213,7 @@ pub fn kafka_consumer() -> Result<()> {
             let mut assignment = TopicPartitionList::new();
             assignment.add_partition_offset(&topic, partition as i32, Offset::Beginning)?;
             consumer.assign(&assignment)?;
-            let mut inserter = inserter::<BrokerRow<'static>>(A1, &table);
+            let mut inserter = inserter::<BrokerRow<'static>>(first, &table);
             for _ in 0..per_partition {
                 let message = consumer
                     .recv()

@@ -9,11 +9,12 @@ pub struct StopWhenLanded {
 
 impl StopWhenLanded {
     pub fn start(table: String, rows: u64, spec: std::path::PathBuf) -> StopWhenLanded {
+        let first = super::Server::get().map_or("127.0.0.1:18123", super::Server::first);
         let thread = std::thread::spawn(move || {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
             while std::time::Instant::now() < deadline {
                 std::thread::sleep(std::time::Duration::from_millis(100));
-                if count(super::A1, &table).is_some_and(|n| n >= rows) {
+                if count(first, &table).is_some_and(|n| n >= rows) {
                     break;
                 }
             }

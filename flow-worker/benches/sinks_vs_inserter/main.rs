@@ -18,7 +18,9 @@
 //! `FLOW_BENCH_KAFKA=host:port` (a real Kafka-protocol broker instead of librdkafka's mock
 //! cluster, which keeps only 5 MiB per partition), `FLOW_BENCH_KEEP=1` (keep state directories
 //! and worker logs), `FLOW_BENCH_ENDLESS_SECS` (run the endless flat-footprint check instead, at
-//! `FLOW_BENCH_ENDLESS_RATE` rows/s in all; `FLOW_BENCH_ENDLESS_MODE` `push` or `jetstream`).
+//! `FLOW_BENCH_ENDLESS_RATE` rows/s in all; `FLOW_BENCH_ENDLESS_MODE` `push` or `jetstream`),
+//! `FLOW_BENCH_SERVER` (`18.16`, the default, or `26.9`: the local cluster's modern nodes,
+//! `server.rs`).
 //!
 //! One binary, several roles (`FLOW_BENCH_ROLE`): the orchestrator (unset), a `runner` that
 //! spawns one measured child and reports its rusage, the hand-written baselines (`inserter`,
@@ -48,6 +50,9 @@ mod jetstream;
 mod kafka;
 mod landed;
 mod scale_out;
+mod server;
+
+use server::Server;
 
 const ROLE: &str = "FLOW_BENCH_ROLE";
 /// The role the runner gives its child; unset means "not this binary" (flow-worker).
@@ -74,11 +79,6 @@ const BROKER_EPOCH_MAX_DURATION_MS: u64 = 5_000;
 /// smaller than the loop's inserts.
 const MAX_BYTES_PER_BATCH: u64 = 256 << 20;
 
-const A1: &str = "127.0.0.1:18123";
-const A2: &str = "127.0.0.1:18124";
-const B1: &str = "127.0.0.1:18125";
-const B2: &str = "127.0.0.1:18126";
-const NODES: [&str; 4] = [A1, A2, B1, B2];
 const NATS_URL: &str = "nats://127.0.0.1:14222";
 /// Where the `batching_scraped` case serves its metrics.
 const METRICS_ADDR: &str = "127.0.0.1:19464";
@@ -223,12 +223,17 @@ impl Case {
         format!("bench_{}", self.name())
     }
 
-    /// Replicas per shard; the first of each shard is where the rows are counted.
-    fn shards(self) -> Vec<[&'static str; 2]> {
-        match self {
-            Case::Sharded | Case::InserterSharded | Case::ScaleOut => vec![[A1, A2], [B1, B2]],
-            _ => vec![[A1, A2]],
-        }
+    /// Whether the case writes to both shards.
+    fn is_sharded(self) -> bool {
+        matches!(self, Case::Sharded | Case::InserterSharded | Case::ScaleOut)
+    }
+
+    /// The hosts of each shard the case writes (`FLOW_BENCH_SERVER`'s generation); the first of
+    /// each shard is where the rows are counted.
+    fn shards(self) -> Vec<&'static [&'static str]> {
+        Server::get()
+            .map(|server| server.shards(self.is_sharded()))
+            .unwrap_or_default()
     }
 
     /// `rows` for each shard the case writes: what its epochs and batches hold.
@@ -288,12 +293,12 @@ impl Case {
         }
     }
 
-    fn sink_parameters(self, table: &str) -> String {
-        match self {
-            Case::Sharded | Case::ScaleOut => format!(
-                "{{shard_hosts: {{a: ['{A1}', '{A2}'], b: ['{B1}', '{B2}']}}, sharding_key_columns: [user_id], table: {table}}}"
-            ),
-            _ => format!("{{hosts: ['{A1}', '{A2}'], table: {table}}}"),
+    fn sink_parameters(self, server: Server, table: &str) -> String {
+        let hosts = server.host_parameters(self.is_sharded());
+        if self.is_sharded() {
+            format!("{{{hosts}, sharding_key_columns: [user_id], table: {table}}}")
+        } else {
+            format!("{{{hosts}, table: {table}}}")
         }
     }
 }
@@ -386,21 +391,22 @@ impl ClickHouse {
     /// timed run starts on a quiet server rather than sharing the cores with the previous run's
     /// merges and replication.
     fn settle(&self) -> Result<()> {
+        let nodes = Server::get()?.nodes();
         for case in Case::ALL.into_iter().chain(Case::ON_REQUEST) {
-            for node in NODES {
+            for &node in &nodes {
                 self.exec(
                     node,
                     &format!("DROP TABLE IF EXISTS default.{}", case.table()),
                 )?;
             }
         }
-        for node in NODES {
+        for &node in &nodes {
             self.exec(node, "DROP TABLE IF EXISTS default.bench_endless")?;
         }
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let mut busy = 0;
-            for node in NODES {
+            for &node in &nodes {
                 busy += self.fetch_u64(node, "SELECT count() FROM system.merges")?;
                 busy += self.fetch_u64(node, "SELECT count() FROM system.replication_queue")?;
             }
@@ -418,22 +424,33 @@ impl ClickHouse {
         }
     }
 
-    /// `old_parts_lifetime = 30`: an endless run at 200k rows/s merges so much that parts merged
-    /// away (kept 8 minutes by default) once filled this machine's disk; it changes nothing the
-    /// client measures.
-    fn create_table(&self, table: &str, shards: &[[&str; 2]]) -> Result<()> {
-        for node in shards.iter().flatten() {
-            self.exec(node, &format!("CREATE TABLE default.{table} (id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{{shard}}/default.{table}', '{{replica}}') ORDER BY id SETTINGS old_parts_lifetime = 30"))?;
+    /// The table on every host of `shards`, with the generation's engine ([`Server::engine`]).
+    fn create_table(&self, table: &str, shards: &[&[&str]]) -> Result<()> {
+        let engine = Server::get()?.engine(table);
+        for node in shards.iter().copied().flatten() {
+            self.exec(node, &format!("CREATE TABLE default.{table} (id UInt64, partition UInt32, offset UInt64, user_id UInt64, ts DateTime, payload String) ENGINE = {engine}"))?;
+        }
+        Ok(())
+    }
+
+    /// Drops the table on every host of `shards`.
+    fn drop_table(&self, table: &str, shards: &[&[&str]]) -> Result<()> {
+        for node in shards.iter().copied().flatten() {
+            self.exec(node, &format!("DROP TABLE IF EXISTS default.{table}"))?;
         }
         Ok(())
     }
 
     /// `(count(), uniqExact(id))` summed over shards (a row goes to exactly one shard, so the
     /// per-shard distinct counts add up), read after the counting replica has caught up.
-    fn counts(&self, table: &str, shards: &[[&str; 2]]) -> Result<(u64, u64)> {
+    fn counts(&self, table: &str, shards: &[&[&str]]) -> Result<(u64, u64)> {
         let (mut rows, mut ids) = (0, 0);
-        for [node, _] in shards {
-            self.exec(node, &format!("SYSTEM SYNC REPLICA default.{table}"))?;
+        let replicates = Server::get()?.replicates();
+        for shard in shards {
+            let node = shard[0];
+            if replicates {
+                self.exec(node, &format!("SYSTEM SYNC REPLICA default.{table}"))?;
+            }
             rows += self.fetch_u64(node, &format!("SELECT count() FROM default.{table}"))?;
             ids += self.fetch_u64(node, &format!("SELECT uniqExact(id) FROM default.{table}"))?;
         }
@@ -481,7 +498,7 @@ fn spec(case: Case, table: &str, count: u64, rate_per_second: u64, kafka: Option
         epoch_ms = epoch_max_duration_ms(case, count),
         batch_rows = case.per_shard(BATCH_ROWS).min(broker_epoch(case, count)),
         class = case.sink_class(),
-        parameters = case.sink_parameters(table),
+        parameters = case.sink_parameters(Server::current(), table),
     )
 }
 
@@ -718,7 +735,8 @@ pub(crate) fn machine_cpu_s() -> f64 {
 /// ZooKeeper's JVM): on a machine that runs client and servers on the same cores, what the
 /// client makes the servers do costs the client throughput too.
 fn server_cpu_s() -> f64 {
-    processes_cpu_s(|comm| comm == "clickhouse-serv" || comm == "java")
+    let server = Server::get().unwrap_or(Server::V18);
+    processes_cpu_s(|comm| server.is_server_process(comm))
 }
 
 /// User + system CPU seconds so far of the processes whose `comm` (as `/proc/PID/stat` has it,
@@ -765,6 +783,12 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 fn orchestrate() -> Result<()> {
+    let server = Server::get()?;
+    println!(
+        "servers: ClickHouse {} (FLOW_BENCH_SERVER), nodes {}",
+        server.version(),
+        server.nodes().join(", ")
+    );
     if let Some(secs) = env_parse::<u64>("FLOW_BENCH_ENDLESS_SECS")? {
         return endless::endless(secs);
     }

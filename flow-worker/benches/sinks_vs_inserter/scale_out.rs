@@ -166,7 +166,7 @@ fn spec(stream: &str, table: &str, epoch_ms: u64) -> String {
          source:\n  class: nats_jetstream\n  parameters:\n    servers: ['{NATS_URL}']\n    stream: {stream}\n    subject_template: '{stream}.{{partition}}'\n    format: json\n    schema: {BROKER_SCHEMA}\n\
          sinks:\n  - name: ch\n    sink_class_name: {class}\n    input_stream_ids: [rows]\n    parameters: {parameters}\n    dynamic_parameters: {{max_rows_per_batch: {EPOCH_MAX_MESSAGES}, max_bytes_per_batch: {MAX_BYTES_PER_BATCH}}}\n",
         class = Case::Sharded.sink_class(),
-        parameters = Case::ScaleOut.sink_parameters(table),
+        parameters = Case::ScaleOut.sink_parameters(super::Server::current(), table),
     )
 }
 
@@ -215,7 +215,7 @@ fn run_once(
         let landed: u64 = case
             .shards()
             .iter()
-            .map(|[node, _]| landed::count(node, &table).unwrap_or(0))
+            .map(|shard| landed::count(shard[0], &table).unwrap_or(0))
             .sum();
         if landed >= rows {
             break started.elapsed();
