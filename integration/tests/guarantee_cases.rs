@@ -18,6 +18,11 @@
 //! Epochs close on `max_messages: 1000` only and `max_rows_per_batch` is 1000 with one partition,
 //! so every INSERT carries exactly the 1000 ids `[k*1000, k*1000+999]`.
 //!
+//! The at-least-once and at-most-once cases run on both server generations (on 26.9 a plain
+//! `MergeTree` on m1); the lost acks of the exactly-once classes retried on the other replica, the
+//! window-expiry case and the at-most-once failover need two replicas of a shard and run on 18.16
+//! (`token_replay.rs` shows the exactly-once lost ack on both).
+//!
 //! Other test binaries stop and restart replicas: every test waits for the cluster first and
 //! bounds its runs. The tests fail, not skip, without a cluster.
 
@@ -435,11 +440,13 @@ async fn sharded_batching_sink_lost_ack_retried_on_the_other_replica_lands_every
 // ---------------------------------------------------------------------------------------------
 // 2. At-least-once: the lost ack's batch is inserted again.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn at_least_once_lost_ack_duplicates_exactly_the_unacknowledged_batch_on_plain_merge_tree() {
-    cluster();
-    let (t, guard) = plain_table(A1, "it_gc_alo_plain");
-    let pa1 = proxy_for(A1).await;
+async fn at_least_once_lost_ack_duplicates_exactly_the_unacknowledged_batch_on_plain_merge_tree(
+    generation: Generation,
+) {
+    generation.require().unwrap();
+    let host = generation.first();
+    let (t, guard) = plain_table(host, "it_gc_alo_plain");
+    let pa1 = proxy_for(host).await;
     let yaml = lost_ack_spec(
         "gc_alo_plain",
         "AtLeastOnceClickHouseSink",
@@ -447,18 +454,18 @@ async fn at_least_once_lost_ack_duplicates_exactly_the_unacknowledged_batch_on_p
     );
     let (result, ()) = tokio::join!(
         run_in_process(&yaml),
-        arm_after_first_rows(&pa1, A1, &t, Fault::CutResponse)
+        arm_after_first_rows(&pa1, host, &t, Fault::CutResponse)
     );
     let report = result.unwrap();
     assert_eq!(report.messages(), N);
     let stats = pa1.stats();
-    println!("a1 proxy: {stats:?}");
+    println!("{} proxy: {stats:?}", host.name);
     assert_eq!(stats.cuts, 1, "exactly one lost ack");
 
-    let (count, uniq) = count_uniq(A1, &t, false).await;
+    let (count, uniq) = count_uniq(host, &t, false).await;
     assert_eq!(uniq, N, "no id is missing");
     let duplicates = count - uniq;
-    let (dup_ids, min, max) = duplicated_ids(A1, &t).await;
+    let (dup_ids, min, max) = duplicated_ids(host, &t).await;
     println!(
         "REPORT at-least-once, plain MergeTree: count {count}, uniqExact {uniq}, duplicates \
          {duplicates} (ids {min}..={max}, each twice)"
@@ -469,6 +476,9 @@ async fn at_least_once_lost_ack_duplicates_exactly_the_unacknowledged_batch_on_p
     assert_eq!((min % BATCH, max - min + 1), (0, BATCH));
     drop(guard);
 }
+each_generation!(
+    at_least_once_lost_ack_duplicates_exactly_the_unacknowledged_batch_on_plain_merge_tree
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn at_least_once_lost_ack_is_hidden_by_block_dedup_on_replicated_merge_tree() {
@@ -507,15 +517,18 @@ async fn at_least_once_lost_ack_is_hidden_by_block_dedup_on_replicated_merge_tre
 // ---------------------------------------------------------------------------------------------
 // 3. At-most-once, bounded queue: drops under a tiny limit, counted.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn at_most_once_queue_drops_under_a_tiny_limit_and_the_counters_account_for_every_missing_row(
+    generation: Generation,
 ) {
     const PARTITIONS: u64 = 4;
     const PER_PARTITION: u64 = 25_000;
     const TOTAL: u64 = PARTITIONS * PER_PARTITION;
-    cluster();
+    generation.require().unwrap();
+    let host = generation.first();
     let t = unique_name("it_gc_amo_queue");
-    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
+    let table = generation
+        .create_table_on("default", &t, GENERATOR_COLUMNS, "id", generation.shard_a())
+        .unwrap();
     let yaml = format!(
         r#"
 pipeline: gc_amo_queue
@@ -531,12 +544,12 @@ sinks:
     parameters: {{host: '{}', table: {t}, at_most_once_strategy: {{enabled: true}}}}
     dynamic_parameters: {{retry_backoff: 100ms, max_retry_backoff: 2s, at_most_once_strategy: {{total_queue_bytes_limit: 50000}}}}
 "#,
-        A1.http_addr()
+        host.http_addr()
     );
     let (code, log) = worker_run_json(&yaml, async {}).await;
     assert_eq!(code, Some(0), "{}", log_tail(&log));
     let c = at_most_once_counters(&log);
-    let (count, uniq) = count_uniq(A1, &t, true).await;
+    let (count, uniq) = count_uniq(host, &t, generation.replicates()).await;
     println!(
         "REPORT at-most-once queue (limit 50000 bytes): {TOTAL} generated, count {count}, \
          uniqExact {uniq}, counters {c:?}"
@@ -559,43 +572,49 @@ sinks:
     );
     drop(table);
 }
+each_generation!(
+    at_most_once_queue_drops_under_a_tiny_limit_and_the_counters_account_for_every_missing_row
+);
 
 // ---------------------------------------------------------------------------------------------
 // 4. At-most-once, ordered: one INSERT attempt each.
 
-/// Runs the ordered at-most-once sink through a proxy in front of a1 into a fresh plain MergeTree,
-/// arming `fault` once after the first rows; returns the table, its guard, the proxy's cuts, the
-/// counters and `(count, uniqExact)`.
+/// Runs the ordered at-most-once sink through a proxy in front of the generation's first host
+/// into a fresh plain MergeTree, arming `fault` once after the first rows; returns the table, its
+/// guard, the proxy's cuts, the counters and `(count, uniqExact)`.
 async fn at_most_once_ordered_with(
+    generation: Generation,
     prefix: &str,
     fault: Fault,
 ) -> (String, DropGuard, u64, AtMostOnceCounters, (u64, u64)) {
-    cluster();
-    let (t, guard) = plain_table(A1, prefix);
-    let pa1 = proxy_for(A1).await;
+    generation.require().unwrap();
+    let host = generation.first();
+    let (t, guard) = plain_table(host, prefix);
+    let pa1 = proxy_for(host).await;
     let yaml = lost_ack_spec(
         prefix,
         "AtMostOnceClickHouseSink",
         &format!("{{host: '{}', table: {t}}}", pa1.addr()),
     );
-    let (code, log) = worker_run_json(&yaml, arm_after_first_rows(&pa1, A1, &t, fault)).await;
+    let (code, log) = worker_run_json(&yaml, arm_after_first_rows(&pa1, host, &t, fault)).await;
     assert_eq!(code, Some(0), "{}", log_tail(&log));
     let stats = pa1.stats();
-    println!("a1 proxy: {stats:?}");
+    println!("{} proxy: {stats:?}", host.name);
     let c = at_most_once_counters(&log);
     assert!(
         c.lines >= 1,
         "no counters line in the log:\n{}",
         log_tail(&log)
     );
-    let counts = count_uniq(A1, &t, false).await;
+    let counts = count_uniq(host, &t, false).await;
     (t, guard, stats.cuts, c, counts)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn at_most_once_lost_ack_is_counted_lost_and_not_retried_though_the_rows_landed() {
+async fn at_most_once_lost_ack_is_counted_lost_and_not_retried_though_the_rows_landed(
+    generation: Generation,
+) {
     let (_t, guard, cuts, c, (count, uniq)) =
-        at_most_once_ordered_with("gc_amo_lost_ack", Fault::CutResponse).await;
+        at_most_once_ordered_with(generation, "gc_amo_lost_ack", Fault::CutResponse).await;
     println!(
         "REPORT at-most-once ordered, lost ack: count {count}, uniqExact {uniq}, counters {c:?}"
     );
@@ -610,18 +629,21 @@ async fn at_most_once_lost_ack_is_counted_lost_and_not_retried_though_the_rows_l
     assert_eq!(c.dropped_rows, 0);
     drop(guard);
 }
+each_generation!(at_most_once_lost_ack_is_counted_lost_and_not_retried_though_the_rows_landed);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn at_most_once_cut_request_lands_nothing_and_its_rows_are_counted_lost() {
+async fn at_most_once_cut_request_lands_nothing_and_its_rows_are_counted_lost(
+    generation: Generation,
+) {
     // Well past the request headers, well before the end of a ~1000-row body.
     let (t, guard, cuts, c, (count, uniq)) =
-        at_most_once_ordered_with("gc_amo_cut_req", Fault::CutRequestAfter(2048)).await;
+        at_most_once_ordered_with(generation, "gc_amo_cut_req", Fault::CutRequestAfter(2048)).await;
+    let host = generation.first();
     let missing = blocking({
         let t = t.clone();
         move || {
             // With one partition, id = offset: the missing ids are `BATCH` consecutive ones.
             query_u64s(
-                A1.http_port,
+                host.http_port,
                 &format!(
                     "SELECT count(), min(n), max(n) FROM \
                      (SELECT number AS n FROM system.numbers LIMIT {N}) \
@@ -653,6 +675,7 @@ async fn at_most_once_cut_request_lands_nothing_and_its_rows_are_counted_lost() 
     assert_eq!(c.dropped_rows, 0);
     drop(guard);
 }
+each_generation!(at_most_once_cut_request_lands_nothing_and_its_rows_are_counted_lost);
 
 /// `hosts: [<proxy a1>, a1]`: once the proxy refuses every connection, the part being sent is lost
 /// (one attempt), and the next parts fail over to the second endpoint instead of being lost on the
