@@ -254,6 +254,35 @@ impl Generation {
     }
 }
 
+/// How many INSERTs into `qualified` `node` recognised as a replay of a block it already held,
+/// by the server's own records: on 18.16 the replica's log lines `Block with ID ... already
+/// exists`, on 26.9 the finished INSERTs of its query log whose token an earlier one carried.
+pub fn replays_recognised(generation: Generation, node: Node, qualified: &str) -> Result<usize> {
+    match generation {
+        Generation::V18 => Ok(crate::deduplicated_blocks_logged(node, qualified)),
+        Generation::V26 => {
+            let tokens = finished_insert_tokens(node, qualified)?;
+            let distinct: std::collections::BTreeSet<&String> = tokens.iter().collect();
+            Ok(tokens.len() - distinct.len())
+        }
+    }
+}
+
+/// The deduplication token of each INSERT into `qualified` that the modern `node` finished, in
+/// the order they finished (its `system.query_log`, flushed first).
+pub fn finished_insert_tokens(node: Node, qualified: &str) -> Result<Vec<String>> {
+    exec(node.http_port, "SYSTEM FLUSH LOGS")?;
+    let text = crate::query_text(
+        node.http_port,
+        &format!(
+            "SELECT Settings['insert_deduplication_token'] FROM system.query_log \
+             WHERE type = 'QueryFinish' AND query_kind = 'Insert' AND has(tables, '{qualified}') \
+             ORDER BY event_time_microseconds FORMAT TSV"
+        ),
+    )?;
+    Ok(text.lines().map(str::to_owned).collect())
+}
+
 /// Rows and distinct ids of `qualified` summed over the first host of each shard.
 pub fn landed_on_shards(generation: Generation, qualified: &str) -> Result<(u64, u64)> {
     let mut rows = 0;

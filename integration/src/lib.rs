@@ -18,7 +18,8 @@ mod test_dir;
 pub mod worker;
 
 pub use generation::{
-    landed_on_shards, rows_on, Generation, GenerationOutcome, M1, M2, MODERN_DEDUP_WINDOW,
+    finished_insert_tokens, landed_on_shards, replays_recognised, rows_on, Generation,
+    GenerationOutcome, M1, M2, MODERN_DEDUP_WINDOW,
 };
 pub use test_dir::TestDir;
 

@@ -90,6 +90,7 @@ impl Fault {
 }
 
 struct Scenario {
+    generation: Generation,
     pipeline: &'static str,
     /// The shards as the checks see them: (name, replicas). One entry for the unsharded sink.
     shards: Vec<(&'static str, Vec<Node>)>,
@@ -195,7 +196,7 @@ struct KillRecord {
 
 fn run_scenario(scenario: &Scenario) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    require_cluster().unwrap();
+    scenario.generation.require().unwrap();
 
     let seed = seed();
     println!(
@@ -205,9 +206,10 @@ fn run_scenario(scenario: &Scenario) {
     let mut rng = StdRng::seed_from_u64(seed);
 
     let name = unique_name(&format!("eo_{}", scenario.pipeline));
-    let table =
-        ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &scenario.nodes())
-            .unwrap();
+    let table = scenario
+        .generation
+        .create_table_on("default", &name, GENERATOR_COLUMNS, "id", &scenario.nodes())
+        .unwrap();
     let dir = TestDir::new().unwrap();
     let spec = dir.path().join("spec.yaml");
     std::fs::write(&spec, scenario.spec(&name)).unwrap();
@@ -267,7 +269,19 @@ fn run_scenario(scenario: &Scenario) {
     while kills.len() < KILLS {
         let rows_before_spawn = rows_landed(scenario, &name);
         let mut worker = spawn(&mut runs);
-        if kills.len() == fault_run {
+        if kills.len() == fault_run && !scenario.generation.replicates() {
+            node_restart(
+                scenario,
+                &name,
+                &mut worker,
+                rows_before_spawn,
+                &mut rng,
+                &mut notes,
+            );
+            std::thread::sleep(Duration::from_millis(rng.gen_range(100..800)));
+            assert_alive(&mut worker, "after the node came back");
+            record_kill(&mut worker, "after node restart", &mut kills);
+        } else if kills.len() == fault_run {
             // --- the replica fault -------------------------------------------------------------
             // This case is about a worker that is already writing: wait until the new worker's
             // session has started and rows land, or the fault would test the start-up wait
@@ -424,11 +438,12 @@ fn run_scenario(scenario: &Scenario) {
     // --- the end state on every replica ------------------------------------------------------------
     cluster_sh(&["up"]).unwrap();
     let qualified = table.qualified();
-    for node in scenario.nodes() {
-        // A replica restarted after a crash may stay read-only until its old ZooKeeper session
-        // expires; SYNC REPLICA needs it active.
-        sync_when_writable(node, "default", &name, Duration::from_secs(90)).unwrap();
-    }
+    // A replica restarted after a crash may stay read-only until its old ZooKeeper session
+    // expires; SYNC REPLICA (where the generation replicates) waits for it to be active.
+    scenario
+        .generation
+        .sync("default", &name, &scenario.nodes())
+        .unwrap();
     let mut report = String::new();
     let mut seen = vec![false; TOTAL as usize];
     let mut total = 0u64;
@@ -437,9 +452,11 @@ fn run_scenario(scenario: &Scenario) {
         for node in nodes {
             let (count, unique, sum) = count_uniq_sum(*node, &qualified).unwrap();
             assert_eq!(
-                count, unique,
-                "shard `{shard}` replica {}: {count} rows but {unique} distinct ids: duplicates",
-                node.name
+                count,
+                unique,
+                "shard `{shard}` replica {}: {count} rows but {unique} distinct ids: duplicates\n{}",
+                node.name,
+                duplicates_report(&qualified, nodes)
             );
             per_replica.push((node.name, count, sum));
         }
@@ -518,6 +535,101 @@ fn run_scenario(scenario: &Scenario) {
     );
 }
 
+/// What a retried INSERT logs: the sink goes on to the shard's next host, which on a one-host
+/// shard is the same host again.
+const RETRYING: &str = "insert failed; retrying on the next host of the shard";
+/// What an INSERT given up logs: the sink would then fail every later write until a restart.
+const GAVE_UP: &str = "Giving up insert into ClickHouse";
+
+/// The worker log written since `offset` bytes.
+fn log_since(worker: &Worker, offset: usize) -> String {
+    let log = std::fs::read_to_string(worker.log()).unwrap_or_default();
+    log.get(offset..).unwrap_or_default().to_owned()
+}
+
+/// The node fault of a generation whose shards are one node each (no replica to fail over to):
+/// the shard's only node crashes (`cluster.sh kill`) while the worker writes, stays down a
+/// little and starts again. The running worker must retry against it (logging each failed
+/// INSERT with that node's endpoint) without giving up, and land rows on the shard again once
+/// it is back.
+fn node_restart(
+    scenario: &Scenario,
+    table: &str,
+    worker: &mut Worker,
+    rows_before_spawn: u64,
+    rng: &mut StdRng,
+    notes: &mut Vec<String>,
+) {
+    let node = scenario.faulty;
+    let (shard, nodes) = scenario
+        .shards
+        .iter()
+        .find(|(_, nodes)| nodes.contains(&node))
+        .unwrap();
+    // As on 18.16: a worker that is already writing, not one starting.
+    wait_until(Duration::from_secs(30), || {
+        Ok(rows_landed(scenario, table) > rows_before_spawn)
+    })
+    .unwrap_or_else(|err| {
+        panic!(
+            "the restarted worker wrote nothing ({err:#})\n{}",
+            worker.log_tail()
+        )
+    });
+    std::thread::sleep(Duration::from_millis(rng.gen_range(500..2_000)));
+    assert_alive(worker, "before the node fault");
+    let offset = std::fs::read_to_string(worker.log())
+        .unwrap_or_default()
+        .len();
+    let before = shard_rows(nodes, table);
+    cluster_sh(&["kill", node.name]).unwrap();
+    let down_at = Instant::now();
+    let endpoint = format!("endpoint={}", node.http_addr());
+    wait_until(Duration::from_secs(15), || {
+        Ok(log_since(worker, offset)
+            .lines()
+            .any(|l| l.contains(RETRYING) && l.contains(&endpoint)))
+    })
+    .unwrap_or_else(|err| {
+        panic!(
+            "no INSERT to {} was retried within 15 s of its crash ({err:#})\n{}",
+            node.name,
+            worker.log_tail()
+        )
+    });
+    std::thread::sleep(Duration::from_millis(rng.gen_range(1_000..3_000)));
+    assert_alive(worker, "with the shard's only node down");
+    cluster_sh(&["start", node.name]).unwrap();
+    let back = Instant::now();
+    let down_for = (back - down_at).as_secs_f64();
+    let at_start = shard_rows(nodes, table);
+    wait_until(Duration::from_secs(30), || {
+        Ok(shard_rows(nodes, table) > at_start)
+    })
+    .unwrap_or_else(|err| {
+        panic!(
+            "no row landed on shard `{shard}` within 30 s of {} coming back ({err:#})\n{}",
+            node.name,
+            worker.log_tail()
+        )
+    });
+    let during = log_since(worker, offset);
+    let retries = during.lines().filter(|l| l.contains(RETRYING)).count();
+    assert!(
+        !during.contains(GAVE_UP),
+        "the worker gave up an INSERT while {} was down\n{}",
+        node.name,
+        worker.log_tail()
+    );
+    notes.push(format!(
+        "kill {} with {before} rows on shard `{shard}`, down {down_for:.1}s: {retries} INSERT(s) \
+         retried, none given up; rows landed again {:.1}s after the start ({at_start} -> {})",
+        node.name,
+        back.elapsed().as_secs_f64(),
+        shard_rows(nodes, table)
+    ));
+}
+
 /// Each user_id lands on the shard the rendezvous router picks for its routing key (tag 2 + u64 LE).
 fn check_user_routing(scenario: &Scenario, qualified: &str) {
     // The key encoding, checked once against `routing_key` on a real generator row.
@@ -544,34 +656,39 @@ fn check_user_routing(scenario: &Scenario, qualified: &str) {
     }
 }
 
-#[test]
-fn sharded_exactly_once_survives_kill_9_and_a_replica_restart() {
-    run_scenario(&Scenario {
-        pipeline: "eo_sharded",
-        shards: vec![("a", SHARD_A.to_vec()), ("b", SHARD_B.to_vec())],
+fn sharded_exactly_once_survives_kill_9_and_a_replica_restart(generation: Generation) {
+    let (faulty, fault) = match generation {
         // A graceful stop of the second replica of shard `a` (see the module doc for why not a1).
-        faulty: A2,
-        fault: Fault::Stop,
+        Generation::V18 => (A2, Fault::Stop),
+        // A crash of shard `a`'s only node.
+        Generation::V26 => (M1, Fault::Kill),
+    };
+    run_scenario(&Scenario {
+        generation,
+        pipeline: "eo_sharded",
+        shards: generation.shards(),
+        faulty,
+        fault,
         sink_class: "ShardedClickHouseBatchingSink",
         host_parameters: format!(
-            "shard_hosts: {{a: [\"{}\", \"{}\"], b: [\"{}\", \"{}\"]}}, sharding_key_columns: [user_id]",
-            A1.http_addr(),
-            A2.http_addr(),
-            B1.http_addr(),
-            B2.http_addr()
+            "{}, sharding_key_columns: [user_id]",
+            generation.shard_hosts_param()
         ),
     });
 }
+each_generation!(sync sharded_exactly_once_survives_kill_9_and_a_replica_restart);
 
-#[test]
-fn unsharded_exactly_once_survives_kill_9_and_a_replica_restart() {
+fn unsharded_exactly_once_survives_kill_9_and_a_replica_restart(generation: Generation) {
     run_scenario(&Scenario {
+        generation,
         pipeline: "eo_unsharded",
-        shards: vec![("a", SHARD_A.to_vec())],
-        // A crash of the first listed host: the sink must fail over to a2 with inserts in flight.
-        faulty: A1,
+        shards: vec![("a", generation.shard_a().to_vec())],
+        // A crash of the first listed host: on 18.16 the sink must fail over to a2 with inserts
+        // in flight; on 26.9 it is the shard's only node, retried until it is back.
+        faulty: generation.first(),
         fault: Fault::Kill,
         sink_class: "ClickHouseBatchingSink",
-        host_parameters: format!("hosts: [\"{}\", \"{}\"]", A1.http_addr(), A2.http_addr()),
+        host_parameters: generation.hosts_param(),
     });
 }
+each_generation!(sync unsharded_exactly_once_survives_kill_9_and_a_replica_restart);

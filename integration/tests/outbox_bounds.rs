@@ -13,9 +13,12 @@
 //!    the generator, and the heads, which the server already holds, are re-sent. ClickHouse 18.16
 //!    deduplicates a block only if its data is identical, so `count() == uniqExact(id) == total`
 //!    (and exactly one deduplicated block per partition in a1's log) proves the rebuilt batches
-//!    are identical to the originals.
+//!    are identical to the originals. On ClickHouse 26.9 (m1, a plain MergeTree with a
+//!    deduplication window) the heads are recognised by their tokens: one more finished INSERT
+//!    under an earlier token per partition in m1's query log, and every id once.
 //! 2. the same with `outbox: {payloads: always}`: payload segments on disk while batches are
-//!    pending, no rebuild, and the segments reclaimed afterwards.
+//!    pending, no rebuild, and the segments reclaimed afterwards. Tests 1 and 2 run on both server
+//!    generations.
 //! 3. `jsonl_file`: every INSERT is cut (`CutRequestAfter`) so all batches stay pending; a line
 //!    of the oldest pending batch is edited in place: the restarted worker must refuse (exit
 //!    non-zero, the batch named), send nothing and keep every batch; with the file restored it
@@ -134,9 +137,9 @@ fn log_text(worker: &Worker) -> String {
     std::fs::read_to_string(worker.log()).unwrap_or_default()
 }
 
-fn rows_where(table: &str, cond: &str) -> u64 {
+fn rows_where(node: Node, table: &str, cond: &str) -> u64 {
     query_u64(
-        A1.http_port,
+        node.http_port,
         &format!("SELECT count() FROM default.{table} WHERE {cond}"),
     )
     .unwrap()
@@ -160,17 +163,20 @@ impl Mode {
 }
 
 /// Test 1 and 2: lost acks pile batches up in the outbox, `kill -9`, restart, every id once.
-fn lost_acks_kill_9_and_restart(mode: Mode) {
+fn lost_acks_kill_9_and_restart(generation: Generation, mode: Mode) {
     let started = Instant::now();
-    wait_for_cluster(Duration::from_secs(120)).unwrap();
+    generation.require().unwrap();
+    let host = generation.first();
     let rt = runtime();
     let tag = match mode {
         Mode::Bounds => "ob_bounds",
         Mode::Payloads => "ob_payloads",
     };
     let t = unique_name(&format!("it_{tag}"));
-    let table = ReplicatedTable::create("default", &t, GENERATOR_COLUMNS, "id", &SHARD_A).unwrap();
-    let proxy = rt.block_on(FaultProxy::start(node_addr(A1))).unwrap();
+    let table = generation
+        .create_table_on("default", &t, GENERATOR_COLUMNS, "id", generation.shard_a())
+        .unwrap();
+    let proxy = rt.block_on(FaultProxy::start(node_addr(host))).unwrap();
 
     let mut spec = GeneratorSpec::new(
         tag,
@@ -201,7 +207,7 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
     let mut worker =
         Worker::spawn(worker_bin!(), &spec, &state, dir.path().join("run1.log")).unwrap();
     wait_until(Duration::from_secs(60), || {
-        Ok(query_u64(A1.http_port, &format!("SELECT count() FROM default.{t}"))? > 0)
+        Ok(query_u64(host.http_port, &format!("SELECT count() FROM default.{t}"))? > 0)
     })
     .unwrap_or_else(|e| panic!("no row landed within 60 s ({e:#})\n{}", worker.log_tail()));
     proxy.set_on_inserts(Fault::CutResponse);
@@ -292,12 +298,13 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
         // (its ack was lost); nothing behind it was sent.
         let (first, last) = (num(oldest, "first_offset"), num(oldest, "last_offset"));
         assert_eq!(
-            rows_where(&t, &format!("partition = {p} AND offset < {first}")),
+            rows_where(host, &t, &format!("partition = {p} AND offset < {first}")),
             first,
             "partition {p}: the acknowledged batches before the head"
         );
         assert_eq!(
             rows_where(
+                host,
                 &t,
                 &format!("partition = {p} AND offset BETWEEN {first} AND {last}")
             ),
@@ -305,7 +312,7 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
             "partition {p}: the head batch {oldest} should be on the server (ack lost)"
         );
         assert_eq!(
-            rows_where(&t, &format!("partition = {p} AND offset > {last}")),
+            rows_where(host, &t, &format!("partition = {p} AND offset > {last}")),
             0,
             "partition {p}: nothing behind the head may have been sent"
         );
@@ -342,7 +349,7 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
     // The heads' earlier resends were already deduplicated; count from here (the log may trail).
     std::thread::sleep(Duration::from_secs(1));
     let qualified = format!("default.{t}");
-    let dedup_before = deduplicated_blocks_logged(A1, &qualified);
+    let dedup_before = replays_recognised(generation, host, &qualified).unwrap();
 
     // --- run 2: acks pass again; to completion ---------------------------------------------------
     proxy.set(Fault::Pass);
@@ -424,8 +431,10 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
     }
 
     // --- the end state ------------------------------------------------------------------------------
-    for node in SHARD_A {
-        sync_when_writable(node, "default", &t, Duration::from_secs(90)).unwrap();
+    generation
+        .sync("default", &t, generation.shard_a())
+        .unwrap();
+    for &node in generation.shard_a() {
         assert_eq!(
             count_uniq(node, &table.qualified()).unwrap(),
             (TOTAL, TOTAL),
@@ -437,6 +446,7 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
         let (first, last) = (num(head, "first_offset"), num(head, "last_offset"));
         assert_eq!(
             rows_where(
+                host,
                 &t,
                 &format!("partition = {p} AND offset BETWEEN {first} AND {last}")
             ),
@@ -446,14 +456,15 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
     }
     // The re-sent heads were recognised as already inserted: one block per partition.
     let _ = wait_until(Duration::from_secs(10), || {
-        Ok(deduplicated_blocks_logged(A1, &qualified) >= dedup_before + PARTITIONS as usize)
+        Ok(replays_recognised(generation, host, &qualified)? >= dedup_before + PARTITIONS as usize)
     });
     std::thread::sleep(Duration::from_millis(500));
-    let dedup_after = deduplicated_blocks_logged(A1, &qualified);
+    let dedup_after = replays_recognised(generation, host, &qualified).unwrap();
     println!(
         "REPORT {mode:?}: {pending_batches} pending batches over {PARTITIONS} partitions after kill -9, \
-         count = uniqExact = {TOTAL} on a1 and a2, blocks deduplicated on a1 by the restart: {}, \
+         count = uniqExact = {TOTAL} on {generation}, replays recognised by {} after the restart: {}, \
          last run {:.1} s, test {:.1} s",
+        host.name,
         dedup_after - dedup_before,
         rerun_took.as_secs_f64(),
         started.elapsed().as_secs_f64()
@@ -467,16 +478,19 @@ fn lost_acks_kill_9_and_restart(mode: Mode) {
     drop(table);
 }
 
-#[test]
 fn kill_9_during_delivery_of_a_replayable_pipeline_rebuilds_identical_batches_and_lands_every_id_once(
+    generation: Generation,
 ) {
-    lost_acks_kill_9_and_restart(Mode::Bounds);
+    lost_acks_kill_9_and_restart(generation, Mode::Bounds);
 }
+each_generation!(
+    sync kill_9_during_delivery_of_a_replayable_pipeline_rebuilds_identical_batches_and_lands_every_id_once
+);
 
-#[test]
-fn payload_mode_survives_kill_9_and_lands_every_id_once() {
-    lost_acks_kill_9_and_restart(Mode::Payloads);
+fn payload_mode_survives_kill_9_and_lands_every_id_once(generation: Generation) {
+    lost_acks_kill_9_and_restart(generation, Mode::Payloads);
 }
+each_generation!(sync payload_mode_survives_kill_9_and_lands_every_id_once);
 
 // ---------------------------------------------------------------------------------------------
 // 3. An edited input under a pending batch.
@@ -641,7 +655,7 @@ fn editing_a_replayable_input_under_a_pending_batch_refuses_to_resend_and_keeps_
         "nothing may be sent after the refusal"
     );
     assert_eq!(
-        rows_where(&t, "s LIKE 'edited%'"),
+        rows_where(A1, &t, "s LIKE 'edited%'"),
         0,
         "the edited value reached the table"
     );
@@ -687,7 +701,7 @@ fn editing_a_replayable_input_under_a_pending_batch_refuses_to_resend_and_keeps_
     }
     let sum_v = query_u64(A1.http_port, &format!("SELECT sum(v) FROM default.{t}")).unwrap();
     assert_eq!(sum_v, (0..LINES).map(|i| i * 7 + 3).sum::<u64>());
-    assert_eq!(rows_where(&t, "s LIKE 'edited%'"), 0);
+    assert_eq!(rows_where(A1, &t, "s LIKE 'edited%'"), 0);
     println!(
         "REPORT jsonl: {batches} batches pending, edited line {edited_line} refused (exit {refused_code:?} \
          on the edited run), restored: count = uniqExact = {LINES}; proxy {:?}; test {:.1} s",

@@ -23,22 +23,6 @@ use flow_integration::*;
 const MESSAGES: u64 = 3_000;
 const BATCH_ROWS: u64 = 1_000;
 
-/// Per INSERT into `qualified` that the node finished, its deduplication token, in the order
-/// they finished.
-fn finished_insert_tokens(node: Node, qualified: &str) -> Vec<String> {
-    exec(node.http_port, "SYSTEM FLUSH LOGS").unwrap();
-    let text = query_text(
-        node.http_port,
-        &format!(
-            "SELECT Settings['insert_deduplication_token'] FROM system.query_log \
-             WHERE type = 'QueryFinish' AND query_kind = 'Insert' AND has(tables, '{qualified}') \
-             ORDER BY event_time_microseconds FORMAT TSV"
-        ),
-    )
-    .unwrap();
-    text.lines().map(str::to_owned).collect()
-}
-
 /// The message id a token names (`<namespace>/<partition>-<offset>` then `:<outbox>`), e.g. `0-999`.
 fn token_message(token: &str) -> &str {
     let named = token.rsplit_once('/').map_or(token, |(_, rest)| rest);
@@ -117,7 +101,7 @@ async fn a_replayed_batch_is_one_part_to_the_server(generation: Generation) {
     }
 
     if generation.has_tokens() {
-        let tokens = finished_insert_tokens(generation.first(), &qualified);
+        let tokens = finished_insert_tokens(generation.first(), &qualified).unwrap();
         let messages: Vec<&str> = tokens.iter().map(|t| token_message(t)).collect();
         let mut distinct = messages.clone();
         distinct.sort_unstable();

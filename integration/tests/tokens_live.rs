@@ -14,23 +14,6 @@ use flow_integration::worker::*;
 use flow_integration::*;
 use flow_state::StateStore;
 
-/// Per INSERT into `qualified` that `node` finished: its token, in the order they finished.
-fn finished_tokens(node: Node, qualified: &str) -> Vec<String> {
-    exec(node.http_port, "SYSTEM FLUSH LOGS").unwrap();
-    query_text(
-        node.http_port,
-        &format!(
-            "SELECT Settings['insert_deduplication_token'] FROM system.query_log \
-             WHERE type = 'QueryFinish' AND query_kind = 'Insert' AND has(tables, '{qualified}') \
-             ORDER BY event_time_microseconds FORMAT TSV"
-        ),
-    )
-    .unwrap()
-    .lines()
-    .map(str::to_owned)
-    .collect()
-}
-
 /// Runs `count` generator messages (one partition, batches of 4) through `class` with
 /// `parameters` on the state directory `state`, to its end.
 fn run(dir: &Path, state: &Path, class: &str, parameters: String, count: u64) {
@@ -88,7 +71,7 @@ fn each_part_reaches_its_shard_under_its_own_token() {
             .filter(|(first, last)| (*first..=*last).any(|id| routed(&id)))
             .map(|(_, last)| format!("{namespace}0-{last}:{shard}"))
             .collect();
-        let tokens = finished_tokens(node, &table.qualified());
+        let tokens = finished_insert_tokens(node, &table.qualified()).unwrap();
         let distinct: BTreeSet<String> = tokens.iter().cloned().collect();
         assert_eq!(distinct, expected, "the tokens shard `{shard}` received");
         assert_eq!(
@@ -154,7 +137,7 @@ fn the_namespace_is_the_outbox_or_the_token_namespace() {
     );
     assert_ne!(id_a, id_b);
     assert_eq!(
-        finished_tokens(M1, &table.qualified()),
+        finished_insert_tokens(M1, &table.qualified()).unwrap(),
         [
             format!("tokpipe.out.{id_a}/0-3"),
             format!("tokpipe.out.{id_b}/0-3"),

@@ -513,7 +513,10 @@ mod tests {
     #[test]
     fn a_setting_the_server_does_not_list_refuses_the_start_naming_it_and_the_host() {
         let params = params_with_settings("{max_insert_block_size: 10, flow_typo: 1}");
-        let known = ["max_insert_block_size".to_owned(), "async_insert".to_owned()];
+        let known = [
+            "max_insert_block_size".to_owned(),
+            "async_insert".to_owned(),
+        ];
         assert_eq!(
             unknown_setting(&params, &known, "127.0.0.1:18127").as_deref(),
             Some(
