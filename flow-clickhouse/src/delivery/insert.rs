@@ -445,7 +445,12 @@ impl PartInsert<'_> {
         if let Err(error) = plan.columns_guard.before_insert(endpoint, timeout).await {
             return self.refused_before_sending(error, plan, timeout).await;
         }
-        let settings = insert_settings(self.session, request.token, dynamic.async_insert);
+        let settings = insert_settings(
+            self.session,
+            request.token,
+            dynamic.async_insert,
+            plan.encoder.holds_json(),
+        );
         let sent = endpoint
             .insert(
                 &plan.insert_sql,
@@ -811,11 +816,13 @@ pub fn attempt_query_id(token: &str) -> String {
 
 /// The INSERT settings: the user's `settings` (validation refused those flow sets below), the
 /// attempt's `query_id` and the deduplication token where the part has one (the token where the
-/// server knows it), and the `async_insert` settings when enabled.
+/// server knows it), the `async_insert` settings when enabled, and how the RowBinary holds a
+/// `JSON` column's values (as their text) when the plan has one.
 fn insert_settings(
     session: &WriterSession,
     token: Option<&str>,
     async_insert: bool,
+    json_as_text: bool,
 ) -> Vec<(Cow<'static, str>, String)> {
     let mut settings: Vec<(Cow<'static, str>, String)> = session
         .settings
@@ -833,6 +840,12 @@ fn insert_settings(
     }
     if token.is_some() && session.capabilities.insert_deduplicate {
         settings.push((Cow::Borrowed("insert_deduplicate"), "1".to_owned()));
+    }
+    if json_as_text {
+        settings.push((
+            Cow::Borrowed("input_format_binary_read_json_as_string"),
+            "1".to_owned(),
+        ));
     }
     if async_insert {
         settings.push((Cow::Borrowed("async_insert"), "1".to_owned()));

@@ -83,6 +83,19 @@ pub enum ChType {
     Tuple(Vec<ChType>),
     /// `Map(K, V)`.
     Map(Box<ChType>, Box<ChType>),
+    /// `Variant(T1, ...)` in the order `system.columns` prints it: sorted by type name, so a
+    /// variant's place in the list is its RowBinary discriminator (255 is NULL).
+    Variant(Vec<ChType>),
+    /// `Dynamic` or `Dynamic(max_types=N)`: each value carries its own type (binary type code).
+    Dynamic,
+    /// `JSON` with or without arguments (typed paths, `max_dynamic_paths`, `SKIP`): written as the
+    /// JSON object's text under `input_format_binary_read_json_as_string = 1`; the server parses
+    /// the typed paths.
+    Json,
+    /// `Time`: signed seconds, shown as `[-]HHH:MM:SS`, ±999:59:59.
+    Time,
+    /// `Time64(P)`: signed ticks of 10^-P s, ±999:59:59.(P nines).
+    Time64(u8),
     /// Any other type, with the text it was parsed from.
     Unsupported(String),
 }
@@ -120,8 +133,25 @@ impl ChType {
                 | ChType::Array(_)
                 | ChType::Tuple(_)
                 | ChType::Map(..)
+                | ChType::Variant(_)
+                | ChType::Dynamic
+                | ChType::Json
                 | ChType::Unsupported(_)
         )
+    }
+
+    /// Whether the type is, or holds, a `JSON` column's type: its INSERT then needs
+    /// `input_format_binary_read_json_as_string = 1`.
+    pub fn holds_json(&self) -> bool {
+        match self {
+            ChType::Json => true,
+            ChType::Nullable(inner) | ChType::LowCardinality(inner) | ChType::Array(inner) => {
+                inner.holds_json()
+            }
+            ChType::Tuple(items) | ChType::Variant(items) => items.iter().any(ChType::holds_json),
+            ChType::Map(key, value) => key.holds_json() || value.holds_json(),
+            _ => false,
+        }
     }
 
     /// The name of the type family, as `system.data_type_families` lists it.
@@ -159,6 +189,11 @@ impl ChType {
             ChType::Array(_) => "Array",
             ChType::Tuple(_) => "Tuple",
             ChType::Map(..) => "Map",
+            ChType::Variant(_) => "Variant",
+            ChType::Dynamic => "Dynamic",
+            ChType::Json => "JSON",
+            ChType::Time => "Time",
+            ChType::Time64(_) => "Time64",
             ChType::Unsupported(_) => "",
         }
     }
@@ -170,7 +205,9 @@ impl ChType {
             ChType::Nullable(inner) | ChType::LowCardinality(inner) | ChType::Array(inner) => {
                 inner.families(out)
             }
-            ChType::Tuple(items) => items.iter().for_each(|item| item.families(out)),
+            ChType::Tuple(items) | ChType::Variant(items) => {
+                items.iter().for_each(|item| item.families(out))
+            }
             ChType::Map(key, value) => {
                 key.families(out);
                 value.families(out);
@@ -246,10 +283,16 @@ impl<'a> Parser<'a> {
                 "UUID" => ChType::Uuid,
                 "IPv4" => ChType::IPv4,
                 "IPv6" => ChType::IPv6,
+                "Dynamic" => ChType::Dynamic,
+                "JSON" => ChType::Json,
+                "Time" => ChType::Time,
                 _ => return None,
             });
         }
         self.lex.eat('(');
+        if let Some(ty) = self.parse_modern(name) {
+            return ty;
+        }
         let ty = match name {
             "Nullable" => {
                 let inner = self.parse_type()?;
@@ -337,6 +380,70 @@ impl<'a> Parser<'a> {
         };
         self.lex.eat(')').then_some(ty)
     }
+
+    /// The types of ClickHouse 24 and later, after their `(`: `Some(parsed)` for one of them
+    /// (`Some(None)` when its arguments do not parse), `None` for any other name.
+    fn parse_modern(&mut self, name: &str) -> Option<Option<ChType>> {
+        let ty = match name {
+            "Variant" => {
+                let mut items = vec![self.parse_type()];
+                while self.lex.eat(',') {
+                    items.push(self.parse_type());
+                }
+                // A Nullable or another Variant inside a Variant is refused by ClickHouse.
+                let items: Option<Vec<ChType>> = items
+                    .into_iter()
+                    .map(|item| {
+                        item.filter(|t| {
+                            !matches!(
+                                t,
+                                ChType::Nullable(_) | ChType::Variant(_) | ChType::Dynamic
+                            )
+                        })
+                    })
+                    .collect();
+                items
+                    .filter(|items| items.len() <= 255)
+                    .map(ChType::Variant)
+            }
+            "Time64" => self
+                .lex
+                .number::<u8>()
+                .filter(|precision| *precision <= 9)
+                .map(ChType::Time64),
+            // `max_types=N`, typed paths, `SKIP ...`: nothing the encoder needs.
+            "Dynamic" | "JSON" => self.skip_arguments().then_some(if name == "JSON" {
+                ChType::Json
+            } else {
+                ChType::Dynamic
+            }),
+            _ => return None,
+        };
+        Some(ty.filter(|_| self.lex.eat(')')))
+    }
+
+    /// Skips to the `)` closing the arguments (not consumed), over nested parentheses and quoted
+    /// names; false when there is none.
+    fn skip_arguments(&mut self) -> bool {
+        let rest = self.lex.rest();
+        let mut depth = 0usize;
+        let mut quote = None;
+        for (at, c) in rest.char_indices() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), _) => {}
+                (None, '\'' | '`' | '"') => quote = Some(c),
+                (None, '(') => depth += 1,
+                (None, ')') if depth == 0 => {
+                    self.lex = TypeExprCursor::new(&rest[at..]);
+                    return true;
+                }
+                (None, ')') => depth -= 1,
+                _ => {}
+            }
+        }
+        false
+    }
 }
 
 fn write_quoted(f: &mut fmt::Formatter<'_>, text: &str) -> fmt::Result {
@@ -379,8 +486,13 @@ impl fmt::Display for ChType {
             ChType::Enum16(items) => write_enum(f, "Enum16", items),
             ChType::Array(inner) => write!(f, "Array({inner})"),
             ChType::Map(key, value) => write!(f, "Map({key}, {value})"),
-            ChType::Tuple(items) => {
-                f.write_str("Tuple(")?;
+            ChType::Time64(precision) => write!(f, "Time64({precision})"),
+            ChType::Tuple(items) | ChType::Variant(items) => {
+                f.write_str(if matches!(self, ChType::Tuple(_)) {
+                    "Tuple("
+                } else {
+                    "Variant("
+                })?;
                 for (i, item) in items.iter().enumerate() {
                     if i > 0 {
                         f.write_str(", ")?;
@@ -500,16 +612,91 @@ fn contains_unsupported(ty: &ChType) -> bool {
         ChType::Nullable(inner) | ChType::LowCardinality(inner) | ChType::Array(inner) => {
             contains_unsupported(inner)
         }
-        ChType::Tuple(items) => items.iter().any(contains_unsupported),
+        ChType::Tuple(items) | ChType::Variant(items) => items.iter().any(contains_unsupported),
         ChType::Map(key, value) => contains_unsupported(key) || contains_unsupported(value),
         _ => false,
     }
+}
+
+/// The variant a value of `stream` (under its `optional`) is written as: the first one that is
+/// the stream type's natural column type, else the first one it fits, in the order the table
+/// lists them. Decided by the types alone, so every value of a column goes to the same variant.
+pub(crate) fn variant_for(stream: &StreamType, variants: &[ChType]) -> Option<usize> {
+    let stream = stream.inner();
+    variants
+        .iter()
+        .position(|v| is_natural(stream, v))
+        .or_else(|| variants.iter().position(|v| fits(stream, v)))
+}
+
+/// Whether `table` is the column type `stream` is written to naturally ([`natural_type`]),
+/// LowCardinality aside.
+fn is_natural(stream: &StreamType, table: &ChType) -> bool {
+    match (stream, table) {
+        (_, ChType::LowCardinality(inner)) => is_natural(stream, inner),
+        (StreamType::Optional(s), ChType::Nullable(t))
+        | (StreamType::List(s), ChType::Array(t)) => is_natural(s, t),
+        (StreamType::Dict(k, v), ChType::Map(tk, tv)) => is_natural(k, tk) && is_natural(v, tv),
+        (StreamType::Tuple(items), ChType::Tuple(ts)) => {
+            items.len() == ts.len() && items.iter().zip(ts).all(|(s, t)| is_natural(s, t))
+        }
+        (s, t) => natural_scalar(s).as_ref() == Some(t),
+    }
+}
+
+/// The natural column type of a stream type that is not nested (`None` for `optional`, `list`,
+/// `dict`, `tuple`); built without allocating, for the encoder's per-value use.
+pub(crate) fn natural_scalar(stream: &StreamType) -> Option<ChType> {
+    Some(match stream {
+        StreamType::Int8 => ChType::Int8,
+        StreamType::Int16 => ChType::Int16,
+        StreamType::Int32 => ChType::Int32,
+        StreamType::Int64 => ChType::Int64,
+        StreamType::Uint8 => ChType::UInt8,
+        StreamType::Uint16 => ChType::UInt16,
+        StreamType::Uint32 => ChType::UInt32,
+        StreamType::Uint64 => ChType::UInt64,
+        StreamType::Int128 => ChType::Int128,
+        StreamType::Uint128 => ChType::UInt128,
+        StreamType::Int256 => ChType::Int256,
+        StreamType::Uint256 => ChType::UInt256,
+        StreamType::Float => ChType::Float32,
+        StreamType::Double => ChType::Float64,
+        StreamType::String | StreamType::Utf8 => ChType::String,
+        StreamType::Boolean => ChType::Bool,
+        StreamType::Date => ChType::Date,
+        StreamType::Datetime => ChType::DateTime,
+        StreamType::Date32 => ChType::Date32,
+        StreamType::Timestamp => ChType::DateTime64(6),
+        StreamType::Decimal { precision, scale } => ChType::Decimal {
+            precision: *precision,
+            scale: *scale,
+        },
+        StreamType::Uuid => ChType::Uuid,
+        StreamType::Ipv4 => ChType::IPv4,
+        StreamType::Ipv6 => ChType::IPv6,
+        StreamType::Optional(_)
+        | StreamType::List(_)
+        | StreamType::Dict(..)
+        | StreamType::Tuple(_) => return None,
+    })
 }
 
 /// Whether every value of `stream` can be written as `table` (some only after a per-value check).
 pub(crate) fn fits(stream: &StreamType, table: &ChType) -> bool {
     match (stream, table) {
         (_, ChType::LowCardinality(inner)) => fits(stream, inner),
+        // Every value has a natural type, which Dynamic records with it; NULL is Nothing there.
+        (_, ChType::Dynamic) => true,
+        // NULL is the discriminator 255.
+        (_, ChType::Variant(_)) => variant_for(
+            stream,
+            match table {
+                ChType::Variant(variants) => variants,
+                _ => &[],
+            },
+        )
+        .is_some(),
         (StreamType::Optional(inner), ChType::Nullable(t)) => fits(inner, t),
         (StreamType::Optional(inner), _) => fits(inner, table),
         (_, ChType::Nullable(t)) => fits(stream, t),
@@ -638,6 +825,23 @@ fn exact_fit(stream: &StreamType, table: &ChType) -> bool {
             | (StreamType::Ipv4, ChType::IPv4 | ChType::UInt32 | ChType::IPv6)
             | (StreamType::Ipv6, ChType::IPv6)
             | (StreamType::Ipv6 | StreamType::Uuid, ChType::FixedString(16))
+            // A JSON object's text; Time from its text too, checked and converted per value.
+            | (
+                StreamType::String | StreamType::Utf8,
+                ChType::Json | ChType::Time | ChType::Time64(_)
+            )
+            // Seconds (Time) or ticks (Time64), in range per value.
+            | (
+                StreamType::Int8
+                    | StreamType::Int16
+                    | StreamType::Int32
+                    | StreamType::Int64
+                    | StreamType::Uint8
+                    | StreamType::Uint16
+                    | StreamType::Uint32
+                    | StreamType::Uint64,
+                ChType::Time | ChType::Time64(_)
+            )
     )
 }
 
@@ -672,6 +876,11 @@ fn stream_spelling(table: &ChType, optional: bool) -> String {
         ChType::Uuid => vec!["uuid".into()],
         ChType::IPv4 => vec!["ipv4".into()],
         ChType::IPv6 => vec!["ipv6".into()],
+        ChType::Json => vec!["string".into(), "utf8".into()],
+        ChType::Time => vec!["int32".into(), "utf8".into()],
+        ChType::Time64(_) => vec!["int64".into(), "utf8".into()],
+        ChType::Dynamic => vec!["any type".into()],
+        ChType::Variant(variants) => variants.iter().map(|v| stream_spelling(v, false)).collect(),
         ChType::Array(_) | ChType::Tuple(_) | ChType::Map(..) | ChType::Unsupported(_) => {
             vec![natural_stream(table)]
         }
@@ -727,31 +936,10 @@ pub(crate) fn column_type_to_add(stream: &StreamType) -> String {
 
 /// The table type a stream type is written to naturally.
 fn natural_type(stream: &StreamType) -> String {
+    if let Some(scalar) = natural_scalar(stream) {
+        return scalar.to_string();
+    }
     match stream {
-        StreamType::Int8 => "Int8".into(),
-        StreamType::Int16 => "Int16".into(),
-        StreamType::Int32 => "Int32".into(),
-        StreamType::Int64 => "Int64".into(),
-        StreamType::Uint8 => "UInt8".into(),
-        StreamType::Uint16 => "UInt16".into(),
-        StreamType::Uint32 => "UInt32".into(),
-        StreamType::Uint64 => "UInt64".into(),
-        StreamType::Int128 => "Int128".into(),
-        StreamType::Uint128 => "UInt128".into(),
-        StreamType::Int256 => "Int256".into(),
-        StreamType::Uint256 => "UInt256".into(),
-        StreamType::Float => "Float32".into(),
-        StreamType::Double => "Float64".into(),
-        StreamType::String | StreamType::Utf8 => "String".into(),
-        StreamType::Boolean => "Bool".into(),
-        StreamType::Date => "Date".into(),
-        StreamType::Datetime => "DateTime".into(),
-        StreamType::Date32 => "Date32".into(),
-        StreamType::Timestamp => "DateTime64(6)".into(),
-        StreamType::Decimal { precision, scale } => format!("Decimal({precision}, {scale})"),
-        StreamType::Uuid => "UUID".into(),
-        StreamType::Ipv4 => "IPv4".into(),
-        StreamType::Ipv6 => "IPv6".into(),
         StreamType::Optional(inner) => format!("Nullable({})", natural_type(inner)),
         StreamType::List(inner) => format!("Array({})", natural_type(inner)),
         StreamType::Dict(key, value) => {
@@ -765,6 +953,9 @@ fn natural_type(stream: &StreamType) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+        scalar => natural_scalar(scalar)
+            .map(|t| t.to_string())
+            .unwrap_or_default(),
     }
 }
 
@@ -782,6 +973,76 @@ mod tests {
 
     fn low(ty: ChType) -> ChType {
         ChType::LowCardinality(Box::new(ty))
+    }
+
+    /// The types as system.columns of ClickHouse 26.9.2.1 prints them.
+    #[test]
+    fn the_modern_types_parse_as_system_columns_prints_them() {
+        for (text, parsed) in [
+            ("JSON", ChType::Json),
+            (
+                "JSON(max_dynamic_paths=8, `a.b` UInt32, SKIP c, SKIP REGEXP 'x.*')",
+                ChType::Json,
+            ),
+            ("Dynamic", ChType::Dynamic),
+            ("Dynamic(max_types=4)", ChType::Dynamic),
+            ("Time", ChType::Time),
+            ("Time64(3)", ChType::Time64(3)),
+            ("Array(JSON)", ChType::Array(Box::new(ChType::Json))),
+            (
+                "Variant(Array(UInt8), String, UInt64)",
+                ChType::Variant(vec![
+                    ChType::Array(Box::new(ChType::UInt8)),
+                    ChType::String,
+                    ChType::UInt64,
+                ]),
+            ),
+        ] {
+            assert_eq!(ChType::parse(text), parsed, "{text}");
+        }
+        assert_eq!(
+            ChType::parse("Variant(Array(UInt8), String, UInt64)").to_string(),
+            "Variant(Array(UInt8), String, UInt64)"
+        );
+        // ClickHouse refuses these itself; flow does not guess a layout for them.
+        for text in [
+            "Variant(Nullable(String), UInt8)",
+            "Time64(10)",
+            "JSON(a UInt8",
+        ] {
+            assert!(
+                matches!(ChType::parse(text), ChType::Unsupported(_)),
+                "{text}"
+            );
+        }
+        assert!(ChType::parse("Map(String, Array(JSON))").holds_json());
+        assert!(!ChType::parse("Variant(String, UInt64)").holds_json());
+    }
+
+    #[test]
+    fn stream_types_fit_the_modern_types_they_can_be_written_as() {
+        let fit = |stream: &str, table: &str| fits(&stream.parse().unwrap(), &ChType::parse(table));
+        for (stream, table) in [
+            ("string", "JSON"),
+            ("uint64", "Variant(String, UInt64)"),
+            ("optional<string>", "Variant(String, UInt64)"),
+            ("uint8", "Variant(String, UInt64)"),
+            ("list<dict<string,uint8>>", "Dynamic"),
+            ("optional<double>", "Dynamic"),
+            ("int32", "Time"),
+            ("utf8", "Time64(3)"),
+            ("int64", "Time64(6)"),
+        ] {
+            assert!(fit(stream, table), "{stream} into {table}");
+        }
+        for (stream, table) in [
+            ("uint64", "JSON"),
+            ("double", "Variant(String, UInt64)"),
+            ("double", "Time"),
+            ("list<uint8>", "Variant(String, UInt64)"),
+        ] {
+            assert!(!fit(stream, table), "{stream} into {table}");
+        }
     }
 
     #[test]

@@ -6,4 +6,5 @@ pub(crate) mod readable;
 pub(crate) mod routing;
 pub(crate) mod row_spans;
 pub(crate) mod rowbinary;
+pub(crate) mod type_code;
 pub(crate) mod widen;

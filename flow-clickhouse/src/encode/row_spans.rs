@@ -14,6 +14,7 @@ use flow_core::{base64_of, decimal_width, write_uuid, WideInt};
 
 use crate::encode::chtype::ChType;
 use crate::encode::rowbinary::EncodedColumn;
+use crate::encode::type_code::read_type_code;
 
 /// The rows of one encoded part: `starts[i]..starts[i + 1]` are the bytes of row `i`.
 #[derive(Debug)]
@@ -126,8 +127,13 @@ fn fixed_width(ty: &ChType) -> Option<usize> {
         | ChType::DateTime
         | ChType::Float32
         | ChType::Date32
-        | ChType::IPv4 => 4,
-        ChType::Int64 | ChType::UInt64 | ChType::Float64 | ChType::DateTime64(_) => 8,
+        | ChType::IPv4
+        | ChType::Time => 4,
+        ChType::Int64
+        | ChType::UInt64
+        | ChType::Float64
+        | ChType::DateTime64(_)
+        | ChType::Time64(_) => 8,
         ChType::Int128 | ChType::UInt128 | ChType::Uuid | ChType::IPv6 => 16,
         ChType::Int256 | ChType::UInt256 => 32,
         ChType::Decimal { precision, .. } => decimal_width(*precision),
@@ -165,11 +171,19 @@ pub(crate) fn skip_value(ty: &ChType, data: &[u8], at: usize) -> Result<usize, S
             _ => skip_value(inner, data, at + 1),
         },
         ChType::LowCardinality(inner) => skip_value(inner, data, at),
-        ChType::String => {
+        ChType::String | ChType::Json => {
             let (len, start) = read_leb128(data, at)?;
             let len = usize::try_from(len).map_err(|_| format!("a length of {len} bytes"))?;
             take(data, start, len).map(|_| start + len)
         }
+        ChType::Variant(variants) => match variant_at(variants, data, at)? {
+            Some(variant) => skip_value(variant, data, at + 1),
+            None => Ok(at + 1),
+        },
+        ChType::Dynamic => match read_type_code(data, at)? {
+            (Some(ty), at) => skip_value(&ty, data, at),
+            (None, at) => Ok(at),
+        },
         ChType::Array(inner) => {
             let (count, mut at) = read_leb128(data, at)?;
             for _ in 0..count {
@@ -190,9 +204,32 @@ pub(crate) fn skip_value(ty: &ChType, data: &[u8], at: usize) -> Result<usize, S
             .try_fold(at, |at, item| skip_value(item, data, at)),
         ChType::Unsupported(text) => Err(format!("the type {text} cannot be read")),
         fixed => {
-            let width = fixed_width(fixed).unwrap_or(0);
+            let width = width_of(fixed)?;
             take(data, at, width).map(|_| at + width)
         }
+    }
+}
+
+/// The width of a type the callers did not handle as variable-width: one they do not know is an
+/// error, never a guess.
+fn width_of(ty: &ChType) -> Result<usize, String> {
+    fixed_width(ty).ok_or_else(|| format!("the type {ty} cannot be read"))
+}
+
+/// The variant whose value follows the discriminator at `at`; `None` for NULL (255).
+fn variant_at<'t>(
+    variants: &'t [ChType],
+    data: &[u8],
+    at: usize,
+) -> Result<Option<&'t ChType>, String> {
+    match take(data, at, 1)?[0] {
+        255 => Ok(None),
+        d => variants.get(usize::from(d)).map(Some).ok_or_else(|| {
+            format!(
+                "the discriminator {d} names none of the {} variants",
+                variants.len()
+            )
+        }),
     }
 }
 
@@ -210,6 +247,22 @@ fn read_value(ty: &ChType, data: &[u8], at: usize) -> Result<(Json, usize), Stri
             Ok((text(bytes), start + len))
         }
         ChType::FixedString(n) => Ok((text(take(data, at, *n)?), at + n)),
+        ChType::Json => {
+            let (value, next) = read_value(&ChType::String, data, at)?;
+            // The object itself where the text is one (the encoder checked it), else its text.
+            let object = value
+                .as_str()
+                .and_then(|text| serde_json::from_str::<Json>(text).ok());
+            Ok((object.unwrap_or(value), next))
+        }
+        ChType::Variant(variants) => match variant_at(variants, data, at)? {
+            Some(variant) => read_value(variant, data, at + 1),
+            None => Ok((Json::Null, at + 1)),
+        },
+        ChType::Dynamic => match read_type_code(data, at)? {
+            (Some(ty), at) => read_value(&ty, data, at),
+            (None, at) => Ok((Json::Null, at)),
+        },
         ChType::Array(inner) => {
             let (count, mut at) = read_leb128(data, at)?;
             let mut items = Vec::new();
@@ -257,7 +310,7 @@ fn read_value(ty: &ChType, data: &[u8], at: usize) -> Result<(Json, usize), Stri
         }
         ChType::Unsupported(text) => Err(format!("the type {text} cannot be read")),
         fixed => {
-            let width = fixed_width(fixed).unwrap_or(0);
+            let width = width_of(fixed)?;
             let bytes = take(data, at, width)?;
             Ok((scalar(fixed, bytes), at + width))
         }
@@ -310,10 +363,33 @@ fn scalar(ty: &ChType, bytes: &[u8]) -> Json {
             octets.copy_from_slice(bytes);
             Json::String(std::net::Ipv6Addr::from(octets).to_string())
         }
+        ChType::Time => Json::String(clock(i64::from(unsigned as u32 as i32), 0)),
+        ChType::Time64(precision) => Json::String(clock(unsigned as i64, *precision)),
         ChType::Enum8(items) => enum_name(items, i64::from(unsigned as u8 as i8)),
         ChType::Enum16(items) => enum_name(items, i64::from(unsigned as u16 as i16)),
         _ => Json::from(unsigned),
     }
+}
+
+/// `[-]HH:MM:SS[.fraction]` of `ticks` of 10^-precision s, as the server prints a `Time64`.
+fn clock(ticks: i64, precision: u8) -> String {
+    let per_second = 10u64.pow(precision.into());
+    let magnitude = ticks.unsigned_abs();
+    let (seconds, fraction) = (magnitude / per_second, magnitude % per_second);
+    let sign = if ticks < 0 { "-" } else { "" };
+    let mut text = format!(
+        "{sign}{:02}:{:02}:{:02}",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60
+    );
+    if precision > 0 {
+        text.push_str(&format!(
+            ".{fraction:0width$}",
+            width = usize::from(precision)
+        ));
+    }
+    text
 }
 
 fn enum_name<T: Copy + Into<i64>>(items: &[(String, T)], code: i64) -> Json {
@@ -510,6 +586,83 @@ mod tests {
                 "m": {"k": [7]},
                 "p": [[1, "x"]],
                 "tu": [3, null],
+            })
+        );
+    }
+
+    #[test]
+    fn rows_of_the_modern_types_are_found_and_read_back_as_their_json_forms() {
+        let types = [
+            (
+                "j",
+                "utf8",
+                "JSON(`a.b` UInt32)",
+                r#""{\"a\": {\"b\": 1}}""#,
+            ),
+            (
+                "vs",
+                "utf8",
+                "Variant(Array(UInt8), String, UInt64)",
+                "\"x\"",
+            ),
+            (
+                "vn",
+                "optional<uint64>",
+                "Variant(Array(UInt8), String, UInt64)",
+                "null",
+            ),
+            (
+                "va",
+                "list<uint8>",
+                "Variant(Array(UInt8), String, UInt64)",
+                "[4]",
+            ),
+            ("d", "optional<int64>", "Dynamic", "-3"),
+            ("dn", "optional<int64>", "Dynamic", "null"),
+            ("dm", "dict<utf8,list<uint8>>", "Dynamic", "{\"k\": [1, 2]}"),
+            ("t", "utf8", "Time", "\"-05:06:07\""),
+            ("t3", "int64", "Time64(3)", "3599999999"),
+        ];
+        let schema = StreamSchema::new(
+            types
+                .iter()
+                .map(|(name, ty, _, _)| Column::new(*name, ty.parse().unwrap()))
+                .collect(),
+        )
+        .unwrap();
+        let columns: Vec<EncodedColumn> = types
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _, ty, _))| column(name, i, ty))
+            .collect();
+        let mut batch = MessageBatch::new(schema);
+        for _ in 0..2 {
+            let mut row = batch.start_row(MessageId::new(0, 0));
+            for (_, _, _, json) in types {
+                flow_core::push_json_text(&mut row, json).unwrap();
+            }
+            row.finish().unwrap();
+        }
+        let encoder = RowBinaryEncoder::new(columns.clone());
+        let mut data = Vec::new();
+        encoder.encode_row(&batch.row(0), &mut data).unwrap();
+        let one = data.len();
+        encoder.encode_row(&batch.row(1), &mut data).unwrap();
+        let spans = RowSpans::parse(&columns, &data).unwrap();
+        assert_eq!(spans.rows(), 2);
+        assert_eq!(spans.bytes(1, 2), one..data.len());
+        assert_eq!(
+            row_json(&columns, &data[..one]).unwrap(),
+            serde_json::json!({
+                "j": {"a": {"b": 1}},
+                "vs": "x",
+                "vn": null,
+                "va": [4],
+                "d": -3,
+                "dn": null,
+                "dm": {"k": [1, 2]},
+                "t": "-05:06:07",
+                "t3": "999:59:59.999",
             })
         );
     }

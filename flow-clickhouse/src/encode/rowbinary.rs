@@ -20,10 +20,12 @@ use flow_core::{
     StreamType, Value, WideInt,
 };
 
-use crate::encode::chtype::ChType;
+use crate::encode::chtype::{variant_for, ChType};
 use crate::encode::readable::ReadableRanges;
 
+mod dynamic;
 mod fast;
+mod time;
 
 use fast::FastColumn;
 
@@ -90,6 +92,12 @@ impl RowBinaryEncoder {
             plan,
             ranges,
         }
+    }
+
+    /// Whether a column is, or holds, `JSON`: its values are sent as text, which the INSERT
+    /// must tell the server (`input_format_binary_read_json_as_string`).
+    pub fn holds_json(&self) -> bool {
+        self.columns.iter().any(|column| column.ty.holds_json())
     }
 
     /// The same encoder, refusing `Date` and `DateTime` values outside `ranges` (what the
@@ -235,6 +243,14 @@ fn encode_value<'t>(
             return encode_value(inner, ranges, row, index, value, out)
         }
         ChType::Unsupported(_) => return Err(Reason::Unsupported(ty)),
+        ChType::Dynamic => return dynamic::encode_cell(ranges, row.column_type(index), value, out),
+        ChType::Variant(variants) => {
+            let null = matches!(value, Value::Null);
+            let Some(at) = variant(ty, variants, row.column_type(index), null, out)? else {
+                return Ok(());
+            };
+            return encode_value(&variants[at], ranges, row, index, value, out);
+        }
         _ => {}
     }
     match value {
@@ -269,6 +285,17 @@ fn encode_packed<'t>(
         (ChType::Nullable(inner), _) => {
             out.push(0);
             encode_packed(inner, ranges, stream, reader, out)
+        }
+        (ChType::Dynamic, _) => dynamic::encode_packed(ranges, stream, reader, out),
+        (ChType::Variant(variants), _) => {
+            let (null, item) = match stream {
+                StreamType::Optional(item) => (reader.byte().map_err(malformed)? == 1, &**item),
+                other => (false, other),
+            };
+            let Some(at) = variant(ty, variants, item, null, out)? else {
+                return Ok(());
+            };
+            encode_packed(&variants[at], ranges, item, reader, out)
         }
         (_, StreamType::Optional(item)) => {
             if reader.byte().map_err(malformed)? == 1 {
@@ -312,6 +339,34 @@ fn encode_packed<'t>(
         }
     }
 }
+
+/// Writes the discriminator of a `Variant` value of `stream`: 255 for NULL (`None`: nothing
+/// follows), else the place of the variant it is written as (`Some`: that variant's value
+/// follows).
+fn variant<'t>(
+    ty: &'t ChType,
+    variants: &[ChType],
+    stream: &StreamType,
+    null: bool,
+    out: &mut Vec<u8>,
+) -> Result<Option<usize>, Reason<'t>> {
+    if null {
+        out.push(VARIANT_NULL);
+        return Ok(None);
+    }
+    // The plan admitted the column only with a variant for the stream type (`fits`).
+    let at = variant_for(stream, variants).ok_or_else(|| {
+        Reason::Value(format!(
+            "no variant of {ty} holds a value of the stream type {stream}"
+        ))
+    })?;
+    // Fewer than 255 variants, as the type's parser checked.
+    out.push(at as u8);
+    Ok(Some(at))
+}
+
+/// The discriminator of a NULL `Variant` value.
+const VARIANT_NULL: u8 = 255;
 
 /// One scalar item of a packed value, as the value a cell would hold (wide scalars stay packed).
 fn read_item<'v>(
@@ -563,14 +618,44 @@ fn encode_scalar<'t>(
             out.extend_from_slice(bytes);
             out.resize(out.len() + (n - bytes.len()), 0);
         }
+        ChType::Json => {
+            let Value::Bytes(text) = value else {
+                return Err(wrong_kind());
+            };
+            check_json_object(text)?;
+            write_leb128(text.len() as u64, out);
+            out.extend_from_slice(text);
+        }
+        ChType::Time => time::write_time(ty, value, out)?,
+        ChType::Time64(precision) => time::write_time64(ty, *precision, value, out)?,
         ChType::UInt32 | ChType::DateTime => return Err(wrong_kind()),
         ChType::Array(_) | ChType::Tuple(_) | ChType::Map(..) => return Err(wrong_kind()),
         // Handled by the callers.
-        ChType::Nullable(_) | ChType::LowCardinality(_) | ChType::Unsupported(_) => {
-            return Err(Reason::Unsupported(ty))
-        }
+        ChType::Nullable(_)
+        | ChType::LowCardinality(_)
+        | ChType::Variant(_)
+        | ChType::Dynamic
+        | ChType::Unsupported(_) => return Err(Reason::Unsupported(ty)),
     }
     Ok(())
+}
+
+/// A `JSON` column's value is sent as its text (`input_format_binary_read_json_as_string`): a
+/// text that is not one JSON object would fail the whole INSERT, so it is refused here, as the
+/// value of its row alone.
+fn check_json_object<'t>(text: &[u8]) -> Result<(), Reason<'t>> {
+    let object = text.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    match serde_json::from_slice::<serde::de::IgnoredAny>(text) {
+        Ok(_) if object => Ok(()),
+        Ok(_) => Err(Reason::Value(format!(
+            "`{}` is JSON but not an object, which a JSON column holds",
+            String::from_utf8_lossy(&text[..text.len().min(64)])
+        ))),
+        Err(err) => Err(Reason::Value(format!(
+            "`{}` is not a JSON object: {err}",
+            String::from_utf8_lossy(&text[..text.len().min(64)])
+        ))),
+    }
 }
 
 fn value_bytes<'v>(value: Value<'v>) -> &'v [u8] {
@@ -1229,6 +1314,109 @@ mod tests {
         let mut out = Vec::new();
         encoder.encode_row(&batch.row(0), &mut out)?;
         Ok(out)
+    }
+
+    /// The bytes ClickHouse 26.9.2.1 itself wrote for the same values (`SELECT (v)::Dynamic
+    /// FORMAT RowBinary` on a modern node): a type code, its arguments, then the value.
+    #[test]
+    fn dynamic_values_carry_the_binary_code_of_their_natural_type_as_the_server_writes_it() {
+        let cases: [(&str, &str, &str); 13] = [
+            ("uint8", "1", "0101"),
+            ("boolean", "true", "2d01"),
+            ("ipv4", "\"1.2.3.4\"", "2804030201"),
+            ("ipv6", "\"::1\"", "2900000000000000000000000000000001"),
+            (
+                "uuid",
+                "\"00000000-0000-0000-0000-000000000001\"",
+                "1d00000000000000000100000000000000",
+            ),
+            ("list<uint8>", "[1,2]", "1e01020102"),
+            ("tuple<uint8,string>", "[1,\"a\"]", "1f020115010161"),
+            ("dict<string,uint8>", "{\"a\":1}", "27150101016101"),
+            ("list<optional<uint8>>", "[null,1]", "1e230102010001"),
+            ("decimal(18,2)", "\"1.5\"", "1a12029600000000000000"),
+            ("timestamp", "0", "13060000000000000000"),
+            ("date32", "\"1970-01-01\"", "1000000000"),
+            ("int128", "1", "0b01000000000000000000000000000000"),
+        ];
+        for (stream, json, expected) in cases {
+            let out = encode_json(stream, "Dynamic", json).unwrap();
+            let hex: String = out.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(hex, expected, "{stream} {json}");
+        }
+        // NULL is the type Nothing, with no value after it.
+        assert_eq!(
+            encode_json("optional<uint8>", "Dynamic", "null").unwrap(),
+            [0]
+        );
+        assert_eq!(
+            encode_json("list<optional<string>>", "Array(Dynamic)", "[null,\"a\"]").unwrap(),
+            [2, 0, 0x15, 1, b'a']
+        );
+    }
+
+    #[test]
+    fn a_variant_value_is_its_place_in_the_sorted_list_then_its_bytes_and_null_is_255() {
+        // As system.columns prints it: variants sorted by name, the discriminator's order.
+        let ty = "Variant(Array(UInt8), String, UInt64)";
+        assert_eq!(
+            encode_json("uint64", ty, "7").unwrap(),
+            [2, 7, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            encode_json("string", ty, "\"ab\"").unwrap(),
+            [1, 2, b'a', b'b']
+        );
+        assert_eq!(encode_json("list<uint8>", ty, "[3]").unwrap(), [0, 1, 3]);
+        assert_eq!(encode_json("optional<uint64>", ty, "null").unwrap(), [255]);
+        // A type without a variant of its own goes to the first it fits: uint8 -> UInt64.
+        assert_eq!(
+            encode_json("uint8", ty, "5").unwrap(),
+            [2, 5, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            encode_json(
+                "list<optional<string>>",
+                "Array(Variant(String, UInt8))",
+                "[null,\"a\"]"
+            )
+            .unwrap(),
+            [2, 255, 0, 1, b'a']
+        );
+    }
+
+    #[test]
+    fn a_json_value_is_sent_as_its_text_and_only_an_object_is_taken() {
+        let object = r#"{"a": {"b": 1}, "c": [1, "x"]}"#;
+        let text = serde_json::to_string(object).unwrap();
+        let out = encode_json("string", "JSON(max_dynamic_paths=8, `a.b` UInt32)", &text).unwrap();
+        assert_eq!(out[0] as usize, object.len());
+        assert_eq!(&out[1..], object.as_bytes());
+        for (value, reason) in [
+            (
+                "[1, 2]",
+                "`[1, 2]` is JSON but not an object, which a JSON column holds",
+            ),
+            (
+                "{\"a\": ",
+                "`{\"a\": ` is not a JSON object: EOF while parsing a value at line 1 column 6",
+            ),
+        ] {
+            let text = serde_json::to_string(value).unwrap();
+            assert_eq!(
+                reason_of(encode_json("string", "JSON", &text).unwrap_err()),
+                reason,
+                "{value}"
+            );
+        }
+        assert!(
+            RowBinaryEncoder::new(vec![EncodedColumn::parsed("j", 0, "Array(JSON)")]).holds_json()
+        );
+        assert!(!RowBinaryEncoder::new(vec![EncodedColumn::parsed("s", 0, "String")]).holds_json());
+    }
+
+    fn reason_of(err: EncodeError) -> String {
+        err.reason
     }
 
     #[test]

@@ -9,7 +9,7 @@ use thiserror::Error;
 use tracing::debug;
 
 use crate::config::params::SinkParams;
-use crate::encode::chtype::ServerTypes;
+use crate::encode::chtype::{ChType, ServerTypes};
 use crate::server::classify::{ClassifiedError, ErrorClass};
 use crate::server::client::{
     json_text, json_u64, quote_literal, quote_table, ClientsError, EndpointClient,
@@ -209,12 +209,34 @@ struct Answers {
 }
 
 /// The settings whose presence tells what the server can do ([`Capabilities`]).
-const CAPABILITY_SETTINGS: [&str; 4] = [
+const CAPABILITY_SETTINGS: [&str; 5] = [
     "insert_deduplication_token",
     "async_insert",
     "async_insert_deduplicate",
     "insert_deduplicate",
+    JSON_AS_TEXT,
 ];
+
+/// The setting under which a `JSON` column's RowBinary value is the object's text, the form
+/// flow sends (the server's own binary form of JSON depends on the column's dynamic paths).
+const JSON_AS_TEXT: &str = "input_format_binary_read_json_as_string";
+
+/// The refusal of a table with a `JSON` column on a server that cannot read it as text (one
+/// with the type before the setting): every INSERT would fail with code 115.
+fn json_unreadable(columns: &[ColumnMeta], known: &[String], endpoint: &str) -> Option<String> {
+    if known.iter().any(|name| name == JSON_AS_TEXT) {
+        return None;
+    }
+    let column = columns
+        .iter()
+        .find(|c| ChType::parse(&c.type_text).holds_json())?;
+    Some(format!(
+        "column `{}` is {}, whose values flow sends as JSON text, but the server on {endpoint} \
+         has no setting {JSON_AS_TEXT} to read them so (it is not in system.settings there); \
+         upgrade the server or make the column a String",
+        column.name, column.type_text
+    ))
+}
 
 /// The first of the user's `settings` the server does not know, as the refusal's reason. Sent
 /// with every INSERT, it would fail each with code 115 after its batch was sealed; at the start it
@@ -328,6 +350,9 @@ async fn probe(
         .map(|row| json_text(row, "name"))
         .collect();
     if let Some(reason) = unknown_setting(params, &settings, &endpoint.endpoint.to_string()) {
+        return Err(refused(reason));
+    }
+    if let Some(reason) = json_unreadable(&columns, &settings, &endpoint.endpoint.to_string()) {
         return Err(refused(reason));
     }
     let has = |name: &str| settings.iter().any(|s| s == name);
@@ -528,6 +553,34 @@ mod tests {
         let all = ["flow_typo".to_owned(), "max_insert_block_size".to_owned()];
         assert_eq!(unknown_setting(&params, &all, "h"), None);
         assert_eq!(unknown_setting(&params_with_settings("{}"), &[], "h"), None);
+    }
+
+    #[test]
+    fn a_json_column_on_a_server_without_json_as_text_refuses_the_start_naming_it() {
+        let col = |name: &str, ty: &str| ColumnMeta {
+            name: name.to_owned(),
+            type_text: ty.to_owned(),
+            default_kind: String::new(),
+            default_expression: String::new(),
+        };
+        let columns = [
+            col("id", "UInt64"),
+            col("tags", "Array(JSON(max_dynamic_paths=8))"),
+        ];
+        assert_eq!(
+            json_unreadable(&columns, &["async_insert".to_owned()], "h:1").as_deref(),
+            Some(
+                "column `tags` is Array(JSON(max_dynamic_paths=8)), whose values flow sends as \
+                 JSON text, but the server on h:1 has no setting \
+                 input_format_binary_read_json_as_string to read them so (it is not in \
+                 system.settings there); upgrade the server or make the column a String"
+            )
+        );
+        assert_eq!(
+            json_unreadable(&columns, &[JSON_AS_TEXT.to_owned()], "h:1"),
+            None
+        );
+        assert_eq!(json_unreadable(&columns[..1], &[], "h:1"), None);
     }
 
     #[test]
