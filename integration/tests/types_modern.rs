@@ -1,13 +1,15 @@
 //! The column types users put in new tables on ClickHouse 24-26, against a real 26.9 (the modern
 //! nodes m1 and m2): `JSON` with a typed path, `Array(JSON)`, `Variant`, `Dynamic`, `Time`,
-//! `Time64(3)` and `LowCardinality(Nullable(String))`, written from their stream types through
+//! `Time64(3)` and `LowCardinality(Nullable(String))`, with the types of today's encoder that
+//! 18.16 lacks (`DateTime64`, `Date32`, `Map`, `Int128`, `Bool`, `IPv4`, `IPv6`) and `UUID` and
+//! `Nested` (as its arrays), written from their stream types through
 //! both exactly-once classes (`ClickHouseBatchingSink` into m1, `ShardedClickHouseBatchingSink`
 //! over m1 and m2) and read back by the server's own functions (`variantType`, `dynamicType`,
 //! `toString`, the typed path's type) value by value. Bad values go to the dead letters with what
 //! is wrong: a JSON value that is not an object and a time beyond ±999:59:59 (which the server
 //! would store but read back as the bound) are refused by the encoder naming column and value; a
-//! typed path given a value of another type is refused by the server (code 117) for that row
-//! alone. 18.16 has none of these types, so the test is on 26.9 only.
+//! typed path given a value of another type (code 117) and `Nested` arrays of different lengths
+//! (code 190) are refused by the server for that row alone. 18.16 has none of these types, so the test is on 26.9 only.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -40,7 +42,21 @@ const COLUMNS: &[(&str, &str, &str)] = &[
     ("ts", "int32", "Time"),
     ("t3", "utf8", "Time64(3)"),
     ("lc", "optional<utf8>", "LowCardinality(Nullable(String))"),
+    // What the encoder had before, into the types 18.16 lacks.
+    ("dt64", "timestamp", "DateTime64(6)"),
+    ("d32", "date32", "Date32"),
+    ("m", "dict<utf8,uint64>", "Map(String, UInt64)"),
+    ("i128", "int128", "Int128"),
+    ("b", "boolean", "Bool"),
+    ("ip4", "ipv4", "IPv4"),
+    ("ip6", "ipv6", "IPv6"),
+    ("u", "uuid", "UUID"),
+    ("n.k", "list<utf8>", ""),
+    ("n.v", "list<uint32>", ""),
 ];
+
+/// The `Nested` column whose arrays are `n.k` and `n.v`.
+const NESTED: &str = "n Nested(k String, v UInt32)";
 
 /// `[-]HH:MM:SS` of `seconds`, as the server prints a `Time`.
 fn clock(seconds: i64) -> String {
@@ -72,6 +88,16 @@ fn good_row(i: u64) -> (Json, Json) {
         "ts": seconds - 7,
         "t3": format!("{}.{:03}", clock(seconds), i % 1000),
         "lc": if i.is_multiple_of(4) { Json::Null } else { json!(format!("l{}", i % 4)) },
+        "dt64": format!("2023-11-14T22:13:{:02}.{:06}Z", i % 60, i * 7),
+        "d32": -25_567 + n,
+        "m": {"k": i, "z": u64::MAX - i},
+        "i128": format!("-170141183460469231731687303715884105{i:03}"),
+        "b": i.is_multiple_of(2),
+        "ip4": format!("10.0.{}.{}", i / 256, i % 256),
+        "ip6": format!("2001:db8::{:x}", i + 1),
+        "u": format!("01234567-89ab-cdef-0123-456789ab{i:04x}"),
+        "n.k": [format!("k{i}"), ""],
+        "n.v": [i, 4_294_967_295u32],
     });
     let expected = json!({
         "id": i,
@@ -95,6 +121,16 @@ fn good_row(i: u64) -> (Json, Json) {
         "ts": clock(seconds - 7),
         "t3": format!("{}.{:03}", clock(seconds), i % 1000),
         "lc": if i.is_multiple_of(4) { Json::Null } else { json!(format!("l{}", i % 4)) },
+        "dt64": (1_700_000_000 - 20 + i % 60) * 1_000_000 + i * 7,
+        "d32": format!("1900-01-01 + {i}"),
+        "m": format!("{{'k':{i},'z':{}}}", u64::MAX - i),
+        "i128": format!("-170141183460469231731687303715884105{i:03}"),
+        "b": i.is_multiple_of(2),
+        "ip4": format!("10.0.{}.{}", i / 256, i % 256),
+        "ip6": format!("2001:db8::{:x}", i + 1),
+        "u": format!("01234567-89ab-cdef-0123-456789ab{i:04x}"),
+        "n.k": [format!("k{i}"), ""],
+        "n.v": [i, 4_294_967_295u32],
     });
     (input, expected)
 }
@@ -134,6 +170,12 @@ fn bad_rows() -> Vec<(Json, &'static str, &'static str, Option<u64>)> {
             "cannot parse UInt32 value here",
             Some(117),
         ),
+        (
+            with(1004, "n.k", json!(["only one"])),
+            "",
+            "have different array sizes",
+            Some(190),
+        ),
     ]
 }
 
@@ -142,13 +184,17 @@ const SELECT: &str = "SELECT id, toString(j) AS j, j.a.b AS ab, toTypeName(j.a.b
      if(isNull(vn), NULL, toString(variantType(vn))) AS vn_t, if(isNull(vn), NULL, toString(vn)) AS vn, \
      variantType(va) AS va_t, toString(va) AS va, dynamicType(d) AS d_t, if(isNull(d), NULL, toString(d)) AS d, \
      dynamicType(dl) AS dl_t, toString(dl) AS dl, dynamicType(dm) AS dm_t, toString(dm) AS dm, \
-     toString(t) AS t, toString(ts) AS ts, toString(t3) AS t3, lc";
+     toString(t) AS t, toString(ts) AS ts, toString(t3) AS t3, lc, \
+     toUnixTimestamp64Micro(dt64) AS dt64, \
+     concat('1900-01-01 + ', toString(dateDiff('day', toDate32('1900-01-01'), d32))) AS d32, \
+     toString(m) AS m, toString(i128) AS i128, b, toString(ip4) AS ip4, toString(ip6) AS ip6, \
+     toString(u) AS u, `n.k`, `n.v`";
 
 fn spec(dir: &Path, one: &str, sharded: &str) -> PathBuf {
     let mut lines: Vec<String> = (0..GOOD).map(|i| good_row(i).0.to_string()).collect();
     // The bad rows among the good ones, so that each sits inside a batch of good rows.
     for (at, (row, ..)) in bad_rows().into_iter().enumerate() {
-        lines.insert(37 + at * 71, row.to_string());
+        lines.insert(37 + at * 61, row.to_string());
     }
     let input = dir.join("input.jsonl");
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
@@ -236,10 +282,12 @@ fn modern_types_land_value_for_value_through_both_exactly_once_classes_and_bad_v
     let generation = Generation::V26;
     generation.require().unwrap();
     let name = unique_name("it_types_modern");
-    let columns: Vec<String> = COLUMNS
+    let mut columns: Vec<String> = COLUMNS
         .iter()
+        .filter(|(_, _, ty)| !ty.is_empty())
         .map(|(column, _, ty)| format!("`{column}` {ty}"))
         .collect();
+    columns.push(NESTED.to_owned());
     let columns = columns.join(", ");
     let one = generation
         .create_table_on("default", &format!("{name}_one"), &columns, "id", &[M1])
