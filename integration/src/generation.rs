@@ -166,20 +166,8 @@ impl Generation {
         order_by: &str,
         nodes: &[Node],
     ) -> Result<ReplicatedTable> {
-        let mut guard = ReplicatedTable {
-            database: database.into(),
-            table: table.into(),
-            nodes: Vec::new(),
-        };
-        for node in nodes {
-            exec(
-                node.http_port,
-                &self.table_ddl(database, table, columns, order_by),
-            )
-            .with_context(|| format!("creating {database}.{table} on {}", node.name))?;
-            guard.nodes.push(*node);
-        }
-        Ok(guard)
+        let ddl = self.table_ddl(database, table, columns, order_by);
+        ReplicatedTable::create_by(database, table, &ddl, nodes)
     }
 
     /// Creates the table on every node of the generation.

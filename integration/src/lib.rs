@@ -480,17 +480,21 @@ impl ReplicatedTable {
         order_by: &str,
         nodes: &[Node],
     ) -> Result<Self> {
+        let ddl = replicated_table_ddl(database, table, columns, order_by);
+        ReplicatedTable::create_by(database, table, &ddl, nodes)
+    }
+
+    /// Runs `ddl` (which creates `database.table`) on each node; the guard drops the table from
+    /// the nodes it was created on, also when a later node fails.
+    pub fn create_by(database: &str, table: &str, ddl: &str, nodes: &[Node]) -> Result<Self> {
         let mut guard = ReplicatedTable {
             database: database.into(),
             table: table.into(),
             nodes: Vec::new(),
         };
         for node in nodes {
-            exec(
-                node.http_port,
-                &replicated_table_ddl(database, table, columns, order_by),
-            )
-            .with_context(|| format!("creating {database}.{table} on {}", node.name))?;
+            exec(node.http_port, ddl)
+                .with_context(|| format!("creating {database}.{table} on {}", node.name))?;
             guard.nodes.push(*node);
         }
         Ok(guard)

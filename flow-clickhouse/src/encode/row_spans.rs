@@ -501,6 +501,41 @@ mod tests {
         );
     }
 
+    /// `rows` rows of one value per `(name, stream type, table type, JSON value)`, encoded for
+    /// the table types: the columns, the bytes and the length of one row.
+    fn encode_rows(
+        types: &[(&str, &str, &str, &str)],
+        rows: usize,
+    ) -> (Vec<EncodedColumn>, Vec<u8>, usize) {
+        let schema = StreamSchema::new(
+            types
+                .iter()
+                .map(|(name, ty, _, _)| Column::new(*name, ty.parse().unwrap()))
+                .collect(),
+        )
+        .unwrap();
+        let columns: Vec<EncodedColumn> = types
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _, ty, _))| column(name, i, ty))
+            .collect();
+        let mut batch = MessageBatch::new(schema);
+        for _ in 0..rows {
+            let mut row = batch.start_row(MessageId::new(0, 0));
+            for (_, _, _, json) in types {
+                flow_core::push_json_text(&mut row, json).unwrap();
+            }
+            row.finish().unwrap();
+        }
+        let encoder = RowBinaryEncoder::new(columns.clone());
+        let mut data = Vec::new();
+        for row in 0..rows {
+            encoder.encode_row(&batch.row(row), &mut data).unwrap();
+        }
+        let one = data.len() / rows;
+        (columns, data, one)
+    }
+
     #[test]
     fn rows_of_the_new_types_are_read_back_as_their_json_forms() {
         let types = [
@@ -547,28 +582,7 @@ mod tests {
                 "[3, null]",
             ),
         ];
-        let schema = StreamSchema::new(
-            types
-                .iter()
-                .map(|(name, ty, _, _)| Column::new(*name, ty.parse().unwrap()))
-                .collect(),
-        )
-        .unwrap();
-        let columns: Vec<EncodedColumn> = types
-            .iter()
-            .enumerate()
-            .map(|(i, (name, _, ty, _))| column(name, i, ty))
-            .collect();
-        let mut batch = MessageBatch::new(schema);
-        let mut row = batch.start_row(MessageId::new(0, 0));
-        for (_, _, _, json) in types {
-            flow_core::push_json_text(&mut row, json).unwrap();
-        }
-        row.finish().unwrap();
-        let mut data = Vec::new();
-        RowBinaryEncoder::new(columns.clone())
-            .encode_row(&batch.row(0), &mut data)
-            .unwrap();
+        let (columns, data, _) = encode_rows(&types, 1);
         let spans = RowSpans::parse(&columns, &data).unwrap();
         assert_eq!(spans.rows(), 1);
         assert_eq!(
@@ -623,31 +637,7 @@ mod tests {
             ("t", "utf8", "Time", "\"-05:06:07\""),
             ("t3", "int64", "Time64(3)", "3599999999"),
         ];
-        let schema = StreamSchema::new(
-            types
-                .iter()
-                .map(|(name, ty, _, _)| Column::new(*name, ty.parse().unwrap()))
-                .collect(),
-        )
-        .unwrap();
-        let columns: Vec<EncodedColumn> = types
-            .iter()
-            .enumerate()
-            .map(|(i, (name, _, ty, _))| column(name, i, ty))
-            .collect();
-        let mut batch = MessageBatch::new(schema);
-        for _ in 0..2 {
-            let mut row = batch.start_row(MessageId::new(0, 0));
-            for (_, _, _, json) in types {
-                flow_core::push_json_text(&mut row, json).unwrap();
-            }
-            row.finish().unwrap();
-        }
-        let encoder = RowBinaryEncoder::new(columns.clone());
-        let mut data = Vec::new();
-        encoder.encode_row(&batch.row(0), &mut data).unwrap();
-        let one = data.len();
-        encoder.encode_row(&batch.row(1), &mut data).unwrap();
+        let (columns, data, one) = encode_rows(&types, 2);
         let spans = RowSpans::parse(&columns, &data).unwrap();
         assert_eq!(spans.rows(), 2);
         assert_eq!(spans.bytes(1, 2), one..data.len());
