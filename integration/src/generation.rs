@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use crate::{exec, ping, query_u64, Node, ReplicatedTable, A1, A2, B1, B2, HOST};
 
