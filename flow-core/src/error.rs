@@ -345,6 +345,42 @@ pub enum RuntimeError {
     /// The state directory belongs to another pipeline or partition count.
     #[error("{0}")]
     OtherPipeline(#[source] flow_state::StateError),
+    /// A sink with undelivered batches is not in the spec (renamed or removed).
+    #[error(
+        "Refusing to start: sink `{sink}` has {batches} undelivered batch(es) ({rows} rows) in the \
+         state directory but is not in the spec (renamed or removed?); the source goes on from \
+         its committed position, so they would never be sent. Run the previous spec, with the \
+         sink, until `flow-worker status` shows nothing pending, or deliver them with \
+         `flow-worker drain PREVIOUS_SPEC`; then start this spec"
+    )]
+    SinkRemoved {
+        /// The sink's name in the state directory.
+        sink: String,
+        /// Its undelivered batches over every partition.
+        batches: u64,
+        /// Their rows.
+        rows: u64,
+    },
+    /// A sink with undelivered batches has another class in the spec than the one that sealed
+    /// them.
+    #[error(
+        "Refusing to start: sink `{sink}` is `{spec}` in the spec, but its {batches} undelivered \
+         batch(es) ({rows} rows) were sealed by `{stored}`, the only class that delivers them. \
+         Run the previous spec, with `{stored}`, until `flow-worker status` shows nothing \
+         pending, or deliver them with `flow-worker drain PREVIOUS_SPEC`; then change the class"
+    )]
+    SinkClassChanged {
+        /// The sink's name.
+        sink: String,
+        /// The class that sealed the pending batches.
+        stored: String,
+        /// The class the spec names.
+        spec: String,
+        /// Its undelivered batches over every partition.
+        batches: u64,
+        /// Their rows.
+        rows: u64,
+    },
     /// Several partitions failed; each error says which.
     #[error("{} partition(s) failed:{}", .0.len(), list(.0))]
     PartitionsFailed(Vec<RuntimeError>),

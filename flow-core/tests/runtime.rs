@@ -166,6 +166,18 @@ impl SinkFactory for WrappedFactory {
     }
 }
 
+/// The builtins and `CrashingDebugSink` as a plain `DebugSink`: the class of a run that lost
+/// deliveries, in the run after it.
+fn delivering_registry() -> Registry {
+    let mut registry = Registry::with_builtins();
+    register_wrapped_debug_sink(
+        &mut registry,
+        "CrashingDebugSink",
+        Arc::new(|inner, _| inner),
+    );
+    registry
+}
+
 /// Forwards everything, except that after `deliver_epochs` committed epochs it stops handing
 /// committed batches to the inner sink: they are durable in the outbox but never delivered, as if
 /// the process died right after the commit.
@@ -464,11 +476,12 @@ async fn committed_but_undelivered_batches_are_delivered_after_a_crash_and_the_t
         .unwrap();
     drop(file);
 
-    // Run 2, with the plain DebugSink under the same sink name.
+    // Run 2: the same class, no longer losing deliveries (another class is refused while the
+    // batches are pending: see the sink guard's test).
     let store = open_store(&state);
     let report = run_yaml(
-        &registry,
-        &generator_yaml(3, 1000, 100, "DebugSink", &out),
+        &delivering_registry(),
+        &generator_yaml(3, 1000, 100, "CrashingDebugSink", &out),
         &store,
     )
     .await
@@ -1297,9 +1310,11 @@ async fn drain_delivers_every_pending_batch_without_reading_the_source() {
     run_yaml(&registry, &crashing, &store).await.unwrap();
 
     // The drain's source could read 1000 more per partition; it must not.
-    let spec = PipelineSpec::from_yaml(&generator_yaml(3, 2000, 100, "DebugSink", &out)).unwrap();
+    let spec =
+        PipelineSpec::from_yaml(&generator_yaml(3, 2000, 100, "CrashingDebugSink", &out)).unwrap();
+    let delivering = delivering_registry();
     let drain = |store: &StateStore| {
-        let validated = registry.build(&spec).unwrap();
+        let validated = delivering.build(&spec).unwrap();
         Pipeline::new(validated, store.clone()).drain()
     };
     let report = drain(&store).await.unwrap();
@@ -2066,5 +2081,79 @@ async fn a_stop_cuts_a_read_waiting_on_its_broker_and_commits_the_whole_reads_be
     // The seven whole reads are committed and delivered; the message of the cut read is not.
     assert_eq!(position(&store, 0), Some(7));
     assert_eq!(sorted_ids(&read_lines(&out)), (1..=7).collect::<Vec<u64>>());
+    store.close().unwrap();
+}
+
+/// A run that left batches pending (delivered 2 epochs of 10), then a spec that renames the sink
+/// or changes its class: each is refused naming the sink, its pending batches and rows, and
+/// nothing is read or delivered; the unchanged spec then delivers every id once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_renamed_or_of_another_class_with_pending_batches_refuses_the_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let state = tmp.path().join("state");
+    let mut registry = Registry::with_builtins();
+    register_wrapped_debug_sink(
+        &mut registry,
+        "CrashingDebugSink",
+        Arc::new(|inner, _ctx| {
+            Box::new(LosesDeliveries {
+                inner,
+                deliver_epochs: 2,
+                committed: 0,
+            })
+        }),
+    );
+    let store = open_store(&state);
+    let crashing = generator_yaml(2, 1000, 100, "CrashingDebugSink", &out);
+    run_yaml(&registry, &crashing, &store).await.unwrap();
+    assert_eq!(read_lines(&out).len(), 2 * 200);
+
+    let renamed = crashing.replace("- name: out", "- name: events");
+    let err = run_yaml(&delivering_registry(), &renamed, &store)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Refusing to start: sink `out` has 16 undelivered batch(es) (1600 rows) in the state \
+         directory but is not in the spec (renamed or removed?); the source goes on from its \
+         committed position, so they would never be sent. Run the previous spec, with the sink, \
+         until `flow-worker status` shows nothing pending, or deliver them with `flow-worker \
+         drain PREVIOUS_SPEC`; then start this spec"
+    );
+    let spec = PipelineSpec::from_yaml(&renamed).unwrap();
+    let validated = delivering_registry().build(&spec).unwrap();
+    let drain = Pipeline::new(validated, store.clone()).drain().await;
+    assert!(
+        matches!(drain, Err(RuntimeError::SinkRemoved { .. })),
+        "{drain:?}"
+    );
+
+    let other_class = generator_yaml(2, 1000, 100, "DebugSink", &out);
+    let err = run_yaml(&registry, &other_class, &store).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Refusing to start: sink `out` is `DebugSink` in the spec, but its 16 undelivered \
+         batch(es) (1600 rows) were sealed by `CrashingDebugSink`, the only class that delivers \
+         them. Run the previous spec, with `CrashingDebugSink`, until `flow-worker status` shows \
+         nothing pending, or deliver them with `flow-worker drain PREVIOUS_SPEC`; then change \
+         the class"
+    );
+    assert_eq!(
+        read_lines(&out).len(),
+        2 * 200,
+        "nothing delivered by a refused start"
+    );
+    for p in 0..2 {
+        assert_eq!(undelivered_rows(&store, "out", p).len(), 8);
+    }
+
+    // The unchanged spec delivers them; then the class may change.
+    let report = run_yaml(&delivering_registry(), &crashing, &store)
+        .await
+        .unwrap();
+    assert_eq!(report.messages(), 0);
+    assert_each_id_once(&out, 2000);
+    run_yaml(&registry, &other_class, &store).await.unwrap();
     store.close().unwrap();
 }

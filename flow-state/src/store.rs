@@ -336,6 +336,23 @@ impl StateStore {
         self.inner.submit(op).await.map(|_| ())
     }
 
+    /// Blocking form of [`StateStore::set_sink_value`].
+    pub fn set_sink_value_blocking(
+        &self,
+        pipeline: &str,
+        sink: &str,
+        name: &str,
+        value: Option<Vec<u8>>,
+    ) -> Result<(), StateError> {
+        check_name("pipeline", pipeline)?;
+        check_name("sink", sink)?;
+        check_name("sink value", name)?;
+        let key = codec::sink_value_key(pipeline, sink, name);
+        self.inner
+            .submit_blocking(Op::SetSinkValue(key, value))
+            .map(|_| ())
+    }
+
     /// Durably adds to counters of `pipeline`/`partition` on their own, for what no commit or
     /// acknowledgement carries (a failed attempt). Joins the commit group in progress, if any.
     pub async fn add_counters(

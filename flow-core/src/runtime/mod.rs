@@ -19,6 +19,7 @@
 //! - `replay`: the source reopened and the processors run again for a sink rebuilding a batch;
 //! - `delivery_tracker`: what each sink acknowledged, told to the source's observer;
 //! - `outbox_report`: what [`Pipeline::drain`] found pending and left;
+//! - `sink_guard`: the sinks with undelivered batches kept in the spec, each of its class;
 //! - `owned`: only the partitions a cluster grants this worker, started and handed over as
 //!   ownership moves ([`Pipeline::run_owned`]);
 //! - `lag`, `progress`: the per-partition source lag and the run's progress counters.
@@ -32,6 +33,7 @@ mod owned;
 mod partition;
 mod progress;
 mod replay;
+mod sink_guard;
 
 use std::sync::Arc;
 
@@ -331,7 +333,8 @@ impl Pipeline {
     }
 
     /// Records this pipeline's name and partition count in the store, or refuses to start on a
-    /// store of another pipeline or partition count (see [`StateStore::claim`]).
+    /// store of another pipeline or partition count (see [`StateStore::claim`]), or with a sink
+    /// whose undelivered batches the spec would leave unsent ([`sink_guard`]).
     async fn claim_store(&self) -> Result<(), RuntimeError> {
         let store = self.store.clone();
         let name = self.validated.name.clone();
@@ -350,7 +353,15 @@ impl Pipeline {
                     dir: self.store.dir().to_path_buf(),
                     source,
                 },
-            })
+            })?;
+        let store = self.store.clone();
+        let pipeline = Arc::clone(&self.validated);
+        tokio::task::spawn_blocking(move || sink_guard::check(&store, &pipeline))
+            .await
+            .map_err(|source| RuntimeError::Join {
+                partition: 0,
+                source,
+            })?
     }
 
     fn runner(&self, partition: u32) -> PartitionRunner {
