@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The lints every commit keeps clean: no import cycle between the modules of any crate
-# (scripts/import_cycles.py), `cargo fmt --check` and clippy on every target with warnings as
-# errors. Needs no cluster.
+# (scripts/import_cycles.py), `cargo fmt --check`, clippy on every target and rustdoc, both with
+# warnings as errors. Needs no cluster.
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -19,4 +19,6 @@ flow_log "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 flow_log "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+flow_log "cargo doc --no-deps --workspace (RUSTDOCFLAGS=-D warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
 flow_log "lints clean"

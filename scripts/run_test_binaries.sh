@@ -133,5 +133,21 @@ while read -r status _ name log; do
     printf '\n========== %s failed; its output: ==========\n' "$name"
     cat "$log"
 done <"$work/results"
-flow_log "$group: $(wc -l <"$work/results") test jobs in $((SECONDS - started)) s, $failed failed"
+
+# The tests, summed over every job's `test result:` lines (libtest prints one per binary, and one
+# per doc-test crate); a failed test is listed by its binary and name. With FLOW_TEST_TOTALS set
+# (scripts/test.sh), the counts and names are appended to that file for the run's last line.
+passed=0 failed_tests=0 ignored=0
+: >"$work/failed-tests"
+while read -r _ _ name log; do
+    while read -r p f i; do
+        passed=$((passed + p)) failed_tests=$((failed_tests + f)) ignored=$((ignored + i))
+    done < <(sed -nE 's/^test result: [A-Za-z]+\. ([0-9]+) passed; ([0-9]+) failed; ([0-9]+) ignored.*/\1 \2 \3/p' "$log")
+    sed -nE "s/^test (.+) \.\.\. FAILED\$/  $name: \1/p" "$log" >>"$work/failed-tests"
+done <"$work/results"
+if [ -n "${FLOW_TEST_TOTALS:-}" ]; then
+    printf 'counts %s %s %s\n' "$passed" "$failed_tests" "$ignored" >>"$FLOW_TEST_TOTALS"
+    sed 's/^/failed /' "$work/failed-tests" >>"$FLOW_TEST_TOTALS"
+fi
+flow_log "$group: $(wc -l <"$work/results") test jobs in $((SECONDS - started)) s, $failed failed; tests: $passed passed, $failed_tests failed, $ignored ignored"
 [ "$failed" -eq 0 ]

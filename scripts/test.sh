@@ -41,8 +41,23 @@ cargo fmt --all -- --check
 # while the rest of the workspace builds; the other binaries run last. Both builds use the same
 # packages and profile, so the second reuses everything the first made (flow_build_tests).
 faults_json="$(mktemp)" && faults_log="$(mktemp)" && rest_json="$(mktemp)" && rest_log="$(mktemp)"
+# What every group of test binaries counted (scripts/run_test_binaries.sh appends to it).
+FLOW_TEST_TOTALS="$(mktemp)" && export FLOW_TEST_TOTALS
 build=""
-trap '[ -z "$build" ] || kill "$build" 2>/dev/null || true; rm -f "$faults_json" "$faults_log" "$rest_json" "$rest_log"' EXIT
+trap '[ -z "$build" ] || kill "$build" 2>/dev/null || true; rm -f "$faults_json" "$faults_log" "$rest_json" "$rest_log" "$FLOW_TEST_TOTALS"' EXIT
+# The run's last line: the tests of every binary it ran, summed, with the failed ones named above.
+print_totals() {
+    local passed=0 failed=0 ignored=0 kind a b c
+    if grep -q '^failed ' "$FLOW_TEST_TOTALS"; then
+        echo "failed tests:"
+        sed -n 's/^failed //p' "$FLOW_TEST_TOTALS"
+    fi
+    while read -r kind a b c; do
+        [ "$kind" = counts ] || continue
+        passed=$((passed + a)) failed=$((failed + b)) ignored=$((ignored + c))
+    done <"$FLOW_TEST_TOTALS"
+    echo "$passed passed, $failed failed, $ignored ignored"
+}
 # Waits for the build of pid $1 and prints its log $2; dies naming what it built ($3) if it failed.
 wait_for_build() {
     local status=0
@@ -70,7 +85,11 @@ flow_log "waiting for the build of the other tests"
 wait_for_build "$build" "$rest_log" "the tests"
 rest_ok=0
 bash scripts/run_test_binaries.sh --group rest --artifacts "$rest_json" "$@" || rest_ok=$?
-[ "$faults_ok" -eq 0 ] && [ "$rest_ok" -eq 0 ] ||
-    flow_die "tests failed: fault binaries exit $faults_ok, the others exit $rest_ok (each binary's output is printed above)"
+if [ "$faults_ok" -ne 0 ] || [ "$rest_ok" -ne 0 ]; then
+    flow_log "tests failed: fault binaries exit $faults_ok, the others exit $rest_ok (each binary's output is printed above)"
+    print_totals
+    exit 1
+fi
 
 flow_log "all checks passed; the local cluster is still running (scripts/cluster.sh down stops it)"
+print_totals

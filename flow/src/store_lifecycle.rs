@@ -55,8 +55,8 @@ pub enum StoreError {
 /// [`StoreOptions::lock_wait`]), short enough to tell at once of a worker that runs on it.
 const RESTART_LOCK_WAIT: Duration = Duration::from_secs(3);
 
-/// Opens (or creates) the state store in `state_dir` off the runtime threads, waiting
-/// [`RESTART_LOCK_WAIT`] for a lock held.
+/// Opens (or creates) the state store in `state_dir` off the runtime threads, waiting 3 s for a
+/// lock held (the lock of a worker that has just exited is let go within it).
 pub async fn open_state_store(state_dir: &Path) -> Result<StateStore, StoreError> {
     let dir = state_dir.to_path_buf();
     let options = StoreOptions {

@@ -232,7 +232,7 @@ impl ClickHouseSink {
     }
 
     /// `token_namespace`: the prefix of deduplication tokens (default
-    /// `<pipeline>.<sink>.<outbox id>/`, see [`crate::SinkParams::token_prefix`]).
+    /// `<pipeline>.<sink>.<outbox id>/`).
     pub fn token_namespace(mut self, namespace: impl Into<String>) -> Self {
         self.parameters.token_namespace = Some(namespace.into());
         self

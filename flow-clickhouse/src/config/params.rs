@@ -170,7 +170,7 @@ pub struct ClickHouseParams {
     /// Accept any server certificate (insecure; for tests only).
     pub tls_skip_verification: bool,
     /// Our addition: the prefix of deduplication tokens; `None` means
-    /// `<pipeline>.<sink>.<outbox id>/` (see [`SinkParams::token_prefix`]).
+    /// `<pipeline>.<sink>.<outbox id>/`.
     /// Must match `[A-Za-z0-9_./-]*`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_namespace: Option<String>,
@@ -195,7 +195,7 @@ pub struct ClickHouseParams {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub settings: BTreeMap<String, SettingValue>,
     /// How often the sink re-reads its table's columns to adopt a compatible change
-    /// ([`SCHEMA_REFRESH_INTERVAL_MS`]).
+    /// (100 ..= 86,400,000 ms).
     pub schema_refresh_interval_ms: u64,
     /// Stream columns missing from the table are added to it when the session starts; refused
     /// for the exactly-once classes (see the validation).

@@ -530,8 +530,7 @@ impl ServerTypes {
 /// `LowCardinality(T)` is written as T. Per-value checks (ranges, precision, enum names, IP and
 /// UUID text) happen when rows are encoded.
 ///
-/// A wider integer column that holds every value of the stream's type fits too (see
-/// [`is_widening`]). The error explains the fix, e.g. "column `user_id`: the stream has uint64
+/// A wider integer column that holds every value of the stream's type fits too (a widening). The error explains the fix, e.g. "column `user_id`: the stream has uint64
 /// but the table has UInt32; declare the stream column as uint32 or change the table column to
 /// UInt64"; when the
 /// fitting column type is one the server lacks, it says so with the server's version.
