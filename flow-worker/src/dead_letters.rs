@@ -142,7 +142,7 @@ fn list(letters: &[StoredDeadLetter]) -> anyhow::Result<ExitCode> {
             d.letter
                 .offset
                 .map_or_else(|| "?".to_owned(), |o| o.to_string()),
-            d.letter.reason
+            crate::stdout::one_line(&d.letter.reason)
         );
     }
     crate::stdout::write_all(&text)?;

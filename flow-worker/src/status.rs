@@ -11,6 +11,8 @@ use flow::{snapshot_path, SOURCE_UNAVAILABLE};
 use flow_core::{SinkCount, SinkCounter};
 use flow_state::{SinkPartitionSummary, StateError, StateStore, StateSummary};
 
+use crate::stdout::one_line;
+
 /// Per pipeline and partition, what keeps a running worker's source from reading while it waits
 /// (a broker stream that disappeared), as its snapshot names it under [`SOURCE_UNAVAILABLE`].
 type Unavailable = BTreeMap<String, BTreeMap<u32, String>>;
@@ -198,7 +200,7 @@ fn render_live(summary: &StateSummary, unavailable: &Unavailable, now_ms: u64) -
                 group.partition, group.count
             );
             for dl in &group.recent {
-                let _ = writeln!(out, "    #{} {}", dl.seq, dl.reason);
+                let _ = writeln!(out, "    #{} {}", dl.seq, one_line(&dl.reason));
             }
         }
         if pipeline.sinks.is_empty() {
@@ -262,7 +264,7 @@ fn render_live(summary: &StateSummary, unavailable: &Unavailable, now_ms: u64) -
                 let _ = writeln!(out, "    fingerprint {name} = {value}");
             }
             for dl in &sink.recent_dead_letters {
-                let _ = writeln!(out, "    dead letter #{}: {}", dl.seq, dl.reason);
+                let _ = writeln!(out, "    dead letter #{}: {}", dl.seq, one_line(&dl.reason));
             }
         }
     }
@@ -374,7 +376,7 @@ fn render_run(out: &mut String, sink: &SinkPartitionSummary, now_ms: u64) {
                     "; last error {} ago ({code}{}): {}",
                     ago(e.at_ms),
                     e.class,
-                    e.text
+                    one_line(&e.text)
                 )
             });
             let _ = writeln!(
@@ -392,7 +394,7 @@ fn render_run(out: &mut String, sink: &SinkPartitionSummary, now_ms: u64) {
             out,
             "    GAVE UP {} ago: {} (the sink fails every write until the worker restarts; fix the cause, then restart)",
             ago(reason.at_ms),
-            reason.text
+            one_line(&reason.text)
         );
     }
 }
