@@ -72,9 +72,11 @@ fn run_class(
 
 /// The start's refusal of a setting `host` does not list.
 fn unknown_setting_named(host: Node, stderr: &str) -> bool {
+    let version = query_text(host.http_port, "SELECT version()").unwrap();
     stderr.contains(&format!(
-        "the setting `flow_no_such_setting` of the sink's `settings` is not a setting of the server \
-         on {} (it is not in system.settings there)",
+        "the setting `flow_no_such_setting` of the sink's `settings` is not a setting of \
+         ClickHouse {} on {} (it is not in system.settings there)",
+        version.trim(),
         host.http_addr()
     ))
 }

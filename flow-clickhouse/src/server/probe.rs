@@ -240,14 +240,24 @@ fn json_unreadable(columns: &[ColumnMeta], known: &[String], endpoint: &str) -> 
 
 /// The first of the user's `settings` the server does not know, as the refusal's reason. Sent
 /// with every INSERT, it would fail each with code 115 after its batch was sealed; at the start it
-/// stops the sink before anything is sealed, naming the setting and the host.
-fn unknown_setting(params: &SinkParams, known: &[String], endpoint: &str) -> Option<String> {
+/// stops the sink before anything is sealed, naming the setting, the host and its version (when
+/// the host told it).
+fn unknown_setting(
+    params: &SinkParams,
+    known: &[String],
+    endpoint: &str,
+    version: Option<&str>,
+) -> Option<String> {
     let (name, _) = params
         .settings
         .iter()
         .find(|(name, _)| !known.iter().any(|k| k == name))?;
+    let server = version.map_or_else(
+        || "the server".to_owned(),
+        |version| format!("ClickHouse {version}"),
+    );
     Some(format!(
-        "the setting `{name}` of the sink's `settings` is not a setting of the server on \
+        "the setting `{name}` of the sink's `settings` is not a setting of {server} on \
          {endpoint} (it is not in system.settings there); remove it, or check its name against \
          that server's version"
     ))
@@ -349,7 +359,10 @@ async fn probe(
         .iter()
         .map(|row| json_text(row, "name"))
         .collect();
-    if let Some(reason) = unknown_setting(params, &settings, &endpoint.endpoint.to_string()) {
+    let version = answers.types.as_ref().ok().and_then(|rows| rows.first());
+    let version = version.map(|row| json_text(row, "version"));
+    let endpoint_text = endpoint.endpoint.to_string();
+    if let Some(reason) = unknown_setting(params, &settings, &endpoint_text, version.as_deref()) {
         return Err(refused(reason));
     }
     if let Some(reason) = json_unreadable(&columns, &settings, &endpoint.endpoint.to_string()) {
@@ -543,16 +556,22 @@ mod tests {
             "async_insert".to_owned(),
         ];
         assert_eq!(
-            unknown_setting(&params, &known, "127.0.0.1:18127").as_deref(),
+            unknown_setting(&params, &known, "127.0.0.1:18127", Some("26.9.2.1")).as_deref(),
             Some(
-                "the setting `flow_typo` of the sink's `settings` is not a setting of the server \
-                 on 127.0.0.1:18127 (it is not in system.settings there); remove it, or check its \
-                 name against that server's version"
+                "the setting `flow_typo` of the sink's `settings` is not a setting of ClickHouse \
+                 26.9.2.1 on 127.0.0.1:18127 (it is not in system.settings there); remove it, or \
+                 check its name against that server's version"
             )
         );
+        assert!(unknown_setting(&params, &known, "h", None)
+            .unwrap()
+            .contains("is not a setting of the server on h"));
         let all = ["flow_typo".to_owned(), "max_insert_block_size".to_owned()];
-        assert_eq!(unknown_setting(&params, &all, "h"), None);
-        assert_eq!(unknown_setting(&params_with_settings("{}"), &[], "h"), None);
+        assert_eq!(unknown_setting(&params, &all, "h", None), None);
+        assert_eq!(
+            unknown_setting(&params_with_settings("{}"), &[], "h", None),
+            None
+        );
     }
 
     #[test]
