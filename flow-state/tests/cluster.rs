@@ -509,3 +509,31 @@ fn cluster_urls_parse_or_name_the_part_at_fault() {
         assert_eq!(refused.as_deref(), Some(expected), "{url}");
     }
 }
+
+/// Issue 46 item 3: the first worker records the partition count; a worker of another count is
+/// refused naming both, the same count is accepted, and nothing of the refused one joined.
+#[tokio::test]
+async fn a_worker_with_another_partition_count_is_refused_at_join() -> Result<()> {
+    let root = Root::new("partitions")?;
+    let first = root.worker("w1").await?;
+    first.agree_on_partitions(PIPELINE, 4).await?;
+    first.join(PIPELINE).await?;
+    let second = root.worker("w2").await?;
+    match second.agree_on_partitions(PIPELINE, 2).await {
+        Err(ClusterError::PartitionsDiffer {
+            recorded,
+            partitions,
+            ..
+        }) => {
+            assert_eq!(recorded, "partitions=4");
+            assert_eq!(partitions, 2);
+        }
+        other => bail!("a worker with 2 partitions joined 4: {other:?}"),
+    }
+    let mut members = first.members(PIPELINE).await?;
+    wait_until(&mut members, "the members", |m| *m == set(&["w1"])).await?;
+    second.agree_on_partitions(PIPELINE, 4).await?;
+    first.close().await;
+    second.close().await;
+    root.remove().await
+}

@@ -191,6 +191,10 @@ impl JoinArgs {
         let cluster = Cluster::connect(&self.url, &self.worker_id, self.session_timeout)
             .await
             .map_err(cluster_error)?;
+        cluster
+            .agree_on_partitions(&self.pipeline, self.partitions)
+            .await
+            .map_err(cluster_error)?;
         cluster.join(&self.pipeline).await.map_err(cluster_error)?;
         let members = cluster
             .members(&self.pipeline)

@@ -48,6 +48,18 @@ pub enum ClusterError {
         /// This worker's negotiated session timeout.
         session_timeout: Duration,
     },
+    /// The pipeline runs in the cluster with another partition count than this worker's spec.
+    #[error("pipeline {pipeline:?} runs with {recorded} in this cluster ({path}) but this worker's spec says partitions: {partitions}; a worker with another partition count would read what the others have already written. Give every worker the same `partitions`; to change it, stop every worker, deliver what is pending (`flow-worker drain --cluster`), and use a new cluster path or pipeline name")]
+    PartitionsDiffer {
+        /// The pipeline.
+        pipeline: String,
+        /// The topology node.
+        path: String,
+        /// What the node holds (`partitions=<N>`).
+        recorded: String,
+        /// This worker's partition count.
+        partitions: u32,
+    },
     /// A ZooKeeper request failed.
     #[error("ZooKeeper {op} of {path} failed: {source}")]
     ZooKeeper {

@@ -8,9 +8,11 @@
 //! - `assignment`: which member should own which partition ([`assigned`], [`assignment`]:
 //!   rendezvous hashing with even loads).
 //! - `ownership`: leases, owner nodes and generations ([`Ownership`], [`OwnerStatus`]).
+//! - `topology`: the partition count every worker must share ([`Cluster::agree_on_partitions`]).
 //! - `paths`: the node layout under the root; `error`: [`ClusterError`].
 //!
-//! **Nodes** (under the URL's root): `<pipeline>/members/<worker id>` (ephemeral),
+//! **Nodes** (under the URL's root): `<pipeline>/topology` (persistent; data =
+//! `partitions=<N>`), `<pipeline>/members/<worker id>` (ephemeral),
 //! `<pipeline>/partitions/<p>/owner` (persistent; data = worker id, version = generation) and
 //! `<pipeline>/partitions/<p>/lease` (ephemeral; data = worker id).
 
@@ -21,6 +23,7 @@ mod ownership;
 mod paths;
 mod session;
 mod status;
+mod topology;
 mod url;
 
 pub use assignment::{assigned, assignment};

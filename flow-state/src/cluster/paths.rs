@@ -1,4 +1,5 @@
 //! The ZooKeeper node layout of a pipeline under the cluster root:
+//! `<root>/<pipeline>/topology` (persistent; data = `partitions=<N>`),
 //! `<root>/<pipeline>/members/<worker id>` (ephemeral),
 //! `<root>/<pipeline>/partitions/<p>/owner` (persistent; data = owner's worker id, version =
 //! generation) and `<root>/<pipeline>/partitions/<p>/lease` (ephemeral, held by the owner's
@@ -6,6 +7,16 @@
 
 use super::error::ClusterError;
 use super::url::refused_by_zookeeper;
+
+/// `<root>/<pipeline>`.
+pub(crate) fn pipeline_dir(root: &str, pipeline: &str) -> String {
+    format!("{root}/{pipeline}")
+}
+
+/// `<root>/<pipeline>/topology`: the pipeline's partition count, recorded by its first worker.
+pub(crate) fn topology(root: &str, pipeline: &str) -> String {
+    format!("{root}/{pipeline}/topology")
+}
 
 /// `<root>/<pipeline>/members`.
 pub(crate) fn members_dir(root: &str, pipeline: &str) -> String {
