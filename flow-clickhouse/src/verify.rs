@@ -13,6 +13,9 @@
 //! A plain (non-replicated) MergeTree table has no replicas: each endpoint's table holds only the
 //! rows sent to it, so differing counts are expected and no repair applies. Such a shard is
 //! reported as not replicated rather than compared.
+//!
+//! A sink that writes many tables is checked table by table: each of its `tables` map, or each
+//! table of its database that its template can name ([`verify_sink`]).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -29,6 +32,7 @@ use crate::server::client::{
     build_shards, json_text, json_u64, quote_literal, quote_table, ClientsError, EndpointClient,
 };
 use crate::server::probe::EngineKind;
+use crate::tables::template::Piece;
 use flow_core::Violation;
 
 /// Why a sink could not be verified at all.
@@ -41,6 +45,17 @@ pub enum VerifyError {
     /// The sink's parameters do not validate.
     #[error("invalid sink parameters: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Parameters(Vec<Violation>),
+    /// No host answered which tables a table template names.
+    #[error("cannot list the tables of the template `{template}`: {endpoint} answered")]
+    Unreachable {
+        /// The template's text.
+        template: String,
+        /// The last host asked.
+        endpoint: String,
+        /// Its answer.
+        #[source]
+        error: ClassifiedError,
+    },
 }
 
 /// One active part that a replica serves but ZooKeeper does not list for it.
@@ -275,9 +290,65 @@ pub async fn verify_sink(
     };
     let (params, dynamic) =
         params::parse(class, parameters, dynamic).map_err(VerifyError::Parameters)?;
-    verify_replicas(&params, dynamic.write_timeout)
-        .await
-        .map(Some)
+    let mut reports = Vec::new();
+    for table in resolved_tables(&params, dynamic.write_timeout).await? {
+        let one = SinkParams {
+            table,
+            table_template: None,
+            tables: Default::default(),
+            ..params.clone()
+        };
+        reports.extend(verify_replicas(&one, dynamic.write_timeout).await?);
+    }
+    Ok(Some(reports))
+}
+
+/// The tables a sink writes: its `table`; each table of its `tables` map; for a template, every
+/// table of its database that the template can name (its literal text, each placeholder one or
+/// more name characters) on the first host of any shard, since the values its rows held are
+/// not known here. A host that cannot be asked leaves its tables to the others; none answering
+/// is [`VerifyError::Unreachable`].
+async fn resolved_tables(
+    params: &SinkParams,
+    timeout: Duration,
+) -> Result<Vec<String>, VerifyError> {
+    if !params.tables.is_empty() {
+        let names: BTreeSet<String> = params.tables.values().cloned().collect();
+        return Ok(names.into_iter().collect());
+    }
+    let Some(template) = &params.table_template else {
+        return Ok(vec![params.table.clone()]);
+    };
+    let pattern: String = template
+        .pieces
+        .iter()
+        .map(|piece| match piece {
+            Piece::Literal(text) => text.clone(),
+            Piece::Column(_) | Piece::Subject(_) => "[A-Za-z0-9_]+".to_owned(),
+        })
+        .collect();
+    let sql = format!(
+        "SELECT name FROM system.tables WHERE database = {} AND match(name, {}) ORDER BY name",
+        quote_literal(&params.database),
+        quote_literal(&format!("^{pattern}$"))
+    );
+    let shards = build_shards(params).map_err(VerifyError::Clients)?;
+    let mut names = BTreeSet::new();
+    let mut failure = None;
+    for endpoint in shards.iter().filter_map(|shard| shard.endpoints.first()) {
+        match endpoint.query_json(&sql, timeout).await {
+            Ok(rows) => names.extend(rows.iter().map(|row| json_text(row, "name"))),
+            Err(err) => failure = Some((endpoint.endpoint.to_string(), err)),
+        }
+    }
+    match failure {
+        Some((endpoint, error)) if names.is_empty() => Err(VerifyError::Unreachable {
+            template: template.text.clone(),
+            endpoint,
+            error,
+        }),
+        _ => Ok(names.into_iter().collect()),
+    }
 }
 
 /// Asks every endpoint of every shard of a sink; see the module doc.

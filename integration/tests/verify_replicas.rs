@@ -203,3 +203,42 @@ fn verify_says_a_plain_merge_tree_does_not_replicate(generation: Generation) -> 
     Ok(())
 }
 each_generation!(sync verify_says_a_plain_merge_tree_does_not_replicate);
+
+/// Issue 46 item 4: a templated sink's tables are each verified (on `acbb5bf` verify asked for a
+/// table literally named by the template, was answered UNKNOWN_TABLE and exited 1): the two
+/// tables `<name>_{partition}` names are reported, a table the template cannot name is not.
+fn verify_checks_every_table_a_template_names(generation: Generation) -> Result<()> {
+    generation.require()?;
+    let name = unique_name("verify_tpl");
+    let hosts = generation.shard_a();
+    let _zero =
+        generation.create_table_on("default", &format!("{name}_0"), "id UInt64", "id", hosts)?;
+    let _one =
+        generation.create_table_on("default", &format!("{name}_1"), "id UInt64", "id", hosts)?;
+    let _other =
+        generation.create_table_on("default", &format!("{name}x"), "id UInt64", "id", hosts)?;
+    let dir = TestDir::new()?;
+    let spec = dir.path().join("spec.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "pipeline: verify_tpl\nsource:\n  class: generator\n  parameters: {{count: 10}}\nsinks:\n  - name: ch\n    sink_class_name: ClickHouseBatchingSink\n    input_stream_ids: [rows]\n    parameters: {{{}, table: '{name}_{{partition}}'}}\n",
+            generation.hosts_param()
+        ),
+    )?;
+    let (code, sinks) = verify_json(worker_bin!(), &spec)?;
+    assert_eq!(code, Some(0), "{sinks:?}");
+    let tables: Vec<&str> = sinks[0]["shards"]
+        .as_array()
+        .context("shards")?
+        .iter()
+        .filter_map(|shard| shard["table"].as_str())
+        .collect();
+    assert_eq!(
+        tables,
+        [format!("default.{name}_0"), format!("default.{name}_1")],
+        "{sinks:?}"
+    );
+    Ok(())
+}
+each_generation!(sync verify_checks_every_table_a_template_names);
