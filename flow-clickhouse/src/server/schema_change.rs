@@ -48,8 +48,16 @@ pub fn decide(
     if was == now {
         return ChangeDecision::Unchanged;
     }
-    let changes = describe_changes(was, now);
     let keep = "The sink's pending batches stay in the outbox";
+    if now.is_empty() {
+        // system.columns lists no column: the table itself is gone, not its columns.
+        return ChangeDecision::Stop {
+            reason: format!(
+                "the table {table} is gone (system.columns lists no column of it: dropped, renamed or detached; an INSERT into it fails with code 60 UNKNOWN_TABLE). {keep}; create the table again with its columns (or rename or attach it back) on every host, then restart"
+            ),
+        };
+    }
+    let changes = describe_changes(was, now);
     for column in fed.columns() {
         let Some(after) = now.iter().find(|c| c.name == column.name) else {
             return ChangeDecision::Stop {

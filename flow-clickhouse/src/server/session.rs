@@ -916,6 +916,10 @@ mod tests {
             decision(&[id.clone(), note.clone()]),
             Err("the column `user_id` the stream writes was dropped from `default`.`t`: its values have no column to go to. The sink's pending batches stay in the outbox; add the column back (`ALTER TABLE `default`.`t` ADD COLUMN `user_id` UInt32` on every host) or remove it from the stream (e.g. with a `project` processor), then restart".to_owned())
         );
+        assert_eq!(
+            decision(&[]),
+            Err("the table `default`.`t` is gone (system.columns lists no column of it: dropped, renamed or detached; an INSERT into it fails with code 60 UNKNOWN_TABLE). The sink's pending batches stay in the outbox; create the table again with its columns (or rename or attach it back) on every host, then restart".to_owned())
+        );
         let narrowing = "the column `user_id` the stream writes changed type from UInt32 to UInt16, which does not hold every value of UInt32 (only a widening is adopted while the sink runs): batches sealed for UInt32 cannot be written to it as they are. The sink's pending batches stay in the outbox; change the column back (`ALTER TABLE `default`.`t` MODIFY COLUMN `user_id` UInt32` on every host) and restart, or drain the sink before changing the type";
         assert_eq!(
             decision(&[id.clone(), meta("user_id", "UInt16", "", ""), note.clone()]),
