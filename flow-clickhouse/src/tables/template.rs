@@ -17,6 +17,11 @@ use flow_core::{Row, StreamSchema, StreamType, Value, Violation};
 /// The spec path of a template's errors.
 const PATH: &str = "parameters.table";
 
+/// The longest table name a server takes: 26.9 refuses 207 characters in a database
+/// (`The max length of table name for database default is 206`, code 69); 18.16 takes names up
+/// to its file system's limit. The stricter one holds for every server.
+const MAX_TABLE_NAME: usize = 206;
+
 /// One piece of a template.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Piece {
@@ -212,6 +217,20 @@ pub enum ResolveError {
     /// The column's value is null.
     #[error("table template `{template}`: column `{column}` is null, so the row names no table; give the message a value, or route it elsewhere before this sink")]
     Null { template: String, column: String },
+    /// The column's value is empty, so the name is the template's literal text alone.
+    #[error("table template `{template}`: column `{column}` holds the empty string, so the row names the table `{name}` by the template's text alone; give the message a value, or route it elsewhere before this sink")]
+    Empty {
+        template: String,
+        column: String,
+        name: String,
+    },
+    /// The name made is longer than a server takes.
+    #[error("table template `{template}`: the row names a table of {len} characters (`{prefix}...`), longer than the {MAX_TABLE_NAME} ClickHouse allows in a database (a server could not create it); shorten the values of the template's columns, or map them before this sink")]
+    TooLong {
+        template: String,
+        len: usize,
+        prefix: String,
+    },
     /// The name made has a character a table name cannot have.
     #[error("table template `{template}`: column `{column}` holds `{value}`, which makes the table name `{name}`; a table name may only contain letters, digits and `_`. Fix the message, or map the value before this sink")]
     BadName {
@@ -255,6 +274,11 @@ impl BoundTemplate {
             }
         }
         match bad {
+            Some((column, value)) if value.is_empty() => Err(ResolveError::Empty {
+                template: self.text.clone(),
+                column: column.to_owned(),
+                name: name.clone(),
+            }),
             Some((column, value)) => Err(ResolveError::BadName {
                 template: self.text.clone(),
                 column: column.to_owned(),
@@ -266,6 +290,11 @@ impl BoundTemplate {
                 column: self.first_column().to_owned(),
                 value: String::new(),
                 name: String::new(),
+            }),
+            None if name.len() > MAX_TABLE_NAME => Err(ResolveError::TooLong {
+                template: self.text.clone(),
+                len: name.len(),
+                prefix: name.chars().take(40).collect(),
             }),
             None => Ok(()),
         }
@@ -475,5 +504,41 @@ mod tests {
             t.resolve(&batch.row(3), &mut name).unwrap_err().to_string(),
             "table template `events_{event_type}_{region}`: column `region` holds `-2`, which makes the table name `events_view_-2`; a table name may only contain letters, digits and `_`. Fix the message, or map the value before this sink"
         );
+    }
+
+    /// Issue 46 item 13: the empty value and a name longer than a server takes are named as
+    /// such (they read "may only contain letters, digits and `_`" and "does not exist").
+    #[test]
+    fn an_empty_value_and_a_name_too_long_for_the_server_are_named_as_such() {
+        let schema = stream();
+        let t = TableTemplate::parse("events_{event_type}")
+            .unwrap()
+            .bind(&schema)
+            .unwrap();
+        let long = "x".repeat(200);
+        let mut batch = MessageBatch::new(Arc::clone(&schema));
+        for (offset, kind) in [&b""[..], long.as_bytes(), &long.as_bytes()[..199]]
+            .into_iter()
+            .enumerate()
+        {
+            let mut w = batch.start_row(MessageId::new(0, offset as u64));
+            w.push(Value::Uint(offset as u64)).unwrap();
+            w.push(Value::Bytes(kind)).unwrap();
+            w.push(Value::Int(1)).unwrap();
+            w.push(Value::Float(0.5)).unwrap();
+            w.finish().unwrap();
+        }
+        let mut name = String::new();
+        assert_eq!(
+            t.resolve(&batch.row(0), &mut name).unwrap_err().to_string(),
+            "table template `events_{event_type}`: column `event_type` holds the empty string, so the row names the table `events_` by the template's text alone; give the message a value, or route it elsewhere before this sink"
+        );
+        assert_eq!(
+            t.resolve(&batch.row(1), &mut name).unwrap_err().to_string(),
+            "table template `events_{event_type}`: the row names a table of 207 characters (`events_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...`), longer than the 206 ClickHouse allows in a database (a server could not create it); shorten the values of the template's columns, or map them before this sink"
+        );
+        // 206 characters: the longest name a server takes.
+        assert_eq!(t.resolve(&batch.row(2), &mut name), Ok(()));
+        assert_eq!(name.len(), 206);
     }
 }
