@@ -269,6 +269,14 @@ pub enum PasswordError {
         #[source]
         source: std::io::Error,
     },
+    /// `password_file` was read but holds no password that can be sent.
+    #[error("the password file `{}` named by parameters.password_file {reason}", path.display())]
+    Content {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it (never any of its text).
+        reason: &'static str,
+    },
 }
 
 /// Why the password named by `password_env_var` could not be read.
@@ -372,6 +380,27 @@ impl Credentials {
                 .strip_suffix("\r\n")
                 .or_else(|| text.strip_suffix('\n'))
                 .unwrap_or(&text);
+            let unusable = if password.is_empty() {
+                Some(
+                    "is empty: a sent empty password is refused as REQUIRED_PASSWORD by a user \
+                     that has one; write the password into it, or drop password_file for a user \
+                     without one",
+                )
+            } else if password.chars().any(char::is_control) {
+                Some(
+                    "holds a line break or another control character besides one final line \
+                     break, which an HTTP header cannot carry; write the password alone, ending \
+                     with at most one line break",
+                )
+            } else {
+                None
+            };
+            if let Some(reason) = unusable {
+                return Err(PasswordError::Content {
+                    path: path.clone(),
+                    reason,
+                });
+            }
             return Ok(Some(password.to_owned()));
         }
         let Some(var) = &self.password_env_var else {
@@ -2290,11 +2319,32 @@ at_most_once_strategy: {enabled: true}
         for (text, password) in [
             ("s3cr3t\n", "s3cr3t"),
             ("s3cr3t\r\n", "s3cr3t"),
-            ("s3 cr3t\n\n", "s3 cr3t\n"),
-            ("", ""),
+            ("s 3", "s 3"),
         ] {
             std::fs::write(&file, text).unwrap();
             assert_eq!(p(&file).password().unwrap().as_deref(), Some(password));
+        }
+        // Issue 46 item 15: an empty file sent no password (the server's REQUIRED_PASSWORD was
+        // all one saw), a second line break failed as "failed to parse header value".
+        let named = |what: &str| {
+            format!(
+                "the password file `{}` named by parameters.password_file {what}",
+                file.display()
+            )
+        };
+        for (text, what) in [
+            ("", "is empty"),
+            ("\n", "is empty"),
+            ("s3cr3t\n\n", "holds a line break"),
+            (
+                "s3\tcr3t",
+                "holds a line break or another control character",
+            ),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let err = p(&file).password().unwrap_err().to_string();
+            assert!(err.starts_with(&named(what)), "{text:?}: {err}");
+            assert!(!err.contains("s3cr3t"), "{err}");
         }
         let missing = dir.path().join("absent");
         let err = p(&missing).password().unwrap_err();
