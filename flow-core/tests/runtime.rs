@@ -2157,3 +2157,77 @@ async fn a_sink_renamed_or_of_another_class_with_pending_batches_refuses_the_sta
     run_yaml(&registry, &other_class, &store).await.unwrap();
     store.close().unwrap();
 }
+
+/// Forwards everything but never finishes a drain: a sink whose target refuses every INSERT
+/// for as long as the run lasts.
+struct NeverDrains {
+    inner: Box<dyn Sink>,
+}
+
+#[async_trait]
+impl Sink for NeverDrains {
+    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        self.inner.write_epoch(epoch).await
+    }
+    async fn open(&mut self) -> Result<(), SinkError> {
+        self.inner.open().await
+    }
+    async fn committed(&mut self, _batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
+        Ok(())
+    }
+    async fn drain(&mut self) -> Result<(), SinkError> {
+        std::future::pending().await
+    }
+    async fn close(&mut self) -> Result<(), SinkError> {
+        self.inner.close().await
+    }
+}
+
+/// Issue 46 item 8: a stop while the sinks deliver the last epochs of a used-up source ends
+/// within `shutdown.drain_timeout_ms`, as a stop, with the batches kept (on `acbb5bf` the run
+/// waited for the delivery for ever; only a second signal ended it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_the_last_epochs_are_delivered_ends_within_the_drain_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let mut registry = Registry::with_builtins();
+    register_wrapped_debug_sink(
+        &mut registry,
+        "NeverDrainingSink",
+        Arc::new(|inner, _ctx| Box::new(NeverDrains { inner })),
+    );
+    let yaml = format!(
+        "pipeline: {PIPELINE}\npartitions: 1\nepoch: {{max_messages: 100, max_duration_ms: 1000}}\n\
+         shutdown: {{drain_timeout_ms: 300}}\n\
+         source: {{class: generator, parameters: {{count: 500}}}}\n\
+         sinks:\n  - {{name: out, sink_class_name: NeverDrainingSink, input_stream_ids: [rows], parameters: {{path: \"{}\"}}}}\n",
+        out.display()
+    );
+    let store = open_store(&tmp.path().join("state"));
+    let spec = PipelineSpec::from_yaml(&yaml).unwrap();
+    let pipeline = Pipeline::new(registry.build(&spec).unwrap(), store.clone());
+    let control = pipeline.control();
+    let running = tokio::spawn(pipeline.run());
+    // The source is used up at once; the partition then waits in the sink's drain.
+    while position(&store, 0) != Some(500) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !running.is_finished(),
+        "the drain never ends, so neither may the run"
+    );
+    control.shutdown();
+    let report = tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("the stop ended the run within its drain timeout")
+        .unwrap()
+        .unwrap();
+    assert_eq!(report.partitions[0].end, PartitionEnd::Stopped);
+    assert_eq!(
+        undelivered_rows(&store, "out", 0).len(),
+        5,
+        "every batch kept"
+    );
+    store.close().unwrap();
+}

@@ -239,21 +239,15 @@ impl PartitionRunner {
             .map_err(|reason| RuntimeError::Task { partition, reason })?;
         let mut sinks = self.open_sinks(&mut graph, None).await?;
 
-        let result = self.epochs(&mut graph, &mut sinks).await;
-        match &result {
-            Ok(report) if report.end == PartitionEnd::Drained => {
-                for index in 0..sinks.len() {
-                    if let Err(err) = sinks[index].sink.drain().await {
-                        // The other sinks stop cleanly; their undelivered batches stay in the outbox.
-                        close_all(&mut sinks[index + 1..]).await;
-                        return Err(RuntimeError::Sink {
-                            partition,
-                            sink: sinks[index].name.clone(),
-                            source: err,
-                        });
-                    }
-                }
+        let mut result = self.epochs(&mut graph, &mut sinks).await;
+        if let Ok(report) = &mut result {
+            if report.end == PartitionEnd::Drained && !self.deliver_all(&mut sinks).await? {
+                // A stop came while the sinks delivered the last epochs: it ends as any stop.
+                report.end = PartitionEnd::Stopped;
             }
+        }
+        match &result {
+            Ok(report) if report.end == PartitionEnd::Drained => {}
             Ok(report) if report.end == PartitionEnd::Stopped => {
                 drain_for(&mut sinks, pipeline.drain_timeout, partition).await;
                 close_all(&mut sinks).await;
@@ -273,6 +267,37 @@ impl PartitionRunner {
             );
         }
         result
+    }
+
+    /// After the source is used up: lets every sink deliver everything, for as long as that
+    /// takes, unless a stop comes first; then `false`, and the stop's drain bound applies to
+    /// what is left (a target refusing for good would otherwise hold the stop for ever).
+    async fn deliver_all(&self, sinks: &mut [SinkSlot]) -> Result<bool, RuntimeError> {
+        let mut shutdown = self.shutdown.clone();
+        for index in 0..sinks.len() {
+            let drained = tokio::select! {
+                drained = sinks[index].sink.drain() => drained,
+                _ = shutdown.wait_for(|stop| *stop) => {
+                    info!(
+                        pipeline = %self.pipeline.name,
+                        partition = self.partition,
+                        sink = %sinks[index].name,
+                        "stop signal while the sinks deliver the last epochs: stopping within shutdown.drain_timeout_ms; what is not delivered by then stays in the outbox for the next run"
+                    );
+                    return Ok(false);
+                }
+            };
+            if let Err(err) = drained {
+                // The other sinks stop cleanly; their undelivered batches stay in the outbox.
+                close_all(&mut sinks[index + 1..]).await;
+                return Err(RuntimeError::Sink {
+                    partition: self.partition,
+                    sink: sinks[index].name.clone(),
+                    source: err,
+                });
+            }
+        }
+        Ok(true)
     }
 
     async fn epochs(
