@@ -365,8 +365,9 @@ impl Metrics {
         lock(&self.failed).insert((pipeline.to_owned(), partition), reason);
     }
 
-    /// Everything not ready now: failed partitions first, then each registered component's
-    /// answer. Empty when the worker is ready.
+    /// Everything not ready now: failed partitions first, then the sinks that gave up (at once:
+    /// their partition fails only at its next write), then each registered component's answer.
+    /// Empty when the worker is ready.
     pub fn not_ready(&self) -> Vec<NotReady> {
         let mut out: Vec<NotReady> = lock(&self.failed)
             .iter()
@@ -375,6 +376,17 @@ impl Metrics {
                 reason: format!("the partition failed: {reason}"),
             })
             .collect();
+        out.extend(lock(&self.runs).iter().filter_map(|((pipeline, sink, partition), run)| {
+            let gave_up = run.gave_up.as_ref()?;
+            let code = gave_up.code.map_or_else(String::new, |c| format!(", code {c}"));
+            Some(NotReady {
+                component: format!("{pipeline}/{sink}"),
+                reason: format!(
+                    "partition {partition}: the sink gave up ({}{code}): {}; it fails every later write until the worker restarts",
+                    gave_up.class, gave_up.text
+                ),
+            })
+        }));
         let probes: Vec<(String, Arc<dyn Readiness>)> = {
             let mut readiness = lock(&self.readiness);
             readiness.retain(|_, probe| probe.strong_count() > 0);
@@ -1024,6 +1036,35 @@ mod tests {
         ] {
             assert!(text.contains(&line), "{line} in {text}");
         }
+    }
+
+    /// Issue 46 item 12: a sink that gave up is not ready at once, named as the component
+    /// (it was listed only when its partition failed at its next epoch, 30 s later).
+    #[tokio::test]
+    async fn a_sink_that_gave_up_is_not_ready_at_once_named_as_the_component() {
+        let metrics = Metrics::new();
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let store = StateStore::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let sink = SinkMetrics::new(Arc::clone(&metrics), store, "p", "ch", 1);
+        assert_eq!(metrics.not_ready(), []);
+        let reason = ErrorRecord {
+            code: Some(60),
+            class: "permanent".to_owned(),
+            text: "Table default.t doesn't exist".to_owned(),
+            at_ms: 1,
+        };
+        sink.gave_up(Some("a"), reason)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            metrics.not_ready(),
+            [NotReady {
+                component: "p/ch".to_owned(),
+                reason: "partition 1: the sink gave up (permanent, code 60): Table default.t \
+                         doesn't exist; it fails every later write until the worker restarts"
+                    .to_owned(),
+            }]
+        );
     }
 
     #[test]
