@@ -678,8 +678,12 @@ impl SinkFactory for LosesDeliveriesFactory {
     }
 }
 
-const LOSSY_CLASS: &str = "LosesDeliveriesShardedClickHouseBatchingSink";
+/// The lossy sink is registered under the real class's name: the runs after it use that class,
+/// and a spec naming another class than the one that sealed the pending batches is refused by
+/// the runtime's sink guard before any sink opens.
+const LOSSY_CLASS: &str = "ShardedClickHouseBatchingSink";
 
+/// The worker's registry with `ShardedClickHouseBatchingSink` wrapped by [`LosesDeliveries`].
 fn registry_with_lossy_sink() -> Registry {
     let mut registry = flow_worker::registry();
     let inner = registry
