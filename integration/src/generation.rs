@@ -309,14 +309,14 @@ macro_rules! each_generation {
         mod $name {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn v18() -> ::anyhow::Result<()> {
-                ::anyhow::Result::<()>::from($crate::GenerationOutcome::from(
-                    super::$name($crate::Generation::V18).await,
+                ::anyhow::Result::<()>::from($crate::generation::GenerationOutcome::from(
+                    super::$name($crate::generation::Generation::V18).await,
                 ))
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn v26() -> ::anyhow::Result<()> {
-                ::anyhow::Result::<()>::from($crate::GenerationOutcome::from(
-                    super::$name($crate::Generation::V26).await,
+                ::anyhow::Result::<()>::from($crate::generation::GenerationOutcome::from(
+                    super::$name($crate::generation::Generation::V26).await,
                 ))
             }
         }
@@ -325,14 +325,14 @@ macro_rules! each_generation {
         mod $name {
             #[test]
             fn v18() -> ::anyhow::Result<()> {
-                ::anyhow::Result::<()>::from($crate::GenerationOutcome::from(super::$name(
-                    $crate::Generation::V18,
+                ::anyhow::Result::<()>::from($crate::generation::GenerationOutcome::from(super::$name(
+                    $crate::generation::Generation::V18,
                 )))
             }
             #[test]
             fn v26() -> ::anyhow::Result<()> {
-                ::anyhow::Result::<()>::from($crate::GenerationOutcome::from(super::$name(
-                    $crate::Generation::V26,
+                ::anyhow::Result::<()>::from($crate::generation::GenerationOutcome::from(super::$name(
+                    $crate::generation::Generation::V26,
                 )))
             }
         }

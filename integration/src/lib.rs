@@ -5,22 +5,18 @@
 //! 19000..19003, HTTPS ports 18443..18446. Every node has the macros `{shard}` and `{replica}`, a
 //! `remote_servers` cluster named `flow`, the user `default` (no password) and the user
 //! `flow_secret` (password `flow-pass`). Beside them, two modern ClickHouse 26.9 nodes `m1`, `m2`
-//! (HTTP 18127, 18128): the delivery tests run on both generations ([`Generation`],
-//! [`each_generation!`]).
+//! (HTTP 18127, 18128): the delivery tests run on both generations ([`generation`]:
+//! [`generation::Generation`], [`each_generation!`]).
 //!
 //! The HTTP client here is deliberately tiny (blocking, `std::net` only) so that any test, sync or
 //! async, can use it to set up tables and check results.
 
-mod generation;
+pub mod generation;
 pub mod nats;
 pub mod proxy;
 mod test_dir;
 pub mod worker;
 
-pub use generation::{
-    finished_insert_tokens, landed_on_shards, replays_recognised, rows_on, Generation,
-    GenerationOutcome, M1, M2, MODERN_DEDUP_WINDOW,
-};
 pub use test_dir::TestDir;
 
 use std::io::{Read, Write};

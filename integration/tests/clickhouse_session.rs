@@ -24,6 +24,7 @@ use flow_core::{
     Epoch, EpochOutcome, Registry, RunReport, RuntimeError, Sink, SinkContext, SinkError,
     SinkFactory,
 };
+use flow_integration::generation::*;
 use flow_integration::worker::*;
 use flow_integration::*;
 use flow_state::SealedBatch;

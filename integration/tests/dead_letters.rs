@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use flow_integration::generation::*;
 use flow_integration::worker::*;
 use flow_integration::*;
 use serde_json::Value as Json;

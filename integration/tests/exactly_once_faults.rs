@@ -36,6 +36,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use flow_clickhouse::testing::routing_key;
 use flow_core::sources::generator;
 use flow_core::{MessageBatch, MessageId, Value};
+use flow_integration::generation::*;
 use flow_integration::worker::*;
 use flow_integration::*;
 use rand::rngs::StdRng;

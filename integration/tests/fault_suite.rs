@@ -69,6 +69,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use flow_integration::generation::*;
 use flow_integration::proxy::{Fault, FaultProxy};
 use flow_integration::worker::*;
 use flow_integration::*;

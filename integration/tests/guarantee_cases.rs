@@ -32,6 +32,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use flow_core::{RunReport, RuntimeError};
+use flow_integration::generation::*;
 use flow_integration::proxy::{Fault, FaultProxy};
 use flow_integration::worker::*;
 use flow_integration::*;

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::time::Duration;
 
+use flow_integration::generation::*;
 use flow_integration::worker::*;
 use flow_integration::*;
 

@@ -32,6 +32,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use flow_integration::generation::*;
 use flow_integration::proxy::{Fault, FaultProxy};
 use flow_integration::worker::*;
 use flow_integration::*;

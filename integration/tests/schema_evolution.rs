@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use flow_integration::generation::*;
 use flow_integration::worker::*;
 use flow_integration::*;
 

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use async_nats::jetstream;
+use flow_integration::generation::*;
 use flow_integration::nats::new_stream;
 use flow_integration::worker::*;
 use flow_integration::*;

@@ -16,6 +16,7 @@
 
 use std::time::Duration;
 
+use flow_integration::generation::*;
 use flow_integration::proxy::{Fault, FaultProxy};
 use flow_integration::worker::*;
 use flow_integration::*;

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use flow_clickhouse::testing::RendezvousRouter;
+use flow_integration::generation::*;
 use flow_integration::worker::*;
 use flow_integration::*;
 use flow_state::StateStore;

@@ -16,6 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use flow_integration::generation::*;
 use flow_integration::worker::*;
 use flow_integration::*;
 use serde_json::{json, Value as Json};

@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use flow_integration::generation::*;
 use flow_integration::worker::*;
 use flow_integration::*;
 

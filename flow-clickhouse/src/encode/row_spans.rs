@@ -14,7 +14,7 @@ use flow_core::{base64_of, decimal_width, write_uuid, WideInt};
 
 use crate::encode::chtype::ChType;
 use crate::encode::rowbinary::EncodedColumn;
-use crate::encode::type_code::read_type_code;
+use crate::encode::type_code::{NOTHING, NULLABLE};
 
 /// The rows of one encoded part: `starts[i]..starts[i + 1]` are the bytes of row `i`.
 #[derive(Debug)]
@@ -231,6 +231,96 @@ fn variant_at<'t>(
             )
         }),
     }
+}
+
+/// The type encoded at `at` and the offset after it; `None` for `Nothing`. Reads every code
+/// [`crate::encode::type_code::write_type_code`] writes, and `DateTime` / `DateTime64` with a time zone and
+/// `FixedString(N)`; another type is an error naming its code.
+pub(crate) fn read_type_code(data: &[u8], at: usize) -> Result<(Option<ChType>, usize), String> {
+    let code = take(data, at, 1)?[0];
+    let at = at + 1;
+    let simple = match code {
+        NOTHING => return Ok((None, at)),
+        0x01 => ChType::UInt8,
+        0x02 => ChType::UInt16,
+        0x03 => ChType::UInt32,
+        0x04 => ChType::UInt64,
+        0x05 => ChType::UInt128,
+        0x06 => ChType::UInt256,
+        0x07 => ChType::Int8,
+        0x08 => ChType::Int16,
+        0x09 => ChType::Int32,
+        0x0a => ChType::Int64,
+        0x0b => ChType::Int128,
+        0x0c => ChType::Int256,
+        0x0d => ChType::Float32,
+        0x0e => ChType::Float64,
+        0x0f => ChType::Date,
+        0x10 => ChType::Date32,
+        0x11 => ChType::DateTime,
+        0x15 => ChType::String,
+        0x1d => ChType::Uuid,
+        0x28 => ChType::IPv4,
+        0x29 => ChType::IPv6,
+        0x2d => ChType::Bool,
+        _ => return read_compound(code, data, at).map(|(ty, at)| (Some(ty), at)),
+    };
+    Ok((Some(simple), at))
+}
+
+/// A type code with arguments or nested types, after its code byte.
+fn read_compound(code: u8, data: &[u8], at: usize) -> Result<(ChType, usize), String> {
+    let nested = |at| match read_type_code(data, at)? {
+        (Some(ty), at) => Ok((Box::new(ty), at)),
+        (None, _) => Err("a nested type is Nothing".to_owned()),
+    };
+    let skip_zone = |at| -> Result<usize, String> {
+        let (len, at) = read_leb128(data, at)?;
+        let len = usize::try_from(len).map_err(|_| format!("a time zone of {len} bytes"))?;
+        take(data, at, len).map(|_| at + len)
+    };
+    Ok(match code {
+        0x12 => (ChType::DateTime, skip_zone(at)?),
+        0x13 => (ChType::DateTime64(take(data, at, 1)?[0]), at + 1),
+        0x14 => (
+            ChType::DateTime64(take(data, at, 1)?[0]),
+            skip_zone(at + 1)?,
+        ),
+        0x16 => {
+            let (n, at) = read_leb128(data, at)?;
+            let n = usize::try_from(n).map_err(|_| format!("a FixedString of {n} bytes"))?;
+            (ChType::FixedString(n), at)
+        }
+        0x19..=0x1c => {
+            let args = take(data, at, 2)?;
+            let (precision, scale) = (args[0], args[1]);
+            (ChType::Decimal { precision, scale }, at + 2)
+        }
+        0x1e => {
+            let (item, at) = nested(at)?;
+            (ChType::Array(item), at)
+        }
+        0x1f => {
+            let (count, mut at) = read_leb128(data, at)?;
+            let mut items = Vec::new();
+            for _ in 0..count {
+                let (item, next) = nested(at)?;
+                items.push(*item);
+                at = next;
+            }
+            (ChType::Tuple(items), at)
+        }
+        NULLABLE => {
+            let (item, at) = nested(at)?;
+            (ChType::Nullable(item), at)
+        }
+        0x27 => {
+            let (key, at) = nested(at)?;
+            let (value, at) = nested(at)?;
+            (ChType::Map(key, value), at)
+        }
+        other => return Err(format!("the binary type code {other:#04x} cannot be read")),
+    })
 }
 
 fn read_value(ty: &ChType, data: &[u8], at: usize) -> Result<(Json, usize), String> {
