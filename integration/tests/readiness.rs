@@ -132,3 +132,82 @@ fn ready_is_503_naming_a_shard_down_from_the_start_and_200_once_it_answers() -> 
     assert_eq!(landed_on_both_shards(&table.qualified())?, (total, total));
     Ok(())
 }
+
+/// Issue 46 item 7: a shard that answered and then refuses every INSERT turns `/ready` 503
+/// naming it once `unready_after_ms` has passed (on `acbb5bf` it stayed 200, `ready: true`,
+/// while the shard's batches grew), and 200 again once it takes INSERTs; every id lands once.
+#[test]
+fn ready_turns_503_once_every_insert_into_a_shard_has_failed_for_unready_after() -> Result<()> {
+    wait_for_cluster(Duration::from_secs(120))?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let proxies = runtime.block_on(shard_b_proxies(Fault::Pass))?;
+    let name = unique_name("it_unready");
+    let table = ReplicatedTable::create("default", &name, GENERATOR_COLUMNS, "id", &NODES)?;
+    let dir = TestDir::new()?;
+    let spec = dir.path().join("spec.yaml");
+    let port = free_port()?;
+    let per_partition = 4_000;
+    let parameters = format!(
+        "{{shard_hosts: {{a: ['{}', '{}'], b: ['{}', '{}']}}, sharding_key_columns: [user_id], table: {name}, unready_after_ms: 1000}}",
+        A1.http_addr(),
+        A2.http_addr(),
+        proxies[0].addr(),
+        proxies[1].addr()
+    );
+    let yaml = GeneratorSpec::new("unready", "ShardedClickHouseBatchingSink", parameters)
+        .partitions(PARTITIONS)
+        .epoch(500, 200)
+        .count(per_partition)
+        .rate(500)
+        .dynamic("{max_rows_per_batch: 500, retry_backoff: 100ms, max_retry_backoff: 500ms, write_timeout: 2s}")
+        .yaml();
+    std::fs::write(
+        &spec,
+        format!("{yaml}\nmetrics: {{listen: '127.0.0.1:{port}'}}\n"),
+    )?;
+    let state = dir.path().join("state");
+    let mut worker = Worker::spawn(worker_bin!(), &spec, &state, dir.path().join("w.log"))?;
+    wait_until(Duration::from_secs(15), || {
+        Ok(rows_on_node(B1, &table.qualified()) > 0
+            && get(port, "/ready").is_ok_and(|(code, _)| code == 200))
+    })
+    .with_context(|| format!("shard b never took rows\n{}", worker.log_tail()))?;
+
+    for proxy in &proxies {
+        proxy.set(Fault::Refuse);
+    }
+    let prefix = format!("shard `b` of `default`.`{name}`: every INSERT has failed for ");
+    let mut body = String::new();
+    wait_until(Duration::from_secs(10), || {
+        let Ok((code, text)) = get(port, "/ready") else {
+            return Ok(false);
+        };
+        body = text;
+        Ok(code == 503 && body.contains(&prefix))
+    })
+    .with_context(|| format!("/ready never named shard b: {body}\n{}", worker.log_tail()))?;
+    assert!(
+        body.contains("(unready_after_ms 1000); its batches wait in the outbox"),
+        "{body}"
+    );
+
+    for proxy in &proxies {
+        proxy.set(Fault::Pass);
+    }
+    wait_until(Duration::from_secs(15), || {
+        Ok(get(port, "/ready").is_ok_and(|(code, _)| code == 200))
+    })
+    .with_context(|| format!("/ready did not turn 200 again\n{}", worker.log_tail()))?;
+    let code = worker.wait_exit(Duration::from_secs(60))?;
+    ensure!(code == Some(0), "the worker failed\n{}", worker.log_tail());
+    for node in NODES {
+        sync_when_writable(node, "default", &name, Duration::from_secs(30))?;
+    }
+    let total = PARTITIONS * per_partition;
+    assert_eq!(landed_on_both_shards(&table.qualified())?, (total, total));
+    Ok(())
+}
+
+fn rows_on_node(node: Node, qualified: &str) -> u64 {
+    query_u64(node.http_port, &format!("SELECT count() FROM {qualified}")).unwrap_or(0)
+}

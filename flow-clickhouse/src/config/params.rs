@@ -197,6 +197,9 @@ pub struct ClickHouseParams {
     /// How often the sink re-reads its table's columns to adopt a compatible change
     /// (100 ..= 86,400,000 ms).
     pub schema_refresh_interval_ms: u64,
+    /// How long every INSERT into a shard may fail before `/ready` names the shard
+    /// (1,000 ..= 86,400,000 ms).
+    pub unready_after_ms: u64,
     /// Stream columns missing from the table are added to it when the session starts; refused
     /// for the exactly-once classes (see the validation).
     pub auto_add_columns: bool,
@@ -215,6 +218,13 @@ pub const SCHEMA_REFRESH_INTERVAL_MS: std::ops::RangeInclusive<u64> = 100..=86_4
 /// The default `schema_refresh_interval_ms`: a change is adopted within 10 s when no INSERT
 /// meets it first, for one small query per shard.
 pub const DEFAULT_SCHEMA_REFRESH_INTERVAL_MS: u64 = 10_000;
+
+/// The bounds of `unready_after_ms`.
+pub const UNREADY_AFTER_MS: std::ops::RangeInclusive<u64> = 1_000..=86_400_000;
+
+/// The default `unready_after_ms`: a shard whose every INSERT has failed for 30 s is reported by
+/// `/ready`; a restart of one host or a short network cut stays below it.
+pub const DEFAULT_UNREADY_AFTER_MS: u64 = 30_000;
 
 impl Default for ClickHouseParams {
     fn default() -> Self {
@@ -245,6 +255,7 @@ impl Default for ClickHouseParams {
             message_id_column: None,
             settings: BTreeMap::new(),
             schema_refresh_interval_ms: DEFAULT_SCHEMA_REFRESH_INTERVAL_MS,
+            unready_after_ms: DEFAULT_UNREADY_AFTER_MS,
             auto_add_columns: false,
         }
     }
@@ -337,6 +348,8 @@ pub struct SinkParams {
     pub settings: Vec<(String, String)>,
     /// How often the table's columns are re-read.
     pub schema_refresh_interval: std::time::Duration,
+    /// `unready_after_ms`: how long a shard's INSERTs may all fail before `/ready` names it.
+    pub unready_after: std::time::Duration,
     /// `auto_add_columns`.
     pub auto_add_columns: bool,
 }
@@ -463,6 +476,7 @@ impl ClickHouseParams {
                 schema_refresh_interval: std::time::Duration::from_millis(
                     self.schema_refresh_interval_ms,
                 ),
+                unready_after: std::time::Duration::from_millis(self.unready_after_ms),
                 auto_add_columns: self.auto_add_columns,
             }),
             (v, _) => Err(v),
@@ -521,6 +535,18 @@ impl ClickHouseParams {
                     SCHEMA_REFRESH_INTERVAL_MS.start(),
                     SCHEMA_REFRESH_INTERVAL_MS.end(),
                     DEFAULT_SCHEMA_REFRESH_INTERVAL_MS
+                ),
+            ));
+        }
+        if !UNREADY_AFTER_MS.contains(&self.unready_after_ms) {
+            v.push(Violation::new(
+                "parameters.unready_after_ms",
+                format!(
+                    "{} is outside {}..={} (ms); set a value in range, or remove it for the default {}",
+                    self.unready_after_ms,
+                    UNREADY_AFTER_MS.start(),
+                    UNREADY_AFTER_MS.end(),
+                    DEFAULT_UNREADY_AFTER_MS
                 ),
             ));
         }

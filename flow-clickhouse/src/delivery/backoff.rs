@@ -7,7 +7,7 @@
 //! A success halves the error count (instead of clearing it), so a flapping endpoint keeps
 //! part of its penalty.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Doublings at most: beyond this the cap always applies.
@@ -21,11 +21,18 @@ const JITTER: f64 = 0.2;
 #[derive(Debug, Default)]
 pub struct RetryBackoff {
     errors: AtomicU32,
+    /// Since when every attempt has failed (ms since the Unix epoch; 0: the last one succeeded,
+    /// or none failed yet), for `/ready`.
+    failing_since_ms: AtomicU64,
 }
 
 impl RetryBackoff {
     /// Records a failure; returns the pause before the next attempt.
     pub fn failed(&self, base: Duration, max: Duration) -> Duration {
+        let now = flow_core::delivery::now_ms().max(1);
+        let _ =
+            self.failing_since_ms
+                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
         let errors = self
             .errors
             .fetch_add(1, Ordering::Relaxed)
@@ -35,11 +42,21 @@ impl RetryBackoff {
 
     /// Records a success: the error count decays by half.
     pub fn succeeded(&self) {
+        self.failing_since_ms.store(0, Ordering::Relaxed);
         let _ = self
             .errors
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |e| {
                 (e > 0).then_some(e / 2)
             });
+    }
+
+    /// How long every attempt has failed at `now_ms`; `None` when the last one succeeded or
+    /// none failed.
+    pub fn failing_for(&self, now_ms: u64) -> Option<Duration> {
+        match self.failing_since_ms.load(Ordering::Relaxed) {
+            0 => None,
+            since => Some(Duration::from_millis(now_ms.saturating_sub(since))),
+        }
     }
 
     /// Errors in the decayed count (for logs).
@@ -75,6 +92,26 @@ mod tests {
     use super::*;
 
     const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn failing_time_runs_from_the_first_failure_in_a_row_until_a_success() {
+        let backoff = RetryBackoff::default();
+        assert_eq!(backoff.failing_for(u64::MAX), None);
+        backoff.failed(S, S);
+        let since = backoff.failing_since_ms.load(Ordering::Relaxed);
+        backoff.failed(S, S);
+        assert_eq!(
+            backoff.failing_since_ms.load(Ordering::Relaxed),
+            since,
+            "the first one counts"
+        );
+        assert_eq!(
+            backoff.failing_for(since + 31_000),
+            Some(Duration::from_secs(31))
+        );
+        backoff.succeeded();
+        assert_eq!(backoff.failing_for(since + 31_000), None);
+    }
 
     #[test]
     fn the_pause_doubles_per_error_in_a_row_up_to_the_cap() {

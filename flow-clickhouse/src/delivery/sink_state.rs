@@ -303,6 +303,34 @@ impl Readiness for SinkShared {
                 self.params.database, self.params.table
             )];
         };
+        let now = flow_core::delivery::now_ms();
+        let target = |shard: &str| {
+            let table = format!("`{}`.`{}`", self.params.database, self.params.table);
+            if shard.is_empty() {
+                table
+            } else {
+                format!("shard `{shard}` of {table}")
+            }
+        };
+        // A shard none of whose hosts ever answered is named below instead.
+        let answered = |shard: &&crate::server::client::ShardClients| {
+            shard
+                .endpoints
+                .iter()
+                .any(|endpoint| endpoint.admitted.load(Ordering::Relaxed))
+        };
+        let failing = session.shards.iter().filter(answered).filter_map(|shard| {
+            let failing = shard.backoff.failing_for(now)?;
+            (failing >= self.params.unready_after).then(|| {
+                format!(
+                    "{}: every INSERT has failed for {} s (unready_after_ms {}); its batches wait in the outbox",
+                    target(&shard.name),
+                    failing.as_secs(),
+                    self.params.unready_after.as_millis()
+                )
+            })
+        });
+        let failing: Vec<String> = failing.collect();
         session
             .shards
             .iter()
@@ -329,6 +357,7 @@ impl Readiness for SinkShared {
                     hosts.join(", ")
                 )
             })
+            .chain(failing)
             .collect()
     }
 }
