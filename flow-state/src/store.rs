@@ -668,13 +668,48 @@ impl StateStore {
 
     /// Stops the committer thread after the requests already sent (for every clone of this
     /// handle: later requests fail with [`StateError::Closed`]) and makes everything durable.
+    ///
+    /// When this was the last handle, it returns once sled has let go of the directory's lock,
+    /// so the directory can be opened again at once (by this process or another).
     pub fn close(self) -> Result<(), StateError> {
-        self.inner.shutdown()
+        self.inner.shutdown()?;
+        let dir = self.inner.dir.clone();
+        let last = Arc::strong_count(&self.inner) == 1;
+        drop(self);
+        if last {
+            wait_for_lock_release(&dir);
+        }
+        Ok(())
     }
 
     /// Committer statistics.
     pub fn stats(&self) -> StoreStats {
         self.inner.stats.snapshot()
+    }
+}
+
+/// How long [`StateStore::close`] waits at most for sled to release the directory's lock.
+const LOCK_RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until the lock sled holds on `dir/db` is free. sled's last handle returns while its
+/// I/O pool threads may still hold the locked file for a moment; an open right after a close
+/// (a test, an embedding program reopening its store) then failed with `Locked` (seen in CI).
+/// The probe takes and drops the same `flock` sled takes; gives up quietly after
+/// [`LOCK_RELEASE_WAIT`], leaving the next open to report a lock that is really held.
+fn wait_for_lock_release(dir: &Path) {
+    let Ok(file) = std::fs::File::open(dir.join("db")) else {
+        return;
+    };
+    let started = Instant::now();
+    while started.elapsed() < LOCK_RELEASE_WAIT {
+        match file.try_lock() {
+            Ok(()) => {
+                let _ = file.unlock();
+                return;
+            }
+            Err(std::fs::TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(5)),
+            Err(std::fs::TryLockError::Error(_)) => return,
+        }
     }
 }
 
