@@ -52,7 +52,7 @@ use crate::server::late_hosts::LateTarget;
 use crate::server::session::WriterSession;
 
 /// What the state store remembers about a partition's pending entries, by sequence number.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PartitionMarks {
     /// Entries being delivered in pieces, with the refusal that started it.
     split: BTreeMap<u64, ClassifiedError>,
@@ -69,12 +69,14 @@ pub struct PartitionMarks {
     inherited: BTreeSet<u64>,
     /// Entries with an attempt out now, with the columns ([`columns_text`]) it was made under.
     in_flight: BTreeMap<u64, String>,
+    /// The sink value [`PartitionMarks::columns`] is kept in ([`columns_record`]).
+    columns_record: String,
 }
 
 /// The table's columns ([`columns_text`]) a partition's attempts were last made under, and
 /// whether its last run ended drained, so that no pending entry of it can be in the table
 /// without a mark (an entry that landed was acknowledged; one without an answer is marked
-/// `unanswered`). Stored as the sink value `columns/<partition>`: `clean` or `sent`, a newline,
+/// `unanswered`). Stored as the sink value [`columns_record`]: `clean` or `sent`, a newline,
 /// the columns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct AttemptedUnder {
@@ -98,14 +100,25 @@ impl AttemptedUnder {
     }
 }
 
-/// The sink value holding [`PartitionMarks::columns`] of `partition`.
-fn columns_marker(partition: u32) -> String {
-    format!("columns/{partition}")
+/// The sink value holding [`PartitionMarks::columns`] of `partition`: `columns/<partition>` for
+/// a sink of one table, `columns/<partition>/<table>` for each table of a template, whose tables
+/// may have different columns (one record shared by them made each table's attempts look as
+/// if made under another table's columns).
+fn columns_record(partition: u32, table: Option<&str>) -> String {
+    match table {
+        None => format!("columns/{partition}"),
+        Some(table) => format!("columns/{partition}/{table}"),
+    }
 }
 
 impl PartitionMarks {
-    /// Reads the marks of `key` (blocking: sled reads).
-    pub fn load(store: &StateStore, key: &SinkPartition) -> Result<PartitionMarks, StateError> {
+    /// Reads the marks of `key` (blocking: sled reads); `table` names the template's table the
+    /// deliverer is for (`None` for a sink of one table).
+    pub fn load(
+        store: &StateStore,
+        key: &SinkPartition,
+        table: Option<&str>,
+    ) -> Result<PartitionMarks, StateError> {
         let by_seq = |prefix: &str| -> Result<Vec<(u64, Vec<u8>)>, StateError> {
             let values = store.sink_values_with_prefix(&key.pipeline, &key.sink, prefix)?;
             Ok(values
@@ -125,10 +138,11 @@ impl PartitionMarks {
             .into_iter()
             .map(|(seq, value)| (seq, String::from_utf8_lossy(&value).into_owned()))
             .collect();
+        let columns_record = columns_record(key.partition, table);
         let columns = store
-            .sink_values_with_prefix(&key.pipeline, &key.sink, &columns_marker(key.partition))?
+            .sink_values_with_prefix(&key.pipeline, &key.sink, &columns_record)?
             .into_iter()
-            .find(|(name, _)| *name == columns_marker(key.partition))
+            .find(|(name, _)| *name == columns_record)
             .and_then(|(_, value)| AttemptedUnder::parse(&value));
         Ok(PartitionMarks {
             split,
@@ -137,6 +151,7 @@ impl PartitionMarks {
             columns,
             inherited: BTreeSet::new(),
             in_flight: BTreeMap::new(),
+            columns_record,
         })
     }
 }
@@ -549,13 +564,9 @@ impl ClickHouseDeliverer {
         under: AttemptedUnder,
     ) -> Result<(), SinkError> {
         let value = Some(under.value());
+        let record = self.marks().columns_record.clone();
         self.store
-            .set_sink_value(
-                &key.pipeline,
-                &key.sink,
-                &columns_marker(key.partition),
-                value,
-            )
+            .set_sink_value(&key.pipeline, &key.sink, &record, value)
             .await?;
         self.marks().columns = Some(under);
         Ok(())

@@ -176,7 +176,7 @@ impl Sealer for BatchingSink {
         }
         let marks = {
             let (store, key) = (self.ctx.store.clone(), key.clone());
-            blocking(move || PartitionMarks::load(&store, &key)).await?
+            blocking(move || PartitionMarks::load(&store, &key, None)).await?
         };
         let deliverer = Arc::new(ClickHouseDeliverer::new(
             Arc::clone(&self.shared),

@@ -35,15 +35,17 @@ impl TableDeliverers {
     }
 
     /// The deliverer of a stored batch's `target`.
-    async fn of(&self, target: &str) -> Result<Arc<ClickHouseDeliverer>, SinkError> {
+    pub async fn of(&self, target: &str) -> Result<Arc<ClickHouseDeliverer>, SinkError> {
         if let Some(found) = self.by_target().get(target) {
             return Ok(Arc::clone(found));
         }
         let table = self.targets.of_stored(target)?;
         // Each table's deliverer reads the partition's marks; it only consults those of the
-        // entries it delivers, which are its table's.
+        // entries it delivers, which are its table's, and keeps its own record of the columns
+        // its attempts were made under.
         let (store, key) = (self.ctx.store.clone(), self.ctx.state_key());
-        let marks = blocking(move || PartitionMarks::load(&store, &key)).await?;
+        let name = table.shared.params.table.clone();
+        let marks = blocking(move || PartitionMarks::load(&store, &key, Some(&name))).await?;
         let made = Arc::new(ClickHouseDeliverer::new(
             Arc::clone(&table.shared),
             Arc::clone(&table.exactly_once),
@@ -55,6 +57,16 @@ impl TableDeliverers {
         Ok(Arc::clone(
             self.by_target().entry(target.to_owned()).or_insert(made),
         ))
+    }
+
+    /// After the partition's delivery drained: each table's deliverer records that none of
+    /// its pending entries can be in its table without a mark.
+    pub async fn drained(&self, key: &SinkPartition) -> Result<(), SinkError> {
+        let deliverers: Vec<_> = self.by_target().values().cloned().collect();
+        for deliverer in deliverers {
+            deliverer.drained(key).await?;
+        }
+        Ok(())
     }
 
     fn by_target(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<ClickHouseDeliverer>>> {

@@ -74,6 +74,7 @@ impl SinkFactory for TemplatedFactory {
             ctx,
             checked: BTreeSet::new(),
             cutter: BatchCutter::default(),
+            deliverers: None,
         })))
     }
 
@@ -98,6 +99,8 @@ struct TemplatedSink {
     checked: BTreeSet<String>,
     /// Cuts one table's rows at a time (its buffers are reused across tables and epochs).
     cutter: BatchCutter,
+    /// The partition's per-table deliverers once opened.
+    deliverers: Option<Arc<TableDeliverers>>,
 }
 
 impl TemplatedSink {
@@ -157,8 +160,15 @@ impl TemplatedSink {
     async fn requeue(
         &mut self,
         backlog: Vec<StoredBatch>,
+        deliverers: &TableDeliverers,
         delivery: &mut OutboxDelivery,
     ) -> Result<(), SinkError> {
+        // Each table's pending entries, for its start-time columns check.
+        let mut seqs_of: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for stored in &backlog {
+            let seqs = seqs_of.entry(stored.batch.target.clone()).or_default();
+            seqs.push(stored.seq);
+        }
         let mut runs: Vec<Vec<StoredBatch>> = Vec::new();
         for stored in backlog {
             match runs.last_mut() {
@@ -186,6 +196,13 @@ impl TemplatedSink {
                 let bound = format!("{}-{}", self.ctx.partition, run[0].batch.last_offset);
                 self.check_fingerprints(&table, &target, &session, pending, Some(bound))
                     .await?;
+            }
+            if let Some(seqs) = seqs_of.remove(&run[0].batch.target) {
+                // As for one table: the run before may have stored any of the table's pending
+                // entries without acknowledging it, under the columns it last sent with.
+                let deliverer = deliverers.of(&run[0].batch.target).await?;
+                let key = self.ctx.state_key();
+                deliverer.note_columns(&key, &session, Some(seqs)).await?;
             }
             let requeue = Requeue {
                 shared: &target.shared,
@@ -218,17 +235,19 @@ impl Sealer for TemplatedSink {
         self.ctx.metrics.clear_gave_up().await?;
         let key = self.ctx.state_key();
         let backlog = load_backlog(&self.ctx.store, &key).await?;
-        let deliverer: Arc<dyn BatchDeliverer> = Arc::new(TableDeliverers::new(
+        let deliverers = Arc::new(TableDeliverers::new(
             Arc::clone(&self.targets),
             self.ctx.clone(),
         ));
+        self.deliverers = Some(Arc::clone(&deliverers));
+        let deliverer: Arc<dyn BatchDeliverer> = Arc::clone(&deliverers) as _;
         delivery.open(
             key,
             deliverer,
             Arc::clone(&self.delivery),
             self.ctx.shutdown.clone(),
         );
-        self.requeue(backlog, delivery).await
+        self.requeue(backlog, &deliverers, delivery).await
     }
 
     async fn seal(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
@@ -286,5 +305,13 @@ impl Sealer for TemplatedSink {
             .budget
             .resize(self.targets.base.in_flight_budget());
         Ok(())
+    }
+
+    /// Each table's deliverer records the partition drained (as for one table).
+    async fn drained(&mut self) -> Result<(), SinkError> {
+        match &self.deliverers {
+            Some(deliverers) => deliverers.drained(&self.ctx.state_key()).await,
+            None => Ok(()),
+        }
     }
 }
