@@ -526,3 +526,96 @@ fn jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill(
     Ok(())
 }
 each_generation!(sync jetstream_subjects_name_the_tables_by_token_and_by_map_once_across_a_kill);
+
+/// Rows requeued while their table is still missing do not wedge their partition (issue 46
+/// item 6): the next run sets them aside again as `missing_table: dead_letter` says, with the
+/// same reason and table, and exits 0; once the table exists, a requeue lands each row once.
+fn requeued_rows_for_a_table_still_missing_go_back_to_the_dead_letters(
+    generation: Generation,
+) -> Result<()> {
+    const ROWS: u64 = 200;
+    generation.require()?;
+    let name = unique_name("tables_requeue_missing");
+    let present =
+        generation.create_table("default", &format!("{name}_0"), GENERATOR_COLUMNS, "id")?;
+    let dir = TestDir::new()?;
+    let (spec, state) = (dir.path().join("spec.yaml"), dir.path().join("state"));
+    let parameters = format!(
+        "{{{}, table: '{name}_{{partition}}'}}",
+        generation.hosts_param()
+    );
+    std::fs::write(
+        &spec,
+        GeneratorSpec::new("requeue_missing", "ClickHouseBatchingSink", parameters)
+            .partitions(2)
+            .count(ROWS)
+            .epoch(100, 200)
+            .yaml(),
+    )?;
+    let run = |n: u32| -> Result<Worker> {
+        let log = dir.path().join(format!("w{n}.log"));
+        let mut worker = Worker::spawn(worker_bin!(), &spec, &state, log)?;
+        let code = worker.wait_exit(Duration::from_secs(60))?;
+        anyhow::ensure!(
+            code == Some(0),
+            "run {n}: exit {code:?}\n{}",
+            worker.log_tail()
+        );
+        Ok(worker)
+    };
+    let missing_target = format!("default.{name}_1");
+    let set_aside = || -> Result<usize> {
+        let letters = export_dead_letters(worker_bin!(), &state)?;
+        for letter in &letters {
+            let reason = letter["reason"].as_str().unwrap_or_default();
+            anyhow::ensure!(
+                letter["table"].as_str() == Some(missing_target.as_str())
+                    && reason.starts_with(&format!("table `default`.`{name}_1` does not exist")),
+                "a dead letter not for the missing table: {letter}"
+            );
+        }
+        Ok(letters.len())
+    };
+    let requeue = || -> Result<()> {
+        let out = dead_letters_command(worker_bin!(), "requeue", &state)?;
+        anyhow::ensure!(
+            out.code == Some(0)
+                && out
+                    .stdout
+                    .contains(&format!("requeued {ROWS} dead letter(s)")),
+            "{}{}",
+            out.stdout,
+            out.stderr
+        );
+        Ok(())
+    };
+
+    run(1)?;
+    assert_eq!(set_aside()?, ROWS as usize, "partition 1's rows set aside");
+    requeue()?;
+    let second = run(2)?;
+    assert_eq!(set_aside()?, ROWS as usize, "set aside again, each once");
+    let log = std::fs::read_to_string(second.log())?;
+    assert!(
+        log.contains("a requeued row's table still does not exist"),
+        "{log}"
+    );
+
+    let created =
+        generation.create_table("default", &format!("{name}_1"), GENERATOR_COLUMNS, "id")?;
+    requeue()?;
+    run(3)?;
+    assert_eq!(set_aside()?, 0);
+    for table in [&present, &created] {
+        generation.sync("default", &table.table, &generation.nodes())?;
+        let landed = landed_on_shards(generation, &table.qualified())?;
+        assert_eq!(
+            landed,
+            (ROWS, ROWS),
+            "{}: every row once",
+            table.qualified()
+        );
+    }
+    Ok(())
+}
+each_generation!(sync requeued_rows_for_a_table_still_missing_go_back_to_the_dead_letters);

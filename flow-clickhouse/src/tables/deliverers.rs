@@ -3,20 +3,25 @@
 //! [`ClickHouseDeliverer`], made on first use with the table's session and give-up latch. The
 //! partition keeps one queue (its lanes are per shard, in outbox order), so the tables of an
 //! epoch are delivered in the order they were sealed. A requeued row set aside for a missing
-//! table is encoded for its table here ([`encode_requeued`]).
+//! table is encoded for its table here ([`encode_requeued`]); when its table is still missing,
+//! the sink's `missing_table` decides: a dead letter again, or the partition waits.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use flow_core::delivery::{blocking, BatchDeliverer};
-use flow_core::{SinkContext, SinkError};
-use flow_state::{SealedBatch, SinkPartition};
+use flow_core::{SinkContext, SinkCount, SinkError};
+use flow_state::{AckExtras, DeadLetter, SealedBatch, SinkPartition};
 use tokio::sync::watch;
+use tracing::warn;
 
+use crate::config::params::MissingTable;
 use crate::exactly_once::deliverer::{ClickHouseDeliverer, PartitionMarks};
 use crate::tables::requeued::{encode_requeued, UNENCODED_FORMAT};
-use crate::tables::targets::{TableState, Targets};
+use crate::tables::resolver::missing_table_reason;
+use crate::tables::targets::{TableState, TableTarget, Targets, MISSING_RECHECK};
 
 /// The per-table deliverers of one sink partition.
 pub struct TableDeliverers {
@@ -113,17 +118,71 @@ impl BatchDeliverer for TableDeliverers {
             return deliverer.deliver(key, seq, batch, stop).await;
         }
         let target = self.targets.of_stored(&batch.target)?;
-        match target.state(stop).await? {
-            TableState::Up(session) => {
-                let encoded = encode_requeued(&target.shared, &session, batch)?;
-                deliverer.deliver(key, seq, &encoded, stop).await
+        let mut warned: Option<Instant> = None;
+        loop {
+            match target.state(stop).await? {
+                TableState::Up(session) => {
+                    let encoded = encode_requeued(&target.shared, &session, batch)?;
+                    return deliverer.deliver(key, seq, &encoded, stop).await;
+                }
+                // Stopping: the row stays in the outbox for the next run.
+                TableState::Stopping => return Ok(()),
+                TableState::Missing(reason) => match target.shared.params.missing_table {
+                    MissingTable::DeadLetter => {
+                        return self
+                            .set_aside_again(key, seq, batch, &target, &reason)
+                            .await
+                    }
+                    MissingTable::Wait => {
+                        if warned.is_none_or(|at| at.elapsed() >= STILL_MISSING_WARNING_EVERY) {
+                            warned = Some(Instant::now());
+                            warn!(sink = %key, table = %batch.target, reason = %reason, "a requeued row's table still does not exist; the partition waits for it (missing_table: wait). Create the table");
+                        }
+                        let mut stop = stop.clone();
+                        tokio::select! {
+                            _ = tokio::time::sleep(MISSING_RECHECK) => {}
+                            _ = stop.wait_for(|s| *s) => return Ok(()),
+                        }
+                    }
+                },
             }
-            // Stopping: the row stays in the outbox for the next run.
-            TableState::Stopping => Ok(()),
-            TableState::Missing(reason) => Err(SinkError::Refused(format!(
-                "{key}: a requeued dead letter (token {}) is for `{}`, which still does not exist: {reason}. Create the table, then start the pipeline again",
-                batch.token, batch.target
-            ))),
         }
+    }
+}
+
+/// Between two warnings that a requeued row waits for its table.
+const STILL_MISSING_WARNING_EVERY: Duration = Duration::from_secs(60);
+
+impl TableDeliverers {
+    /// A requeued row whose table still does not exist becomes a dead letter again, as the
+    /// sink's rows naming a missing table do (`missing_table: dead_letter`): its outbox entry
+    /// is acknowledged with the dead letter in one step, which keeps the table and token a
+    /// later requeue sends it under, so the partition's other entries go on.
+    async fn set_aside_again(
+        &self,
+        key: &SinkPartition,
+        seq: u64,
+        batch: &SealedBatch,
+        target: &TableTarget,
+        reason: &str,
+    ) -> Result<(), SinkError> {
+        let params = &target.shared.params;
+        let letter = DeadLetter {
+            partition: key.partition,
+            offset: Some(batch.first_offset),
+            reason: missing_table_reason(&params.database, &params.table, reason),
+            payload: batch.payload.to_vec(),
+        };
+        let metrics = self.ctx.metrics.for_table(&params.table);
+        let counters = vec![metrics.add(SinkCount::DeadLetterRows, None, batch.rows)];
+        let extras = AckExtras {
+            dead_letters: vec![letter],
+            counters: counters.clone(),
+            ..AckExtras::default()
+        };
+        self.ctx.store.acknowledge_with(key, seq, extras).await?;
+        metrics.applied(&counters);
+        warn!(sink = %key, table = %batch.target, reason = %reason, "a requeued row's table still does not exist: the row is a dead letter again. Create the table, then `flow-worker dead-letters requeue` sends it there");
+        Ok(())
     }
 }

@@ -182,6 +182,17 @@ impl TemplatedSink {
             let session = match target.state(&self.ctx.shutdown).await? {
                 TableState::Up(session) => session,
                 TableState::Stopping => return Ok(()),
+                // Requeued rows whose table is still missing: their delivery applies the
+                // sink's `missing_table` ([`TableDeliverers`]).
+                TableState::Missing(_) if run.iter().all(|s| s.batch.format == UNENCODED_FORMAT) => {
+                    let key = self.ctx.state_key();
+                    for stored in run {
+                        if !delivery.push_stored(&self.ctx.store, &key, stored).await? {
+                            return Ok(());
+                        }
+                    }
+                    continue;
+                }
                 TableState::Missing(reason) => {
                     return Err(SinkError::Refused(format!(
                         "{}: {} pending batch(es) are for table `{}`, which is gone: {reason}. Create it again as it was, or start on a new state directory to give these rows up",
