@@ -574,6 +574,126 @@ async fn vetoed_epochs_are_replayed_from_the_committed_position_and_counted() {
     assert_each_id_once(&out, 600);
 }
 
+/// Delivers through the inner sink, then fails its final drain, as a sink stopped on its
+/// target (an incompatible change of its table's columns) ends the run.
+struct FailsAtDrain {
+    inner: Box<dyn Sink>,
+}
+
+#[async_trait]
+impl Sink for FailsAtDrain {
+    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        self.inner.write_epoch(epoch).await
+    }
+    async fn open(&mut self) -> Result<(), SinkError> {
+        self.inner.open().await
+    }
+    async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
+        self.inner.committed(batches).await
+    }
+    async fn drain(&mut self) -> Result<(), SinkError> {
+        self.inner.drain().await?;
+        Err(SinkError::Refused(
+            "not delivered: this sink stopped".into(),
+        ))
+    }
+    async fn close(&mut self) -> Result<(), SinkError> {
+        self.inner.close().await
+    }
+}
+
+/// Counts the final drains of the inner sink's instances.
+struct CountsDrains {
+    inner: Box<dyn Sink>,
+    drains: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait]
+impl Sink for CountsDrains {
+    async fn write_epoch(&mut self, epoch: &Epoch<'_>) -> Result<EpochOutcome, SinkError> {
+        self.inner.write_epoch(epoch).await
+    }
+    async fn open(&mut self) -> Result<(), SinkError> {
+        self.inner.open().await
+    }
+    async fn committed(&mut self, batches: Vec<(u64, SealedBatch)>) -> Result<(), SinkError> {
+        self.inner.committed(batches).await
+    }
+    async fn drain(&mut self) -> Result<(), SinkError> {
+        self.inner.drain().await?;
+        self.drains
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+    async fn close(&mut self) -> Result<(), SinkError> {
+        self.inner.close().await
+    }
+}
+
+/// A sink whose final drain fails does not keep the sinks after it in the spec from
+/// delivering every committed batch: the partition fails with that sink's error only after
+/// each sink was drained (issue 46 item 10: the second of two sinks stopped short).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sink_failing_its_final_drain_leaves_the_later_sinks_to_deliver_everything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (stopped, healthy) = (
+        tmp.path().join("stopped.jsonl"),
+        tmp.path().join("healthy.jsonl"),
+    );
+    let mut registry = Registry::with_builtins();
+    register_wrapped_debug_sink(
+        &mut registry,
+        "FailsAtDrain",
+        Arc::new(|inner, _| Box::new(FailsAtDrain { inner })),
+    );
+    let drains = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&drains);
+    register_wrapped_debug_sink(
+        &mut registry,
+        "CountsDrains",
+        Arc::new(move |inner, _| {
+            Box::new(CountsDrains {
+                inner,
+                drains: Arc::clone(&counted),
+            })
+        }),
+    );
+    let store = open_store(&tmp.path().join("state"));
+    let yaml = format!(
+        r#"
+pipeline: {PIPELINE}
+partitions: 2
+epoch: {{max_messages: 100, max_duration_ms: 60000}}
+source: {{class: generator, parameters: {{count: 500}}}}
+sinks:
+  - {{name: stopped, sink_class_name: FailsAtDrain, input_stream_ids: [rows], parameters: {{path: "{}"}}}}
+  - {{name: healthy, sink_class_name: CountsDrains, input_stream_ids: [rows], parameters: {{path: "{}"}}}}
+"#,
+        stopped.display(),
+        healthy.display()
+    );
+    let err = run_yaml(&registry, &yaml, &store).await.unwrap_err();
+    let RuntimeError::PartitionsFailed(failures) = &err else {
+        panic!("unexpected error: {err}");
+    };
+    assert_eq!(failures.len(), 2, "{err}");
+    for failure in failures {
+        assert!(
+            matches!(failure, RuntimeError::Sink { sink, .. } if sink == "stopped"),
+            "{failure}"
+        );
+    }
+    assert_eq!(
+        drains.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "each partition's later sink drained to the end"
+    );
+    assert_each_id_once(&healthy, 1000);
+    for partition in 0..2 {
+        assert!(undelivered_rows(&store, "healthy", partition).is_empty());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failing_partition_fails_alone_and_keeps_what_it_committed() {
     let tmp = tempfile::tempdir().unwrap();

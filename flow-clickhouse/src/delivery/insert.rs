@@ -97,6 +97,17 @@ fn is_columns_change(error: &ClassifiedError) -> bool {
     error.class == ErrorClass::Permanent && error.code.is_none()
 }
 
+/// ClickHouse's NO_SUCH_COLUMN_IN_TABLE.
+const NO_SUCH_COLUMN_IN_TABLE: u32 = 16;
+
+/// Whether the server refused an INSERT because a column it names is not in the table: an
+/// `ALTER ... DROP COLUMN` landed between the columns guard's check and the INSERT. The server
+/// refuses it while reading the query, before any row, so nothing was stored; the columns are
+/// read again and the change decided as the refresh decides it, not given up as permanent.
+fn is_column_missing_refusal(failure: &InsertError) -> bool {
+    !failure.unanswered && failure.error.code == Some(NO_SUCH_COLUMN_IN_TABLE)
+}
+
 /// An INSERT the sink's guarantee allows no further attempt for.
 #[derive(Debug)]
 pub struct GaveUp {
@@ -460,22 +471,29 @@ impl PartInsert<'_> {
                 timeout,
             )
             .await;
-        Ok(match sent {
-            Ok(()) => Attempt::Stored { started },
-            Err(failure) => Attempt::Failed(failure),
-        })
+        match sent {
+            Ok(()) => Ok(Attempt::Stored { started }),
+            Err(failure) if is_column_missing_refusal(&failure) => {
+                self.refused_before_sending(failure.error, plan, timeout)
+                    .await
+            }
+            Err(failure) => Ok(Attempt::Failed(failure)),
+        }
     }
 
-    /// The columns guard's check before an INSERT failed, so nothing was sent. A change of the
-    /// table's columns is read again and the part sent under the adopted plan (a part with an
-    /// attempt log goes back to its caller); a failure to read them fails the attempt.
+    /// The columns guard's check before an INSERT failed, so nothing was sent, or the server
+    /// refused the INSERT for a column the table no longer has ([`is_column_missing_refusal`]),
+    /// which stored nothing either. A change of the table's columns is read again and the part
+    /// sent under the adopted plan (a part with an attempt log goes back to its caller); an
+    /// incompatible change stops the sink ([`WriterSession::refresh_columns`]); a failure to
+    /// read them fails the attempt.
     async fn refused_before_sending(
         &self,
         error: ClassifiedError,
         plan: &ColumnsPlan,
         timeout: Duration,
     ) -> Result<Attempt, InsertFailure> {
-        if !is_columns_change(&error) {
+        if !is_columns_change(&error) && error.code != Some(NO_SUCH_COLUMN_IN_TABLE) {
             return Ok(unsent(error));
         }
         if let Some(log) = self.request.attempts {
@@ -877,6 +895,22 @@ mod tests {
             ClassifiedError::from_server(None, "502 Bad Gateway"),
         ] {
             assert!(!is_columns_change(&failure), "{failure}");
+        }
+    }
+
+    /// Code 16 answered by the server means the INSERT named a column the table no longer has
+    /// and stored nothing: the columns are read again. Without an answer (the rows may have
+    /// landed) or with another code it is an ordinary failure.
+    #[test]
+    fn only_an_answered_code_16_reads_the_columns_again() {
+        let refusal = |code, unanswered| InsertError {
+            error: ClassifiedError::from_server(Some(code), "No such column payload in table"),
+            unanswered,
+        };
+        assert!(is_column_missing_refusal(&refusal(16, false)));
+        assert!(!is_column_missing_refusal(&refusal(16, true)));
+        for code in [60, 53, 27] {
+            assert!(!is_column_missing_refusal(&refusal(code, false)), "{code}");
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use flow_state::{DeadLetter, EpochCommit, StateStore};
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::answers::{EpochAnswers, EpochCommits, Vetoed};
 use super::delivery_tracker::DeliveryTracker;
@@ -271,33 +271,48 @@ impl PartitionRunner {
 
     /// After the source is used up: lets every sink deliver everything, for as long as that
     /// takes, unless a stop comes first; then `false`, and the stop's drain bound applies to
-    /// what is left (a target refusing for good would otherwise hold the stop for ever).
+    /// what is left (a target refusing for good would otherwise hold the stop for ever). A sink
+    /// that ends with an error (one stopped on its table's columns) does not keep the sinks
+    /// after it from delivering: each is drained, and the first error is the partition's.
     async fn deliver_all(&self, sinks: &mut [SinkSlot]) -> Result<bool, RuntimeError> {
         let mut shutdown = self.shutdown.clone();
+        let mut failed: Option<RuntimeError> = None;
         for index in 0..sinks.len() {
             let drained = tokio::select! {
-                drained = sinks[index].sink.drain() => drained,
-                _ = shutdown.wait_for(|stop| *stop) => {
-                    info!(
-                        pipeline = %self.pipeline.name,
-                        partition = self.partition,
-                        sink = %sinks[index].name,
-                        "stop signal while the sinks deliver the last epochs: stopping within shutdown.drain_timeout_ms; what is not delivered by then stays in the outbox for the next run"
-                    );
-                    return Ok(false);
+                drained = sinks[index].sink.drain() => Some(drained),
+                _ = shutdown.wait_for(|stop| *stop) => None,
+            };
+            let Some(drained) = drained else {
+                info!(
+                    pipeline = %self.pipeline.name,
+                    partition = self.partition,
+                    sink = %sinks[index].name,
+                    "stop signal while the sinks deliver the last epochs: stopping within shutdown.drain_timeout_ms; what is not delivered by then stays in the outbox for the next run"
+                );
+                if let Some(err) = failed {
+                    // The partition fails as a sink before failed; the rest stop cleanly,
+                    // their undelivered batches staying in the outbox.
+                    close_all(&mut sinks[index..]).await;
+                    return Err(err);
                 }
+                return Ok(false);
             };
             if let Err(err) = drained {
-                // The other sinks stop cleanly; their undelivered batches stay in the outbox.
-                close_all(&mut sinks[index + 1..]).await;
-                return Err(RuntimeError::Sink {
+                let err = RuntimeError::Sink {
                     partition: self.partition,
                     sink: sinks[index].name.clone(),
                     source: err,
-                });
+                };
+                match &failed {
+                    None => failed = Some(err),
+                    Some(_) => error!(error = %err, "another sink of the partition failed too"),
+                }
             }
         }
-        Ok(true)
+        match failed {
+            None => Ok(true),
+            Some(err) => Err(err),
+        }
     }
 
     async fn epochs(
