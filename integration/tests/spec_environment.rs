@@ -130,3 +130,29 @@ fn environment_values_and_a_password_file_run_and_no_output_shows_the_secret() {
         assert_absent("unused-s3cret", out, None);
     }
 }
+
+/// A value from a variable that fails validation is reported at its path naming the variable,
+/// never with the value itself (issue 46 item 15): it may be a secret pasted into the wrong
+/// variable.
+#[test]
+fn a_violation_about_an_interpolated_value_names_the_variable_not_the_value() {
+    let dir = TestDir::new().unwrap();
+    let spec = dir.path().join("spec.yaml");
+    let secret = "s3cret pass/word";
+    // A value the parameters' types refuse, and one the sink's own checks refuse.
+    for (parameters, variable) in [
+        ("{host: 'ch:8123', table: t, max_tables: '${FLOW_IT_BAD}'}", "FLOW_IT_BAD"),
+        ("{host: '${FLOW_IT_BAD}', table: t}", "FLOW_IT_BAD"),
+    ] {
+        let yaml = GeneratorSpec::new("spec_env_bad", "ClickHouseBatchingSink", parameters).yaml();
+        std::fs::write(&spec, yaml).unwrap();
+        let out = worker(&["validate", spec.to_str().unwrap()], &[(variable, secret)]);
+        assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+        assert_absent(secret, &out, None);
+        assert!(
+            out.stdout.contains(&format!("${{{variable}}}")),
+            "the violation names the variable: {}",
+            out.stdout
+        );
+    }
+}

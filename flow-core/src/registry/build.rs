@@ -64,7 +64,9 @@ impl Registry {
                 streams,
                 spec: spec.clone(),
             }),
-            _ => Err(SpecError { violations }),
+            _ => Err(SpecError {
+                violations: spec.from_environment.redacted(violations),
+            }),
         }
     }
 

@@ -183,6 +183,8 @@ impl PipelineSpecBuilder<SourceSpec> {
             source: self.source,
             processors,
             sinks,
+            // Built in code: no value came from the environment.
+            from_environment: Default::default(),
         }
     }
 }

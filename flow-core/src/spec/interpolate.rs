@@ -9,6 +9,53 @@
 
 use crate::error::Violation;
 
+/// The environment variables' values interpolated into a spec, by where they went: a violation
+/// at (or around) such a path names the variable instead of printing its value, which may be
+/// a secret. Defaults are not recorded: they are written in the spec itself.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FromEnvironment {
+    /// (path, variable name, its value).
+    entries: Vec<(String, String, String)>,
+}
+
+/// Where a spec's values came from is not part of what the spec says: two specs with the same
+/// values are equal whichever variables gave them.
+impl PartialEq for FromEnvironment {
+    fn eq(&self, _other: &FromEnvironment) -> bool {
+        true
+    }
+}
+
+impl FromEnvironment {
+    /// `violations` with each interpolated value in a message about its path (or a path
+    /// around it) replaced by its reference, `${NAME}`.
+    pub(crate) fn redacted(&self, mut violations: Vec<Violation>) -> Vec<Violation> {
+        for violation in &mut violations {
+            for (path, name, value) in &self.entries {
+                if !value.is_empty() && related(&violation.path, path) {
+                    violation.message = violation
+                        .message
+                        .replace(value.as_str(), &format!("${{{name}}}"));
+                }
+            }
+        }
+        violations
+    }
+}
+
+/// Whether one path is the other, or holds it (`sinks[0].parameters` holds
+/// `sinks[0].parameters.host`; the empty path holds every path).
+fn related(a: &str, b: &str) -> bool {
+    let holds = |outer: &str, inner: &str| {
+        outer.is_empty()
+            || inner == outer
+            || inner
+                .strip_prefix(outer)
+                .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+    };
+    holds(a, b) || holds(b, a)
+}
+
 /// Where interpolation reads variables: the process environment in a spec, a map in tests.
 pub(super) trait Lookup {
     /// The variable's value, `Ok(None)` when unset, `Err` with the reason it cannot be used.
@@ -37,13 +84,20 @@ pub(super) fn interpolate(
     path: &str,
     lookup: &dyn Lookup,
     violations: &mut Vec<Violation>,
+    from_environment: &mut FromEnvironment,
 ) {
     match value {
         serde_yaml::Value::String(text) => {
             if !text.contains('$') {
                 return;
             }
-            match expand(text, lookup) {
+            let mut used = Vec::new();
+            let expanded = expand(text, lookup, &mut used);
+            from_environment.entries.extend(
+                used.into_iter()
+                    .map(|(name, value)| (path.to_owned(), name, value)),
+            );
+            match expanded {
                 Ok(Expanded::Text(expanded)) => *text = expanded,
                 Ok(Expanded::Whole(expanded)) => *value = typed(expanded),
                 Err(messages) => violations.extend(
@@ -55,7 +109,8 @@ pub(super) fn interpolate(
         }
         serde_yaml::Value::Sequence(items) => {
             for (i, item) in items.iter_mut().enumerate() {
-                interpolate(item, &format!("{path}[{i}]"), lookup, violations);
+                let child = format!("{path}[{i}]");
+                interpolate(item, &child, lookup, violations, from_environment);
             }
         }
         serde_yaml::Value::Mapping(map) => {
@@ -71,12 +126,16 @@ pub(super) fn interpolate(
                 } else {
                     format!("{path}.{key}")
                 };
-                interpolate(item, &child, lookup, violations);
+                interpolate(item, &child, lookup, violations, from_environment);
             }
         }
-        serde_yaml::Value::Tagged(tagged) => {
-            interpolate(&mut tagged.value, path, lookup, violations)
-        }
+        serde_yaml::Value::Tagged(tagged) => interpolate(
+            &mut tagged.value,
+            path,
+            lookup,
+            violations,
+            from_environment,
+        ),
         serde_yaml::Value::Null | serde_yaml::Value::Bool(_) | serde_yaml::Value::Number(_) => {}
     }
 }
@@ -99,8 +158,13 @@ fn typed(text: String) -> serde_yaml::Value {
     }
 }
 
-/// Expands the references in `text`, or says what is wrong with each that cannot be expanded.
-fn expand(text: &str, lookup: &dyn Lookup) -> Result<Expanded, Vec<String>> {
+/// Expands the references in `text`, or says what is wrong with each that cannot be expanded;
+/// each variable taken from `lookup` goes to `used` with its value.
+fn expand(
+    text: &str,
+    lookup: &dyn Lookup,
+    used: &mut Vec<(String, String)>,
+) -> Result<Expanded, Vec<String>> {
     let mut out = String::with_capacity(text.len());
     let mut errors = Vec::new();
     let mut references = 0usize;
@@ -146,7 +210,10 @@ fn expand(text: &str, lookup: &dyn Lookup) -> Result<Expanded, Vec<String>> {
             continue;
         }
         match (lookup.get(name), default) {
-            (Ok(Some(value)), _) => out.push_str(&value),
+            (Ok(Some(value)), _) => {
+                out.push_str(&value);
+                used.push((name.to_owned(), value));
+            }
             (Ok(None), Some(default)) => out.push_str(default),
             (Ok(None), None) => errors.push(format!(
                 "the environment variable `{name}` (from `${{{name}}}`) is not set; export it, \
@@ -203,10 +270,54 @@ mod tests {
     }
 
     fn run(yaml: &str) -> (serde_yaml::Value, Vec<Violation>) {
+        let (value, violations, _) = run_recorded(yaml);
+        (value, violations)
+    }
+
+    fn run_recorded(yaml: &str) -> (serde_yaml::Value, Vec<Violation>, FromEnvironment) {
         let mut value: serde_yaml::Value = serde_yaml::from_str(yaml).unwrap();
         let mut violations = Vec::new();
-        interpolate(&mut value, "", &vars(), &mut violations);
-        (value, violations)
+        let mut from_environment = FromEnvironment::default();
+        interpolate(
+            &mut value,
+            "",
+            &vars(),
+            &mut violations,
+            &mut from_environment,
+        );
+        (value, violations, from_environment)
+    }
+
+    /// A violation about an interpolated value names the variable, never prints its value;
+    /// messages elsewhere in the spec and defaults written in the spec are left as they are.
+    #[test]
+    fn violations_about_interpolated_values_name_the_variable_instead_of_the_value() {
+        let (_, violations, from_environment) = run_recorded(
+            "sinks: [{parameters: {password: '${SECRET}', url: 'http://${HOST}/x', table: '${NOPE:-t1}'}}]\nother: ch1:8123\n",
+        );
+        assert!(violations.is_empty());
+        let reported = from_environment.redacted(vec![
+            Violation::new(
+                "sinks[0].parameters.password",
+                "`s3cr3t-value` is not a password",
+            ),
+            Violation::new(
+                "sinks[0].parameters",
+                "url `http://ch1:8123/x` and `s3cr3t-value`",
+            ),
+            Violation::new("sinks[0].parameters.table", "table `t1` does not exist"),
+            Violation::new("other", "`ch1:8123` elsewhere"),
+        ]);
+        let messages: Vec<&str> = reported.iter().map(|v| v.message.as_str()).collect();
+        assert_eq!(
+            messages,
+            [
+                "`${SECRET}` is not a password",
+                "url `http://${HOST}/x` and `${SECRET}`",
+                "table `t1` does not exist",
+                "`ch1:8123` elsewhere",
+            ]
+        );
     }
 
     #[test]

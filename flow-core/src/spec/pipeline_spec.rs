@@ -11,6 +11,7 @@ use flow_state::cluster::{ClusterUrl, DEFAULT_SESSION_TIMEOUT};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::interpolate::FromEnvironment;
 use crate::error::{SpecError, Violation};
 use crate::structural::deserialize_all;
 
@@ -62,6 +63,9 @@ pub struct PipelineSpec {
     pub processors: Vec<ProcessorSpec>,
     /// The sinks; at least one.
     pub sinks: Vec<SinkSpec>,
+    /// Which values came from environment variables, so that violations name the variable.
+    #[serde(skip)]
+    pub(crate) from_environment: FromEnvironment,
 }
 
 fn default_partitions() -> u32 {
@@ -341,11 +345,13 @@ impl PipelineSpec {
         // References are resolved before anything reads the values, so that a wrong type
         // is reported for what the variable holds; an unresolved one is reported alone.
         let mut unresolved = Vec::new();
+        let mut from_environment = FromEnvironment::default();
         super::interpolate::interpolate(
             &mut value,
             "",
             &super::interpolate::Environment,
             &mut unresolved,
+            &mut from_environment,
         );
         if !unresolved.is_empty() {
             return Err(SpecError {
@@ -390,7 +396,9 @@ impl PipelineSpec {
             some => list::<SinkSpec>(some, "sinks", &mut violations),
         };
         if !violations.is_empty() {
-            return Err(SpecError { violations });
+            return Err(SpecError {
+                violations: from_environment.redacted(violations),
+            });
         }
         match (
             pipeline, partitions, state_dir, epoch, outbox, shutdown, source, processors, sinks,
@@ -417,6 +425,7 @@ impl PipelineSpec {
                 source,
                 processors,
                 sinks,
+                from_environment,
             }),
             // Every `None` above pushed a violation, so this arm is only reached with some.
             _ => Err(SpecError {
