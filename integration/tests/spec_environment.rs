@@ -141,7 +141,10 @@ fn a_violation_about_an_interpolated_value_names_the_variable_not_the_value() {
     let secret = "s3cret pass/word";
     // A value the parameters' types refuse, and one the sink's own checks refuse.
     for (parameters, variable) in [
-        ("{host: 'ch:8123', table: t, max_tables: '${FLOW_IT_BAD}'}", "FLOW_IT_BAD"),
+        (
+            "{host: 'ch:8123', table: t, max_tables: '${FLOW_IT_BAD}'}",
+            "FLOW_IT_BAD",
+        ),
         ("{host: '${FLOW_IT_BAD}', table: t}", "FLOW_IT_BAD"),
     ] {
         let yaml = GeneratorSpec::new("spec_env_bad", "ClickHouseBatchingSink", parameters).yaml();
