@@ -256,6 +256,7 @@ mod tests {
         let ctx = SourceBuildContext {
             pipeline: "p",
             partitions: 2,
+            paths: flow_core::SpecPaths::working_directory(),
         };
         let build = |yaml: &str, kafka: bool| {
             let parameters: serde_yaml::Value = serde_yaml::from_str(yaml).unwrap();

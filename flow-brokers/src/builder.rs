@@ -31,6 +31,7 @@ fn violations_for(
     let ctx = SourceBuildContext {
         pipeline: "",
         partitions,
+        paths: flow_core::SpecPaths::working_directory(),
     };
     build(&ctx, parameters).err().unwrap_or_default()
 }

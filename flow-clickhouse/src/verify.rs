@@ -278,18 +278,19 @@ impl fmt::Display for ShardReport {
     }
 }
 
-/// The shard reports of a spec's sink entry (its class name and both parameter sections), each
-/// endpoint given the sink's `write_timeout`; `None` when the class is not a ClickHouse sink.
+/// The shard reports of a spec's sink entry (its class name and both parameter sections, its
+/// relative paths resolved against `paths`), each endpoint given the sink's `write_timeout`; `None` when the class is not a ClickHouse sink.
 pub async fn verify_sink(
     class_name: &str,
     parameters: &serde_yaml::Value,
     dynamic: &serde_yaml::Value,
+    paths: flow_core::SpecPaths<'_>,
 ) -> Result<Option<Vec<ShardReport>>, VerifyError> {
     let Some(class) = SinkClass::from_class_name(class_name) else {
         return Ok(None);
     };
     let (params, dynamic) =
-        params::parse(class, parameters, dynamic).map_err(VerifyError::Parameters)?;
+        params::parse(class, parameters, dynamic, paths).map_err(VerifyError::Parameters)?;
     let mut reports = Vec::new();
     for table in resolved_tables(&params, dynamic.write_timeout).await? {
         let one = SinkParams {

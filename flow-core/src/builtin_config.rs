@@ -102,6 +102,7 @@ impl JsonlFileParams {
         let ctx = SourceBuildContext {
             pipeline: "",
             partitions,
+            paths: crate::SpecPaths::working_directory(),
         };
         violations(jsonl::build(&ctx, &self.parameters()))
     }
@@ -210,6 +211,7 @@ impl DebugSinkConfig {
             epoch: crate::spec::EpochSettings::default(),
             inputs: &[],
             subjects: SourceSubjects::Unknown,
+            paths: crate::SpecPaths::working_directory(),
         };
         let built = debug::build(&ctx, &self.parameters(), &self.dynamic_parameters());
         violations(built)

@@ -106,7 +106,7 @@ pub use spec::{
     is_valid_name, to_section, ClusterSettings, ClusterSpec, ConfigError, EpochSettings, EpochSpec,
     MetricsSettings, MetricsSpec, NoSource, OutboxSpec, PayloadPolicy, PipelineSpec,
     PipelineSpecBuilder, ProcessorConfig, ProcessorSpec, ShutdownSpec, SinkConfig, SinkSpec,
-    SourceConfig, SourceSpec, ValidatedPipeline, ValidatedProcessor, ValidatedSink,
+    SourceConfig, SourceSpec, SpecPaths, ValidatedPipeline, ValidatedProcessor, ValidatedSink,
     MAX_EPOCH_DURATION_MS, MAX_EPOCH_MESSAGES, MAX_PARTITIONS, MAX_SESSION_TIMEOUT_MS,
     MAX_SPEC_NESTING,
 };

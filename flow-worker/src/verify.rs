@@ -68,6 +68,7 @@ pub fn verify(registry: &flow_core::Registry, path: &Path, json: bool) -> anyhow
                 &sink.sink_class_name,
                 &sink.parameters,
                 &sink.dynamic_parameters,
+                spec.paths(),
             ))
             .with_context(|| format!("sink `{}`", sink.name))?;
         let Some(reports) = reports else {

@@ -330,6 +330,17 @@ pub fn run_worker(
     env: &[(&str, &str)],
     timeout: Duration,
 ) -> Result<WorkerOutput> {
+    run_worker_in(None, bin, args, env, timeout)
+}
+
+/// [`run_worker`] started in the working directory `cwd` (`None`: this process's).
+pub fn run_worker_in(
+    cwd: Option<&Path>,
+    bin: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<WorkerOutput> {
     let dir = tempfile::tempdir().context("creating a directory for the worker's output")?;
     let (out_path, err_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
     let mut command = Command::new(bin);
@@ -340,6 +351,9 @@ pub fn run_worker(
         .stderr(File::create(&err_path).context("creating the stderr file")?);
     for (k, v) in env {
         command.env(k, v);
+    }
+    if let Some(cwd) = cwd {
+        command.current_dir(cwd);
     }
     let what = format!("flow-worker-it {}", args.join(" "));
     let mut child = command

@@ -159,3 +159,84 @@ fn a_violation_about_an_interpolated_value_names_the_variable_not_the_value() {
         );
     }
 }
+
+/// Every relative path of a spec file is taken from the file's directory, not from the worker's
+/// working directory (issue 46 item 16): a spec in one directory naming its input, password
+/// file, CA certificate, debug output and state directory relatively runs from another working
+/// directory, `verify` connects with the same files, and nothing is created where the worker
+/// was started. On 1c20a33 the run could not find `input/rows.jsonl`.
+#[test]
+fn relative_paths_of_a_spec_file_are_taken_from_its_directory_not_the_working_directory() {
+    require_cluster().unwrap();
+    let t = unique_name("it_spec_paths");
+    let _table = ReplicatedTable::create("default", &t, "id UInt64", "id", &[A1]).unwrap();
+    let home = TestDir::new().unwrap();
+    let elsewhere = TestDir::new().unwrap();
+    for sub in ["input", "secrets", "tls", "out"] {
+        std::fs::create_dir(home.path().join(sub)).unwrap();
+    }
+    let lines: Vec<String> = (1..=ROWS).map(|id| format!("{{\"id\": {id}}}")).collect();
+    std::fs::write(
+        home.path().join("input/rows.jsonl"),
+        lines.join("\n") + "\n",
+    )
+    .unwrap();
+    std::fs::write(
+        home.path().join("secrets/ch-password"),
+        format!("{SECRET_PASSWORD}\n"),
+    )
+    .unwrap();
+    std::fs::copy(tls_ca_cert(), home.path().join("tls/ca.crt")).unwrap();
+    let yaml = format!(
+        "pipeline: spec_paths\n\
+         partitions: 1\n\
+         state_dir: ./state\n\
+         epoch: {{max_messages: 50, max_duration_ms: 200}}\n\
+         source:\n  class: jsonl_file\n  parameters: {{files: [input/rows.jsonl], schema: [{{name: id, type: uint64}}]}}\n\
+         sinks:\n\
+         \x20 - name: ch\n    sink_class_name: ClickHouseBatchingSink\n    input_stream_ids: [rows]\n    \
+         parameters: {{host: '{HOST}:{}', enable_tls: true, tls_ca_files: [tls/ca.crt], user: {SECRET_USER}, password_file: secrets/ch-password, table: {t}}}\n\
+         \x20 - name: file\n    sink_class_name: DebugSink\n    input_stream_ids: [rows]\n    parameters: {{path: out/rows.jsonl}}\n",
+        A1.https_port
+    );
+    let spec = home.path().join("flow.yaml");
+    std::fs::write(&spec, yaml).unwrap();
+    let spec_arg = spec.to_str().unwrap();
+    let in_elsewhere = |args: &[&str]| {
+        run_worker_in(
+            Some(elsewhere.path()),
+            worker_bin!(),
+            args,
+            &[],
+            Duration::from_secs(60),
+        )
+        .unwrap_or_else(|err| panic!("{err:#}"))
+    };
+
+    let run = in_elsewhere(&["run", spec_arg]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(
+        query_u64(A1.http_port, &format!("SELECT count() FROM default.{t}")).unwrap(),
+        ROWS
+    );
+    let written = std::fs::read_to_string(home.path().join("out/rows.jsonl")).unwrap();
+    assert_eq!(written.lines().count() as u64, ROWS, "{written}");
+    assert!(
+        home.path().join("state").join("db").exists(),
+        "the state directory is beside the spec"
+    );
+    assert_eq!(
+        std::fs::read_dir(elsewhere.path()).unwrap().count(),
+        0,
+        "nothing is created in the working directory"
+    );
+    let resolved = home.path().canonicalize().unwrap().join("input/rows.jsonl");
+    assert!(
+        run.stderr.contains(&resolved.display().to_string()),
+        "the log names the absolute path a relative one became: {}",
+        run.stderr
+    );
+
+    let verify = in_elsewhere(&["verify", spec_arg]);
+    assert_eq!(verify.code, Some(0), "{}\n{}", verify.stdout, verify.stderr);
+}

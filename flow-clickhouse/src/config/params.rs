@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use flow_core::registry::parse_parameters;
-use flow_core::Violation;
+use flow_core::{SpecPaths, Violation};
 use flow_state::OutboxId;
 use serde::{Deserialize, Serialize};
 
@@ -439,6 +439,15 @@ impl ClickHouseParams {
     /// Every semantic violation of these parameters for `class`, with paths under `parameters`.
     pub fn validate(&self, class: SinkClass) -> Vec<Violation> {
         self.check(class).0
+    }
+
+    /// The files it names, as the spec means them ([`SpecPaths::resolve`]).
+    fn resolve_paths(&mut self, paths: SpecPaths<'_>) {
+        self.password_file = self.password_file.as_deref().map(|p| paths.resolve(p));
+        for file in &mut self.tls_ca_files {
+            *file = paths.resolve(file);
+        }
+        self.tls_ca_directory = self.tls_ca_directory.as_deref().map(|p| paths.resolve(p));
     }
 
     /// Validates these parameters for `class` into the typed model the sinks use.
@@ -1016,16 +1025,18 @@ fn is_env_var_name(name: &str) -> bool {
 // ---------------------------------------------------------------------------------------------
 // Parsing
 
-/// Deserializes and validates both sections. Reports the structural errors of both sections
-/// first (the first one of each: an unknown field, a wrong type), then every semantic violation
-/// of each section that parsed. Paths are relative to the sink's spec entry
+/// Deserializes and validates both sections, the relative paths they name (`password_file`,
+/// `tls_ca_files`, `tls_ca_directory`) resolved against `paths`. Reports the structural errors
+/// of both sections first (the first one of each: an unknown field, a wrong type), then every
+/// semantic violation of each section that parsed. Paths are relative to the sink's spec entry
 /// (`parameters.shard_hosts.a`, `dynamic_parameters.max_rows_per_batch`).
 pub fn parse(
     class: SinkClass,
     parameters: &serde_yaml::Value,
     dynamic: &serde_yaml::Value,
+    paths: SpecPaths<'_>,
 ) -> Result<(SinkParams, ClickHouseDynamicParams), Vec<Violation>> {
-    parse_spec(class, parameters, dynamic).map(|(_, params, dynamic)| (params, dynamic))
+    parse_spec_in(class, parameters, dynamic, paths).map(|(_, params, dynamic)| (params, dynamic))
 }
 
 /// [`parse`], also returning the static parameters as the spec gives them (for the typed
@@ -1035,7 +1046,20 @@ pub fn parse_spec(
     parameters: &serde_yaml::Value,
     dynamic: &serde_yaml::Value,
 ) -> Result<(ClickHouseParams, SinkParams, ClickHouseDynamicParams), Vec<Violation>> {
-    let params: Result<ClickHouseParams, _> = parse_parameters(parameters, "parameters");
+    parse_spec_in(class, parameters, dynamic, SpecPaths::working_directory())
+}
+
+fn parse_spec_in(
+    class: SinkClass,
+    parameters: &serde_yaml::Value,
+    dynamic: &serde_yaml::Value,
+    paths: SpecPaths<'_>,
+) -> Result<(ClickHouseParams, SinkParams, ClickHouseDynamicParams), Vec<Violation>> {
+    let params: Result<ClickHouseParams, _> =
+        parse_parameters(parameters, "parameters").map(|mut params: ClickHouseParams| {
+            params.resolve_paths(paths);
+            params
+        });
     let dynamic: Result<ClickHouseDynamicParams, _> =
         parse_parameters(dynamic, "dynamic_parameters");
     let mut violations = Vec::new();
@@ -1065,6 +1089,15 @@ mod tests {
 
     fn yaml(text: &str) -> serde_yaml::Value {
         serde_yaml::from_str(text).unwrap()
+    }
+
+    /// [`super::parse`] of a spec given as text (relative paths stay as written).
+    fn parse(
+        class: SinkClass,
+        parameters: &serde_yaml::Value,
+        dynamic: &serde_yaml::Value,
+    ) -> Result<(SinkParams, ClickHouseDynamicParams), Vec<Violation>> {
+        super::parse(class, parameters, dynamic, SpecPaths::working_directory())
     }
 
     fn violations(class: SinkClass, parameters: &str, dynamic: &str) -> Vec<Violation> {

@@ -570,6 +570,7 @@ mod tests {
             epoch: flow_core::EpochSettings::default(),
             inputs: &inputs,
             subjects: flow_core::registry::SourceSubjects::Unknown,
+            paths: flow_core::SpecPaths::working_directory(),
         };
         let parameters: serde_yaml::Value =
             serde_yaml::from_str("{host: '127.0.0.1:1', table: t}").expect("parameters parse");

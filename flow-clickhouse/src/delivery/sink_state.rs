@@ -57,7 +57,7 @@ pub fn build_shared(
     parameters: &serde_yaml::Value,
     dynamic: &serde_yaml::Value,
 ) -> BuildResult<Arc<SinkShared>> {
-    let (params, dynamic) = params::parse(class, parameters, dynamic)?;
+    let (params, dynamic) = params::parse(class, parameters, dynamic, ctx.paths)?;
     let [(_, stream)] = ctx.inputs else {
         return Err(vec![Violation::new(
             "input_stream_ids",
@@ -463,9 +463,14 @@ mod tests {
             "{{host: h, table: t, message_id_column: {column}}}"
         ))
         .unwrap();
-        params::parse(SinkClass::Batching, &parameters, &serde_yaml::Value::Null)
-            .unwrap()
-            .0
+        params::parse(
+            SinkClass::Batching,
+            &parameters,
+            &serde_yaml::Value::Null,
+            flow_core::SpecPaths::working_directory(),
+        )
+        .unwrap()
+        .0
     }
 
     #[test]

@@ -543,6 +543,7 @@ mod tests {
             crate::config::guarantee::SinkClass::Batching,
             &yaml,
             &serde_yaml::Value::Null,
+            flow_core::SpecPaths::working_directory(),
         )
         .unwrap()
         .0

@@ -827,6 +827,7 @@ mod tests {
             SinkClass::Batching,
             &parameters,
             &serde_yaml::Value::Null,
+            flow_core::SpecPaths::working_directory(),
         )
         .unwrap()
         .0;

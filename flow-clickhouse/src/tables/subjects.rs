@@ -276,9 +276,14 @@ mod tests {
 
     fn params(table: &str) -> SinkParams {
         let yaml = serde_yaml::from_str(&format!("{{host: h, {table}}}")).unwrap();
-        parse(SinkClass::Batching, &yaml, &serde_yaml::Value::Null)
-            .unwrap()
-            .0
+        parse(
+            SinkClass::Batching,
+            &yaml,
+            &serde_yaml::Value::Null,
+            flow_core::SpecPaths::working_directory(),
+        )
+        .unwrap()
+        .0
     }
 
     fn subjects(list: &[&str]) -> Vec<String> {

@@ -208,6 +208,7 @@ pub(crate) mod tests {
             epoch: flow_core::EpochSettings::default(),
             inputs: &inputs,
             subjects: SourceSubjects::Unknown,
+            paths: flow_core::SpecPaths::working_directory(),
         };
         let parameters: serde_yaml::Value = serde_yaml::from_str(parameters).unwrap();
         let base = build_shared(

@@ -169,6 +169,7 @@ impl Build<'_> {
         let ctx = SourceBuildContext {
             pipeline: &spec.pipeline,
             partitions: self.partitions,
+            paths: spec.paths(),
         };
         match builder(&ctx, &spec.source.parameters) {
             Ok(factory) => {
@@ -332,6 +333,7 @@ impl Build<'_> {
             epoch: EpochSettings::of(&self.spec.epoch),
             inputs: &inputs,
             subjects,
+            paths: self.spec.paths(),
         };
         match builder(&ctx, &s.parameters, &s.dynamic_parameters) {
             Ok(_) if !resolved => None,

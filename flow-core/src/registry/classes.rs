@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::error::Violation;
 use crate::plugin::{ProcessorFactory, SinkFactory, SourceFactory};
-use crate::spec::EpochSettings;
+use crate::spec::{EpochSettings, SpecPaths};
 use crate::types::StreamSchema;
 
 /// What a source builder knows about the pipeline.
@@ -14,6 +14,8 @@ pub struct SourceBuildContext<'a> {
     pub pipeline: &'a str,
     /// The pipeline's partition count.
     pub partitions: u32,
+    /// What the spec's relative paths are resolved against.
+    pub paths: SpecPaths<'a>,
 }
 
 /// What a processor builder knows about the pipeline.
@@ -42,6 +44,8 @@ pub struct SinkBuildContext<'a> {
     pub inputs: &'a [(String, Arc<StreamSchema>)],
     /// The broker subject of each partition, as the pipeline's source reports it.
     pub subjects: SourceSubjects<'a>,
+    /// What the spec's relative paths are resolved against.
+    pub paths: SpecPaths<'a>,
 }
 
 /// The broker subject each partition reads ([`SourceFactory::subject`]), for a sink that names

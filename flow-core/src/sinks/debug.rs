@@ -95,10 +95,17 @@ pub(crate) fn build(
     }
     let _ = dynamic;
     let stdout = params.path.as_os_str() == "-";
+    let path = if stdout {
+        params.path.clone()
+    } else {
+        ctx.paths.resolve(&params.path)
+    };
     Ok(Arc::new(DebugSinkFactory {
         target: Arc::new(FileTarget {
-            path: params.path.clone(),
+            path,
             stdout,
+            // The path as the spec writes it, so that the record of the acknowledged length
+            // stays the same whichever directory the spec's relative paths are taken from.
             state_name: format!("file_len:{}", params.path.display()),
             pipeline: ctx.pipeline.to_owned(),
             sink: ctx.sink.to_owned(),

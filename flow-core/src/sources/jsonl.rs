@@ -77,7 +77,10 @@ pub(crate) fn build(
     ctx: &SourceBuildContext<'_>,
     parameters: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SourceFactory>> {
-    let params: JsonlFileParams = parse_parameters(parameters, "parameters")?;
+    let mut params: JsonlFileParams = parse_parameters(parameters, "parameters")?;
+    for file in &mut params.files {
+        *file = ctx.paths.resolve(file);
+    }
     let mut violations = Vec::new();
     if params.files.len() != ctx.partitions as usize {
         violations.push(Violation::new(
@@ -953,6 +956,7 @@ mod tests {
         let ctx = SourceBuildContext {
             pipeline: "p",
             partitions: 1,
+            paths: crate::SpecPaths::working_directory(),
         };
         let params: serde_yaml::Value =
             serde_yaml::from_str("{files: [a.jsonl], schema: [{name: id, type: uint64}]}").unwrap();
@@ -974,6 +978,7 @@ mod tests {
             &SourceBuildContext {
                 pipeline: "p",
                 partitions: 2,
+                paths: crate::SpecPaths::working_directory(),
             },
             &params,
         )

@@ -183,8 +183,9 @@ impl PipelineSpecBuilder<SourceSpec> {
             source: self.source,
             processors,
             sinks,
-            // Built in code: no value came from the environment.
+            // Built in code: no value came from the environment, and no file holds it.
             from_environment: Default::default(),
+            spec_dir: None,
         }
     }
 }

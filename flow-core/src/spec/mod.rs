@@ -7,6 +7,7 @@
 //!   reported with its path;
 //! - `text`: the checks on the raw text before the YAML parser sees it;
 //! - `interpolate`: `${VAR}` / `${VAR:-default}` in the parsed values, from the environment;
+//! - `spec_paths`: [`SpecPaths`], what a spec's relative paths are resolved against;
 //! - `builder`: [`PipelineSpecBuilder`], a spec assembled in code;
 //! - `plugin_config`: the typed plugin configs ([`SourceConfig`], [`ProcessorConfig`],
 //!   [`SinkConfig`]) the builder takes;
@@ -16,6 +17,7 @@ mod builder;
 mod interpolate;
 mod pipeline_spec;
 mod plugin_config;
+mod spec_paths;
 mod text;
 mod validated;
 
@@ -27,5 +29,6 @@ pub use pipeline_spec::{
     MAX_SESSION_TIMEOUT_MS,
 };
 pub use plugin_config::{to_section, ConfigError, ProcessorConfig, SinkConfig, SourceConfig};
+pub use spec_paths::SpecPaths;
 pub use text::MAX_SPEC_NESTING;
 pub use validated::{EpochSettings, ValidatedPipeline, ValidatedProcessor, ValidatedSink};

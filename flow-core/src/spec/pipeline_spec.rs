@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::interpolate::FromEnvironment;
+use super::spec_paths::SpecPaths;
 use crate::error::{SpecError, Violation};
 use crate::structural::deserialize_all;
 
@@ -66,6 +67,10 @@ pub struct PipelineSpec {
     /// Which values came from environment variables, so that violations name the variable.
     #[serde(skip)]
     pub(crate) from_environment: FromEnvironment,
+    /// The canonical directory of the spec file it was read from ([`PipelineSpec::from_file`]):
+    /// the base of its relative paths ([`PipelineSpec::paths`]).
+    #[serde(skip)]
+    pub(crate) spec_dir: Option<PathBuf>,
 }
 
 fn default_partitions() -> u32 {
@@ -426,6 +431,7 @@ impl PipelineSpec {
                 processors,
                 sinks,
                 from_environment,
+                spec_dir: None,
             }),
             // Every `None` above pushed a violation, so this arm is only reached with some.
             _ => Err(SpecError {
@@ -446,8 +452,21 @@ impl PipelineSpec {
             )],
         })?;
         let mut spec = PipelineSpec::from_yaml(&text)?;
-        spec.state_dir = spec.state_dir.map(|dir| state_dir_of_spec_file(path, dir));
+        let dir = super::spec_paths::spec_file_dir(path);
+        spec.state_dir = spec
+            .state_dir
+            .map(|state_dir| SpecPaths::under(&dir).resolve(&state_dir));
+        spec.spec_dir = Some(dir);
         Ok(spec)
+    }
+
+    /// What the spec's relative paths are resolved against: the spec file's directory for a
+    /// spec read by [`PipelineSpec::from_file`], else the working directory.
+    pub fn paths(&self) -> SpecPaths<'_> {
+        match &self.spec_dir {
+            Some(dir) => SpecPaths::under(dir),
+            None => SpecPaths::working_directory(),
+        }
     }
 
     /// The spec with every `dynamic_parameters` section blanked: two specs with the same static
@@ -459,27 +478,6 @@ impl PipelineSpec {
         }
         copy
     }
-}
-
-/// `state_dir` as written in the spec file at `spec_path`: a relative one is joined to the
-/// canonical path of the directory holding the file (so that every working directory logs the
-/// same path); an absolute one is kept as written. An empty one stays empty, for the caller to
-/// refuse.
-fn state_dir_of_spec_file(spec_path: &Path, state_dir: PathBuf) -> PathBuf {
-    if state_dir.as_os_str().is_empty() || state_dir.is_absolute() {
-        return state_dir;
-    }
-    let spec_dir = match spec_path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    // The file was just read, so its directory exists; should it vanish meanwhile, the path as
-    // named (made absolute) still names the same place for this process.
-    let spec_dir = std::fs::canonicalize(spec_dir)
-        .or_else(|_| std::path::absolute(spec_dir))
-        .unwrap_or_else(|_| spec_dir.to_path_buf());
-    // Collecting the components drops the `.` ones (`./flow-state`), never a `..`.
-    spec_dir.join(state_dir).components().collect()
 }
 
 /// The violation for text the YAML parser refused. An integer beyond 64 bits is valid YAML that

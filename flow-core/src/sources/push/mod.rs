@@ -396,6 +396,7 @@ mod tests {
         let ctx = SourceBuildContext {
             pipeline: "p",
             partitions,
+            paths: crate::SpecPaths::working_directory(),
         };
         let factory =
             (source.builder())(&ctx, &serde_yaml::Value::Null).unwrap_or_else(|v| panic!("{v:?}"));
@@ -644,6 +645,7 @@ mod tests {
         let ctx = SourceBuildContext {
             pipeline: "p",
             partitions: 4,
+            paths: crate::SpecPaths::working_directory(),
         };
         let builder = source.builder();
         assert!(builder(&ctx, &serde_yaml::Value::Null).is_ok());
@@ -653,6 +655,7 @@ mod tests {
         let again = SourceBuildContext {
             pipeline: "p",
             partitions: 2,
+            paths: crate::SpecPaths::working_directory(),
         };
         let violations = builder(&again, &serde_yaml::Value::Null).err().unwrap();
         assert_eq!(violations[0].path, "partitions");
