@@ -279,7 +279,8 @@ impl fmt::Display for ShardReport {
 }
 
 /// The shard reports of a spec's sink entry (its class name and both parameter sections, its
-/// relative paths resolved against `paths`), each endpoint given the sink's `write_timeout`; `None` when the class is not a ClickHouse sink.
+/// relative paths resolved against `paths`), each endpoint given the sink's `write_timeout`;
+/// `None` when the class is not a ClickHouse sink.
 pub async fn verify_sink(
     class_name: &str,
     parameters: &serde_yaml::Value,

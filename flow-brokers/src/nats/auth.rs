@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::ConnectOptions;
-use flow_core::Violation;
+use flow_core::{SpecPaths, Violation};
 use serde::{Deserialize, Serialize};
 
 use super::error::NatsSourceError;
@@ -62,6 +62,18 @@ struct UserPassword {
 #[serde(deny_unknown_fields)]
 struct TokenAuth {
     env_var: String,
+}
+
+impl NatsAuth {
+    /// The file it names, as the spec means it ([`SpecPaths::resolve`]).
+    pub(crate) fn resolve_paths(&mut self, paths: SpecPaths<'_>) {
+        match self {
+            NatsAuth::NkeySeedFile(path) | NatsAuth::CredentialsFile(path) => {
+                *path = paths.resolve(path);
+            }
+            NatsAuth::UserPassword { .. } | NatsAuth::Token { .. } => {}
+        }
+    }
 }
 
 impl From<NatsAuth> for AuthForms {

@@ -61,7 +61,13 @@ pub(crate) fn build(
     ctx: &SourceBuildContext<'_>,
     parameters: &serde_yaml::Value,
 ) -> BuildResult<Arc<dyn SourceFactory>> {
-    let params: NatsJetStreamParams = parse_parameters(parameters, "parameters")?;
+    let mut params: NatsJetStreamParams = parse_parameters(parameters, "parameters")?;
+    if let Some(auth) = &mut params.auth {
+        auth.resolve_paths(ctx.paths);
+    }
+    for file in &mut params.tls_ca_files {
+        *file = ctx.paths.resolve(file);
+    }
     let mut violations = Vec::new();
     if params.servers.is_empty() {
         violations.push(Violation::new(
@@ -209,4 +215,52 @@ fn partition_subjects(
         ));
     }
     Ok(subjects)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use flow_core::SpecPaths;
+
+    /// The nkey seed and CA files a spec names relatively are read from the spec's directory, as
+    /// every relative path of a spec is; from another base they are violations naming them.
+    #[test]
+    fn relative_auth_and_ca_files_are_read_from_the_spec_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("nats")).unwrap();
+        std::fs::write(dir.path().join("nats/user.nk"), "SUAEXAMPLESEED\n").unwrap();
+        std::fs::write(dir.path().join("nats/ca.pem"), "pem").unwrap();
+        let parameters: serde_yaml::Value = serde_yaml::from_str(
+            "{servers: ['nats://h:4222'], stream: s, subject_template: 'o.{partition}', format: raw, \
+             auth: {nkey_seed_file: nats/user.nk}, tls_ca_files: [nats/ca.pem]}",
+        )
+        .unwrap();
+        let ctx = |paths| SourceBuildContext {
+            pipeline: "p",
+            partitions: 1,
+            paths,
+        };
+        assert!(build(&ctx(SpecPaths::under(dir.path())), &parameters).is_ok());
+        let elsewhere = tempfile::tempdir().unwrap();
+        let violations = build(&ctx(SpecPaths::under(elsewhere.path())), &parameters)
+            .err()
+            .unwrap();
+        let paths: Vec<&str> = violations.iter().map(|v| v.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "parameters.auth.nkey_seed_file",
+                "parameters.tls_ca_files[0]"
+            ]
+        );
+        let missing = elsewhere.path().join("nats/ca.pem");
+        assert!(
+            violations[1]
+                .message
+                .contains(&missing.display().to_string()),
+            "{violations:?}"
+        );
+    }
 }

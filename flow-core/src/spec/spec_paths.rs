@@ -1,13 +1,13 @@
 //! Where a spec's relative paths point ([`SpecPaths`]): one rule for every path a spec names
-//! (`state_dir`, a source's `files`, a sink's `path` or `password_file`, TLS files): a spec read
-//! from a file resolves them against that file's directory, so that the worker finds the same
-//! files whichever directory it is started from; a spec parsed from text or built in code leaves
-//! them to the process's working directory.
+//! (`state_dir`, a source's `files`, a sink's `path` or `password_file`, TLS and credential
+//! files): a spec read from a file resolves them against that file's directory, so that the
+//! worker finds the same files whichever directory it is started from; a spec parsed from text
+//! or built in code leaves them to the process's working directory.
 
 use std::path::{Path, PathBuf};
 
 /// The base a spec's relative paths are resolved against, handed to every plugin builder.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpecPaths<'a> {
     /// The canonical directory of the spec file; `None`: the working directory.
     dir: Option<&'a Path>,
